@@ -1,0 +1,175 @@
+"""Frozen specifications: what a candidate *is*, independent of how it is trained or timed.
+
+``ArchSpec`` describes the network, ``TrainSpec`` the recipe that trains it. Both round-trip
+through plain JSON dicts (the format written into study user_attrs and export bundles), and
+``arch_hash`` is a stable digest used as a cache key for measured latencies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MIXERS",
+    "FEATURE_MAPS",
+    "ACTIVATIONS",
+    "NORMS",
+    "OPTIMIZERS",
+    "READOUTS",
+    "LayerSpec",
+    "ArchSpec",
+    "TrainSpec",
+    "arch_hash",
+]
+
+MIXERS = ("attention", "linear_attention", "none")
+FEATURE_MAPS = ("identity", "elu+1", "relu")
+ACTIVATIONS = ("gelu", "relu", "silu")
+NORMS = ("layernorm", "rmsnorm")
+OPTIMIZERS = ("sgd", "adamw", "radam", "lion")
+READOUTS = ("token", "last")  # per-position logits, or one prediction from the last position
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One pre-norm residual block: ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``.
+
+    ``heads`` is 0 and ``feature_map`` is None when they do not apply to the mixer.
+    ``mlp_ratio`` 0 means the block has no MLP.
+    """
+
+    mixer: str
+    heads: int = 0
+    feature_map: str | None = None
+    mlp_ratio: float = 4.0
+    activation: str = "gelu"
+    norm: str = "layernorm"
+
+    def __post_init__(self) -> None:
+        _check(self.mixer in MIXERS, f"mixer {self.mixer!r} is not one of {list(MIXERS)}")
+        if self.mixer == "none":
+            _check(self.heads == 0, "heads must be 0 for mixer 'none'")
+            _check(self.feature_map is None, "feature_map applies only to linear_attention")
+        else:
+            _check(self.heads >= 1, f"heads must be >= 1 for mixer {self.mixer!r}")
+        if self.mixer == "linear_attention":
+            _check(
+                self.feature_map in FEATURE_MAPS,
+                f"feature_map {self.feature_map!r} is not one of {list(FEATURE_MAPS)}",
+            )
+        elif self.mixer == "attention":
+            _check(self.feature_map is None, "feature_map applies only to linear_attention")
+        _check(self.mlp_ratio >= 0, f"mlp_ratio must be >= 0, got {self.mlp_ratio}")
+        _check(self.activation in ACTIVATIONS, f"activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
+        _check(self.norm in NORMS, f"norm {self.norm!r} is not one of {list(NORMS)}")
+
+    def code(self) -> str:
+        """One letter for the mixer: A(ttention), L(inear attention), M(LP-only)."""
+        return {"attention": "A", "linear_attention": "L", "none": "M"}[self.mixer]
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """A whole network. ``vocab_size`` and ``n_out`` come from the task it is built for.
+
+    Positions are sinusoidal and computed from the sequence length at run time, so a model
+    trained at one length runs at any other.
+    """
+
+    d_model: int
+    layers: tuple[LayerSpec, ...]
+    vocab_size: int
+    n_out: int
+    readout: str = "token"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        _check(self.d_model >= 1, f"d_model must be >= 1, got {self.d_model}")
+        _check(len(self.layers) >= 1, "an architecture needs at least one layer")
+        _check(self.vocab_size >= 1 and self.n_out >= 1, "vocab_size and n_out must be >= 1")
+        _check(self.readout in READOUTS, f"readout {self.readout!r} is not one of {list(READOUTS)}")
+        for i, layer in enumerate(self.layers):
+            if layer.heads:
+                _check(
+                    self.d_model % layer.heads == 0,
+                    f"layer {i}: heads={layer.heads} does not divide d_model={self.d_model}",
+                )
+
+    @property
+    def depth(self) -> int:
+        return len(self.layers)
+
+    def summary(self) -> str:
+        """Short human string, e.g. ``A L L M | d=128``."""
+        return f"{' '.join(layer.code() for layer in self.layers)} | d={self.d_model}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"layers": [dataclasses.asdict(la) for la in self.layers]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ArchSpec:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        _check(not unknown, f"unknown ArchSpec fields: {sorted(unknown)}")
+        layers = tuple(LayerSpec(**layer) for layer in data["layers"])
+        return cls(**{**data, "layers": layers})
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training recipe. ``beta1``/``beta2`` None take the optimizer's own defaults
+    (AdamW/RAdam 0.9/0.999, Lion 0.9/0.99). ``grad_clip`` 0 and ``grad_noise`` 0 switch
+    those features off; ``warmup_frac`` is the fraction of ``steps`` spent warming up."""
+
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.1
+    steps: int = 200
+    batch_size: int = 32
+    momentum: float = 0.9
+    nesterov: bool = False
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    grad_noise: float = 0.0
+    grad_noise_gamma: float = 0.55
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.optimizer in OPTIMIZERS, f"optimizer {self.optimizer!r} is not one of {list(OPTIMIZERS)}")
+        _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        _check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        _check(0 <= self.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        _check(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
+        _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _check(self.grad_clip >= 0 and self.grad_noise >= 0, "grad_clip and grad_noise must be >= 0")
+
+    def summary(self) -> str:
+        return f"{self.optimizer} lr={self.lr:.1e}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainSpec:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        _check(not unknown, f"unknown TrainSpec fields: {sorted(unknown)}")
+        return cls(**data)
+
+
+def arch_hash(arch: ArchSpec) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON of ``arch`` (key order independent)."""
+    blob = json.dumps(arch.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,61 @@
+"""The task contract: fixed, seeded train/test tensors plus the loss and metric that score them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["IGNORE_INDEX", "Task", "TaskError"]
+
+IGNORE_INDEX = -100  # target value of an unscored position (cross-entropy ignore_index)
+
+
+class TaskError(ValueError):
+    """A task name, parameter or data file is wrong; the message names what and why."""
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """A supervised sequence task, generated once and held as tensors.
+
+    x_*: int64 tokens ``[N, T]`` in ``[0, vocab_size)``.
+    y_*: int64 targets ``[N, T]`` (``readout == "token"``, IGNORE_INDEX = unscored) or
+    ``[N]`` class labels (``readout == "last"``) in ``[0, n_out)``.
+    ``config`` is enough to regenerate the task: ``{"name": ..., "seed": ..., **params}``.
+    """
+
+    name: str
+    config: dict[str, Any]
+    vocab_size: int
+    n_out: int
+    readout: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    description: str = field(default="")
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.x_train.shape[1])
+
+    def to(self, device: torch.device | str) -> Task:
+        """The same task with its tensors on ``device`` (generated once, moved once)."""
+        move = {k: getattr(self, k).to(device) for k in ("x_train", "y_train", "x_test", "y_test")}
+        return Task(self.name, self.config, self.vocab_size, self.n_out, self.readout, **move,
+                    description=self.description)
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over scored positions. logits ``[N, T, C]`` or ``[N, C]``."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
+                               ignore_index=IGNORE_INDEX)
+
+    @staticmethod
+    def correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(number correct, number scored) as 0-dim tensors; no host sync."""
+        scored = y != IGNORE_INDEX
+        hits = (logits.argmax(-1) == y) & scored
+        return hits.sum(), scored.sum()

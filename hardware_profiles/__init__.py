@@ -1,0 +1,257 @@
+"""Hardware profiles: what a GPU can do on paper, plus what it achieved when measured.
+
+A profile is a YAML file (``h200.yaml``, ...). The shipped ones live next to this module; a
+user passes the path of their own copy. Peaks are datasheet numbers with a ``source:`` note
+each; the ``calibrated:`` section holds achieved fractions measured on a real device and is
+read by the latency predictor (``nas.latency``), which falls back to documented defaults.
+
+Units are in the field names: ``memory_bandwidth_gb_s`` is 1e9 bytes/s, ``peak_tflops`` is
+1e12 FLOP/s, ``launch_overhead_us`` is microseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "DTYPES",
+    "Calibration",
+    "HardwareProfile",
+    "PeakTflops",
+    "ProfileError",
+    "detect_profile",
+    "list_profiles",
+    "load_profile",
+]
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16")  # tf32: fp32 storage, TF32 tensor-core matmuls
+
+
+class ProfileError(ValueError):
+    """A profile name, file or field is wrong; the one-line message names which and why."""
+
+
+@dataclass(frozen=True)
+class PeakTflops:
+    """Dense (no 2:4 sparsity) peak throughput per dtype, in TFLOP/s."""
+
+    fp32: float
+    tf32: float
+    bf16: float
+    fp16: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Achieved fractions of peak measured on a real GPU; ``None``/absent means not measured.
+
+    ``flops_fractions`` holds ``(dtype, fraction)`` pairs (a tuple keeps the profile hashable).
+    """
+
+    bandwidth_fraction: float | None = None
+    flops_fractions: tuple[tuple[str, float], ...] = ()
+    launch_overhead_us: float | None = None
+    measured_with: str | None = None
+
+    def flops_fraction(self, dtype: str) -> float | None:
+        return dict(self.flops_fractions).get(dtype)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One GPU. ``sources`` holds ``(field, note)`` pairs; ``path`` is the file it came from."""
+
+    name: str
+    description: str
+    device_names: tuple[str, ...]
+    sm_count: int
+    l2_bytes: int
+    smem_per_sm_bytes: int
+    memory_bandwidth_gb_s: float
+    peak_tflops: PeakTflops
+    launch_overhead_us: float
+    sources: tuple[tuple[str, str], ...] = ()
+    calibrated: Calibration = Calibration()
+    path: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gb_s * 1e9
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for ``dtype`` (one of ``DTYPES``)."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {list(DTYPES)}")
+        return getattr(self.peak_tflops, dtype) * 1e12
+
+    def source(self, field: str) -> str | None:
+        """The datasheet / whitepaper note for ``field``, if the file gave one."""
+        return dict(self.sources).get(field)
+
+
+_REQUIRED = ("name", "device_names", "sm_count", "l2_bytes", "smem_per_sm_bytes",
+             "memory_bandwidth_gb_s", "peak_tflops", "launch_overhead_us")
+_OPTIONAL = ("description", "source", "calibrated")
+_NUMBERS = ("sm_count", "l2_bytes", "smem_per_sm_bytes", "memory_bandwidth_gb_s",
+            "peak_tflops", "launch_overhead_us")  # the fields a `source:` note may describe
+_CALIBRATION_KEYS = ("bandwidth_fraction", "flops_fraction", "launch_overhead_us", "measured_with")
+
+
+def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> float:
+    """``value`` as a positive number. YAML 1.1 reads ``2e-6`` as a string, so numeric
+    strings are accepted too; booleans are not numbers here."""
+    kind = "a positive integer" if integer else "a positive number"
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}")
+    if integer:
+        if float(value) != int(value):
+            raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _fraction(where: str, field: str, value: Any) -> float:
+    number = _positive(where, field, value)
+    if number > 1:
+        raise ProfileError(f"{where}: field {field!r} must be a fraction in (0, 1], got {value!r}")
+    return number
+
+
+def _mapping(where: str, field: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: field {field!r} must be a mapping with keys from "
+                           f"{list(allowed)}, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise ProfileError(f"{where}: field {field!r} has unknown key {unknown[0]!r}; "
+                           f"allowed: {list(allowed)}")
+    return value
+
+
+def _calibration(where: str, raw: Any) -> Calibration:
+    if raw is None:
+        return Calibration()
+    data = _mapping(where, "calibrated", raw, _CALIBRATION_KEYS)
+    bandwidth = data.get("bandwidth_fraction")
+    overhead = data.get("launch_overhead_us")
+    flops = _mapping(where, "calibrated.flops_fraction", data.get("flops_fraction") or {}, DTYPES)
+    measured_with = data.get("measured_with")
+    return Calibration(
+        bandwidth_fraction=None if bandwidth is None else _fraction(
+            where, "calibrated.bandwidth_fraction", bandwidth),
+        flops_fractions=tuple(
+            (dtype, _fraction(where, f"calibrated.flops_fraction.{dtype}", flops[dtype]))
+            for dtype in DTYPES if dtype in flops),
+        launch_overhead_us=None if overhead is None else _positive(
+            where, "calibrated.launch_overhead_us", overhead),
+        measured_with=None if measured_with is None else str(measured_with),
+    )
+
+
+def _parse(where: str, data: Any) -> HardwareProfile:
+    """Validate the YAML document of one profile; ``where`` names the file in errors."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: expected a mapping of profile fields, got {type(data).__name__}")
+    for key in data:
+        if key not in _REQUIRED + _OPTIONAL:
+            raise ProfileError(f"{where}: unknown field {key!r}; allowed: {list(_REQUIRED + _OPTIONAL)}")
+    for key in _REQUIRED:
+        if key not in data:
+            raise ProfileError(f"{where}: missing field {key!r}; required: {list(_REQUIRED)}")
+    if not isinstance(data["name"], str) or not data["name"].strip():
+        raise ProfileError(f"{where}: field 'name' must be a non-empty string, got {data['name']!r}")
+    names = data["device_names"]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ProfileError(f"{where}: field 'device_names' must be a list of GPU name strings "
+                           f"as torch.cuda.get_device_name() returns them, got {names!r}")
+    peaks = _mapping(where, "peak_tflops", data["peak_tflops"], DTYPES)
+    for dtype in DTYPES:
+        if dtype not in peaks:
+            raise ProfileError(f"{where}: field 'peak_tflops' is missing dtype {dtype!r}; "
+                               f"required: {list(DTYPES)}")
+    sources = _mapping(where, "source", data.get("source") or {}, _NUMBERS)
+    return HardwareProfile(
+        name=data["name"].strip(),
+        description=str(data.get("description") or ""),
+        device_names=tuple(n.strip() for n in names),
+        sm_count=_positive(where, "sm_count", data["sm_count"], integer=True),
+        l2_bytes=_positive(where, "l2_bytes", data["l2_bytes"], integer=True),
+        smem_per_sm_bytes=_positive(where, "smem_per_sm_bytes", data["smem_per_sm_bytes"], integer=True),
+        memory_bandwidth_gb_s=_positive(where, "memory_bandwidth_gb_s", data["memory_bandwidth_gb_s"]),
+        peak_tflops=PeakTflops(**{d: _positive(where, f"peak_tflops.{d}", peaks[d]) for d in DTYPES}),
+        launch_overhead_us=_positive(where, "launch_overhead_us", data["launch_overhead_us"]),
+        sources=tuple((k, str(v)) for k, v in sources.items()),
+        calibrated=_calibration(where, data.get("calibrated")),
+        path=where,
+    )
+
+
+def _shipped() -> dict[str, Traversable]:
+    """Shipped profile name -> YAML file (package data next to this module)."""
+    root = resources.files(__name__)
+    return {e.name.removesuffix(".yaml"): e for e in root.iterdir() if e.name.endswith(".yaml")}
+
+
+def list_profiles() -> list[str]:
+    """Names of the shipped profiles, sorted."""
+    return sorted(_shipped())
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
+    """A shipped profile by name (``"h200"``) or a user's YAML file by path.
+
+    Raises ``ProfileError`` (a ``ValueError``) naming the file, field and allowed values.
+    """
+    text = os.fspath(name_or_path)
+    shipped = _shipped()
+    path: Traversable
+    if text in shipped:
+        path = shipped[text]
+    elif text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ProfileError(f"{text}: profile file not found")
+    else:
+        raise ProfileError(f"unknown hardware profile {text!r}; available: {list_profiles()} "
+                           f"(or the path of a .yaml file)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        detail = " ".join(str(err).split())
+        raise ProfileError(f"{path}: not valid YAML: {detail}") from None
+    return _parse(str(path), data)
+
+
+def _normalize(device_name: str) -> str:
+    return " ".join(device_name.split()).casefold()
+
+
+def detect_profile(device_name: str | None = None) -> HardwareProfile | None:
+    """The shipped profile whose ``device_names`` lists ``device_name`` (case and spacing
+    ignored); with ``None``, the name of the current CUDA device. ``None`` on a CPU-only
+    machine or for a GPU no profile lists."""
+    if device_name is None:
+        import torch  # only needed to ask the driver; profiles themselves are plain data
+
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name()
+    wanted = _normalize(device_name)
+    for name in list_profiles():
+        profile = load_profile(name)
+        if any(_normalize(n) == wanted for n in profile.device_names):
+            return profile
+    return None

@@ -1,0 +1,162 @@
+"""What one inference forward does, op by op: FLOPs, HBM bytes, kernel launches, live memory.
+
+The model (see ``nas.spec``): token embedding ``[V, d]`` plus computed sinusoidal positions;
+per layer ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``; final norm; head ``Linear(d, n_out)``
+at every position (readout ``token``) or the last one (``last``).
+
+Conventions (the model builder matches these; ``count_params`` checks it):
+- a layer has one norm before the mixer if ``mixer != "none"`` and one before the MLP if
+  ``mlp_ratio > 0``; a layer with neither has no norm and no parameters. LayerNorm has
+  weight and bias (2·d), RMSNorm a weight (d). The final norm has the type of the last layer's.
+- mixer ``attention`` and ``linear_attention``: fused QKV ``Linear(d, 3d)`` + bias and output
+  ``Linear(d, d)`` + bias; the feature map has no parameters.
+- MLP: ``Linear(d, H)`` + bias, activation, ``Linear(H, d)`` + bias with ``H = round(r·d)``
+  (Python's ``round``).
+- head ``Linear(d, n_out)`` + bias; no weight tying; positions have no parameters.
+
+Kernels, as a fused implementation launches them: embedding (gather + positions) 1; per layer
+mixer norm, QKV linear, attention / linear attention (feature map fused), out linear (+bias
++residual); MLP norm, up linear (+bias +activation), down linear (+bias +residual) — 7 for a
+full layer; final norm 1; head 1. Only the rows the head reads go through the final norm.
+
+FLOPs: matmuls count 2·M·N·K (epilogues are free: their cost is the bytes they move);
+elementwise ops count a few FLOPs per element on the vector units. Bytes: each op reads its
+inputs and weights once from HBM and writes its output once (ideal reuse through SRAM/L2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hardware_profiles import DTYPES
+from nas.spec import ArchSpec, LayerSpec
+
+from ._shape import LatencyShape
+
+__all__ = ["DTYPE_BYTES", "LINEAR_ATTENTION_CHUNK", "OpCost", "count_params", "mlp_hidden", "op_costs"]
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+LINEAR_ATTENTION_CHUNK = 64  # chunk length of the chunked causal linear-attention kernel
+_ID_BYTES = 8  # int64 token ids
+_NORM_FLOPS = {"layernorm": 8, "rmsnorm": 5}  # per element: reduce, centre/scale, affine
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One fused op of the forward. ``matmul`` ops run on tensor cores at the dtype's peak,
+    the others on the vector units (fp32 peak). ``live_bytes``: activation bytes alive while
+    it runs (its inputs, outputs and the residual stream)."""
+
+    name: str
+    flops: int
+    bytes: int
+    kernels: int
+    matmul: bool
+    live_bytes: int
+
+
+def mlp_hidden(layer: LayerSpec, d_model: int) -> int:
+    """Hidden width ``H = round(mlp_ratio · d_model)``; 0 when the layer has no MLP."""
+    return round(layer.mlp_ratio * d_model) if layer.mlp_ratio > 0 else 0
+
+
+def _norm_params(norm: str, d: int) -> int:
+    return 2 * d if norm == "layernorm" else d
+
+
+def count_params(arch: ArchSpec) -> int:
+    """Number of parameters of the torch model, by the conventions in the module docstring."""
+    d = arch.d_model
+    total = arch.vocab_size * d
+    for layer in arch.layers:
+        if layer.mixer != "none":
+            total += _norm_params(layer.norm, d) + (3 * d * d + 3 * d) + (d * d + d)
+        if layer.mlp_ratio > 0:
+            hidden = mlp_hidden(layer, d)
+            total += _norm_params(layer.norm, d) + (d * hidden + hidden) + (hidden * d + d)
+    final_norm = arch.layers[-1].norm
+    return total + _norm_params(final_norm, d) + d * arch.n_out + arch.n_out
+
+
+def _linear(name: str, rows: int, n_in: int, n_out: int, size: int, *, residual: bool,
+            live: int) -> OpCost:
+    """``y[rows, n_out] = x[rows, n_in] @ W[n_in, n_out] + b`` (+ residual[rows, n_out]):
+    reads x, W, b (and the residual), writes y."""
+    reads = rows * n_in + n_in * n_out + n_out + (rows * n_out if residual else 0)
+    return OpCost(name, 2 * rows * n_in * n_out, size * (reads + rows * n_out), 1, True, live)
+
+
+def _norm(name: str, norm: str, rows: int, d: int, size: int, *, live: int) -> OpCost:
+    """Reads x[rows, d] and the affine parameters, writes y[rows, d]."""
+    return OpCost(name, _NORM_FLOPS[norm] * rows * d,
+                  size * (2 * rows * d + _norm_params(norm, d)), 1, False, live)
+
+
+def _attention(name: str, batch: int, seq: int, d: int, size: int, *, live: int) -> OpCost:
+    """Causal flash attention over all heads: q,k,v ``[B, H, T, Dh]`` -> o ``[B, T, H·Dh]``.
+
+    Per head the T(T+1)/2 unmasked (query, key) pairs each cost 2·Dh for QKᵀ and 2·Dh for PV,
+    so FLOPs are 4·B·pairs·d (softmax exps not counted). Reads q, k, v, writes o; the T×T
+    scores never leave SRAM.
+    """
+    pairs = seq * (seq + 1) // 2
+    return OpCost(name, 4 * batch * pairs * d, size * 4 * batch * seq * d, 1, True, live)
+
+
+def _linear_attention(name: str, batch: int, seq: int, d: int, heads: int, size: int, *,
+                      live: int) -> OpCost:
+    """Chunked causal linear attention, one kernel keeping the ``[Dh, Dh]`` state per head in SRAM.
+
+    Per head and chunk of length c: intra-chunk ``(QKᵀ ⊙ mask) V`` computes the full c×c block,
+    4·c²·Dh; inter-chunk ``Q S`` and the state update ``S += Kᵀ V`` cost 4·c·Dh². Over the
+    sequence that is O(T·C·Dh + T·Dh²) per head. Reads q, k, v, writes o.
+    """
+    d_head = d // heads
+    full, rest = divmod(seq, LINEAR_ATTENTION_CHUNK)
+    intra = 4 * d_head * (full * LINEAR_ATTENTION_CHUNK**2 + rest**2)
+    inter = 4 * seq * d_head * d_head
+    return OpCost(name, batch * heads * (intra + inter), size * 4 * batch * seq * d, 1, True, live)
+
+
+def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> list[OpCost]:
+    """The ops of one inference forward of ``arch`` on ``shape`` in execution order.
+
+    Activations and weights are ``dtype`` (fp32 and tf32 are 4 bytes, bf16 and fp16 2).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {list(DTYPES)}")
+    size = DTYPE_BYTES[dtype]
+    d, batch, seq = arch.d_model, shape.batch, shape.seq_len
+    tokens = shape.tokens
+    stream = size * tokens * d  # bytes of one [B, T, d] activation, e.g. the residual stream
+    ops = [OpCost("embed", tokens * d, tokens * _ID_BYTES + 2 * stream, 1, False,
+                  tokens * _ID_BYTES + stream)]
+    for i, layer in enumerate(arch.layers):
+        prefix = f"layers.{i}"
+        if layer.mixer != "none":
+            ops += [
+                _norm(f"{prefix}.mixer_norm", layer.norm, tokens, d, size, live=2 * stream),
+                _linear(f"{prefix}.qkv", tokens, d, 3 * d, size, residual=False, live=5 * stream),
+                _attention(f"{prefix}.attention", batch, seq, d, size, live=5 * stream)
+                if layer.mixer == "attention" else
+                _linear_attention(f"{prefix}.linear_attention", batch, seq, d, layer.heads, size,
+                                  live=5 * stream),
+                _linear(f"{prefix}.out", tokens, d, d, size, residual=True, live=3 * stream),
+            ]
+        if layer.mlp_ratio > 0:
+            hidden = mlp_hidden(layer, d)
+            wide = size * tokens * hidden  # bytes of the [B, T, H] hidden activation
+            ops += [
+                _norm(f"{prefix}.mlp_norm", layer.norm, tokens, d, size, live=2 * stream),
+                _linear(f"{prefix}.mlp_up", tokens, d, hidden, size, residual=False,
+                        live=2 * stream + wide),
+                _linear(f"{prefix}.mlp_down", tokens, hidden, d, size, residual=True,
+                        live=2 * stream + wide),
+            ]
+    rows = tokens if arch.readout == "token" else batch  # positions the head reads
+    ops += [
+        _norm("final_norm", arch.layers[-1].norm, rows, d, size, live=stream + size * rows * d),
+        _linear("head", rows, d, arch.n_out, size, residual=False,
+                live=size * rows * (d + arch.n_out)),
+    ]
+    return ops

@@ -1,0 +1,152 @@
+"""Tasks from user files: a ``.npz`` of token arrays, or a plain text file as a character LM.
+
+``.npz`` holds ``x``: int tokens ``[N, T]`` (>= 0; vocab = max + 1) and ``y``: either int targets
+``[N, T]`` (IGNORE_INDEX = -100 for unscored positions; readout "token") or int class labels
+``[N]`` (readout "last"). It is read with ``allow_pickle=False``: nothing is ever unpickled.
+
+A text file is decoded as UTF-8; its distinct characters, sorted, are the vocabulary. It is cut
+into non-overlapping windows of ``seq_len + 1`` characters: x the first ``seq_len``, y the next
+character at every position.
+
+Rows (windows) are split into train and test by a seeded permutation. ``config`` records the
+file's SHA-256, so ``task_from_config`` rebuilds the task only from the very same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from nas.tasks._build import pack
+from nas.tasks.base import IGNORE_INDEX, Task, TaskError
+
+__all__ = ["load_npz", "load_text"]
+
+_MAX_TOKEN = 2**31 - 1  # an embedding table index, and safely int64 from any integer dtype
+
+
+def _read(path: str, sha256: str) -> tuple[Path, bytes, str]:
+    """(resolved path, bytes, their SHA-256), checked against ``sha256`` when one is given."""
+    file = Path(path).expanduser()
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise TaskError(f"{path}: no such file") from None
+    except OSError as err:
+        raise TaskError(f"{path}: cannot read ({err.strerror or err})") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 and sha256 != digest:
+        raise TaskError(f"{path}: contents changed (sha256 {digest[:12]}…, expected {sha256[:12]}…)")
+    return file.resolve(), data, digest
+
+
+def _split(n: int, seed: int, test_frac: float, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows): a seeded permutation, ``round(n * test_frac)`` test rows, at least one each."""
+    if seed < 0:
+        raise TaskError(f"{path}: seed must be >= 0, got {seed}")
+    if not 0 < test_frac < 1:
+        raise TaskError(f"{path}: test_frac must be in (0, 1), got {test_frac}")
+    n_test = min(max(1, round(n * test_frac)), n - 1)
+    perm = np.random.default_rng([seed, 2]).permutation(n)
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def _int_array(arrays: dict[str, np.ndarray], key: str, path: str) -> np.ndarray:
+    arr = arrays[key]
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TaskError(f"{path}: array '{key}' has dtype {arr.dtype}; it must be an integer dtype")
+    if arr.size and arr.max() > _MAX_TOKEN:
+        raise TaskError(f"{path}: array '{key}' has values above 2^31-1")
+    return arr.astype(np.int64)
+
+
+def _load_arrays(data: bytes, path: str) -> dict[str, np.ndarray]:
+    if not data:
+        raise TaskError(f"{path}: empty file")
+    try:
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile):
+        raise TaskError(f"{path}: not a readable .npz archive") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise TaskError(f"{path}: not an .npz archive (a single .npy array)")
+    with archive:
+        missing = [k for k in ("x", "y") if k not in archive.files]
+        if missing:
+            raise TaskError(f"{path}: missing array(s) {missing}; found {sorted(archive.files)}")
+        arrays = {}
+        for key in ("x", "y"):
+            try:
+                arrays[key] = archive[key]
+            except ValueError as err:
+                why = "holds Python objects (never unpickled)" if "pickle" in str(err) else "is unreadable"
+                raise TaskError(f"{path}: array '{key}' {why}") from None
+            except (OSError, EOFError, zipfile.BadZipFile):
+                raise TaskError(f"{path}: array '{key}' is unreadable (truncated or corrupt archive)") from None
+        return arrays
+
+
+def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0, sha256: str = "") -> Task:
+    """A task from ``path`` (.npz with ``x`` [N, T] and ``y`` [N, T] or [N]).
+
+    ``n_out`` 0 infers the number of outputs as max target + 1; a larger value keeps spare
+    classes (e.g. ``n_out`` = vocab for a language model whose last tokens are never targets).
+    """
+    file, data, digest = _read(path, sha256)
+    arrays = _load_arrays(data, path)
+    x, y = _int_array(arrays, "x", path), _int_array(arrays, "y", path)
+    if x.ndim != 2 or x.shape[1] < 1:
+        raise TaskError(f"{path}: 'x' must be 2-D [N, T] with T >= 1, got shape {list(x.shape)}")
+    if y.ndim not in (1, 2):
+        raise TaskError(f"{path}: 'y' must be [N] class labels or [N, T] targets, got shape {list(y.shape)}")
+    if y.shape[0] != x.shape[0]:
+        raise TaskError(f"{path}: 'x' has {x.shape[0]} rows but 'y' has {y.shape[0]}")
+    if y.ndim == 2 and y.shape != x.shape:
+        raise TaskError(f"{path}: 'y' is {list(y.shape)} but 'x' is {list(x.shape)}; per-token targets must match x")
+    if x.shape[0] < 2:
+        raise TaskError(f"{path}: {x.shape[0]} row(s); need at least 2 (one to train on, one to test)")
+    if x.min() < 0:
+        raise TaskError(f"{path}: 'x' has negative tokens (min {x.min()}); tokens must be >= 0")
+    readout = "token" if y.ndim == 2 else "last"
+    if readout == "last" and y.min() < 0:
+        raise TaskError(f"{path}: class labels in 'y' must be >= 0, got min {y.min()}")
+    bad = (y < 0) & (y != IGNORE_INDEX)
+    if bad.any():
+        raise TaskError(f"{path}: 'y' has value {y[bad].flat[0]}; targets must be >= 0 or {IGNORE_INDEX} (unscored)")
+    if (y == IGNORE_INDEX).all():
+        raise TaskError(f"{path}: 'y' has no scored targets (all {IGNORE_INDEX})")
+    needed = int(y.max()) + 1
+    if n_out and n_out < needed:
+        raise TaskError(f"{path}: n_out={n_out} is below max target + 1 = {needed}")
+    train, test = _split(x.shape[0], seed, test_frac, path)
+    if (y[test] == IGNORE_INDEX).all() or (y[train] == IGNORE_INDEX).all():
+        raise TaskError(f"{path}: with seed={seed}, test_frac={test_frac} one split has no scored targets; "
+                        "score more rows or change test_frac")
+    config = dict(name="npz", seed=seed, path=str(file), test_frac=test_frac, n_out=n_out, sha256=digest)
+    return pack("npz", config, int(x.max()) + 1, n_out or needed, readout, (x[train], y[train]),
+                (x[test], y[test]), f"{file.name}: {x.shape[0]}×{x.shape[1]} readout={readout}")
+
+
+def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float = 0.1, sha256: str = "") -> Task:
+    """A character-level LM over ``path`` (UTF-8). x, y ``[N, seq_len]`` int64; y[t] is the character after x[t]."""
+    file, data, digest = _read(path, sha256)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TaskError(f"{path}: not UTF-8 text (bad byte at offset {err.start})") from None
+    if seq_len < 1:
+        raise TaskError(f"{path}: seq_len must be >= 1, got {seq_len}")
+    if len(text) < 2 * seq_len + 1:
+        raise TaskError(f"{path}: {len(text)} characters; seq_len={seq_len} needs at least {2 * seq_len + 1}")
+    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+    chars, tokens = np.unique(codepoints, return_inverse=True)
+    windows = (len(tokens) - 1) // seq_len
+    starts = np.arange(windows)[:, None] * seq_len + np.arange(seq_len + 1)  # [W, seq_len + 1]
+    seqs = tokens[starts]
+    train, test = _split(windows, seed, test_frac, path)
+    config = dict(name="text", seed=seed, path=str(file), seq_len=seq_len, test_frac=test_frac, sha256=digest)
+    return pack("text", config, len(chars), len(chars), "token", (seqs[train, :-1], seqs[train, 1:]),
+                (seqs[test, :-1], seqs[test, 1:]), f"{file.name}: char LM, {len(chars)} symbols, {windows} windows")

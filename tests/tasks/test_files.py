@@ -1,0 +1,150 @@
+"""User files: .npz round trips, the class-label variant, text as a char LM, and one clear error each."""
+
+import numpy as np
+import pytest
+import torch
+
+from nas.tasks import IGNORE_INDEX, TaskError, load_npz, load_text, task_from_config
+
+
+def save(path, **arrays):
+    with open(path, "wb") as f:  # np.savez would append .npz to names without it
+        np.savez(f, **arrays)
+    return str(path)
+
+
+def token_arrays(n=50, t=9):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 13, size=(n, t)).astype(np.int32)
+    y = np.where(rng.random((n, t)) < 0.3, rng.integers(0, 5, size=(n, t)), IGNORE_INDEX).astype(np.int16)
+    y[:, -1] = 4  # every row scored somewhere
+    return x, y
+
+
+def rows_of(*tensors):
+    return sorted(tuple(r) for r in torch.cat(tensors).tolist())
+
+
+def test_token_targets_round_trip(tmp_path):
+    x, y = token_arrays()
+    task = load_npz(path=save(tmp_path / "d.npz", x=x, y=y), seed=3)
+    assert (task.name, task.readout, task.vocab_size, task.n_out) == ("npz", "token", x.max() + 1, 5)
+    assert task.x_train.dtype == task.y_train.dtype == torch.int64
+    assert (len(task.x_train), len(task.x_test)) == (45, 5)  # 10% test
+    # the split is a permutation of the rows: every (x, y) row lands in exactly one split, intact
+    pairs = np.concatenate([x, y], axis=1).tolist()
+    got = rows_of(torch.cat([task.x_train, task.y_train], 1), torch.cat([task.x_test, task.y_test], 1))
+    assert got == sorted(tuple(r) for r in pairs)
+
+
+def test_class_labels(tmp_path):
+    x, _ = token_arrays(n=12)
+    labels = np.arange(12) % 3
+    task = load_npz(path=save(tmp_path / "c.npz", x=x, y=labels))
+    assert (task.readout, task.n_out) == ("last", 3)
+    assert task.y_train.shape == (len(task.x_train),) and len(task.x_test) == 1  # round(1.2) = 1
+    lookup = {tuple(r): int(lab) for r, lab in zip(x.tolist(), labels)}
+    for xs, ys in ((task.x_train, task.y_train), (task.x_test, task.y_test)):
+        assert all(lookup[tuple(r)] == int(lab) for r, lab in zip(xs.tolist(), ys))
+
+
+def test_split_by_seed_and_rebuild_from_config(tmp_path):
+    x, y = token_arrays()
+    path = save(tmp_path / "d.npz", x=x, y=y)
+    a, b, c = load_npz(path=path, seed=1), load_npz(path=path, seed=1), load_npz(path=path, seed=2)
+    assert torch.equal(a.x_test, b.x_test) and not torch.equal(a.x_test, c.x_test)
+    again = task_from_config(dict(a.config))
+    assert all(torch.equal(getattr(a, k), getattr(again, k)) for k in ("x_train", "y_train", "x_test", "y_test"))
+    assert load_npz(path=path, n_out=9).n_out == 9
+    save(tmp_path / "d.npz", x=x, y=np.where(y == 4, 3, y))  # same name, other bytes
+    with pytest.raises(TaskError, match="contents changed"):
+        task_from_config(a.config)
+
+
+def test_text_is_a_char_lm(tmp_path):
+    text = "the quick brown fox jumps over the lazy dog; ünïcode too. " * 3
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    task = load_text(path=str(path), seq_len=10, test_frac=0.2)
+    chars = sorted(set(text))
+    assert (task.vocab_size, task.n_out, task.readout, task.seq_len) == (len(chars), len(chars), "token", 10)
+    windows = (len(text) - 1) // 10
+    assert len(task.x_train) + len(task.x_test) == windows and len(task.x_test) == round(windows * 0.2)
+    assert torch.equal(task.y_train[:, :-1], task.x_train[:, 1:])
+    decoded = {"".join(chars[i] for i in row) + chars[int(last)]
+               for row, last in zip(torch.cat([task.x_train, task.x_test]).tolist(),
+                                    torch.cat([task.y_train, task.y_test])[:, -1])}
+    assert decoded == {text[i * 10 : i * 10 + 11] for i in range(windows)}
+    assert torch.equal(task_from_config(task.config).x_test, task.x_test)
+
+
+def _bad_npz(tmp_path, case):
+    x, y = token_arrays(n=6, t=4)
+    p = tmp_path / f"{case}.npz"
+    writers = {
+        "missing-file": lambda: None,
+        "not-an-npz": lambda: p.write_text("hello, not an archive"),
+        "empty-file": lambda: p.write_bytes(b""),
+        "npy-inside": lambda: np.save(open(p, "wb"), x),
+        "truncated": lambda: (save(p, x=x, y=y), p.write_bytes(p.read_bytes()[:60])),
+        "missing-x": lambda: save(p, y=y),
+        "missing-y": lambda: save(p, x=x, z=y),
+        "x-1d": lambda: save(p, x=x[0], y=y[0]),
+        "x-3d": lambda: save(p, x=x[:, :, None], y=y),
+        "y-3d": lambda: save(p, x=x, y=y[:, :, None]),
+        "y-shape": lambda: save(p, x=x, y=y[:, :3]),
+        "n-mismatch": lambda: save(p, x=x, y=y[:5]),
+        "x-float": lambda: save(p, x=x.astype(np.float32), y=y),
+        "y-float": lambda: save(p, x=x, y=y.astype(np.float64)),
+        "x-bool": lambda: save(p, x=x > 3, y=y),
+        "x-object": lambda: save(p, x=np.array([[1, "a"]] * 6, dtype=object), y=y),
+        "negative-token": lambda: save(p, x=x - 20, y=y),
+        "target-minus-5": lambda: save(p, x=x, y=np.where(y == 4, -5, y)),
+        "target-below-ignore": lambda: save(p, x=x, y=np.where(y == 4, -101, y)),
+        "label-ignore": lambda: save(p, x=x, y=np.array([0, 1, -100, 1, 0, 1])),
+        "nothing-scored": lambda: save(p, x=x, y=np.full_like(y, IGNORE_INDEX)),
+        "one-row": lambda: save(p, x=x[:1], y=y[:1]),
+        "no-tokens": lambda: save(p, x=x[:, :0], y=y[:, :0]),
+    }
+    writers[case]()
+    return str(p)
+
+
+BAD = ["missing-file", "not-an-npz", "empty-file", "npy-inside", "truncated", "missing-x", "missing-y", "x-1d",
+       "x-3d", "y-3d", "y-shape", "n-mismatch", "x-float", "y-float", "x-bool", "x-object", "negative-token",
+       "target-minus-5", "target-below-ignore", "label-ignore", "nothing-scored", "one-row", "no-tokens"]
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_every_bad_npz_is_one_clear_task_error(tmp_path, case):
+    path = _bad_npz(tmp_path, case)
+    with pytest.raises(TaskError) as err:
+        load_npz(path=path)
+    message = str(err.value)
+    assert message.startswith(path + ": ") and "\n" not in message, message
+    assert len(message) < 200
+
+
+@pytest.mark.parametrize("params, needle", [
+    (dict(n_out=3), "n_out=3 is below"),
+    (dict(test_frac=0.0), "test_frac"),
+    (dict(test_frac=1.0), "test_frac"),
+    (dict(seed=-2), "seed"),
+], ids=["n_out-small", "test_frac-0", "test_frac-1", "seed"])
+def test_bad_npz_parameters(tmp_path, params, needle):
+    x, y = token_arrays()
+    with pytest.raises(TaskError, match=needle):
+        load_npz(path=save(tmp_path / "d.npz", x=x, y=y), **params)
+
+
+@pytest.mark.parametrize("content, params, needle", [
+    (b"\xff\xfe bad bytes", dict(seq_len=2), "not UTF-8"),
+    (b"short", dict(seq_len=4), "5 characters"),
+    (b"long enough text", dict(seq_len=0), "seq_len"),
+], ids=["not-utf8", "too-short", "seq_len-0"])
+def test_bad_text_files(tmp_path, content, params, needle):
+    path = tmp_path / "t.txt"
+    path.write_bytes(content)
+    with pytest.raises(TaskError, match=needle) as err:
+        load_text(path=str(path), **params)
+    assert str(err.value).startswith(str(path))

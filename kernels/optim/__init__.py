@@ -1,0 +1,25 @@
+"""Optimizer steps: ``reference`` holds the per-tensor math (fp32 torch) that every path matches."""
+
+from kernels.optim.reference import (
+    adamw_step_,
+    clip_scale,
+    compute_dtype,
+    effective_grad,
+    global_grad_norm,
+    grad_noise_std,
+    lion_step_,
+    radam_step_,
+    sgd_step_,
+)
+
+__all__ = [
+    "compute_dtype",
+    "global_grad_norm",
+    "clip_scale",
+    "grad_noise_std",
+    "effective_grad",
+    "sgd_step_",
+    "adamw_step_",
+    "radam_step_",
+    "lion_step_",
+]

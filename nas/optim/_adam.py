@@ -1,0 +1,97 @@
+"""AdamW and RAdam: the same moments and state, two update rules."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from kernels.optim.reference import adamw_step_, compute_dtype, radam_step_
+from nas.optim._base import GradOptions, GradTransform, OptimizerBase, check, check_betas
+
+__all__ = ["AdamW", "RAdam"]
+
+
+class _Adam(OptimizerBase):
+    """Adam-family state per param: ``step`` (int, updates of this tensor so far), ``exp_avg``
+    and ``exp_avg_sq`` (compute dtype); decoupled weight decay ``p ← p·(1 − lr·wd)``."""
+
+    DEFAULT_BETAS: ClassVar[tuple[float, float]] = (0.9, 0.999)
+    _step_fn = staticmethod(adamw_step_)
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        grad_options: GradOptions,
+    ) -> None:
+        check(eps >= 0, f"eps must be >= 0, got {eps}")
+        check_betas(betas)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), grad_options)
+
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[dict[str, Any]],
+        transform: GradTransform,
+    ) -> None:
+        beta1, beta2 = group["betas"]
+        for p, grad, state in zip(params, grads, states, strict=True):
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, dtype=compute_dtype(p))
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=compute_dtype(p))
+            state["step"] += 1
+            self._step_fn(
+                p,
+                transform.apply(grad),
+                state["exp_avg"],
+                state["exp_avg_sq"],
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                step=state["step"],
+            )
+
+
+class AdamW(_Adam):
+    """``torch.optim.AdamW`` (no amsgrad) with the shared gradient pipeline."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = _Adam.DEFAULT_BETAS,
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        grad_options: GradOptions = GradOptions(),
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, grad_options)
+
+
+class RAdam(_Adam):
+    """``torch.optim.RAdam(decoupled_weight_decay=True)`` with the shared gradient pipeline."""
+
+    _step_fn = staticmethod(radam_step_)
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = _Adam.DEFAULT_BETAS,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        grad_options: GradOptions = GradOptions(),
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, grad_options)

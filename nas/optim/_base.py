@@ -1,0 +1,167 @@
+"""What every optimizer here shares: the gradient pipeline (norm → clip → noise) run in ``step``.
+
+``step`` gathers, per param group, the params that have a grad, their grads and states, and
+hands them with one :class:`GradTransform` to ``_update_group`` — the one place a fused CUDA
+kernel (``kernels/optim/triton.py``) will take over a whole group in one launch. The CPU path
+loops over tensors and calls ``kernels.optim.reference``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from kernels.optim.reference import clip_scale, compute_dtype, effective_grad, global_grad_norm, grad_noise_std
+
+__all__ = ["GradOptions", "GradTransform", "OptimizerBase"]
+
+_EXTRA_KEY = "nas_optim"  # state_dict entry holding the noise step and generator states
+
+
+def check(cond: bool, msg: str) -> None:
+    """Raise ``ValueError(msg)`` unless ``cond`` (a user mistake in a hyperparameter)."""
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_betas(betas: tuple[float, float]) -> None:
+    for i, beta in enumerate(betas):
+        check(0.0 <= beta < 1.0, f"betas[{i}] must be in [0, 1), got {beta}")
+
+
+@dataclass(frozen=True)
+class GradOptions:
+    """What ``step`` does to the raw gradients before the update.
+
+    max_norm: clip the global L2 norm over all params of all groups to this (0 = off).
+    noise: η of annealed Gaussian gradient noise, variance η / (1 + t)^noise_gamma, where t is
+        the number of earlier ``step`` calls (0 on the first), Neelakantan et al. 2015 (0 = off).
+    seed: seeds the noise generator (one ``torch.Generator`` per device).
+    """
+
+    max_norm: float = 0.0
+    noise: float = 0.0
+    noise_gamma: float = 0.55
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.max_norm >= 0, f"max_norm must be >= 0 (0 = off), got {self.max_norm}")
+        check(self.noise >= 0, f"noise must be >= 0 (0 = off), got {self.noise}")
+        check(self.noise_gamma >= 0, f"noise_gamma must be >= 0, got {self.noise_gamma}")
+
+
+@dataclass(frozen=True)
+class GradTransform:
+    """This step's ``g ← g·scale + noise_std·z``, shared by every group.
+
+    scale: 0-dim clip scale, None when clipping is off. generator: draws z (None iff no noise).
+    """
+
+    scale: Tensor | None
+    noise_std: float
+    generator: torch.Generator | None
+
+    def apply(self, grad: Tensor) -> Tensor:
+        """The grad to feed the update, in the compute dtype; ``grad`` itself is left untouched."""
+        return effective_grad(grad, scale=self.scale, noise_std=self.noise_std, generator=self.generator)
+
+
+class OptimizerBase(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` whose ``step`` clips and perturbs gradients before updating.
+
+    Gradients (``p.grad``) are never modified. After each ``step``, ``last_grad_norm`` holds the
+    global L2 norm of the raw gradients as a 0-dim tensor (no host sync), so a trainer can test
+    it for NaN/inf whenever it likes. A non-finite norm means this step's update (and with
+    clipping on, every param's update) was non-finite: the trainer should stop or restore.
+    """
+
+    def __init__(self, params: ParamsT, defaults: dict[str, Any], grad_options: GradOptions) -> None:
+        check(defaults["lr"] >= 0, f"lr must be >= 0, got {defaults['lr']}")
+        check(defaults["weight_decay"] >= 0, f"weight_decay must be >= 0, got {defaults['weight_decay']}")
+        super().__init__(params, defaults)
+        self.grad_options = grad_options
+        self.last_grad_norm: Tensor | None = None
+        self._noise_t = 0  # step() calls so far: the t of the noise schedule on the next call
+        self._generators: dict[str, torch.Generator] = {}
+
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[dict[str, Any]],
+        transform: GradTransform,
+    ) -> None:
+        """Update one group's ``params`` (those with a grad, on one device) in place; ``grads`` and
+        ``states`` align.
+
+        The seam for the fused CUDA kernel: everything the update needs arrives here at once
+        (hyperparameters in ``group``, clip scale and noise std in ``transform``), so a CUDA
+        path can replace the per-tensor reference loop with one launch per group.
+        """
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
+        grads = [p.grad for _, params in work for p in params]
+        check(not any(g.is_sparse for g in grads), f"{type(self).__name__} does not support sparse gradients")
+        self.last_grad_norm = global_grad_norm(grads)
+        opts = self.grad_options
+        scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
+        noise_std = grad_noise_std(opts.noise, opts.noise_gamma, self._noise_t)
+        for group, params in work:
+            if params:
+                generator = self._generator(params[0].device) if noise_std > 0 else None
+                transform = GradTransform(scale, noise_std, generator)
+                group_grads = [p.grad for p in params]
+                self._update_group(group, params, group_grads, [self.state[p] for p in params], transform)
+        self._noise_t += 1
+        return loss
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device=device).manual_seed(self.grad_options.seed)
+        return self._generators[key]
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict plus the noise step and generator states, so a resume is exact."""
+        state = super().state_dict()
+        generators = {key: gen.get_state() for key, gen in self._generators.items()}
+        state[_EXTRA_KEY] = {"noise_t": self._noise_t, "generators": generators}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        extra = state_dict.pop(_EXTRA_KEY, None)
+        check(extra is not None, f"state_dict has no {_EXTRA_KEY!r} entry: not saved by a nas.optim optimizer")
+        super().load_state_dict(state_dict)
+        self._restore_state_dtypes(state_dict)
+        self._noise_t = int(extra["noise_t"])
+        self._generators = {}
+        for key, gen_state in extra["generators"].items():
+            self._generators[key] = torch.Generator(device=key)
+            self._generators[key].set_state(gen_state)
+
+    def _restore_state_dtypes(self, state_dict: dict[str, Any]) -> None:
+        """torch casts loaded state to the param dtype; ours lives in the compute dtype (fp32 for
+        bf16 params), so recast from the saved tensors before any precision is lost."""
+        saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = chain.from_iterable(g["params"] for g in self.param_groups)
+        for pid, p in zip(saved_ids, params, strict=True):
+            if p.dtype == compute_dtype(p):
+                continue
+            for key, value in state_dict["state"].get(pid, {}).items():
+                if isinstance(value, Tensor) and value.is_floating_point():
+                    self.state[p][key] = value.to(device=p.device, dtype=compute_dtype(p))

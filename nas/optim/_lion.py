@@ -1,0 +1,58 @@
+"""Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms")."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from kernels.optim.reference import compute_dtype, lion_step_
+from nas.optim._base import GradOptions, GradTransform, OptimizerBase, check_betas
+
+__all__ = ["Lion"]
+
+
+class Lion(OptimizerBase):
+    """Sign-of-momentum updates with decoupled weight decay, plus the shared gradient pipeline.
+
+    Lion's steps have unit magnitude per element, so its lr is typically 3-10x smaller than
+    AdamW's. State per param: ``exp_avg`` (compute dtype).
+    """
+
+    DEFAULT_BETAS: ClassVar[tuple[float, float]] = (0.9, 0.99)
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = DEFAULT_BETAS,
+        weight_decay: float = 0.0,
+        *,
+        grad_options: GradOptions = GradOptions(),
+    ) -> None:
+        check_betas(betas)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), grad_options)
+
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[dict[str, Any]],
+        transform: GradTransform,
+    ) -> None:
+        beta1, beta2 = group["betas"]
+        for p, grad, state in zip(params, grads, states, strict=True):
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, dtype=compute_dtype(p))
+            lion_step_(
+                p,
+                transform.apply(grad),
+                state["exp_avg"],
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=group["weight_decay"],
+            )

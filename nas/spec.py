@@ -44,12 +44,15 @@ class LayerSpec:
     """One pre-norm residual block: ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``.
 
     ``heads`` is 0 and ``feature_map`` is None when they do not apply to the mixer.
-    ``mlp_ratio`` 0 means the block has no MLP.
+    ``short_conv`` is the kernel size of a depthwise causal convolution over the q, k, v
+    projections (0 = none), as in fla / Based (Arora et al. 2024); it lets one layer see the
+    previous tokens, which associative recall needs. ``mlp_ratio`` 0 means the block has no MLP.
     """
 
     mixer: str
     heads: int = 0
     feature_map: str | None = None
+    short_conv: int = 0
     mlp_ratio: float = 4.0
     activation: str = "gelu"
     norm: str = "layernorm"
@@ -59,6 +62,7 @@ class LayerSpec:
         if self.mixer == "none":
             _check(self.heads == 0, "heads must be 0 for mixer 'none'")
             _check(self.feature_map is None, "feature_map applies only to linear_attention")
+            _check(self.short_conv == 0, "short_conv must be 0 for mixer 'none'")
         else:
             _check(self.heads >= 1, f"heads must be >= 1 for mixer {self.mixer!r}")
         if self.mixer == "linear_attention":
@@ -68,6 +72,7 @@ class LayerSpec:
             )
         elif self.mixer == "attention":
             _check(self.feature_map is None, "feature_map applies only to linear_attention")
+        _check(0 <= self.short_conv <= 16, f"short_conv must be in [0, 16], got {self.short_conv}")
         _check(self.mlp_ratio >= 0, f"mlp_ratio must be >= 0, got {self.mlp_ratio}")
         _check(self.activation in ACTIVATIONS, f"activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
         _check(self.norm in NORMS, f"norm {self.norm!r} is not one of {list(NORMS)}")
@@ -81,8 +86,9 @@ class LayerSpec:
 class ArchSpec:
     """A whole network. ``vocab_size`` and ``n_out`` come from the task it is built for.
 
-    Positions are sinusoidal and computed from the sequence length at run time, so a model
-    trained at one length runs at any other.
+    Positions enter through rotary embeddings in softmax attention (and the causal order of
+    every mixer), computed from the sequence length at run time, so a model trained at one
+    length runs at any other.
     """
 
     d_model: int

@@ -71,6 +71,7 @@ def count_params(arch: ArchSpec) -> int:
     for layer in arch.layers:
         if layer.mixer != "none":
             total += _norm_params(layer.norm, d) + (3 * d * d + 3 * d) + (d * d + d)
+            total += 3 * d * (layer.short_conv + 1) if layer.short_conv else 0
         if layer.mlp_ratio > 0:
             hidden = mlp_hidden(layer, d)
             total += _norm_params(layer.norm, d) + (d * hidden + hidden) + (hidden * d + d)
@@ -118,6 +119,13 @@ def _linear_attention(name: str, batch: int, seq: int, d: int, heads: int, size:
     return OpCost(name, batch * heads * (intra + inter), size * 4 * batch * seq * d, 1, True, live)
 
 
+def _short_conv(name: str, rows: int, d: int, width: int, size: int, *, live: int) -> OpCost:
+    """Depthwise causal convolution of width K over qkv ``[rows, 3d]``: 2·K FLOPs per element;
+    reads the input and the K+1 weights per channel, writes the output."""
+    elems = rows * 3 * d
+    return OpCost(name, 2 * width * elems, size * (2 * elems + 3 * d * (width + 1)), 1, False, live)
+
+
 def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> list[OpCost]:
     """The ops of one inference forward of ``arch`` on ``shape`` in execution order.
 
@@ -137,6 +145,8 @@ def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> lis
             ops += [
                 _norm(f"{prefix}.mixer_norm", layer.norm, tokens, d, size, live=2 * stream),
                 _linear(f"{prefix}.qkv", tokens, d, 3 * d, size, residual=False, live=5 * stream),
+                *([_short_conv(f"{prefix}.short_conv", tokens, d, layer.short_conv, size, live=7 * stream)]
+                  if layer.short_conv else []),
                 _attention(f"{prefix}.attention", batch, seq, d, size, live=5 * stream)
                 if layer.mixer == "attention" else
                 _linear_attention(f"{prefix}.linear_attention", batch, seq, d, layer.heads, size,

@@ -1,0 +1,77 @@
+"""``HybridModel``: embedding, pre-norm residual blocks (mixer + MLP), final norm, head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from nas.models.mixers import LinearAttention, SelfAttention
+from nas.spec import ArchSpec, LayerSpec
+
+__all__ = ["HybridModel", "Block"]
+
+_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+def _norm(kind: str, d: int) -> nn.Module:
+    return nn.LayerNorm(d) if kind == "layernorm" else nn.RMSNorm(d, eps=1e-5)
+
+
+class Block(nn.Module):
+    """``x + mixer(norm1(x))`` then ``x + mlp(norm2(x))``; parts absent from the spec are absent here
+    (no norm before a missing mixer or MLP), which is the convention ``count_params`` follows."""
+
+    def __init__(self, d_model: int, spec: LayerSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.mixer: nn.Module | None = None
+        if spec.mixer == "attention":
+            self.mixer = SelfAttention(d_model, spec.heads, spec.short_conv)
+        elif spec.mixer == "linear_attention":
+            self.mixer = LinearAttention(d_model, spec.heads, spec.feature_map, spec.short_conv)
+        self.norm1 = _norm(spec.norm, d_model) if self.mixer is not None else None
+        self.mlp: nn.Sequential | None = None
+        if spec.mlp_ratio > 0:
+            hidden = max(1, round(spec.mlp_ratio * d_model))
+            self.mlp = nn.Sequential(nn.Linear(d_model, hidden), _ACTIVATIONS[spec.activation](),
+                                     nn.Linear(hidden, d_model))
+        self.norm2 = _norm(spec.norm, d_model) if self.mlp is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mixer is not None:
+            x = x + self.mixer(self.norm1(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class HybridModel(nn.Module):
+    """tokens ``[B, T]`` int64 → logits ``[B, T, n_out]`` (readout "token") or ``[B, n_out]`` ("last")."""
+
+    def __init__(self, arch: ArchSpec) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed = nn.Embedding(arch.vocab_size, arch.d_model)
+        self.blocks = nn.ModuleList(Block(arch.d_model, layer) for layer in arch.layers)
+        self.norm = _norm(arch.layers[-1].norm, arch.d_model)
+        self.head = nn.Linear(arch.d_model, arch.n_out)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # GPT-2 style: N(0, 0.02) for projections, residual outputs scaled by 1/sqrt(2·depth).
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and not name.startswith("embed"):
+                std = 0.02 / math.sqrt(2 * len(self.blocks)) if name.endswith(("out.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)  # [B, T, d]
+        for block in self.blocks:
+            x = block(x)
+        if self.arch.readout == "last":
+            x = x[:, -1]
+        return self.head(self.norm(x))

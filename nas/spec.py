@@ -23,6 +23,7 @@ __all__ = [
     "LayerSpec",
     "ArchSpec",
     "TrainSpec",
+    "Candidate",
     "arch_hash",
 ]
 
@@ -173,6 +174,14 @@ class TrainSpec:
         unknown = set(data) - fields
         _check(not unknown, f"unknown TrainSpec fields: {sorted(unknown)}")
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What one trial evaluates: an architecture and the recipe that trains it."""
+
+    arch: ArchSpec
+    train: TrainSpec
 
 
 def arch_hash(arch: ArchSpec) -> str:

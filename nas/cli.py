@@ -1,0 +1,215 @@
+"""``nas`` command line: search, studies, profiles, spaces. The CLI owns the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import optuna
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+__all__ = ["main"]
+
+console = Console()
+err = Console(stderr=True)
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from nas.study import SAMPLERS
+
+    parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress of the engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("search", help="run (or resume) a search study")
+    s.add_argument("--space", default="hybrid_small", help="shipped space name or a YAML path (default hybrid_small)")
+    s.add_argument("--task", default=None, help="task spec, e.g. mqar:seq_len=64 or data.npz (default: the space's)")
+    s.add_argument("--trials", type=_positive_int, default=20, help="completed trials to reach (default 20)")
+    s.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
+    s.add_argument("--study", default=None, help="study name (default: <space>-<task>-<target>)")
+    s.add_argument("--storage", default=None, help="journal file path or RDB URL (default $NAS_STORAGE or runs/studies.journal)")
+    s.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    s.add_argument("--target", default="auto", help="auto (this GPU, else h200) or a hardware profile name/path")
+    s.add_argument("--latency-shape", default="1x256", help="BATCHxSEQ the latency is scored at (default 1x256)")
+    s.add_argument("--max-latency-ms", type=_positive_float, default=None, help="hard latency budget")
+    s.add_argument("--max-params", type=_positive_int, default=None, help="hard parameter budget")
+    s.add_argument("--max-memory-mb", type=_positive_float, default=None, help="hard memory budget")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+
+    st = sub.add_parser("studies", help="list studies in a storage, or show one")
+    st.add_argument("--storage", default=None)
+    st.add_argument("--study", default=None, help="show this study only (exit 2 if absent)")
+
+    p = sub.add_parser("profiles", help="hardware profiles")
+    psub = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    psub.add_parser("list", help="list shipped profiles")
+    show = psub.add_parser("show", help="show one profile")
+    show.add_argument("name")
+
+    sp = sub.add_parser("spaces", help="list shipped search spaces")
+    sp.add_argument("name", nargs="?", help="show this space's file")
+    return parser
+
+
+def _search(args: argparse.Namespace) -> None:
+    from nas.storage import resolve_storage
+    from nas.study import SearchConfig, front, n_complete, prepare, run_search
+
+    config = SearchConfig(space=args.space, task=args.task, trials=args.trials, timeout=args.timeout,
+                          study=args.study, storage=resolve_storage(args.storage), sampler=args.sampler,
+                          target=args.target, latency_shape=args.latency_shape, max_latency_ms=args.max_latency_ms,
+                          max_params=args.max_params, max_memory_mb=args.max_memory_mb, seed=args.seed,
+                          device=args.device)
+    ctx, study = prepare(config)
+    done = n_complete(study)
+    console.print(f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
+                  f"task {ctx.task.description or ctx.task.name}, latency "
+                  f"predicted for {ctx.profile.name} at {ctx.shape}, "
+                  f"device {ctx.device}; {done} trial(s) already complete")
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("front {task.fields[front]}  best acc {task.fields[best]}"), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("search", total=config.trials, completed=min(done, config.trials),
+                                front=len(front(study)), best="-")
+
+        def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            best = front(study)
+            progress.update(bar, completed=min(n_complete(study), config.trials), front=len(best),
+                            best=f"{best[0].values[0]:.3f}" if best else "-")
+            if trial.state.name == "FAIL":
+                progress.console.print(f"trial {trial.number} failed: {trial.user_attrs.get('failure', '?')}")
+
+        run_search(config, on_trial=on_trial, ctx_study=(ctx, study))
+    _print_front(study)
+    storage_flag = f" --storage {config.storage}" if args.storage else ""
+    console.print(f"next: nas report --study {study.study_name}{storage_flag}", soft_wrap=True)
+    console.print(f"      nas export --study {study.study_name}{storage_flag} --out export/", soft_wrap=True)
+
+
+def _print_front(study: optuna.Study) -> None:
+    from nas.study import front
+
+    trials = front(study)
+    sources = sorted({f"{t.user_attrs.get('latency_source', '?')} on {t.user_attrs.get('latency_device', '?')}"
+                      for t in trials})
+    table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials",
+                  caption=f"latency {', '.join(sources)}" if sources else None)
+    for col in ("trial", "architecture", "params", "acc", "latency ms", "mem MB", "recipe"):
+        table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right")
+    for t in trials:
+        train = t.user_attrs.get("train", {})
+        table.add_row(str(t.number), t.user_attrs.get("arch_summary", "?"), f"{t.user_attrs.get('params', 0) / 1e6:.2f}M",
+                      f"{t.values[0]:.3f}", f"{t.values[1]:.4f}", f"{t.values[2]:.2f}",
+                      f"{train.get('optimizer', '?')} lr={train.get('lr', 0):.0e} x{train.get('steps', '?')}")
+    console.print(table)
+
+
+def _studies(args: argparse.Namespace) -> None:
+    from optuna.trial import TrialState
+
+    from nas.storage import open_storage, resolve_storage
+
+    storage = resolve_storage(args.storage)
+    store = open_storage(storage)
+    summaries = optuna.get_all_study_summaries(store, include_best_trial=False)
+    if args.study is not None:
+        summaries = [s for s in summaries if s.study_name == args.study]
+        if not summaries:
+            raise UsageError(f"no study named {args.study!r} in {storage}")
+    table = Table(title=f"studies in {storage}")
+    for col in ("study", "complete", "failed", "running", "total", "started"):
+        table.add_column(col)
+    for s in summaries:
+        states = [t.state for t in optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)]
+        table.add_row(s.study_name, *(str(states.count(x)) for x in (TrialState.COMPLETE, TrialState.FAIL,
+                                                                   TrialState.RUNNING)),
+                      str(len(states)), f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-")
+    console.print(table)
+
+
+def _profiles(args: argparse.Namespace) -> None:
+    from hardware_profiles import list_profiles, load_profile
+
+    if args.action == "list":
+        table = Table(title="hardware profiles")
+        for col in ("name", "description", "bf16 TFLOP/s", "bandwidth GB/s", "SMs"):
+            table.add_column(col)
+        for name in list_profiles():
+            p = load_profile(name)
+            table.add_row(name, p.description, f"{p.peak_tflops.bf16:g}", f"{p.memory_bandwidth_gb_s:g}", str(p.sm_count))
+        console.print(table)
+    else:
+        p = load_profile(args.name)
+        console.print(p.path.read_text() if p.path else p)
+
+
+def _spaces(args: argparse.Namespace) -> None:
+    from search_spaces import list_spaces, load_space
+
+    if args.name:
+        console.print(open(load_space(args.name).source).read())
+        return
+    for name in list_spaces():
+        space = load_space(name)
+        console.print(f"[bold]{name}[/]: {space.description}  (default task {space.task})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from hardware_profiles import ProfileError
+    from nas.storage import StorageError
+    from nas.study import SearchError
+    from nas.tasks import TaskError
+    from search_spaces import SpaceError
+
+    user_errors = (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError)
+    try:
+        args = _build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        {"search": _search, "studies": _studies, "profiles": _profiles, "spaces": _spaces}[args.command](args)
+    except user_errors as e:
+        err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err.print("nas: interrupted; finished trials are kept in the study", markup=False)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

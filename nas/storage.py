@@ -1,0 +1,56 @@
+"""Where studies live: an Optuna journal file by default, or any RDB URL Optuna accepts.
+
+The journal file is Optuna's own format, so ``optuna`` CLI commands and optuna-dashboard open
+it unchanged (``--storage runs/studies.journal``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+
+__all__ = ["DEFAULT_STORAGE", "StorageError", "resolve_storage", "open_storage"]
+
+DEFAULT_STORAGE = "runs/studies.journal"
+_RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+
+
+class StorageError(ValueError):
+    """The storage URL or path is unusable; the message says which and why."""
+
+
+def resolve_storage(storage: str | None) -> str:
+    """``--storage`` if given, else ``$NAS_STORAGE``, else the embedded default journal file."""
+    return storage or os.environ.get("NAS_STORAGE") or DEFAULT_STORAGE
+
+
+def open_storage(storage: str) -> BaseStorage:
+    """An Optuna storage for a path (journal file, created on first use) or an RDB URL."""
+    if "://" in storage:
+        scheme = storage.split("://", 1)[0].split("+", 1)[0]
+        if scheme not in _RDB_SCHEMES:
+            raise StorageError(f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
+                               f"or one of {[s + '://' for s in _RDB_SCHEMES]}")
+        try:
+            # heartbeat lets a later run tell a trial whose worker died from one still running
+            return RDBStorage(storage, heartbeat_interval=60, grace_period=180,
+                              engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
+        except Exception as e:  # sqlalchemy/driver errors vary by backend; report them as one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise StorageError(f"storage URL {storage!r}: cannot open it ({first})") from None
+    path = Path(storage)
+    if path.is_dir():
+        raise StorageError(f"storage {storage!r} is a directory; give a journal file path such as {DEFAULT_STORAGE}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        backend = JournalFileBackend(str(path))
+        journal = JournalStorage(backend)
+    except (OSError, ValueError) as e:
+        raise StorageError(f"storage {storage!r}: not a readable Optuna journal file ({e})") from None
+    except Exception as e:  # JSON errors from a file that is not a journal
+        raise StorageError(f"storage {storage!r}: not an Optuna journal file ({type(e).__name__})") from None
+    return journal
+

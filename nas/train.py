@@ -1,0 +1,135 @@
+"""Train one candidate with the library's optimizers and score it on the held-out split."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from nas.optim import make_optimizer
+from nas.spec import TrainSpec
+from nas.tasks.base import Task
+
+__all__ = ["Budget", "TrainResult", "TrainingDiverged", "lr_factor", "evaluate", "train"]
+
+logger = logging.getLogger(__name__)
+
+CURVE_POINTS = 20  # learning-curve samples per run
+CHECK_EVERY = 16  # steps between non-finite checks: one host sync per window, not per step
+EVAL_BATCH = 256
+
+
+class TrainingDiverged(RuntimeError):
+    """Loss or gradient norm became NaN/inf; ``step`` is the first window where it was seen."""
+
+    def __init__(self, reason: str, step: int) -> None:
+        super().__init__(reason)
+        self.step = step
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Stop training after ``max_seconds`` of wall clock (None: no limit); steps come from TrainSpec."""
+
+    max_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    accuracy: float  # on the test split, over scored positions
+    test_loss: float
+    steps: int  # optimizer steps actually taken
+    seconds: float
+    stopped: str  # "completed" or "time budget"
+    curve: tuple[tuple[int, float], ...] = field(default=())  # (step, mean train loss of the window)
+
+
+def lr_factor(step: int, spec: TrainSpec) -> float:
+    """Linear warmup over ``warmup_frac·steps``, then cosine decay to zero at ``steps``."""
+    warmup = int(spec.warmup_frac * spec.steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, spec.steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _autocast(device: torch.device) -> torch.autocast:
+    # bf16 on GPU (no loss scaling needed); fp32 on CPU, where bf16 matmuls are slow
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[float, float]:
+    """(accuracy, mean loss) of ``model`` on the test split."""
+    model.eval()
+    hits = total = torch.zeros((), dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), device=device)
+    n = task.x_test.shape[0]
+    for i in range(0, n, EVAL_BATCH):
+        x, y = task.x_test[i:i + EVAL_BATCH], task.y_test[i:i + EVAL_BATCH]
+        with _autocast(device):
+            logits = model(x)
+        h, t = task.correct(logits, y)
+        hits, total = hits + h, total + t
+        loss_sum += task.loss(logits, y) * x.shape[0]
+    model.train()
+    return (hits.float() / total.clamp(min=1)).item(), (loss_sum / n).item()
+
+
+def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.device | str,
+          budget: Budget | None = None) -> TrainResult:
+    """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad.
+
+    The task's tensors are moved to ``device`` once; batches are drawn there by a seeded generator,
+    so a step involves no host round trip.
+    """
+    device = torch.device(device)
+    budget = budget or Budget()
+    task = task.to(device)
+    model.to(device).train()
+    opt = make_optimizer(spec, model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
+    gen = torch.Generator(device=device).manual_seed(spec.seed)
+    n_train = task.x_train.shape[0]
+    window = max(1, spec.steps // CURVE_POINTS)
+
+    losses = torch.zeros(spec.steps, device=device)
+    norms = torch.zeros(spec.steps, device=device)
+    curve: list[tuple[int, float]] = []
+    stopped, start, step = "completed", time.perf_counter(), 0
+    while step < spec.steps:
+        idx = torch.randint(0, n_train, (spec.batch_size,), device=device, generator=gen)
+        with _autocast(device):
+            loss = task.loss(model(task.x_train[idx]), task.y_train[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses[step] = loss.detach()
+        norms[step] = opt.last_grad_norm
+        step += 1
+        if step % CHECK_EVERY == 0 or step == spec.steps:
+            _check_finite(losses, norms, step)
+            while (len(curve) + 1) * window <= step:  # each window that has just completed
+                lo = len(curve) * window
+                curve.append((lo + window, losses[lo:lo + window].mean().item()))
+        if budget.max_seconds is not None and time.perf_counter() - start > budget.max_seconds:
+            _check_finite(losses, norms, step)
+            stopped = "time budget"
+            break
+    accuracy, test_loss = evaluate(model, task, device)
+    if not math.isfinite(test_loss):
+        raise TrainingDiverged("test loss is not finite", step)
+    seconds = time.perf_counter() - start
+    logger.debug("trained %d steps in %.1fs: acc=%.3f (%s)", step, seconds, accuracy, stopped)
+    return TrainResult(accuracy, test_loss, step, seconds, stopped, tuple(curve))
+
+
+def _check_finite(losses: torch.Tensor, norms: torch.Tensor, step: int) -> None:
+    seen = slice(max(0, step - CHECK_EVERY), step)
+    if not bool(torch.isfinite(losses[seen]).all() & torch.isfinite(norms[seen]).all()):
+        what = "loss" if not bool(torch.isfinite(losses[seen]).all()) else "gradient norm"
+        raise TrainingDiverged(f"{what} became NaN/inf within steps {seen.start + 1}-{step}", step)

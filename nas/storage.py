@@ -35,9 +35,7 @@ def open_storage(storage: str) -> BaseStorage:
             raise StorageError(f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
                                f"or one of {[s + '://' for s in _RDB_SCHEMES]}")
         try:
-            # heartbeat lets a later run tell a trial whose worker died from one still running
-            return RDBStorage(storage, heartbeat_interval=60, grace_period=180,
-                              engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
+            return RDBStorage(storage, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
         except Exception as e:  # sqlalchemy/driver errors vary by backend; report them as one line
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise StorageError(f"storage URL {storage!r}: cannot open it ({first})") from None

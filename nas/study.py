@@ -107,23 +107,25 @@ def study_name(config: SearchConfig, space: SearchSpace, task_spec: str) -> str:
 
 def open_study(name: str, storage: str, *, sampler: optuna.samplers.BaseSampler | None = None,
                create: bool = True) -> optuna.Study:
-    """Load study ``name`` (creating it with our directions and metric names if ``create``)."""
+    """Load study ``name``, or (with ``create``) make it with our directions and metric names.
+
+    An existing study is only read here: a refused resume must leave its storage byte-identical.
+    """
     store = open_storage(storage)
-    if not create:
-        try:
-            return optuna.load_study(study_name=name, storage=store, sampler=sampler)
-        except KeyError:
+    try:
+        study = optuna.load_study(study_name=name, storage=store, sampler=sampler)
+    except KeyError:
+        if not create:
             known = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
             raise SearchError(f"no study named {name!r} in {storage}; studies there: {known}") from None
-    study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=list(DIRECTIONS),
-                                load_if_exists=True)
-    if study.metric_names is None:
+        study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=list(DIRECTIONS))
         with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in practice
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(METRICS))
-    elif len(study.directions) != len(DIRECTIONS):
-        raise SearchError(f"study {name!r} in {storage} was not created by nas search (it has "
-                          f"{len(study.directions)} objectives)")
+        return study
+    if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
+        raise SearchError(f"study {name!r} in {storage} was not created by nas search (its directions are "
+                          f"{[d.name.lower() for d in study.directions]})")
     return study
 
 
@@ -287,7 +289,8 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
 
 
 def feasible(trial: FrozenTrial) -> bool:
-    return all(v <= 0 for v in trial.constraints) if trial.constraints else True
+    """All of the trial's constraint values (a name → value mapping) are ≤ 0."""
+    return all(v <= 0 for v in trial.constraints.values())
 
 
 def front(study: optuna.Study) -> list[FrozenTrial]:

@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny search space written to disk and helpers to read a study back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+TINY_SPACE = """\
+name: ci_tiny
+description: test space
+task: mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=128,n_test=32
+max_train_seconds: 10
+depth: {low: 1, high: 2}
+d_model: [16]
+layer:
+  mixer: [attention, linear_attention, none]
+  heads: [1, 2]
+  feature_map: [identity, elu+1, relu]
+  short_conv: [0, 4]
+  mlp_ratio: [0, 2]
+train:
+  optimizer: [adamw, lion, radam, sgd]
+  lr: {low: 1.0e-3, high: 1.0e-2, log: true}
+  steps: [STEPS]
+  batch_size: [8]
+"""
+
+
+def write_space(tmp_path: Path, steps: int = 5, extra: str = "") -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(TINY_SPACE.replace("STEPS", str(steps)) + extra)
+    return path
+
+
+@pytest.fixture
+def tiny_space(tmp_path: Path) -> Path:
+    return write_space(tmp_path)
+
+
+def study_checksum(storage: str, name: str) -> str:
+    """Digest of every trial's number, state, values, params and user attrs."""
+    from nas.storage import open_storage
+
+    study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    rows = [(t.number, t.state.name, t.values, t.params, t.user_attrs) for t in study.get_trials(deepcopy=False)]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()

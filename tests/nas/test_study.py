@@ -1,0 +1,130 @@
+"""The Optuna glue: objectives, user attrs, resume, constraints, failures, stale-trial recovery."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from nas.spec import ArchSpec, TrainSpec
+from nas.study import DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, front, open_study, prepare, run_search
+from tests.conftest import write_space
+
+
+def _config(tmp_path: Path, space: Path, **kw) -> SearchConfig:
+    base = dict(space=str(space), trials=3, storage=str(tmp_path / "s.journal"), study="t", device="cpu")
+    return SearchConfig(**{**base, **kw})
+
+
+def test_search_records_objectives_and_attrs(tmp_path, tiny_space):
+    study = run_search(_config(tmp_path, tiny_space))
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 3
+    assert study.metric_names == list(METRICS)
+    assert [d.name.lower() for d in study.directions] == list(DIRECTIONS)
+    for t in complete:
+        arch = ArchSpec.from_dict(t.user_attrs["arch"])
+        TrainSpec.from_dict(t.user_attrs["train"])
+        assert arch.vocab_size == 16 and t.user_attrs["params"] > 0
+        assert t.user_attrs["latency_source"] == "predicted" and t.user_attrs["latency_device"] == "h200"
+        assert t.values[1] == pytest.approx(t.user_attrs["latency"]["median_ms"])
+        assert 0.0 <= t.values[0] <= 1.0 and t.values[2] > 0
+        assert t.user_attrs["curve"] and t.user_attrs["steps_done"] == 5
+    assert study.user_attrs["search"]["space"] == "ci_tiny"
+
+
+def test_rerun_resumes_to_the_requested_count(tmp_path, tiny_space):
+    first = run_search(_config(tmp_path, tiny_space, trials=2))
+    before = {t.number: (t.params, t.values) for t in first.get_trials(states=(TrialState.COMPLETE,))}
+    second = run_search(_config(tmp_path, tiny_space, trials=4))
+    after = {t.number: (t.params, t.values) for t in second.get_trials(states=(TrialState.COMPLETE,))}
+    assert len(after) == 4
+    assert all(after[n] == v for n, v in before.items())
+
+
+def test_hard_budget_skips_training_and_is_infeasible(tmp_path, tiny_space):
+    study = run_search(_config(tmp_path, tiny_space, trials=3, max_params=10))
+    for t in study.get_trials(states=(TrialState.COMPLETE,)):
+        assert "params" in t.user_attrs["skipped_training"]
+        assert "curve" not in t.user_attrs and t.values[0] == 0.0
+        assert t.constraints["params"] > 0
+    assert front(study) == []
+
+
+def test_budget_keeps_feasible_candidates(tmp_path, tiny_space):
+    study = run_search(_config(tmp_path, tiny_space, trials=4, max_latency_ms=1e6))
+    assert all(t.constraints["latency_ms"] <= 0 for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    assert front(study)
+
+
+def test_divergence_fails_the_trial_and_the_study_goes_on(tmp_path, monkeypatch):
+    space = write_space(tmp_path, steps=40).read_text()
+    space = space.replace("optimizer: [adamw, lion, radam, sgd]", "optimizer: [sgd]").replace(
+        "lr: {low: 1.0e-3, high: 1.0e-2, log: true}", "lr: [1.0e+12]\n  grad_clip: [0.0]")
+    path = tmp_path / "diverge.yaml"
+    path.write_text(space)
+    config = _config(tmp_path, path, trials=1)
+    ctx, study = prepare(config)
+    monkeypatch.setattr("nas.study.MAX_FAILURES_IN_A_ROW", 3)
+    with pytest.raises(SearchError, match="3 trials in a row failed"):
+        run_search(config, ctx_study=(ctx, study))
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert len(failed) == 3
+    assert all("diverged" in t.user_attrs["failure"] for t in failed)
+
+
+def test_stale_running_trial_is_failed_and_requeued(tmp_path, tiny_space):
+    config = _config(tmp_path, tiny_space, trials=2)
+    ctx, study = prepare(config)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    trial = study.ask()
+    ctx.space.sample(trial, ctx.task)
+    trial.set_user_attr("pid", dead.pid)
+    trial.set_user_attr("host", socket.gethostname())
+    params = trial.params
+    run_search(config, ctx_study=(ctx, study))
+    stale = study.get_trials()[trial.number]
+    assert stale.state == TrialState.FAIL and "worker died" in stale.user_attrs["failure"]
+    requeued = [t for t in study.get_trials() if t.user_attrs.get("requeued_from") == trial.number]
+    assert len(requeued) == 1 and requeued[0].params == params and requeued[0].state == TrialState.COMPLETE
+
+
+def test_running_trial_of_a_live_process_is_left_alone(tmp_path, tiny_space):
+    config = _config(tmp_path, tiny_space, trials=1)
+    ctx, study = prepare(config)
+    trial = study.ask()
+    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("host", socket.gethostname())
+    run_search(config, ctx_study=(ctx, study))
+    assert study.get_trials()[trial.number].state == TrialState.RUNNING
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_sampler_runs_a_constrained_study(tmp_path, tiny_space, sampler):
+    study = run_search(_config(tmp_path, tiny_space, trials=3, sampler=sampler, max_latency_ms=1e6))
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 3
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, tiny_space):
+    run_search(_config(tmp_path, tiny_space, trials=1))
+    with pytest.raises(ValueError, match="was created with task"):
+        prepare(_config(tmp_path, tiny_space, task="mqar:vocab_size=16,seq_len=16,num_kv_pairs=3"))
+
+
+def test_sqlite_storage(tmp_path, tiny_space):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    run_search(_config(tmp_path, tiny_space, trials=2, storage=url))
+    study = optuna.load_study(study_name="t", storage=url)
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 2
+
+
+def test_open_study_without_create_names_known_studies(tmp_path, tiny_space):
+    run_search(_config(tmp_path, tiny_space, trials=1))
+    with pytest.raises(ValueError, match=r"no study named 'nope'.*\['t'\]"):
+        open_study("nope", str(tmp_path / "s.journal"), create=False)

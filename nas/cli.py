@@ -1,4 +1,4 @@
-"""``nas`` command line: search, studies, profiles, spaces. The CLI owns the terminal."""
+"""``nas`` command line: search, studies, report, export, profiles, spaces. The CLI owns the terminal."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def _positive_float(text: str) -> float:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from nas.pareto import PICKS
     from nas.study import SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
@@ -80,6 +81,25 @@ def _build_parser() -> argparse.ArgumentParser:
     show = psub.add_parser("show", help="show one profile")
     show.add_argument("name")
 
+    r = sub.add_parser("report", help="write the study's offline HTML report (and optionally PNGs)")
+    r.add_argument("--study", required=True)
+    r.add_argument("--storage", default=None)
+    r.add_argument("--out", default=None, help="HTML path (default runs/<study>-report.html)")
+    r.add_argument("--png", default=None, metavar="DIR", help="also write each figure as PNG into DIR (kaleido)")
+
+    e = sub.add_parser("export", help="export one architecture: arch.json, safetensors, ONNX, model card")
+    e.add_argument("--study", required=True)
+    e.add_argument("--storage", default=None)
+    which = e.add_mutually_exclusive_group()
+    which.add_argument("--trial", type=int, default=None, help="export this trial number")
+    which.add_argument("--pick", choices=PICKS, default="knee", help="choose from the front (default knee)")
+    e.add_argument("--max-latency-ms", type=_positive_float, default=None)
+    e.add_argument("--max-memory-mb", type=_positive_float, default=None)
+    e.add_argument("--out", required=True, help="bundle directory (must be absent or empty)")
+    e.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
+    e.add_argument("--device", default="auto", help="device for --retrain-steps")
+
     sp = sub.add_parser("spaces", help="list shipped search spaces")
     sp.add_argument("name", nargs="?", help="show this space's file")
     return parser
@@ -87,7 +107,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _search(args: argparse.Namespace) -> None:
     from nas.storage import resolve_storage
-    from nas.study import SearchConfig, front, n_complete, prepare, run_search
+    from nas.pareto import front
+    from nas.study import SearchConfig, n_complete, prepare, run_search
 
     config = SearchConfig(space=args.space, task=args.task, trials=args.trials, timeout=args.timeout,
                           study=args.study, storage=resolve_storage(args.storage), sampler=args.sampler,
@@ -122,7 +143,7 @@ def _search(args: argparse.Namespace) -> None:
 
 
 def _print_front(study: optuna.Study) -> None:
-    from nas.study import front
+    from nas.pareto import front
 
     trials = front(study)
     sources = sorted({f"{t.user_attrs.get('latency_source', '?')} on {t.user_attrs.get('latency_device', '?')}"
@@ -162,6 +183,42 @@ def _studies(args: argparse.Namespace) -> None:
     console.print(table)
 
 
+def _open_existing(args: argparse.Namespace) -> tuple[optuna.Study, str]:
+    from nas.storage import resolve_storage
+    from nas.study import open_study
+
+    storage = resolve_storage(args.storage)
+    return open_study(args.study, storage, create=False), storage
+
+
+def _report(args: argparse.Namespace) -> None:
+    from nas.report import write_html, write_pngs
+
+    study, _ = _open_existing(args)
+    out = write_html(study, args.out or f"runs/{study.study_name}-report.html")
+    console.print(f"report: {out}")
+    if args.png:
+        for path in write_pngs(study, args.png):
+            console.print(f"png: {path}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    from nas.export import export
+    from nas.pareto import pick
+    from nas.study import resolve_device
+
+    study, storage = _open_existing(args)
+    chosen = pick(study, args.pick, trial=args.trial, max_latency_ms=args.max_latency_ms,
+                  max_memory_mb=args.max_memory_mb)
+    device = str(resolve_device(args.device))
+    out = export(study, chosen, args.out, storage=storage, retrain_steps=args.retrain_steps, force=args.force,
+                 device=device)
+    how = f"trial {args.trial}" if args.trial is not None else f"--pick {args.pick}"
+    console.print(f"exported trial {chosen.number} ({how}): {chosen.user_attrs.get('arch_summary')}, accuracy "
+                  f"{chosen.values[0]:.3f}, latency {chosen.values[1]:.4g} ms → {out}")
+    console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)
+
+
 def _profiles(args: argparse.Namespace) -> None:
     from hardware_profiles import list_profiles, load_profile
 
@@ -196,12 +253,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nas.tasks import TaskError
     from search_spaces import SpaceError
 
-    user_errors = (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError)
+    from nas.export import ExportError
+    from nas.pareto import PickError
+    from nas.report import ReportError
+
+    user_errors = (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError, ExportError,
+                   PickError, ReportError)
     try:
         args = _build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        {"search": _search, "studies": _studies, "profiles": _profiles, "spaces": _spaces}[args.command](args)
+        {"search": _search, "studies": _studies, "report": _report, "export": _export, "profiles": _profiles,
+         "spaces": _spaces}[args.command](args)
     except user_errors as e:
         err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)
         return 2

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-__all__ = ["DEFAULT_STORAGE", "StorageError", "resolve_storage", "open_storage"]
+__all__ = ["DEFAULT_STORAGE", "StorageError", "artifact_dir", "open_artifact_store", "open_storage", "resolve_storage"]
 
 DEFAULT_STORAGE = "runs/studies.journal"
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -52,3 +53,23 @@ def open_storage(storage: str) -> BaseStorage:
         raise StorageError(f"storage {storage!r}: not an Optuna journal file ({type(e).__name__})") from None
     return journal
 
+
+
+def artifact_dir(storage: str) -> Path:
+    """Where per-trial files (trained weights) live: ``$NAS_ARTIFACTS``, else beside the study —
+    ``runs/studies.journal`` → ``runs/studies.artifacts/``, ``sqlite:///x.db`` → ``x.artifacts/``;
+    for a server database, ``runs/artifacts/`` (point every worker at a shared path with $NAS_ARTIFACTS)."""
+    if os.environ.get("NAS_ARTIFACTS"):
+        return Path(os.environ["NAS_ARTIFACTS"])
+    if storage.startswith("sqlite:///"):
+        return Path(storage.removeprefix("sqlite:///")).with_suffix(".artifacts")
+    if "://" in storage:
+        return Path("runs/artifacts")
+    return Path(storage).with_suffix(".artifacts")
+
+
+def open_artifact_store(storage: str) -> FileSystemArtifactStore:
+    """Optuna's file-system artifact store for ``storage`` (created on first use)."""
+    path = artifact_dir(storage)
+    path.mkdir(parents=True, exist_ok=True)
+    return FileSystemArtifactStore(path)

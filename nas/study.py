@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -18,18 +19,20 @@ from dataclasses import dataclass
 
 import optuna
 import torch
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from safetensors.torch import save_file
 from optuna.trial import FrozenTrial, TrialState
 
 from hardware_profiles import HardwareProfile, load_profile
 from nas.latency import Latency, LatencyShape, count_params, memory, predict
 from nas.models import build
-from nas.spec import Candidate
-from nas.storage import open_storage
+from nas.spec import Candidate, arch_hash
+from nas.storage import open_artifact_store, open_storage
 from nas.tasks import Task, load_task
 from nas.train import Budget, TrainingDiverged, train
 from search_spaces import SearchSpace, load_space
 
-__all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "feasible", "front", "make_sampler",
+__all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "make_sampler",
            "n_complete", "open_study", "prepare", "recover_stale_trials", "run_search"]
 
 logger = logging.getLogger(__name__)
@@ -180,6 +183,7 @@ class _Context:
     profile: HardwareProfile
     shape: LatencyShape
     device: torch.device
+    artifacts: FileSystemArtifactStore
 
 
 def _evaluate(ctx: _Context, trial: optuna.Trial) -> tuple[TrialState, list[float] | None]:
@@ -214,7 +218,18 @@ def _evaluate(ctx: _Context, trial: optuna.Trial) -> tuple[TrialState, list[floa
     trial.set_user_attr("steps_done", result.steps)
     trial.set_user_attr("stopped", result.stopped)
     trial.set_user_attr("test_loss", result.test_loss)
+    trial.set_user_attr("weights_artifact", _upload_weights(ctx, trial, model))
     return TrialState.COMPLETE, [result.accuracy, lat.median_ms, mem.total_mb]
+
+
+def _upload_weights(ctx: _Context, trial: optuna.Trial, model: torch.nn.Module) -> str:
+    """Store the trained weights as a safetensors artifact of ``trial``; returns the artifact id."""
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"trial{trial.number}.safetensors")
+        save_file(state, path, metadata={"arch_hash": arch_hash(model.arch)})
+        return upload_artifact(artifact_store=ctx.artifacts, file_path=path, study_or_trial=trial,
+                               mimetype="application/octet-stream")
 
 
 def n_complete(study: optuna.Study) -> int:
@@ -255,7 +270,11 @@ def prepare(config: SearchConfig) -> tuple[_Context, optuna.Study]:
             if stored.get(key) != setup[key]:
                 raise SearchError(f"study {name!r} was created with {key}={stored.get(key)!r}, not {setup[key]!r}; "
                                   f"use the same settings or another --study name")
-    return _Context(config, space, task, profile, shape, device), study
+    budgets = {"max_latency_ms": config.max_latency_ms, "max_params": config.max_params,
+               "max_memory_mb": config.max_memory_mb}
+    if study.user_attrs.get("budgets") != budgets:
+        study.set_user_attr("budgets", budgets)  # the latest run's budgets, drawn in the report
+    return _Context(config, space, task, profile, shape, device, open_artifact_store(config.storage)), study
 
 
 def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
@@ -286,14 +305,4 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
             raise SearchError(f"{failures} trials in a row failed (last: {frozen.user_attrs.get('failure')}); "
                               "check the space's lr ranges and the task")
     return study
-
-
-def feasible(trial: FrozenTrial) -> bool:
-    """All of the trial's constraint values (a name → value mapping) are ≤ 0."""
-    return all(v <= 0 for v in trial.constraints.values())
-
-
-def front(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible Pareto-optimal completed trials, most accurate first."""
-    return sorted((t for t in study.best_trials if feasible(t)), key=lambda t: -t.values[0])
 

@@ -11,8 +11,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from nas.pareto import front
 from nas.spec import ArchSpec, TrainSpec
-from nas.study import DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, front, open_study, prepare, run_search
+from nas.study import DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, open_study, prepare, run_search
 from tests.conftest import write_space
 
 

@@ -1,0 +1,213 @@
+"""Export bundle: ``arch.json``, ``model.safetensors``, ``model.onnx``, ``card.md``; and ``load``.
+
+``export(study, trial, out)`` writes the bundle of one trial (its stored weights, or weights
+retrained for longer); ``load(path)`` rebuilds the torch model from a bundle with one call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import platform
+import shutil
+import tempfile
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from optuna.artifacts import download_artifact
+from optuna.trial import FrozenTrial
+from safetensors.torch import load_file, save_file
+
+from nas.models import HybridModel, build
+from nas.spec import ArchSpec, TrainSpec, arch_hash
+from nas.storage import open_artifact_store
+from nas.tasks import Task, task_from_config
+
+__all__ = ["ONNX_OPSET", "ExportError", "export", "load", "trial_model"]
+
+logger = logging.getLogger(__name__)
+
+ONNX_OPSET = 18
+BUNDLE_FILES = ("arch.json", "model.safetensors", "model.onnx", "card.md")
+
+
+class ExportError(ValueError):
+    """The export cannot be written as asked; the message says why."""
+
+
+def _versions() -> dict[str, str]:
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {"hybrid-nas": version("hybrid-nas"), "torch": torch.__version__, "optuna": optuna.__version__,
+            "python": platform.python_version()}
+
+
+def trial_model(trial: FrozenTrial, storage: str) -> HybridModel:
+    """The trained model of a completed trial, rebuilt from its arch and stored weights (CPU)."""
+    arch = ArchSpec.from_dict(trial.user_attrs["arch"])
+    artifact = trial.user_attrs.get("weights_artifact")
+    if artifact is None:
+        raise ExportError(f"trial {trial.number} has no stored weights (it was not trained: "
+                          f"{trial.user_attrs.get('skipped_training', 'no weights artifact')}); use --retrain-steps")
+    model = build(arch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "w.safetensors")
+        try:
+            download_artifact(artifact_store=open_artifact_store(storage), file_path=path, artifact_id=artifact)
+        except Exception as e:  # the store raises its own not-found types per backend
+            raise ExportError(f"weights of trial {trial.number} are missing from the artifact store ({e})") from None
+        model.load_state_dict(load_file(path))
+    return model.eval()
+
+
+def _retrain(trial: FrozenTrial, task: Task, steps: int, device: str) -> tuple[HybridModel, float]:
+    from nas.train import train
+
+    arch = ArchSpec.from_dict(trial.user_attrs["arch"])
+    spec = dataclasses.replace(TrainSpec.from_dict(trial.user_attrs["train"]), steps=steps)
+    model = build(arch, task, seed=spec.seed)
+    result = train(model, task, spec, device=device)
+    return model.to("cpu").eval(), result.accuracy
+
+
+def _write_onnx(model: HybridModel, path: Path, seq_len: int) -> None:
+    """torch.export-based ONNX with dynamic ``batch`` and ``seq`` axes on ``tokens`` and ``logits``."""
+    example = torch.randint(0, model.arch.vocab_size, (2, max(2, seq_len)))
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # it notes every optional op set it skips (e.g. torchvision)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecations inside torch.export's pytree
+            torch.onnx.export(model, (example,), str(path), input_names=["tokens"], output_names=["logits"],
+                              dynamic_shapes={"tokens": {0: batch, 1: seq}}, opset_version=ONNX_OPSET, dynamo=True,
+                              external_data=False, verbose=False)
+    finally:
+        exporter_log.setLevel(level)
+
+
+def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage: str,
+           retrain_steps: int | None = None, force: bool = False, device: str = "cpu") -> Path:
+    """Write the bundle of ``trial`` into ``out`` (which must be absent or empty unless ``force``)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ExportError(f"--out {out} exists and is not empty; pass --force to overwrite it")
+    if retrain_steps is not None and retrain_steps <= 0:
+        raise ExportError(f"--retrain-steps must be >= 1, got {retrain_steps}")
+    task_config = study.user_attrs.get("search", {}).get("task_config")
+    if retrain_steps is None:
+        model, accuracy = trial_model(trial, storage), trial.values[0]
+    else:
+        if task_config is None:
+            raise ExportError(f"study {study.study_name!r} does not record its task; cannot retrain")
+        model, accuracy = _retrain(trial, task_from_config(task_config), retrain_steps, device)
+    arch = model.arch
+    train = TrainSpec.from_dict(trial.user_attrs["train"])
+    if retrain_steps is not None:
+        train = dataclasses.replace(train, steps=retrain_steps)
+
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out.parent if out.parent.exists() else None))
+    try:
+        record = {
+            "format": "hybrid-nas-bundle/1",
+            "arch": arch.to_dict(), "arch_hash": arch_hash(arch), "train": train.to_dict(), "task": task_config,
+            "study": study.study_name, "trial": trial.number, "retrained_steps": retrain_steps,
+            "metrics": {"accuracy": accuracy, "latency_ms": trial.values[1], "memory_mb": trial.values[2]},
+            "latency": trial.user_attrs.get("latency"), "memory": trial.user_attrs.get("memory"),
+            "params": trial.user_attrs.get("params"), "versions": _versions(),
+            "exported": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "onnx": {"opset": ONNX_OPSET, "inputs": {"tokens": "int64 [batch, seq]"},
+                     "outputs": {"logits": "float32 [batch, seq, n_out]" if arch.readout == "token"
+                                 else "float32 [batch, n_out]"}},
+        }
+        (staging / "arch.json").write_text(json.dumps(record, indent=2) + "\n")
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(staging / "model.safetensors"),
+                  metadata={"arch_hash": arch_hash(arch)})
+        seq_len = (task_config or {}).get("seq_len", 16)
+        _write_onnx(model, staging / "model.onnx", int(seq_len))
+        (staging / "card.md").write_text(_card(record))
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        staging.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    logger.info("exported trial %d of %s to %s", trial.number, study.study_name, out)
+    return out
+
+
+def _card(r: dict[str, Any]) -> str:
+    arch, lat, m = ArchSpec.from_dict(r["arch"]), r["latency"] or {}, r["metrics"]
+    train = TrainSpec.from_dict(r["train"])
+    source = lat.get("source", "?")
+    spread = f" ± {lat['iqr_ms']:.4g} (IQR)" if lat.get("iqr_ms") else ""
+    task = r["task"] or {}
+    task_line = ", ".join(f"{k}={v}" for k, v in task.items() if k != "name")
+    retrained = f" (retrained for {r['retrained_steps']} steps)" if r["retrained_steps"] else ""
+    return f"""# {arch.summary()} — trial {r['trial']} of `{r['study']}`
+
+| metric | value |
+| --- | --- |
+| accuracy{retrained} | {m['accuracy']:.4f} |
+| latency | {m['latency_ms']:.4g} ms{spread}, **{source}** on {lat.get('device', '?')} ({lat.get('dtype', '?')}, shape {lat.get('shape', '?')}) |
+| memory | {m['memory_mb']:.4g} MB (weights + peak activations + KV cache / state) |
+| parameters | {r['params']:,} |
+
+Architecture: width {arch.d_model}, {arch.depth} blocks — {', '.join(_layer_text(la) for la in arch.layers)};
+vocab {arch.vocab_size}, {arch.n_out} outputs, readout `{arch.readout}`. `arch_hash` {r['arch_hash']}.
+
+Task: `{task.get('name', '?')}` ({task_line}).
+
+Recipe: {train.optimizer}, lr {train.lr:.3g} (warmup {train.warmup_frac:.0%}, cosine), weight decay
+{train.weight_decay:g}, {train.steps} steps of batch {train.batch_size}, grad clip {train.grad_clip:g},
+grad noise {train.grad_noise:g}, seed {train.seed}.
+
+## Load
+
+```python
+import nas
+model = nas.load("path/to/this/folder")       # HybridModel with these weights, eval mode
+logits = model(tokens)                        # tokens: int64 [batch, seq]
+```
+
+ONNX (opset {r['onnx']['opset']}): input `tokens` int64 `[batch, seq]`, output `logits`
+{r['onnx']['outputs']['logits']}; `batch` and `seq` are dynamic axes.
+
+Versions: {', '.join(f'{k} {v}' for k, v in r['versions'].items())}. Exported {r['exported']}.
+"""
+
+
+def _layer_text(layer: Any) -> str:
+    mlp = f"MLP×{layer.mlp_ratio:g} {layer.activation}" if layer.mlp_ratio else ""
+    if layer.mixer == "none":
+        return mlp or "empty block"
+    mixer = "attention" if layer.mixer == "attention" else f"linear attention ({layer.feature_map})"
+    conv = f" + conv{layer.short_conv}" if layer.short_conv else ""
+    return f"{mixer}, {layer.heads} heads{conv}" + (f" + {mlp}" if mlp else "")
+
+
+def load(path: str | Path, *, backend: str = "torch") -> HybridModel:
+    """Rebuild the model of an export bundle. ``backend`` "torch" (the triton backend needs the
+    kernel package and a CUDA device; it is not available yet)."""
+    path = Path(path)
+    if backend != "torch":
+        raise ValueError(f"backend {backend!r} is not available; use 'torch'")
+    try:
+        record = json.loads((path / "arch.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path}: not an export bundle ({e})") from None
+    model = build(ArchSpec.from_dict(record["arch"]))
+    model.load_state_dict(load_file(str(path / "model.safetensors")))
+    return model.eval()

@@ -1,0 +1,133 @@
+"""``nas report``: one offline HTML file whose plots render in headless Chromium with no network."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import optuna
+import pytest
+
+from nas.cli import main
+from nas.report import hover_text
+from nas.storage import open_storage
+from tests.conftest import write_space
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+# CI installs Chromium and sets this, so a missing browser fails there instead of skipping
+needs_chromium = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("NAS_REQUIRE_CHROMIUM"),
+                                    reason="no Chromium on PATH (CI installs it)")
+
+
+class _Tree(HTMLParser):
+    """Minimal DOM: nested (tag, attrs, children) lists, enough to walk plotly's SVG."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "source", "wbr", "embed"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root: dict = {"tag": "root", "attrs": {}, "children": []}
+        self.stack = [self.root]
+
+    def handle_starttag(self, tag, attrs):
+        node = {"tag": tag, "attrs": dict(attrs), "children": []}
+        self.stack[-1]["children"].append(node)
+        if tag not in self.VOID:
+            self.stack.append(node)
+
+    def handle_startendtag(self, tag, attrs):
+        self.stack[-1]["children"].append({"tag": tag, "attrs": dict(attrs), "children": []})
+
+    def handle_endtag(self, tag):
+        for i in range(len(self.stack) - 1, 0, -1):
+            if self.stack[i]["tag"] == tag:
+                del self.stack[i:]
+                break
+
+
+def _walk(node):
+    yield node
+    for child in node["children"]:
+        yield from _walk(child)
+
+
+def _classes(node) -> set[str]:
+    return set((node["attrs"].get("class") or "").split())
+
+
+def _render(html_path: Path, tmp_path: Path) -> dict:
+    """The DOM after scripts ran, from Chromium with every host unresolvable and a dead proxy."""
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+           "--disable-background-networking", "--disable-component-update", "--proxy-server=http://127.0.0.1:9",
+           "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={tmp_path / 'chrome'}",
+           "--virtual-time-budget=10000", "--dump-dom", html_path.resolve().as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    tree = _Tree()
+    tree.feed(dom)
+    return tree.root
+
+
+@pytest.fixture(scope="module")
+def study_with_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    storage = str(tmp / "s.journal")
+    space = write_space(tmp)
+    assert main(["search", "--space", str(space), "--trials", "6", "--storage", storage, "--study", "r",
+                 "--max-latency-ms", "0.03"]) == 0
+    out = tmp / "report.html"
+    assert main(["report", "--study", "r", "--storage", storage, "--out", str(out)]) == 0
+    return optuna.load_study(study_name="r", storage=open_storage(storage)), out, tmp
+
+
+def test_report_is_self_contained(study_with_report):
+    _, out, _ = study_with_report
+    text = out.read_text()
+    assert "<script src=" not in text and "<link" not in text  # plotly.js inline, nothing fetched
+    assert text.count("Plotly.newPlot(") == 5 and text.count('class="plotly-graph-div') == 5
+    assert text.count('"showSendToCloud": false') == 5
+
+
+@needs_chromium
+def test_report_renders_offline_with_front_points(study_with_report):
+    study, out, tmp = study_with_report
+    root = _render(out, tmp)
+    divs = {n["attrs"].get("id"): n for n in _walk(root) if n["tag"] == "div" and n["attrs"].get("id")}
+    front2d = divs["front2d"]
+    assert any(n["tag"] == "svg" and "main-svg" in _classes(n) for n in _walk(front2d)), "no plotly SVG rendered"
+    traces = [n for n in _walk(front2d) if n["tag"] == "g" and {"trace", "scatter"} <= _classes(n)]
+    assert len(traces) == 3  # infeasible, dominated, Pareto front (in that order)
+    front_points = [n for n in _walk(traces[2]) if n["tag"] == "path" and "point" in _classes(n)]
+    feasible_best = [t for t in study.best_trials if all(v <= 0 for v in t.constraints.values())]
+    assert len(front_points) == len(feasible_best) == len(study.best_trials) > 0
+    all_points = sum(len([n for n in _walk(t) if n["tag"] == "path" and "point" in _classes(n)]) for t in traces)
+    assert all_points == len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+    titles = [n["attrs"].get("data-title", "") for n in _walk(root) if "modebar-btn" in _classes(n)]
+    assert titles and not any("Cloud" in t or "Chart Studio" in t or "plotly" in t.lower() for t in titles)
+    # the budget line and the other figures rendered too
+    assert any("max latency" in (n["attrs"].get("data-unformatted") or "") for n in _walk(front2d))
+    assert any(n["tag"] == "g" and "parcoords" in _classes(n) for n in _walk(divs["parallel"]))
+    cells = [n for n in _walk(divs["front-table"]) if n["tag"] == "g" and "cell-text-holder" in _classes(n)]
+    assert len(cells) >= 5 * (len(front_points) + 1) - 5  # a row per front trial under the header
+
+
+def test_hover_names_architecture_latency_source(study_with_report):
+    study, _, _ = study_with_report
+    t = study.best_trials[0]
+    text = hover_text(t)
+    assert t.user_attrs["arch_summary"] in text and f"trial {t.number}" in text
+    assert "predicted on h200" in text and "M params" in text
+
+
+def test_report_unknown_study_and_empty_study(study_with_report, capsys):
+    _, _, tmp = study_with_report
+    storage = str(tmp / "s.journal")
+    assert main(["report", "--study", "ghost", "--storage", storage]) == 2
+    assert "no study named 'ghost'" in capsys.readouterr().err
+    from nas.study import open_study
+
+    open_study("empty", storage)
+    assert main(["report", "--study", "empty", "--storage", storage]) == 2
+    assert "no completed trial" in capsys.readouterr().err

@@ -63,7 +63,7 @@ def _autocast(device: torch.device) -> torch.autocast:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[float, float]:
-    """(accuracy, mean loss) of ``model`` on the test split."""
+    """(accuracy, mean loss) of ``model`` over the scored positions of the test split."""
     model.eval()
     hits = total = torch.zeros((), dtype=torch.long, device=device)
     loss_sum = torch.zeros((), device=device)
@@ -74,9 +74,11 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[
             logits = model(x)
         h, t = task.correct(logits, y)
         hits, total = hits + h, total + t
-        loss_sum += task.loss(logits, y) * x.shape[0]
+        # Task.loss is the mean over this batch's scored positions, NaN when it has none: weight
+        # it by their count so batches with more (or no) scored positions count as they should
+        loss_sum += torch.where(t > 0, task.loss(logits, y) * t, 0.0)
     model.train()
-    return (hits.float() / total.clamp(min=1)).item(), (loss_sum / n).item()
+    return (hits.float() / total.clamp(min=1)).item(), (loss_sum / total.clamp(min=1)).item()
 
 
 def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.device | str,

@@ -10,8 +10,8 @@ Conventions (the model builder matches these; ``count_params`` checks it):
   weight and bias (2·d), RMSNorm a weight (d). The final norm has the type of the last layer's.
 - mixer ``attention`` and ``linear_attention``: fused QKV ``Linear(d, 3d)`` + bias and output
   ``Linear(d, d)`` + bias; the feature map has no parameters.
-- MLP: ``Linear(d, H)`` + bias, activation, ``Linear(H, d)`` + bias with ``H = round(r·d)``
-  (Python's ``round``).
+- MLP: ``Linear(d, H)`` + bias, activation, ``Linear(H, d)`` + bias with ``H = max(1, round(r·d))``
+  (Python's ``round``; a tiny positive ratio still gives one hidden unit, never an empty matmul).
 - head ``Linear(d, n_out)`` + bias; no weight tying; positions have no parameters.
 
 Kernels, as a fused implementation launches them: embedding (gather + positions) 1; per layer
@@ -56,8 +56,8 @@ class OpCost:
 
 
 def mlp_hidden(layer: LayerSpec, d_model: int) -> int:
-    """Hidden width ``H = round(mlp_ratio · d_model)``; 0 when the layer has no MLP."""
-    return round(layer.mlp_ratio * d_model) if layer.mlp_ratio > 0 else 0
+    """Hidden width ``H = max(1, round(mlp_ratio · d_model))``; 0 when the layer has no MLP."""
+    return max(1, round(layer.mlp_ratio * d_model)) if layer.mlp_ratio > 0 else 0
 
 
 def _norm_params(norm: str, d: int) -> int:

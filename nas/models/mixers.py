@@ -48,16 +48,19 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
 
 
 def rope_tables(T: int, D: int, *, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables (Su et al. 2021), cos and sin ``[T, D/2]``, base 10000."""
-    inv = 10000.0 ** (-torch.arange(0, D, 2, device=device, dtype=torch.float32) / D)
+    """Rotary tables (Su et al. 2021), cos and sin ``[T, D//2]``, base 10000."""
+    inv = 10000.0 ** (-torch.arange(0, D - D % 2, 2, device=device, dtype=torch.float32) / D)
     ang = torch.arange(T, device=device, dtype=torch.float32).unsqueeze(1) * inv
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :D/2], x[..., D/2:]) of ``[B, H, T, D]`` by position (half-split layout)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    """Rotate pairs (x[..., i], x[..., i + D//2]), i < D//2, of ``[B, H, T, D]`` by position
+    (half-split layout). An odd head dim (heads need only divide d_model) leaves its last channel
+    unrotated, so the map stays a rotation."""
+    half = x.shape[-1] // 2
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest), dim=-1)
 
 
 class _HeadsMixer(nn.Module):

@@ -1,0 +1,272 @@
+"""Search spaces: every shipped file loads and samples only what it declares; every user mistake is
+one SpaceError line naming the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+import yaml
+
+import search_spaces
+from nas.spec import Candidate
+from nas.tasks import Task
+from search_spaces import Choice, SearchSpace, SpaceError, list_spaces, load_space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SHIPPED = Path(search_spaces.__file__).parent
+N_TRIALS = 50
+
+
+def stub_task(vocab: int = 37, n_out: int = 37, readout: str = "token") -> Task:
+    """sample() reads only the task's sizes: no need to generate (possibly Zoology-sized) data."""
+    x = torch.zeros(1, 4, dtype=torch.long)
+    return Task("stub", {}, vocab, n_out, readout, x, x, x, x)
+
+
+def within(choice: Choice, value: Any) -> bool:
+    if choice.choices is not None:
+        return value in choice.choices
+    if not choice.low <= value <= choice.high:
+        return False
+    if choice.is_int:
+        return isinstance(value, int) and (value - choice.low) % (choice.step or 1) == 0
+    return True
+
+
+def check_candidate(space: SearchSpace, cand: Candidate, params: dict[str, Any], task: Task) -> set[str]:
+    """Assert ``cand`` is inside ``space`` and ``params`` holds exactly the parameters it should;
+    returns the mixers seen (so callers can check the conditionals were exercised)."""
+    arch, tr = cand.arch, cand.train
+    assert (arch.vocab_size, arch.n_out, arch.readout) == (task.vocab_size, task.n_out, task.readout)
+    assert within(space.depth, arch.depth) and within(space.d_model, arch.d_model)
+    expected: dict[str, Any] = {"depth": arch.depth, "d_model": arch.d_model}
+    for i, layer in enumerate(arch.layers):
+        drawn = ["mixer", "mlp_ratio", "activation", "norm"]
+        if layer.mixer != "none":
+            drawn += ["heads", "short_conv"]
+        if layer.mixer == "linear_attention":
+            drawn.append("feature_map")
+        for field in drawn:
+            if field in space.layer:
+                value = getattr(layer, field)
+                assert within(space.layer[field], value), f"layer{i}.{field}={value!r} not in {space.layer[field]}"
+                expected[f"layer{i}.{field}"] = value
+        if layer.mixer == "none":
+            assert layer.heads == 0 and layer.short_conv == 0 and layer.feature_map is None
+    for field, choice in space.train.items():
+        if field in ("momentum", "nesterov") and tr.optimizer != "sgd":
+            continue
+        assert within(choice, getattr(tr, field)), f"train.{field}={getattr(tr, field)!r} not in {choice}"
+        expected[f"train.{field}"] = getattr(tr, field)
+    # a field with one choice is fixed, not a searched parameter
+    fixed = {name for name in expected if _choice(space, name).choices is not None
+             and len(_choice(space, name).choices) == 1}
+    assert params == {k: v for k, v in expected.items() if k not in fixed}
+    return {layer.mixer for layer in arch.layers}
+
+
+def _choice(space: SearchSpace, name: str) -> Choice:
+    if name in ("depth", "d_model"):
+        return getattr(space, name)
+    section, field = name.split(".")
+    return space.train[field] if section == "train" else space.layer[field]
+
+
+def sample_many(space: SearchSpace, task: Task, n: int = N_TRIALS, seed: int = 0) -> set[str]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    mixers: set[str] = set()
+    optimizers: set[str] = set()
+    for _ in range(n):
+        trial = study.ask()
+        cand = space.sample(trial, task)
+        mixers |= check_candidate(space, cand, trial.params, task)
+        optimizers.add(cand.train.optimizer)
+        assert cand.train.seed == trial.number
+        study.tell(trial, 0.0)
+    return mixers | optimizers
+
+
+# ---------------------------------------------------------------- shipped spaces
+
+
+def test_shipped_spaces_are_listed():
+    names = list_spaces()
+    assert names == sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+    assert {"hybrid_tiny", "hybrid_small", "hybrid_mqar"} <= set(names)
+
+
+@pytest.mark.parametrize("name", list_spaces())
+def test_shipped_space_loads_and_samples_inside_itself(name):
+    space = load_space(name)
+    assert space.source == str(SHIPPED / f"{name}.yaml") and space.name == name and space.description
+    assert re.fullmatch(r"[a-z_]+(:.+)?", space.task)
+    seen = sample_many(space, stub_task())
+    declared = set(space.layer["mixer"].values()) | set(space.train["optimizer"].values())
+    assert seen == declared, "50 random trials should reach every mixer and optimizer"
+
+
+@pytest.mark.parametrize("readout", ["token", "last"])
+def test_sampled_arch_is_sized_for_the_task(readout):
+    task = stub_task(vocab=11, n_out=3, readout=readout)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    cand = load_space("hybrid_tiny").sample(study.ask(), task)
+    assert (cand.arch.vocab_size, cand.arch.n_out, cand.arch.readout) == (11, 3, readout)
+
+
+# ---------------------------------------------------------------- user files
+
+RANGES = """\
+name: ranges
+depth: {low: 1, high: 6, step: 1}
+d_model: [24, 48]
+layer:
+  mixer: [attention, linear_attention, none]
+  heads: [1, 2, 3, 6]
+  feature_map: [relu]
+  short_conv: {low: 0, high: 8, step: 2}
+  mlp_ratio: {low: 0.0, high: 4.0, step: 0.5}
+train:
+  optimizer: [sgd, lion]
+  lr: {low: 1.0e-4, high: 1.0, log: true}
+  weight_decay: {low: 0.0, high: 0.2}
+  warmup_frac: {low: 0.0, high: 0.5}
+  steps: {low: 10, high: 1000, log: true}
+  batch_size: [8]
+  momentum: {low: 0.5, high: 0.99}
+  nesterov: [false, true]
+"""
+
+
+def test_user_yaml_with_ranges_samples_inside_them(tmp_path):
+    path = tmp_path / "ranges.yml"
+    path.write_text(RANGES)
+    space = load_space(path)
+    assert space.source == str(path) and space.task == "mqar" and space.max_train_seconds is None
+    assert space.layer["short_conv"].is_int and not space.layer["mlp_ratio"].is_int
+    assert sample_many(space, stub_task(), seed=3) == {"attention", "linear_attention", "none", "sgd", "lion"}
+
+
+def test_user_copy_of_a_shipped_space_loads_by_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    shutil.copy(SHIPPED / "hybrid_tiny.yaml", path)
+    for ref in (path, str(path)):
+        assert load_space(ref).d_model == load_space("hybrid_tiny").d_model
+    bare = tmp_path / "no_suffix"
+    shutil.copy(path, bare)
+    assert load_space(str(bare)).source == str(bare)  # an existing file needs no suffix
+
+
+# ---------------------------------------------------------------- user mistakes
+
+BASE: dict[str, Any] = yaml.safe_load(RANGES)
+
+
+def mutate(edit) -> dict[str, Any]:
+    raw = copy.deepcopy(BASE)
+    edit(raw)
+    return raw
+
+
+def drop(section: str | None, field: str):
+    def edit(raw):
+        (raw[section] if section else raw).pop(field)
+    return edit
+
+
+def put(section: str | None, field: str, value: Any):
+    def edit(raw):
+        (raw[section] if section else raw)[field] = value
+    return edit
+
+
+MISTAKES = [
+    # (id, file text or mutated mapping, what the message must name)
+    ("invalid-yaml", "depth: [1, 2\nd_model: [16]\n", ["invalid YAML", "line"]),
+    ("tab-indent", "layer:\n\tmixer: [none]\n", ["invalid YAML", "line 2"]),
+    ("not-a-mapping", "- depth\n- d_model\n", ["mapping"]),
+    ("empty-file", "", ["mapping"]),
+    ("unknown-top-field", mutate(put(None, "widths", [16])), ["widths", "unknown field"]),
+    ("unknown-layer-field", mutate(put("layer", "hedas", [2])), ["layer.hedas", "unknown field"]),
+    ("unknown-train-field", mutate(put("train", "lr_decay", [0.1])), ["train.lr_decay", "unknown field"]),
+    ("unknown-mixer", mutate(put("layer", "mixer", ["attention", "mamba"])), ["layer.mixer", "'mamba'", "attention"]),
+    ("unknown-optimizer", mutate(put("train", "optimizer", ["adam"])), ["train.optimizer", "'adam'", "adamw"]),
+    ("unknown-norm", mutate(put("layer", "norm", "batchnorm")), ["layer.norm", "'batchnorm'"]),
+    ("empty-list", mutate(put("layer", "activation", [])), ["layer.activation", "empty"]),
+    ("empty-range", mutate(put("train", "lr", {"low": 0.1, "high": 0.01})), ["train.lr", "empty range"]),
+    ("empty-int-range", mutate(put(None, "depth", {"low": 4, "high": 2})), ["depth", "empty range"]),
+    ("log-low-zero", mutate(put("train", "weight_decay", {"low": 0.0, "high": 0.1, "log": True})),
+     ["train.weight_decay", "log"]),
+    ("negative-low", mutate(put("train", "lr", {"low": -1.0, "high": 0.1, "log": True})), ["train.lr", ">= 0"]),
+    ("range-bad-key", mutate(put("train", "lr", {"low": 0.1, "hi": 1.0})), ["train.lr", "'high'"]),
+    ("range-for-categorical", mutate(put("layer", "mixer", {"low": 0, "high": 1})), ["layer.mixer", "list"]),
+    ("heads-not-dividing", mutate(put("layer", "heads", [1, 5])), ["layer.heads", "5", "d_model=24"]),
+    ("heads-range", mutate(put("layer", "heads", {"low": 1, "high": 2})), ["layer.heads"]),
+    ("missing-depth", mutate(drop(None, "depth")), ["depth", "required"]),
+    ("missing-mixer", mutate(drop("layer", "mixer")), ["layer.mixer", "required"]),
+    ("missing-steps", mutate(drop("train", "steps")), ["train.steps", "required"]),
+    ("missing-feature-map", mutate(drop("layer", "feature_map")), ["layer.feature_map", "required"]),
+    ("warmup-one", mutate(put("train", "warmup_frac", [0.0, 1.0])), ["train.warmup_frac", "[0, 1)"]),
+    ("warmup-range-past-one", mutate(put("train", "warmup_frac", {"low": 0.5, "high": 1.5})), ["train.warmup_frac"]),
+    ("lr-not-numeric", mutate(put("train", "lr", "fast")), ["train.lr", "'fast'", "not a number"]),
+    ("lr-bool", mutate(put("train", "lr", True)), ["train.lr", "not a number"]),
+    ("lr-zero", mutate(put("train", "lr", [0.0, 0.1])), ["train.lr", "> 0"]),
+    ("steps-not-int", mutate(put("train", "steps", [1.5])), ["train.steps", "integer"]),
+    ("nesterov-not-bool", mutate(put("train", "nesterov", ["yes please"])), ["train.nesterov", "true/false"]),
+    ("duplicate-choice", mutate(put("layer", "norm", ["rmsnorm", "rmsnorm"])), ["layer.norm", "duplicate"]),
+    ("short-conv-too-wide", mutate(put("layer", "short_conv", [4, 17])), ["layer.short_conv", "16"]),
+    ("d-model-range", mutate(put(None, "d_model", {"low": 16, "high": 64})), ["d_model", "list"]),
+    ("depth-zero", mutate(put(None, "depth", [0, 1])), ["depth", ">= 1"]),
+    ("max-seconds-negative", mutate(put(None, "max_train_seconds", -5)), ["max_train_seconds", "positive"]),
+    ("layer-not-mapping", mutate(put(None, "layer", ["attention"])), ["layer", "mapping"]),
+]
+
+
+@pytest.mark.parametrize("content, names", [pytest.param(c, n, id=i) for i, c, n in MISTAKES])
+def test_mistake_is_one_line_naming_file_and_field(tmp_path, content, names):
+    path = tmp_path / "bad_space.yaml"
+    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
+    with pytest.raises(SpaceError) as err:
+        load_space(path)
+    msg = str(err.value)
+    assert "\n" not in msg, msg
+    assert msg.startswith(f"{path}: "), msg
+    for name in names:
+        assert name in msg, f"{name!r} missing from: {msg}"
+
+
+def test_base_of_the_mistakes_is_valid(tmp_path):
+    """Each mistake above is the one thing wrong with its file."""
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    assert isinstance(load_space(path), SearchSpace)
+
+
+def test_missing_file_names_it(tmp_path):
+    for path in (tmp_path / "nope.yaml", tmp_path / "nope.yml"):
+        with pytest.raises(SpaceError, match=re.escape(str(path)) + ".*no such") as err:
+            load_space(path)
+        assert "\n" not in str(err.value)
+
+
+def test_unreadable_path_names_it(tmp_path):
+    folder = tmp_path / "dir.yaml"
+    folder.mkdir()
+    with pytest.raises(SpaceError, match=re.escape(str(folder))):
+        load_space(folder)
+
+
+def test_unknown_shipped_name_lists_the_shipped_spaces():
+    with pytest.raises(SpaceError) as err:
+        load_space("hybrid_huge")
+    msg = str(err.value)
+    assert "'hybrid_huge'" in msg and "\n" not in msg
+    for name in list_spaces():
+        assert repr(name) in msg

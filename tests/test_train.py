@@ -1,0 +1,244 @@
+"""The trainer: schedule, learning, divergence, time budget, determinism, curve, evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nas.train as train_module
+from nas.models import build
+from nas.spec import ArchSpec, LayerSpec, TrainSpec
+from nas.tasks import IGNORE_INDEX, Task
+from nas.train import CURVE_POINTS, Budget, TrainingDiverged, evaluate, lr_factor, train
+from tests.models.conftest import one_intraop_thread  # noqa: F401  autouse: 1 thread (why: see there)
+
+CPU = torch.device("cpu")
+V, T = 16, 16
+
+
+def previous_token_task(n_train: int = 512, n_test: int = 128) -> Task:
+    """y[t] = x[t-1]: needs a token mixer, learnable in a few dozen steps. Position 0 is unscored."""
+    g = torch.Generator().manual_seed(0)
+
+    def split(n):
+        x = torch.randint(0, V, (n, T), generator=g)
+        y = torch.full_like(x, IGNORE_INDEX)
+        y[:, 1:] = x[:, :-1]
+        return x, y
+
+    return Task("previous_token", {}, V, V, "token", *split(n_train), *split(n_test))
+
+
+ARCH = ArchSpec(32, (LayerSpec("attention", heads=2, mlp_ratio=2.0),), V, V)
+
+
+# ---------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize("step, want", [
+    (0, 0.1), (4, 0.5), (9, 1.0),                      # warmup: (step + 1) / 10
+    (10, 1.0), (40, 0.75), (55, 0.5), (70, 0.25),      # cosine over the 90 steps after warmup
+    (100, 0.0), (130, 0.0),                            # ends at zero and stays there
+], ids=lambda v: str(v))
+def test_lr_factor_warmup_then_cosine(step, want):
+    spec = TrainSpec(steps=100, warmup_frac=0.1)  # 10 warmup steps
+    assert lr_factor(step, spec) == pytest.approx(want, abs=1e-12)
+
+
+def test_lr_factor_without_warmup():
+    spec = TrainSpec(steps=4, warmup_frac=0.0)
+    got = [lr_factor(s, spec) for s in range(5)]
+    want = [1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 - math.cos(math.pi / 4)), 0.0]
+    assert got == pytest.approx(want, abs=1e-12)
+    # a warmup shorter than one step is no warmup: int(0.1 · 5) = 0
+    assert lr_factor(0, TrainSpec(steps=5, warmup_frac=0.1)) == 1.0
+
+
+# ---------------------------------------------------------------- learning
+
+
+def test_tiny_model_learns_an_easy_task():
+    task = previous_token_task()
+    model = build(ARCH, task, seed=0)
+    before, loss_before = evaluate(model, task, CPU)
+    result = train(model, task, TrainSpec(lr=1e-2, steps=60, batch_size=32), device="cpu")
+    assert before < 0.15  # chance is 1/16
+    assert result.accuracy > 0.8, result
+    assert result.test_loss < loss_before - 1.0
+    assert (result.steps, result.stopped) == (60, "completed") and result.seconds > 0
+    assert result.curve[-1][1] < result.curve[0][1]
+    assert (result.accuracy, result.test_loss) == pytest.approx(evaluate(model, task, CPU))
+
+
+def test_same_seeds_give_identical_runs():
+    task = previous_token_task(n_train=128, n_test=32)
+    spec = TrainSpec(lr=1e-2, steps=20, batch_size=8, grad_noise=0.01, seed=3)
+    a = train(build(ARCH, seed=1), task, spec, device="cpu")
+    b = train(build(ARCH, seed=1), task, spec, device="cpu")
+    assert (a.accuracy, a.test_loss, a.steps, a.curve) == (b.accuracy, b.test_loss, b.steps, b.curve)
+    other_batches = train(build(ARCH, seed=1), task, TrainSpec(**{**spec.to_dict(), "seed": 4}), device="cpu")
+    other_init = train(build(ARCH, seed=2), task, spec, device="cpu")
+    assert other_batches.curve != a.curve and other_init.curve != a.curve
+
+
+# ---------------------------------------------------------------- divergence
+
+
+class _Poison(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by ``factor`` (inf → an inf grad norm)."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+class Saboteur(nn.Module):
+    """Wraps a model; from its ``at``-th training forward on, poisons the ``what``: "loss" (NaN logits)
+    or "gradient" (finite logits, inf gradients)."""
+
+    def __init__(self, inner: nn.Module, at: int, what: str) -> None:
+        super().__init__()
+        self.inner, self.at, self.what, self.calls = inner, at, what, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        if self.training:
+            self.calls += 1
+            if self.calls >= self.at:
+                out = out * float("nan") if self.what == "loss" else _Poison.apply(out, float("inf"))
+        return out
+
+
+def test_nan_loss_raises_naming_the_loss_and_the_window():
+    task = previous_token_task(n_train=64, n_test=16)
+    model = Saboteur(build(ARCH, seed=0), at=20, what="loss")
+    with pytest.raises(TrainingDiverged, match=r"^loss became NaN/inf within steps 17-32$") as err:
+        train(model, task, TrainSpec(steps=40, batch_size=4), device="cpu")
+    assert err.value.step == 32  # checked every CHECK_EVERY = 16 steps
+
+
+def test_inf_gradient_raises_naming_the_gradient():
+    """Poisoned on the last step only: every loss is finite, the gradient norm is not."""
+    task = previous_token_task(n_train=64, n_test=16)
+    model = Saboteur(build(ARCH, seed=0), at=10, what="gradient")
+    with pytest.raises(TrainingDiverged, match=r"^gradient norm became NaN/inf within steps 1-10$") as err:
+        train(model, task, TrainSpec(steps=10, batch_size=4), device="cpu")
+    assert err.value.step == 10
+
+
+def test_huge_learning_rate_diverges():
+    task = previous_token_task(n_train=64, n_test=16)
+    spec = TrainSpec(optimizer="sgd", lr=1e6, grad_clip=0.0, steps=64, batch_size=8)
+    with pytest.raises(TrainingDiverged, match=r"(loss|gradient norm) became NaN/inf"):
+        train(build(ARCH, seed=0), task, spec, device="cpu")
+
+
+# ---------------------------------------------------------------- budget and curve
+
+
+def test_time_budget_stops_early():
+    task = previous_token_task(n_train=64, n_test=16)
+    spec = TrainSpec(steps=50, batch_size=4)
+    result = train(build(ARCH, seed=0), task, spec, device="cpu", budget=Budget(max_seconds=1e-9))
+    assert result.stopped == "time budget"
+    assert 1 <= result.steps < spec.steps
+    assert 0.0 <= result.accuracy <= 1.0 and math.isfinite(result.test_loss)
+
+
+class ScriptedLoss(nn.Module):
+    """Training forward k (1-based) gives every position logits [0.1·k, 0, …, 0]: with target 0
+    its loss is log(1 + (C-1)·e^(-0.1k)) whatever the batch, so the curve is known in advance."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.classes, self.calls = classes, 0
+        self.p = nn.Parameter(torch.zeros(()))  # something for the optimizer to hold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        logits = torch.zeros(*x.shape, self.classes)
+        logits[..., 0] = 0.1 * self.calls
+        return logits + 0 * self.p
+
+    def loss_at(self, k: int) -> float:
+        return math.log1p((self.classes - 1) * math.exp(-0.1 * k))
+
+
+@pytest.mark.parametrize("steps, window", [(100, 5), (45, 2), (20, 1), (7, 1)], ids=lambda v: str(v))
+def test_curve_is_window_means_labelled_by_their_last_step(steps, window):
+    task = previous_token_task(n_train=32, n_test=8)
+    task = Task("zeros", {}, V, V, "token", task.x_train, torch.zeros_like(task.y_train), task.x_test,
+                torch.zeros_like(task.y_test))
+    model = ScriptedLoss(V)
+    result = train(model, task, TrainSpec(steps=steps, batch_size=4), device="cpu")
+    assert window == max(1, steps // CURVE_POINTS)
+    assert [s for s, _ in result.curve] == list(range(window, steps + 1, window))
+    if steps % CURVE_POINTS == 0:
+        assert len(result.curve) == CURVE_POINTS
+    for end, got in result.curve:
+        want = sum(model.loss_at(k) for k in range(end - window + 1, end + 1)) / window
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), end  # fp32 cross-entropy
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+class FixedLogits(nn.Module):
+    """Row i of the input carries i at position 0; the model answers ``table[i]``."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table[x[:, 0]]
+
+
+def test_evaluate_counts_only_scored_positions_by_hand():
+    # 2 rows × 3 positions, 2 classes; the model always prefers class 0 with probability e/(e+1)
+    logits = torch.tensor([[[1.0, 0.0]] * 3] * 2)
+    y = torch.tensor([[0, IGNORE_INDEX, 1],
+                      [IGNORE_INDEX, IGNORE_INDEX, 1]])
+    x = torch.tensor([[0, 0, 0], [1, 1, 1]])
+    task = Task("hand", {}, 2, 2, "token", x, y, x, y)
+    accuracy, loss = evaluate(FixedLogits(logits), task, CPU)
+    assert accuracy == pytest.approx(1 / 3)  # one right of three scored; the ignored ones count for nothing
+    right, wrong = math.log1p(math.exp(-1)), math.log1p(math.exp(1))  # -log p(0), -log p(1)
+    assert loss == pytest.approx((right + 2 * wrong) / 3)
+
+
+@pytest.mark.parametrize("eval_batch", [1, 3, 256], ids=lambda b: f"batch{b}")
+@pytest.mark.parametrize("readout", ["token", "last"])
+def test_evaluate_is_the_mean_over_scored_positions_across_batches(monkeypatch, eval_batch, readout):
+    """Rows score different numbers of positions, and rows 5-6 none at all: a batch holding only
+    those must neither turn the loss into NaN nor weigh rows instead of positions."""
+    monkeypatch.setattr(train_module, "EVAL_BATCH", eval_batch)
+    g = torch.Generator().manual_seed(0)
+    N, C = 7, 5
+    x = torch.arange(N).unsqueeze(1).repeat(1, 9)
+    if readout == "token":
+        logits = torch.randn(N, 9, C, generator=g)
+        y = torch.randint(0, C, (N, 9), generator=g)
+        y[torch.rand(N, 9, generator=g) < 0.5] = IGNORE_INDEX
+        y[5:] = IGNORE_INDEX
+    else:
+        logits = torch.randn(N, C, generator=g)
+        y = torch.randint(0, C, (N,), generator=g)
+        y[5:] = IGNORE_INDEX
+    task = Task("hand", {}, N, C, readout, x, y, x, y)
+    flat_logits, flat_y = logits.reshape(-1, C), y.reshape(-1)
+    scored = flat_y != IGNORE_INDEX
+    want_acc = (flat_logits.argmax(-1)[scored] == flat_y[scored]).float().mean().item()
+    want_loss = F.cross_entropy(flat_logits[scored], flat_y[scored]).item()
+    accuracy, loss = evaluate(FixedLogits(logits), task, CPU)
+    assert accuracy == pytest.approx(want_acc)
+    assert loss == pytest.approx(want_loss, rel=1e-6)

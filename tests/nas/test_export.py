@@ -1,0 +1,124 @@
+"""``nas export`` and ``nas.load``: exact weights, ONNX parity at two lengths, documented picks, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import optuna
+import pytest
+import torch
+
+import nas
+from nas.cli import main
+from nas.export import trial_model
+from nas.pareto import front, pick
+from nas.storage import open_storage
+from tests.conftest import write_space
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    storage = str(tmp / "s.journal")
+    space = write_space(tmp, steps=30)
+    assert main(["search", "--space", str(space), "--trials", "8", "--storage", storage, "--study", "e"]) == 0
+    return optuna.load_study(study_name="e", storage=open_storage(storage)), storage, tmp
+
+
+def _exported_trial(out) -> int:
+    return json.loads((out / "arch.json").read_text())["trial"]
+
+
+def test_export_load_bit_exact_and_onnx_matches(study):
+    import onnxruntime as ort
+
+    st, storage, tmp = study
+    out = tmp / "bundle"
+    assert main(["export", "--study", "e", "--storage", storage, "--trial", str(front(st)[0].number),
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["arch.json", "card.md", "model.onnx", "model.safetensors"]
+    record = json.loads((out / "arch.json").read_text())
+    assert {"arch", "train", "task", "versions", "metrics", "latency"} <= set(record)
+    assert "predicted" in (out / "card.md").read_text() and "nas.load" in (out / "card.md").read_text()
+
+    stored = trial_model(st.trials[record["trial"]], storage)
+    loaded = nas.load(out)
+    session = ort.InferenceSession(str(out / "model.onnx"))
+    gen = torch.Generator().manual_seed(0)
+    for seq in (16, 45):  # the training length and a longer one
+        tokens = torch.randint(0, loaded.arch.vocab_size, (3, seq), generator=gen)
+        with torch.no_grad():
+            expect, got = stored(tokens), loaded(tokens)
+        assert torch.equal(expect, got)  # bit for bit
+        onnx_logits = session.run(None, {"tokens": tokens.numpy()})[0]
+        np.testing.assert_allclose(onnx_logits, expect.numpy(), rtol=0, atol=1e-4)
+
+
+def _knee_by_hand(trials):
+    """The README's rule: closest to (best accuracy, lowest latency) after min-max scaling both."""
+    acc, lat = [t.values[0] for t in trials], [t.values[1] for t in trials]
+
+    def s(v, lo, hi):
+        return 0.0 if hi == lo else (v - lo) / (hi - lo)
+
+    return min(trials, key=lambda t: (math.hypot(1 - s(t.values[0], min(acc), max(acc)),
+                                                 s(t.values[1], min(lat), max(lat))), -t.values[0]))
+
+
+def test_picks_choose_the_documented_trial(study):
+    st, _, _ = study
+    best = front(st)
+    assert pick(st, "knee").number == _knee_by_hand(best).number
+    assert pick(st, "accuracy").number == max(best, key=lambda t: (t.values[0], -t.values[1])).number
+    assert pick(st, "latency").number == min(best, key=lambda t: (t.values[1], -t.values[0])).number
+    budget = sorted(t.values[1] for t in best)[len(best) // 2]
+    within = [t for t in best if t.values[1] <= budget]
+    assert pick(st, "knee", max_latency_ms=budget).number == _knee_by_hand(within).number
+    assert pick(st, "accuracy", max_latency_ms=budget).values[1] <= budget
+
+
+def test_cli_knee_with_budget_exports_that_trial(study):
+    st, storage, tmp = study
+    best = front(st)
+    budget = sorted(t.values[1] for t in best)[len(best) // 2]
+    out = tmp / "knee"
+    assert main(["export", "--study", "e", "--storage", storage, "--pick", "knee", "--max-latency-ms", str(budget),
+                 "--out", str(out)]) == 0
+    assert _exported_trial(out) == _knee_by_hand([t for t in best if t.values[1] <= budget]).number
+
+
+def test_retrain_steps_retrains(study):
+    st, storage, tmp = study
+    out = tmp / "retrained"
+    chosen = front(st)[0]
+    assert main(["export", "--study", "e", "--storage", storage, "--trial", str(chosen.number), "--retrain-steps",
+                 "60", "--out", str(out), "--device", "cpu"]) == 0
+    record = json.loads((out / "arch.json").read_text())
+    assert record["retrained_steps"] == 60 and record["train"]["steps"] == 60
+    retrained = nas.load(out)
+    original = trial_model(chosen, storage)
+    assert any(not torch.equal(a, b) for a, b in zip(retrained.state_dict().values(), original.state_dict().values()))
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--study", "none-done", "--out", "X"], "no completed trial"),
+    (["--study", "e", "--trial", "999", "--out", "X"], "has no trial 999"),
+    (["--study", "e", "--max-latency-ms", "0.000001", "--out", "X"], "no front trial meets the budget"),
+    (["--study", "e", "--out", "NONEMPTY"], "exists and is not empty"),
+    (["--study", "ghost", "--out", "X"], "no study named 'ghost'"),
+    (["--study", "e", "--trial", "1", "--pick", "latency", "--out", "X"], "not allowed with argument"),
+], ids=["no-completed-trial", "unknown-trial", "infeasible-budget", "non-empty-out", "unknown-study", "trial-and-pick"])
+def test_export_errors_one_line_exit_2(study, capsys, argv, words):
+    st, storage, tmp = study
+    from nas.study import open_study
+
+    open_study("none-done", storage)
+    (tmp / "nonempty").mkdir(exist_ok=True)
+    (tmp / "nonempty" / "keep.txt").write_text("mine")
+    argv = [str(tmp / "nonempty") if a == "NONEMPTY" else str(tmp / "x-out") if a == "X" else a for a in argv]
+    assert main(["export", "--storage", storage, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert (tmp / "nonempty" / "keep.txt").read_text() == "mine" and not (tmp / "x-out").exists()

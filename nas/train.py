@@ -113,13 +113,13 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
         losses[step] = loss.detach()
         norms[step] = opt.last_grad_norm
         step += 1
-        if step % CHECK_EVERY == 0 or step == spec.steps:
+        out_of_time = budget.max_seconds is not None and time.perf_counter() - start > budget.max_seconds
+        if step % CHECK_EVERY == 0 or step == spec.steps or out_of_time:
             _check_finite(losses, norms, step)
-            while (len(curve) + 1) * window <= step:  # each window that has just completed
+            while (len(curve) + 1) * window <= step:  # each window that has completed since the last check
                 lo = len(curve) * window
                 curve.append((lo + window, losses[lo:lo + window].mean().item()))
-        if budget.max_seconds is not None and time.perf_counter() - start > budget.max_seconds:
-            _check_finite(losses, norms, step)
+        if out_of_time and step < spec.steps:
             stopped = "time budget"
             break
     accuracy, test_loss = evaluate(model, task, device)

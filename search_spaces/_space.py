@@ -118,6 +118,11 @@ class _Reader:
             if not isinstance(item, bool):
                 raise self.fail(field, f"{item!r} is not true/false")
             return item
+        if isinstance(item, str):  # YAML 1.1 reads 1e-3 (no dot) as a string; take it as the number it means
+            try:
+                item = float(item)
+            except ValueError:
+                raise self.fail(field, f"{item!r} is not a number") from None
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise self.fail(field, f"{item!r} is not a number")
         if kind is int and float(item) != int(item):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 
 TINY_SPACE = """\
 name: ci_tiny
@@ -48,3 +49,13 @@ def study_checksum(storage: str, name: str) -> str:
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     rows = [(t.number, t.state.name, t.values, t.params, t.user_attrs) for t in study.get_trials(deepcopy=False)]
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def one_intraop_thread():
+    """One intra-op thread for these tiny tensors: extra threads only add synchronisation, and on
+    a shared 2-core runner they spin against each other (measured 50x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

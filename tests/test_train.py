@@ -14,7 +14,6 @@ from nas.models import build
 from nas.spec import ArchSpec, LayerSpec, TrainSpec
 from nas.tasks import IGNORE_INDEX, Task
 from nas.train import CURVE_POINTS, Budget, TrainingDiverged, evaluate, lr_factor, train
-from tests.models.conftest import one_intraop_thread  # noqa: F401  autouse: 1 thread (why: see there)
 
 CPU = torch.device("cpu")
 V, T = 16, 16

@@ -154,6 +154,15 @@ def test_user_yaml_with_ranges_samples_inside_them(tmp_path):
     assert sample_many(space, stub_task(), seed=3) == {"attention", "linear_attention", "none", "sgd", "lion"}
 
 
+def test_exponent_without_dot_is_a_number(tmp_path):
+    # YAML 1.1 reads 1e-3 as a string; users write it that way, so the loader takes it as 0.001
+    path = tmp_path / "exp.yaml"
+    path.write_text(RANGES.replace(next(line for line in RANGES.splitlines() if line.strip().startswith("lr:")),
+                                   "  lr: {low: 1e-4, high: 1e-2, log: true}"))
+    lr = load_space(path).train["lr"]
+    assert (lr.low, lr.high, lr.log) == (1e-4, 1e-2, True)
+
+
 def test_user_copy_of_a_shipped_space_loads_by_path(tmp_path):
     path = tmp_path / "mine.yaml"
     shutil.copy(SHIPPED / "hybrid_tiny.yaml", path)

@@ -1,0 +1,92 @@
+"""Shared GPU timing for the kernel and model benchmarks: CUDA-graph replay, medians and IQR,
+inputs rotated across copies larger than L2, and the metadata every results JSON carries."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["Timing", "time_graph", "copies_for_l2", "environment", "write_results"]
+
+L2_FALLBACK_BYTES = 60 * 2**20  # H100/H200 L2 is 50 MB; rotate through more than this
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    q1_us: float
+    q3_us: float
+    iqr_us: float
+    samples: int
+
+
+def copies_for_l2(bytes_per_input: int) -> int:
+    """How many input copies to rotate through so one pass touches more than the L2."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", L2_FALLBACK_BYTES) or L2_FALLBACK_BYTES
+    return max(1, -(-2 * l2 // max(1, bytes_per_input)))
+
+
+def time_graph(fns: Sequence[Callable[[], object]], *, reps: int = 50, warmup: int = 5,
+               per_replay: int = 10) -> Timing:
+    """Median/IQR microseconds of one call, each fn being the same op on a different input copy.
+
+    The calls are captured ``per_replay`` times into one CUDA graph (so launch overhead is the
+    graph's, as in deployment) cycling over ``fns``; each replay is timed with CUDA events and
+    divided by its number of calls. ``reps`` timed replays follow ``warmup`` untimed ones.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:  # compile / autotune outside the graph
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    calls = per_replay * len(fns)
+    with torch.cuda.graph(graph):
+        for _ in range(per_replay):
+            for fn in fns:
+                fn()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    q1, med, q3 = statistics.quantiles(samples, n=4)
+    return Timing(med, q1, q3, q3 - q1, len(samples))
+
+
+def environment() -> dict:
+    """GPU name, versions and date, as every results JSON records them."""
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_results(path: str | Path, rows: list[dict], **extra: object) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**environment(), **extra, "results": rows}, indent=2, default=_jsonable) + "\n")
+    return path
+
+
+def _jsonable(obj: object) -> object:
+    return asdict(obj) if hasattr(obj, "__dataclass_fields__") else str(obj)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -68,8 +69,21 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-latency-ms", type=_positive_float, default=None, help="hard latency budget")
     s.add_argument("--max-params", type=_positive_int, default=None, help="hard parameter budget")
     s.add_argument("--max-memory-mb", type=_positive_float, default=None, help="hard memory budget")
+    s.add_argument("--trial-timeout", type=_positive_float, default=None,
+                   help="fail a trial that runs longer than this many seconds")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
+    s.add_argument("--trials-per-gpu", type=_positive_int, default=1, help="worker processes per GPU (default 1)")
+    s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")
+
+    w = sub.add_parser("worker", help="join a study started by nas search (from any shell or host)")
+    w.add_argument("--study", required=True)
+    w.add_argument("--storage", default=None)
+    w.add_argument("--trials", type=_positive_int, default=None, help="completed trials to reach (default: the study's)")
+    w.add_argument("--timeout", type=_positive_float, default=None)
+    w.add_argument("--device", default="auto")
+    w.add_argument("--worker-index", type=int, default=None, help="offsets the sampler seed (default: pid)")
 
     st = sub.add_parser("studies", help="list studies in a storage, or show one")
     st.add_argument("--storage", default=None)
@@ -110,11 +124,16 @@ def _search(args: argparse.Namespace) -> None:
     from nas.pareto import front
     from nas.study import SearchConfig, n_complete, prepare, run_search
 
+    from nas.workers import parse_gpus, plan_slots, run_workers
+
+    gpus = parse_gpus(args.gpus) if args.gpus else None
+    slots = plan_slots(gpus, args.trials_per_gpu, args.workers)
     config = SearchConfig(space=args.space, task=args.task, trials=args.trials, timeout=args.timeout,
                           study=args.study, storage=resolve_storage(args.storage), sampler=args.sampler,
                           target=args.target, latency_shape=args.latency_shape, max_latency_ms=args.max_latency_ms,
-                          max_params=args.max_params, max_memory_mb=args.max_memory_mb, seed=args.seed,
-                          device=args.device)
+                          max_params=args.max_params, max_memory_mb=args.max_memory_mb,
+                          trial_timeout=args.trial_timeout, seed=args.seed,
+                          device="cpu" if len(slots) > 1 and not gpus else args.device)
     ctx, study = prepare(config)
     done = n_complete(study)
     console.print(f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
@@ -128,18 +147,36 @@ def _search(args: argparse.Namespace) -> None:
         bar = progress.add_task("search", total=config.trials, completed=min(done, config.trials),
                                 front=len(front(study)), best="-")
 
-        def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial | None) -> None:
             best = front(study)
             progress.update(bar, completed=min(n_complete(study), config.trials), front=len(best),
                             best=f"{best[0].values[0]:.3f}" if best else "-")
-            if trial.state.name == "FAIL":
+            if trial is not None and trial.state.name == "FAIL":
                 progress.console.print(f"trial {trial.number} failed: {trial.user_attrs.get('failure', '?')}")
 
-        run_search(config, on_trial=on_trial, ctx_study=(ctx, study))
+        if len(slots) == 1 and not gpus:
+            run_search(config, on_trial=on_trial, ctx_study=(ctx, study))
+        else:
+            progress.console.print(f"{len(slots)} worker processes" + (f" on GPUs {','.join(gpus)}" if gpus else ""))
+            codes = run_workers(study, config.storage, config.trials, slots, timeout=config.timeout,
+                                on_poll=lambda st: on_trial(st, None))
+            if any(codes):
+                raise UsageError(f"workers exited with codes {codes}; finished trials are kept in the study")
     _print_front(study)
     storage_flag = f" --storage {config.storage}" if args.storage else ""
     console.print(f"next: nas report --study {study.study_name}{storage_flag}", soft_wrap=True)
     console.print(f"      nas export --study {study.study_name}{storage_flag} --out export/", soft_wrap=True)
+
+
+def _worker(args: argparse.Namespace) -> None:
+    from nas.storage import resolve_storage
+    from nas.study import run_search, worker_config
+
+    config = worker_config(args.study, resolve_storage(args.storage), trials=args.trials, device=args.device,
+                           worker=args.worker_index, timeout=args.timeout)
+    study = run_search(config)
+    done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    console.print(f"worker {os.getpid()}: study {args.study} has {done} completed trials")
 
 
 def _print_front(study: optuna.Study) -> None:
@@ -256,14 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nas.export import ExportError
     from nas.pareto import PickError
     from nas.report import ReportError
+    from nas.faults import FaultError
+    from nas.workers import WorkerError
 
     user_errors = (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError, ExportError,
-                   PickError, ReportError)
+                   PickError, ReportError, WorkerError, FaultError)
     try:
         args = _build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        {"search": _search, "studies": _studies, "report": _report, "export": _export, "profiles": _profiles,
+        {"search": _search, "worker": _worker, "studies": _studies, "report": _report, "export": _export, "profiles": _profiles,
          "spaces": _spaces}[args.command](args)
     except user_errors as e:
         err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)

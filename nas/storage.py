@@ -7,20 +7,31 @@ it unchanged (``--storage runs/studies.journal``).
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
+import optuna
 from optuna.artifacts import FileSystemArtifactStore
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 
 __all__ = ["DEFAULT_STORAGE", "StorageError", "artifact_dir", "open_artifact_store", "open_storage", "resolve_storage"]
 
 DEFAULT_STORAGE = "runs/studies.journal"
+HEARTBEAT_GRACE = 4  # a trial with no heartbeat for this many intervals belongs to a dead worker
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 
 
 class StorageError(ValueError):
     """The storage URL or path is unusable; the message says which and why."""
+
+
+def _heartbeat_seconds() -> int:
+    """RDB heartbeat interval: ``$NAS_HEARTBEAT_SECONDS`` (tests use 1), default 30."""
+    text = os.environ.get("NAS_HEARTBEAT_SECONDS", "30")
+    if not text.isdigit() or int(text) < 1:
+        raise StorageError(f"NAS_HEARTBEAT_SECONDS={text!r} must be a whole number of seconds >= 1")
+    return int(text)
 
 
 def resolve_storage(storage: str | None) -> str:
@@ -35,8 +46,13 @@ def open_storage(storage: str) -> BaseStorage:
         if scheme not in _RDB_SCHEMES:
             raise StorageError(f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
                                f"or one of {[s + '://' for s in _RDB_SCHEMES]}")
+        beat = _heartbeat_seconds()
         try:
-            return RDBStorage(storage, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
+            with warnings.catch_warnings():  # heartbeat arguments are marked experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(storage, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None,
+                                  heartbeat_interval=beat, grace_period=HEARTBEAT_GRACE * beat,
+                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
         except Exception as e:  # sqlalchemy/driver errors vary by backend; report them as one line
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise StorageError(f"storage URL {storage!r}: cannot open it ({first})") from None

@@ -2,38 +2,38 @@
 
 Objectives: maximize accuracy, minimize latency_ms, minimize memory_mb. Hard budgets become
 Optuna constraints (feasible when ≤ 0); latency is scored before training so a candidate that
-breaks a budget is recorded without being trained. A trial left RUNNING by a dead process is
-failed and its parameters are queued again, so a killed search resumes where it stopped.
+breaks a budget is recorded without being trained (``nas.objective``). Several workers may share
+a study: the trial budget is counted in storage. A trial left RUNNING by a dead process is failed
+and its parameters are queued again (same host: by pid; RDB: by Optuna's heartbeat), so a killed
+search resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
-import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import optuna
 import torch
-from optuna.artifacts import FileSystemArtifactStore, upload_artifact
-from safetensors.torch import save_file
+import yaml
+from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from hardware_profiles import HardwareProfile, load_profile
-from nas.latency import Latency, LatencyShape, count_params, memory, predict
-from nas.models import build
-from nas.spec import Candidate, arch_hash
+from nas.objective import Budgets, TrialContext, evaluate
 from nas.storage import open_artifact_store, open_storage
-from nas.tasks import Task, load_task
-from nas.train import Budget, TrainingDiverged, train
-from search_spaces import SearchSpace, load_space
+from nas.tasks import load_task
+from search_spaces import SearchSpace, load_space, parse_space
 
-__all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "make_sampler",
-           "n_complete", "open_study", "prepare", "recover_stale_trials", "run_search"]
+__all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "make_sampler", "n_complete",
+           "open_study", "prepare", "recover_stale_trials", "run_search", "worker_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ METRICS = ("accuracy", "latency_ms", "memory_mb")
 DIRECTIONS = ("maximize", "minimize", "minimize")
 SAMPLERS = ("tpe", "nsga2", "gp", "random")
 MAX_FAILURES_IN_A_ROW = 20  # a space where nothing trains should stop, not spin
+POLL_SECONDS = 1.0  # while other workers finish the last trials of the budget
 
 
 class SearchError(ValueError):
@@ -49,7 +50,9 @@ class SearchError(ValueError):
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """Everything that defines a search run. ``study`` None derives a name from space/task/target."""
+    """Everything that defines a search run. ``study`` None derives a name from space/task/target.
+    ``space_yaml`` (the space file's text, as a study records it) takes precedence over ``space``;
+    ``worker`` offsets the sampler seed so parallel workers do not propose the same candidates."""
 
     space: str = "hybrid_small"
     task: str | None = None  # None: the space's default task
@@ -63,8 +66,11 @@ class SearchConfig:
     max_latency_ms: float | None = None
     max_params: int | None = None
     max_memory_mb: float | None = None
+    trial_timeout: float | None = None
     seed: int = 0
     device: str = "auto"
+    space_yaml: str | None = None
+    worker: int = 0
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -163,86 +169,27 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
     return recovered
 
 
-def _constraints(config: SearchConfig, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
-    """Constraint values (≤ 0 is feasible) for the budgets that were set."""
-    out = {}
-    if config.max_latency_ms is not None:
-        out["latency_ms"] = lat.median_ms - config.max_latency_ms
-    if config.max_params is not None:
-        out["params"] = float(params - config.max_params)
-    if config.max_memory_mb is not None:
-        out["memory_mb"] = mem_mb - config.max_memory_mb
-    return out
-
-
-@dataclass
-class _Context:
-    config: SearchConfig
-    space: SearchSpace
-    task: Task
-    profile: HardwareProfile
-    shape: LatencyShape
-    device: torch.device
-    artifacts: FileSystemArtifactStore
-
-
-def _evaluate(ctx: _Context, trial: optuna.Trial) -> tuple[TrialState, list[float] | None]:
-    """Run one trial; returns the state and values to ``tell``."""
-    trial.set_user_attr("pid", os.getpid())
-    trial.set_user_attr("host", socket.gethostname())
-    cand: Candidate = ctx.space.sample(trial, ctx.task)
-    arch = cand.arch
-    params = count_params(arch)
-    lat = predict(arch, ctx.shape, ctx.profile)
-    mem = memory(arch, ctx.shape)
-    for key, value in {"arch": arch.to_dict(), "train": cand.train.to_dict(), "arch_summary": arch.summary(),
-                       "params": params, "latency": lat.to_dict(), "latency_source": lat.source,
-                       "latency_device": lat.device, "memory": mem.to_dict()}.items():
-        trial.set_user_attr(key, value)
-    cons = _constraints(ctx.config, lat, mem.total_mb, params)
-    for key, value in cons.items():
-        trial.set_constraint(key, value)
-    broken = [k for k, v in cons.items() if v > 0]
-    if broken:
-        trial.set_user_attr("skipped_training", f"breaks the hard budget on {', '.join(broken)}")
-        return TrialState.COMPLETE, [0.0, lat.median_ms, mem.total_mb]
-    model = build(arch, ctx.task, seed=cand.train.seed)
-    try:
-        result = train(model, ctx.task, cand.train, device=ctx.device,
-                       budget=Budget(max_seconds=ctx.space.max_train_seconds))
-    except TrainingDiverged as e:
-        trial.set_user_attr("failure", f"diverged: {e}")
-        return TrialState.FAIL, None
-    trial.set_user_attr("curve", [list(p) for p in result.curve])
-    trial.set_user_attr("train_seconds", round(result.seconds, 3))
-    trial.set_user_attr("steps_done", result.steps)
-    trial.set_user_attr("stopped", result.stopped)
-    trial.set_user_attr("test_loss", result.test_loss)
-    trial.set_user_attr("weights_artifact", _upload_weights(ctx, trial, model))
-    return TrialState.COMPLETE, [result.accuracy, lat.median_ms, mem.total_mb]
-
-
-def _upload_weights(ctx: _Context, trial: optuna.Trial, model: torch.nn.Module) -> str:
-    """Store the trained weights as a safetensors artifact of ``trial``; returns the artifact id."""
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, f"trial{trial.number}.safetensors")
-        save_file(state, path, metadata={"arch_hash": arch_hash(model.arch)})
-        return upload_artifact(artifact_store=ctx.artifacts, file_path=path, study_or_trial=trial,
-                               mimetype="application/octet-stream")
-
-
 def n_complete(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
-def prepare(config: SearchConfig) -> tuple[_Context, optuna.Study]:
-    """Validate everything a search needs and open (or resume) its study; nothing is trained yet."""
+def _n_running(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def _load_space(config: SearchConfig) -> SearchSpace:
+    if config.space_yaml is not None:
+        return parse_space(yaml.safe_load(config.space_yaml), f"{config.space} (as recorded in the study)")
+    return load_space(config.space)
+
+
+def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
+    """Validate everything a search needs and open (or resume) its study; nothing is trained yet.
+    Every check runs before the study is opened, so a refused command writes nothing."""
     if config.trials <= 0:
         raise SearchError(f"--trials must be >= 1, got {config.trials}")
-    if config.timeout is not None and config.timeout <= 0:
-        raise SearchError(f"--timeout must be > 0 seconds, got {config.timeout}")
-    for flag, value in (("--max-latency-ms", config.max_latency_ms), ("--max-params", config.max_params),
+    for flag, value in (("--timeout", config.timeout), ("--trial-timeout", config.trial_timeout),
+                        ("--max-latency-ms", config.max_latency_ms), ("--max-params", config.max_params),
                         ("--max-memory-mb", config.max_memory_mb)):
         if value is not None and value <= 0:
             raise SearchError(f"{flag} must be > 0, got {value}")
@@ -252,51 +199,125 @@ def prepare(config: SearchConfig) -> tuple[_Context, optuna.Study]:
         shape = parse_shape(config.latency_shape)
     except ValueError as e:
         raise SearchError(f"--latency-shape: {e}") from None
-    space = load_space(config.space)
+    space = _load_space(config)
     task_spec = config.task or space.task
     task = load_task(task_spec, seed=config.seed)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
-    sampler = make_sampler(config.sampler, config.seed)
+    sampler = make_sampler(config.sampler, config.seed + config.worker)
     name = study_name(config, space, task_spec)
     study = open_study(name, config.storage, sampler=sampler)
-    setup = {"space": space.name, "space_source": space.source, "task": task_spec, "task_config": task.config,
-             "target": config.target, "profile": profile.name, "latency_shape": str(shape)}
+    space_yaml = config.space_yaml if config.space_yaml is not None else open(space.source).read()
+    setup = {"space": space.name, "space_source": space.source, "space_yaml": space_yaml, "task": task_spec,
+             "task_config": task.config, "target": config.target, "profile": profile.name,
+             "latency_shape": str(shape), "sampler": config.sampler, "seed": config.seed}
     stored = study.user_attrs.get("search")
-    if stored is None:
-        study.set_user_attr("search", setup)
-    else:
+    if stored is not None:
         for key in ("space", "task", "target", "latency_shape"):
             if stored.get(key) != setup[key]:
                 raise SearchError(f"study {name!r} was created with {key}={stored.get(key)!r}, not {setup[key]!r}; "
                                   f"use the same settings or another --study name")
-    budgets = {"max_latency_ms": config.max_latency_ms, "max_params": config.max_params,
-               "max_memory_mb": config.max_memory_mb}
-    if study.user_attrs.get("budgets") != budgets:
-        study.set_user_attr("budgets", budgets)  # the latest run's budgets, drawn in the report
-    return _Context(config, space, task, profile, shape, device, open_artifact_store(config.storage)), study
+    else:
+        study.set_user_attr("search", setup)
+    budgets = Budgets(config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout)
+    recorded = {"max_latency_ms": budgets.max_latency_ms, "max_params": budgets.max_params,
+                "max_memory_mb": budgets.max_memory_mb, "trial_timeout": budgets.trial_timeout,
+                "trials": config.trials}
+    if study.user_attrs.get("budgets") != recorded:
+        study.set_user_attr("budgets", recorded)  # the latest run's budgets: workers and the report read them
+    return TrialContext(space, task, profile, shape, device, budgets, open_artifact_store(config.storage)), study
+
+
+def worker_config(study: str, storage: str, *, trials: int | None = None, device: str = "auto",
+                  worker: int | None = None, timeout: float | None = None) -> SearchConfig:
+    """The SearchConfig a worker joining ``study`` runs with, read back from what the study recorded."""
+    existing = open_study(study, storage, create=False)
+    setup, budgets = existing.user_attrs.get("search"), existing.user_attrs.get("budgets", {})
+    if setup is None or "space_yaml" not in setup:
+        raise SearchError(f"study {study!r} in {storage} was not started by nas search; start it with nas search")
+    return SearchConfig(space=setup["space"], space_yaml=setup["space_yaml"], task=setup["task"],
+                        trials=trials or budgets.get("trials", 20), timeout=timeout, study=study, storage=storage,
+                        sampler=setup.get("sampler", "tpe"), target=setup["target"],
+                        latency_shape=setup["latency_shape"], max_latency_ms=budgets.get("max_latency_ms"),
+                        max_params=budgets.get("max_params"), max_memory_mb=budgets.get("max_memory_mb"),
+                        trial_timeout=budgets.get("trial_timeout"), seed=setup.get("seed", 0), device=device,
+                        worker=os.getpid() if worker is None else worker)
+
+
+@contextlib.contextmanager
+def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Record Optuna heartbeats for ``trial`` while it runs (RDB storages with heartbeat on), so
+    another worker can tell this trial from one whose worker died."""
+    storage = study._storage  # noqa: SLF001
+    interval = storage.get_heartbeat_interval() if isinstance(storage, RDBStorage) else None
+    if not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
+            stop.wait(interval)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _recover(study: optuna.Study) -> None:
+    recover_stale_trials(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # RDB heartbeats; a no-op elsewhere
+
+
+def _surplus(study: optuna.Study, trial: optuna.Trial, trials: int) -> bool:
+    """True when earlier-numbered trials already fill the budget (another worker got there first)."""
+    ahead = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+             if t.number < trial.number]
+    return len(ahead) >= trials
 
 
 def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
-               ctx_study: tuple[_Context, optuna.Study] | None = None) -> optuna.Study:
-    """Evaluate trials until ``config.trials`` have completed in storage (or the timeout passes)."""
+               ctx_study: tuple[TrialContext, optuna.Study] | None = None) -> optuna.Study:
+    """Evaluate trials until ``config.trials`` have completed in storage (or the timeout passes).
+
+    Safe to run in several processes on one study: a worker starts a trial only while completed
+    plus running trials are below the budget, and gives a trial back (pruned, ``surplus``) when a
+    race let earlier trials fill it.
+    """
     ctx, study = ctx_study or prepare(config)
-    recover_stale_trials(study)
     start, failures = time.monotonic(), 0
-    while n_complete(study) < config.trials:
-        if config.timeout is not None and time.monotonic() - start > config.timeout:
-            logger.info("timeout reached after %d completed trials", n_complete(study))
+    while True:
+        _recover(study)
+        done = n_complete(study)
+        if done >= config.trials:
             break
-        trial = study.ask()
+        if config.timeout is not None and time.monotonic() - start > config.timeout:
+            logger.info("timeout reached after %d completed trials", done)
+            break
+        if done + _n_running(study) >= config.trials:
+            time.sleep(POLL_SECONDS)  # the rest of the budget is running elsewhere; it may still fail
+            continue
+        with warnings.catch_warnings():  # Optuna warns that heartbeats are meant for optimize(); we beat by hand
+            warnings.simplefilter("ignore", UserWarning)
+            trial = study.ask()
+        if _surplus(study, trial, config.trials):
+            trial.set_user_attr("surplus", "the budget was filled by other workers")
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
         try:
-            state, values = _evaluate(ctx, trial)
+            with _heartbeat(study, trial):
+                state, values = evaluate(ctx, trial)
         except KeyboardInterrupt:
             trial.set_user_attr("failure", "interrupted")
             study.tell(trial, state=TrialState.FAIL)
             raise
-        except torch.cuda.OutOfMemoryError:
-            trial.set_user_attr("failure", "out of memory")
-            state, values = TrialState.FAIL, None
         frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
         failures = failures + 1 if state == TrialState.FAIL else 0
         if on_trial is not None:
@@ -305,4 +326,3 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
             raise SearchError(f"{failures} trials in a row failed (last: {frozen.user_attrs.get('failure')}); "
                               "check the space's lr ranges and the task")
     return study
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -13,7 +14,7 @@ from nas.optim import make_optimizer
 from nas.spec import TrainSpec
 from nas.tasks.base import Task
 
-__all__ = ["Budget", "TrainResult", "TrainingDiverged", "lr_factor", "evaluate", "train"]
+__all__ = ["Budget", "TrainResult", "TrainingDiverged", "TrainingOOM", "TrialTimeout", "lr_factor", "evaluate", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +31,21 @@ class TrainingDiverged(RuntimeError):
         self.step = step
 
 
+class TrainingOOM(RuntimeError):
+    """The device ran out of memory; the message names the batch size and step."""
+
+
+class TrialTimeout(RuntimeError):
+    """The trial's hard deadline passed during training."""
+
+
 @dataclass(frozen=True)
 class Budget:
-    """Stop training after ``max_seconds`` of wall clock (None: no limit); steps come from TrainSpec."""
+    """``max_seconds``: stop training early and keep what was learned (None: no limit).
+    ``deadline``: a ``time.monotonic()`` instant after which the trial is abandoned (TrialTimeout)."""
 
     max_seconds: float | None = None
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,8 +93,10 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[
 
 
 def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.device | str,
-          budget: Budget | None = None) -> TrainResult:
-    """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad.
+          budget: Budget | None = None, step_hook: Callable[[int], None] | None = None) -> TrainResult:
+    """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad,
+    TrainingOOM when the device runs out of memory, TrialTimeout past ``budget.deadline``.
+    ``step_hook(step)`` runs after each optimizer step (fault injection uses it).
 
     The task's tensors are moved to ``device`` once; batches are drawn there by a seeded generator,
     so a step involves no host round trip.
@@ -103,16 +116,23 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
     curve: list[tuple[int, float]] = []
     stopped, start, step = "completed", time.perf_counter(), 0
     while step < spec.steps:
-        idx = torch.randint(0, n_train, (spec.batch_size,), device=device, generator=gen)
-        with _autocast(device):
-            loss = task.loss(model(task.x_train[idx]), task.y_train[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses[step] = loss.detach()
-        norms[step] = opt.last_grad_norm
-        step += 1
+        try:
+            idx = torch.randint(0, n_train, (spec.batch_size,), device=device, generator=gen)
+            with _autocast(device):
+                loss = task.loss(model(task.x_train[idx]), task.y_train[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses[step] = loss.detach()
+            norms[step] = opt.last_grad_norm
+            step += 1
+            if step_hook is not None:
+                step_hook(step)
+        except torch.cuda.OutOfMemoryError:
+            raise TrainingOOM(f"out of memory at batch {spec.batch_size} (step {step + 1})") from None
+        if budget.deadline is not None and time.monotonic() > budget.deadline:
+            raise TrialTimeout(f"stopped at step {step} of {spec.steps}")
         out_of_time = budget.max_seconds is not None and time.perf_counter() - start > budget.max_seconds
         if step % CHECK_EVERY == 0 or step == spec.steps or out_of_time:
             _check_finite(losses, norms, step)

@@ -3,6 +3,7 @@ on a CUDA machine, measured on the Triton model (a ``measure`` entry point, adde
 ``predict`` and returning the same ``Latency``).
 """
 
+from ._errors import KernelCompileError, KernelError, KernelMismatchError
 from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
 from ._memory import STATE_BYTES, MemoryEstimate, memory
 from ._predict import DEFAULT_BANDWIDTH_FRACTION, DEFAULT_FLOPS_FRACTION, predict
@@ -13,6 +14,9 @@ __all__ = [
     "DEFAULT_BANDWIDTH_FRACTION",
     "DEFAULT_FLOPS_FRACTION",
     "DTYPE_BYTES",
+    "KernelCompileError",
+    "KernelError",
+    "KernelMismatchError",
     "LINEAR_ATTENTION_CHUNK",
     "SOURCES",
     "STATE_BYTES",

@@ -1,0 +1,17 @@
+"""Why a candidate's kernels could not be timed: these fail the trial with their message."""
+
+from __future__ import annotations
+
+__all__ = ["KernelError", "KernelCompileError", "KernelMismatchError"]
+
+
+class KernelError(RuntimeError):
+    """A candidate's kernels cannot be used for timing."""
+
+
+class KernelCompileError(KernelError):
+    """Triton could not compile a kernel for this candidate (e.g. out of shared memory)."""
+
+
+class KernelMismatchError(KernelError):
+    """The Triton forward disagrees with the torch reference beyond the dtype's tolerance."""

@@ -1,0 +1,144 @@
+"""One trial: sample a candidate, score latency and memory, train it unless it breaks a hard
+budget, store its weights. Every way a candidate can fail becomes a failed trial with a reason."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+
+import optuna
+import torch
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.trial import TrialState
+from safetensors.torch import save_file
+
+from hardware_profiles import HardwareProfile
+from nas import faults
+from nas.latency import KernelError, Latency, LatencyShape, count_params, memory, predict
+from nas.models import build
+from nas.spec import arch_hash
+from nas.tasks import Task
+from nas.train import Budget, TrainingDiverged, TrainingOOM, TrialTimeout, train
+from search_spaces import SearchSpace
+
+__all__ = ["Budgets", "TrialContext", "evaluate"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Hard limits: a candidate over one is recorded (infeasible) without being trained."""
+
+    max_latency_ms: float | None = None
+    max_params: int | None = None
+    max_memory_mb: float | None = None
+    trial_timeout: float | None = None  # seconds for the whole trial; past it the trial fails
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of one search shares."""
+
+    space: SearchSpace
+    task: Task
+    profile: HardwareProfile
+    shape: LatencyShape
+    device: torch.device
+    budgets: Budgets
+    artifacts: FileSystemArtifactStore
+
+
+def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
+    """Constraint values (≤ 0 is feasible) for the budgets that were set."""
+    out = {}
+    if budgets.max_latency_ms is not None:
+        out["latency_ms"] = lat.median_ms - budgets.max_latency_ms
+    if budgets.max_params is not None:
+        out["params"] = float(params - budgets.max_params)
+    if budgets.max_memory_mb is not None:
+        out["memory_mb"] = mem_mb - budgets.max_memory_mb
+    return out
+
+
+def _score_latency(ctx: TrialContext, arch, fault: str | None) -> Latency:
+    """Latency of ``arch``: predicted from the profile (the measured GPU path plugs in here)."""
+    faults.check_scoring(fault)
+    return predict(arch, ctx.shape, ctx.profile)
+
+
+def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[float] | None]:
+    """Run one trial; returns the state and values to ``tell``. A failure reason goes to the
+    ``failure`` user attr; KeyboardInterrupt propagates (the caller records it)."""
+    start = time.monotonic()
+    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("host", socket.gethostname())
+    fault = faults.planned(trial.number)
+    cand = ctx.space.sample(trial, ctx.task)
+    arch = cand.arch
+    params = count_params(arch)
+    try:
+        lat = _score_latency(ctx, arch, fault)
+    except KernelError as e:
+        trial.set_user_attr("failure", f"{type(e).__name__}: {e}")
+        return TrialState.FAIL, None
+    mem = memory(arch, ctx.shape)
+    for key, value in {"arch": arch.to_dict(), "train": cand.train.to_dict(), "arch_summary": arch.summary(),
+                       "params": params, "latency": lat.to_dict(), "latency_source": lat.source,
+                       "latency_device": lat.device, "memory": mem.to_dict()}.items():
+        trial.set_user_attr(key, value)
+    cons = _constraints(ctx.budgets, lat, mem.total_mb, params)
+    for key, value in cons.items():
+        trial.set_constraint(key, value)
+    broken = [k for k, v in cons.items() if v > 0]
+    if broken:
+        trial.set_user_attr("skipped_training", f"breaks the hard budget on {', '.join(broken)}")
+        return TrialState.COMPLETE, [0.0, lat.median_ms, mem.total_mb]
+
+    model = build(arch, ctx.task, seed=cand.train.seed)
+    timeout = ctx.budgets.trial_timeout
+    budget = Budget(max_seconds=ctx.space.max_train_seconds, deadline=None if timeout is None else start + timeout)
+    reason = None
+    try:
+        result = train(model, ctx.task, cand.train, device=ctx.device, budget=budget,
+                       step_hook=faults.step_hook(fault, model))
+    except TrainingDiverged as e:
+        reason = f"diverged: {e}"
+    except TrainingOOM as e:
+        reason = str(e)
+    except TrialTimeout as e:
+        reason = f"exceeded --trial-timeout of {timeout:g} s ({e})"
+    if reason is not None:
+        trial.set_user_attr("failure", reason)
+        del model
+        _release_memory(ctx.device)
+        return TrialState.FAIL, None
+    trial.set_user_attr("curve", [list(p) for p in result.curve])
+    trial.set_user_attr("train_seconds", round(result.seconds, 3))
+    trial.set_user_attr("steps_done", result.steps)
+    trial.set_user_attr("stopped", result.stopped)
+    trial.set_user_attr("test_loss", result.test_loss)
+    trial.set_user_attr("weights_artifact", _upload_weights(ctx, trial, model))
+    return TrialState.COMPLETE, [result.accuracy, lat.median_ms, mem.total_mb]
+
+
+def _release_memory(device: torch.device) -> None:
+    """Give a failed candidate's memory back so the next trial starts clean."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _upload_weights(ctx: TrialContext, trial: optuna.Trial, model: torch.nn.Module) -> str:
+    """Store the trained weights as a safetensors artifact of ``trial``; returns the artifact id."""
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"trial{trial.number}.safetensors")
+        save_file(state, path, metadata={"arch_hash": arch_hash(model.arch)})
+        return upload_artifact(artifact_store=ctx.artifacts, file_path=path, study_or_trial=trial,
+                               mimetype="application/octet-stream")

@@ -1,0 +1,95 @@
+"""Several worker processes on one study: one per GPU (or per CPU slot), each a ``nas worker``.
+
+The parent prepares the study (so every worker reads the same recorded settings), starts the
+workers with ``CUDA_VISIBLE_DEVICES`` set to their GPU, and watches progress in storage. The
+budget is counted in storage, so workers on other hosts (``nas worker``) can join the same study.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+
+__all__ = ["Slot", "WorkerError", "parse_gpus", "plan_slots", "run_workers"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerError(ValueError):
+    """The worker layout asked for is impossible here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker process: its GPU (None: CPU) and its index (offsets the sampler seed)."""
+
+    gpu: str | None
+    index: int
+
+
+def parse_gpus(text: str) -> list[str]:
+    """``"0,1"`` → ``["0", "1"]``; each must be a visible CUDA device index."""
+    import torch
+
+    gpus = [g.strip() for g in text.split(",")]
+    if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
+        raise WorkerError(f"--gpus {text!r} must be distinct device indices such as 0,1")
+    available = torch.cuda.device_count()
+    missing = [g for g in gpus if int(g) >= available]
+    if missing:
+        raise WorkerError(f"--gpus {text!r}: no CUDA device {missing[0]} (this machine has {available})")
+    return gpus
+
+
+def plan_slots(gpus: list[str] | None, per_gpu: int, workers: int) -> list[Slot]:
+    if per_gpu < 1 or workers < 1:
+        raise WorkerError("--trials-per-gpu and --workers must be >= 1")
+    if gpus:
+        return [Slot(g, i) for i, g in enumerate(g for g in gpus for _ in range(per_gpu))]
+    return [Slot(None, i) for i in range(workers)]
+
+
+def _command(study: str, storage: str, trials: int, slot: Slot, timeout: float | None) -> list[str]:
+    cmd = [sys.executable, "-m", "nas", "worker", "--study", study, "--storage", storage, "--trials", str(trials),
+           "--worker-index", str(slot.index), "--device", "cpu" if slot.gpu is None else "cuda"]
+    return cmd + (["--timeout", str(timeout)] if timeout else [])
+
+
+def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot], *, timeout: float | None = None,
+                on_poll: Callable[[optuna.Study], None] | None = None, poll_seconds: float = 1.0) -> list[int]:
+    """Run one ``nas worker`` per slot until all exit; returns their exit codes.
+
+    Ctrl-C (SIGINT) is passed on to the workers, which record their running trial as interrupted.
+    """
+    procs = []
+    for slot in slots:
+        env = dict(os.environ)
+        if slot.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = slot.gpu
+        if slot.gpu is None and len(slots) > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # CPU workers each spinning every core only contend
+        procs.append(subprocess.Popen(_command(study.study_name, storage, trials, slot, timeout), env=env))
+        logger.info("worker %d started (pid %d, gpu %s)", slot.index, procs[-1].pid, slot.gpu)
+    try:
+        while any(p.poll() is None for p in procs):
+            if on_poll is not None:
+                on_poll(study)
+            time.sleep(poll_seconds)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait()
+        raise
+    if on_poll is not None:
+        on_poll(study)
+    return [p.returncode for p in procs]

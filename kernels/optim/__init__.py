@@ -1,4 +1,9 @@
-"""Optimizer steps: ``reference`` holds the per-tensor math (fp32 torch) that every path matches."""
+"""Optimizer steps: ``reference`` holds the per-tensor math (fp32 torch) that every path matches.
+
+``kernels.optim.triton`` holds the fused multi-tensor kernels and ``configs`` their launch
+configs; import ``triton`` explicitly (it is not re-exported here): importing it decorates the
+kernels, which in tests must happen after TRITON_INTERPRET is set.
+"""
 
 from kernels.optim.reference import (
     adamw_step_,

@@ -1,8 +1,9 @@
 """The library's optimizers: SGD, AdamW, RAdam and Lion with global-norm clipping, decoupled
 weight decay and annealed Gaussian gradient noise, built from a TrainSpec by ``make_optimizer``.
 
-The per-tensor math is ``kernels.optim.reference``; see ``_base`` for the per-group seam a
-fused CUDA kernel replaces.
+The per-tensor math is ``kernels.optim.reference``; on CUDA each param group is updated by one
+launch of the fused Triton kernel in ``kernels.optim.triton`` (``fused=False`` or
+``NAS_OPTIM_FUSED=0`` keeps the reference path; see ``_base``).
 """
 
 from nas.optim._adam import AdamW, RAdam

@@ -1,16 +1,27 @@
 """What every optimizer here shares: the gradient pipeline (norm → clip → noise) run in ``step``.
 
 ``step`` gathers, per param group, the params that have a grad, their grads and states, and
-hands them with one :class:`GradTransform` to ``_update_group`` — the one place a fused CUDA
-kernel (``kernels/optim/triton.py``) will take over a whole group in one launch. The CPU path
-loops over tensors and calls ``kernels.optim.reference``.
+hands them with one :class:`GradTransform` to ``_update_group``. There a group whose tensors
+the fused kernel supports (fp32/bf16, contiguous, on CUDA) is updated by ``kernels/optim/triton``
+in one launch, the clip scale and noise folded in; any other group loops over tensors and calls
+``kernels.optim.reference``. The global grad norm follows suit: one fused sum-of-squares pass when
+every grad is fused-capable. The constructors' ``fused`` picks the path: None (default) fuses
+CUDA groups unless the environment sets ``NAS_OPTIM_FUSED=0`` (A/B runs); False never fuses;
+True demands the kernel for every group, which on CPU runs only under ``TRITON_INTERPRET=1``.
+
+Noise on the fused path is drawn in-kernel from Philox keyed by (seed, step, group), not from the
+``torch.Generator`` the reference path uses: same distribution, different draws; resuming from a
+state dict is exact on both paths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -22,6 +33,21 @@ from kernels.optim.reference import clip_scale, compute_dtype, effective_grad, g
 __all__ = ["GradOptions", "GradTransform", "OptimizerBase"]
 
 _EXTRA_KEY = "nas_optim"  # state_dict entry holding the noise step and generator states
+FUSED_ENV = "NAS_OPTIM_FUSED"  # "0": every optimizer takes the reference path (A/B tests)
+
+
+def fused_kernels() -> ModuleType:
+    """``kernels.optim.triton``, imported on first use: importing it decorates the kernels, which
+    must come after a test sets TRITON_INTERPRET, and a CPU-only run never needs it."""
+    from kernels.optim import triton as fused  # noqa: PLC0415
+
+    return fused
+
+
+def noise_seed(seed: int, step: int, group: int) -> int:
+    """The fused path's Philox key for one step and param group: a hash, below 2**31 (int32)."""
+    digest = hashlib.blake2b(f"{seed}:{step}:{group}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 def check(cond: bool, msg: str) -> None:
@@ -58,14 +84,22 @@ class GradOptions:
 
 @dataclass(frozen=True)
 class GradTransform:
-    """This step's ``g ← g·scale + noise_std·z``, shared by every group.
+    """This step's ``g ← g·scale + noise_std·z`` for one group.
 
-    scale: 0-dim clip scale, None when clipping is off. generator: draws z (None iff no noise).
+    scale: 0-dim clip scale, None when clipping is off. fused: the group runs through the fused
+    kernel, whose noise comes from Philox key ``seed``; otherwise ``generator`` draws z (None
+    iff no noise).
     """
 
     scale: Tensor | None
     noise_std: float
     generator: torch.Generator | None
+    fused: bool = False
+    seed: int = 0
+
+    def kernel_args(self) -> dict[str, Any]:
+        """The gradient pipeline as the fused kernels' keyword arguments."""
+        return {"clip_scale": self.scale, "noise_std": self.noise_std, "seed": self.seed}
 
     def apply(self, grad: Tensor) -> Tensor:
         """The grad to feed the update, in the compute dtype; ``grad`` itself is left untouched."""
@@ -81,11 +115,15 @@ class OptimizerBase(torch.optim.Optimizer):
     clipping on, every param's update) was non-finite: the trainer should stop or restore.
     """
 
-    def __init__(self, params: ParamsT, defaults: dict[str, Any], grad_options: GradOptions) -> None:
+    def __init__(
+        self, params: ParamsT, defaults: dict[str, Any], grad_options: GradOptions, fused: bool | None = None
+    ) -> None:
         check(defaults["lr"] >= 0, f"lr must be >= 0, got {defaults['lr']}")
         check(defaults["weight_decay"] >= 0, f"weight_decay must be >= 0, got {defaults['weight_decay']}")
+        check(fused in (None, True, False), f"fused must be None (auto), True or False, got {fused!r}")
         super().__init__(params, defaults)
         self.grad_options = grad_options
+        self.fused = fused
         self.last_grad_norm: Tensor | None = None
         self._noise_t = 0  # step() calls so far: the t of the noise schedule on the next call
         self._generators: dict[str, torch.Generator] = {}
@@ -101,11 +139,28 @@ class OptimizerBase(torch.optim.Optimizer):
         """Update one group's ``params`` (those with a grad, on one device) in place; ``grads`` and
         ``states`` align.
 
-        The seam for the fused CUDA kernel: everything the update needs arrives here at once
-        (hyperparameters in ``group``, clip scale and noise std in ``transform``), so a CUDA
-        path can replace the per-tensor reference loop with one launch per group.
+        Everything the update needs arrives here at once (hyperparameters in ``group``, clip
+        scale, noise and the path to take in ``transform``): with ``transform.fused`` one kernel
+        launch updates the whole group, otherwise a loop over the reference math.
         """
         raise NotImplementedError
+
+    def _runs_fused(self, params: Sequence[Tensor]) -> bool:
+        """Whether these params (each with a grad) go through the fused kernel on this step."""
+        if self.fused is False or (self.fused is None and os.environ.get(FUSED_ENV) == "0"):
+            return False
+        if self.fused is None and not all(p.is_cuda for p in params):
+            return False
+        supports = fused_kernels().supports
+        unsupported = [p for p in params if not supports(p, p.grad)]
+        if self.fused is True and unsupported:
+            p = unsupported[0]
+            raise ValueError(
+                f"{type(self).__name__}(fused=True): a {p.dtype} param of shape {tuple(p.shape)} on {p.device} is not "
+                "supported by the fused kernel (fp32/bf16, contiguous, grad of the same dtype, on CUDA or under "
+                "TRITON_INTERPRET=1); use fused=None to fall back to the reference path"
+            )
+        return not unsupported
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -116,16 +171,23 @@ class OptimizerBase(torch.optim.Optimizer):
         work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
         grads = [p.grad for _, params in work for p in params]
         check(not any(g.is_sparse for g in grads), f"{type(self).__name__} does not support sparse gradients")
-        self.last_grad_norm = global_grad_norm(grads)
+        fused = [bool(params) and self._runs_fused(params) for _, params in work]
+        all_fused = all(f for f, (_, params) in zip(fused, work, strict=True) if params) and bool(grads)
+        self.last_grad_norm = fused_kernels().grad_norm(grads) if all_fused else global_grad_norm(grads)
         opts = self.grad_options
         scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
         noise_std = grad_noise_std(opts.noise, opts.noise_gamma, self._noise_t)
-        for group, params in work:
-            if params:
+        for index, ((group, params), group_fused) in enumerate(zip(work, fused, strict=True)):
+            if not params:
+                continue
+            if group_fused:
+                transform = GradTransform(scale, noise_std, None, fused=True,
+                                          seed=noise_seed(opts.seed, self._noise_t, index))
+            else:
                 generator = self._generator(params[0].device) if noise_std > 0 else None
                 transform = GradTransform(scale, noise_std, generator)
-                group_grads = [p.grad for p in params]
-                self._update_group(group, params, group_grads, [self.state[p] for p in params], transform)
+            group_grads = [p.grad for p in params]
+            self._update_group(group, params, group_grads, [self.state[p] for p in params], transform)
         self._noise_t += 1
         return loss
 

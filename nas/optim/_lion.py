@@ -9,7 +9,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from kernels.optim.reference import compute_dtype, lion_step_
-from nas.optim._base import GradOptions, GradTransform, OptimizerBase, check_betas
+from nas.optim._base import GradOptions, GradTransform, OptimizerBase, check_betas, fused_kernels
 
 __all__ = ["Lion"]
 
@@ -18,7 +18,7 @@ class Lion(OptimizerBase):
     """Sign-of-momentum updates with decoupled weight decay, plus the shared gradient pipeline.
 
     Lion's steps have unit magnitude per element, so its lr is typically 3-10x smaller than
-    AdamW's. State per param: ``exp_avg`` (compute dtype).
+    AdamW's. State per param: ``exp_avg`` (compute dtype). fused: as for AdamW.
     """
 
     DEFAULT_BETAS: ClassVar[tuple[float, float]] = (0.9, 0.99)
@@ -31,9 +31,10 @@ class Lion(OptimizerBase):
         weight_decay: float = 0.0,
         *,
         grad_options: GradOptions = GradOptions(),
+        fused: bool | None = None,
     ) -> None:
         check_betas(betas)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), grad_options)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), grad_options, fused)
 
     def _update_group(
         self,
@@ -44,9 +45,22 @@ class Lion(OptimizerBase):
         transform: GradTransform,
     ) -> None:
         beta1, beta2 = group["betas"]
-        for p, grad, state in zip(params, grads, states, strict=True):
+        for p, state in zip(params, states, strict=True):
             if not state:
                 state["exp_avg"] = torch.zeros_like(p, dtype=compute_dtype(p))
+        if transform.fused:
+            fused_kernels().lion_step_(
+                params,
+                grads,
+                [state["exp_avg"] for state in states],
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=group["weight_decay"],
+                **transform.kernel_args(),
+            )
+            return
+        for p, grad, state in zip(params, grads, states, strict=True):
             lion_step_(
                 p,
                 transform.apply(grad),

@@ -9,7 +9,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from kernels.optim.reference import compute_dtype, sgd_step_
-from nas.optim._base import GradOptions, GradTransform, OptimizerBase, check
+from nas.optim._base import GradOptions, GradTransform, OptimizerBase, check, fused_kernels
 
 __all__ = ["SGD"]
 
@@ -20,6 +20,7 @@ class SGD(OptimizerBase):
     ``decoupled_weight_decay=True`` (default) shrinks ``p ← p·(1 − lr·wd)`` before the step;
     False adds ``wd·p`` to the gradient exactly as ``torch.optim.SGD(weight_decay=wd)``.
     State per param: ``momentum_buffer`` (compute dtype, only when momentum > 0).
+    fused: as for AdamW.
     """
 
     def __init__(
@@ -32,6 +33,7 @@ class SGD(OptimizerBase):
         weight_decay: float = 0.0,
         decoupled_weight_decay: bool = True,
         grad_options: GradOptions = GradOptions(),
+        fused: bool | None = None,
     ) -> None:
         check(momentum >= 0, f"momentum must be >= 0, got {momentum}")
         check(not nesterov or momentum > 0, "nesterov=True needs momentum > 0")
@@ -42,7 +44,7 @@ class SGD(OptimizerBase):
             weight_decay=weight_decay,
             decoupled_weight_decay=decoupled_weight_decay,
         )
-        super().__init__(params, defaults, grad_options)
+        super().__init__(params, defaults, grad_options, fused)
 
     def _update_group(
         self,
@@ -53,9 +55,23 @@ class SGD(OptimizerBase):
         transform: GradTransform,
     ) -> None:
         momentum = group["momentum"]
-        for p, grad, state in zip(params, grads, states, strict=True):
+        for p, state in zip(params, states, strict=True):
             if momentum != 0 and "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p, dtype=compute_dtype(p))
+        if transform.fused:
+            fused_kernels().sgd_step_(
+                params,
+                grads,
+                [state["momentum_buffer"] for state in states] if momentum != 0 else None,
+                lr=group["lr"],
+                momentum=momentum,
+                nesterov=group["nesterov"],
+                weight_decay=group["weight_decay"],
+                decoupled_weight_decay=group["decoupled_weight_decay"],
+                **transform.kernel_args(),
+            )
+            return
+        for p, grad, state in zip(params, grads, states, strict=True):
             sgd_step_(
                 p,
                 transform.apply(grad),

@@ -156,6 +156,7 @@ def test_params_without_grad_are_untouched(cls: type) -> None:
         pytest.param(lambda p: AdamW(p, betas=(0.9, 1.0)), id="adamw-beta2"),
         pytest.param(lambda p: RAdam(p, eps=-1.0), id="radam-eps"),
         pytest.param(lambda p: Lion(p, weight_decay=-0.1), id="lion-wd"),
+        pytest.param(lambda p: AdamW(p, fused="yes"), id="adamw-fused"),
     ],
 )
 def test_bad_hyperparameters_raise(make) -> None:

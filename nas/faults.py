@@ -4,7 +4,7 @@
 no number is given). Kinds:
 
 - ``oom``: CUDA out-of-memory raised at the third training step;
-- ``nan``: a weight set to NaN after the second step, so the loss goes non-finite;
+- ``nan``: a weight set to NaN before the second step, so the loss goes non-finite;
 - ``compile``: a Triton compilation error while the candidate's kernels are prepared for timing;
 - ``mismatch``: the candidate's kernel output disagrees with the torch reference;
 - ``timeout``: every training step sleeps 0.2 s, so the trial outlives ``--trial-timeout``.

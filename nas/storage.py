@@ -19,7 +19,7 @@ __all__ = ["DEFAULT_STORAGE", "StorageError", "artifact_dir", "open_artifact_sto
 
 DEFAULT_STORAGE = "runs/studies.journal"
 HEARTBEAT_GRACE = 4  # a trial with no heartbeat for this many intervals belongs to a dead worker
-_RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+_RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
 
 
 class StorageError(ValueError):
@@ -46,6 +46,9 @@ def open_storage(storage: str) -> BaseStorage:
         if scheme not in _RDB_SCHEMES:
             raise StorageError(f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
                                f"or one of {[s + '://' for s in _RDB_SCHEMES]}")
+        if storage.startswith(("postgresql://", "postgres://")):
+            # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; this project ships psycopg2
+            storage = "postgresql+psycopg2://" + storage.split("://", 1)[1]
         beat = _heartbeat_seconds()
         try:
             with warnings.catch_warnings():  # heartbeat arguments are marked experimental

@@ -96,7 +96,7 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
           budget: Budget | None = None, step_hook: Callable[[int], None] | None = None) -> TrainResult:
     """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad,
     TrainingOOM when the device runs out of memory, TrialTimeout past ``budget.deadline``.
-    ``step_hook(step)`` runs after each optimizer step (fault injection uses it).
+    ``step_hook(n)`` runs before the n-th step (1-based); fault injection uses it.
 
     The task's tensors are moved to ``device`` once; batches are drawn there by a seeded generator,
     so a step involves no host round trip.
@@ -117,6 +117,8 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
     stopped, start, step = "completed", time.perf_counter(), 0
     while step < spec.steps:
         try:
+            if step_hook is not None:
+                step_hook(step + 1)
             idx = torch.randint(0, n_train, (spec.batch_size,), device=device, generator=gen)
             with _autocast(device):
                 loss = task.loss(model(task.x_train[idx]), task.y_train[idx])
@@ -127,8 +129,6 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
             losses[step] = loss.detach()
             norms[step] = opt.last_grad_norm
             step += 1
-            if step_hook is not None:
-                step_hook(step)
         except torch.cuda.OutOfMemoryError:
             raise TrainingOOM(f"out of memory at batch {spec.batch_size} (step {step + 1})") from None
         if budget.deadline is not None and time.monotonic() > budget.deadline:

@@ -59,3 +59,32 @@ def one_intraop_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """The real PostgreSQL server CI starts (.ci/postgres.sh); never a mock."""
+    import os
+
+    url = os.environ.get("NAS_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("NAS_REQUIRE_POSTGRES"):
+            pytest.fail("NAS_REQUIRE_POSTGRES is set but NAS_TEST_POSTGRES_URL is not")
+        pytest.skip("no PostgreSQL server: run eval \"$(.ci/postgres.sh)\" (CI does)")
+    return url
+
+
+@pytest.fixture(params=["journal", "postgres"])
+def storage_url(request, tmp_path, monkeypatch) -> str:
+    """Each storage backend a multi-worker study runs on; artifacts go to the test's tmp dir."""
+    monkeypatch.setenv("NAS_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("NAS_HEARTBEAT_SECONDS", "1")
+    if request.param == "journal":
+        return str(tmp_path / "studies.journal")
+    return request.getfixturevalue("postgres_url")
+
+
+def unique_name(prefix: str) -> str:
+    import uuid
+
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 
 from nas.cli import main
@@ -20,6 +21,9 @@ def existing(tmp_path_factory) -> tuple[Path, Path, str]:
     storage = tmp / "studies.journal"
     assert main(["search", "--space", str(space), "--trials", "2", "--storage", str(storage), "--study", "keep",
                  "--device", "cpu"]) == 0
+    from nas.storage import open_storage
+
+    optuna.create_study(study_name="foreign", storage=open_storage(str(storage)), directions=["maximize"] * 3)
     return tmp, space, str(storage)
 
 
@@ -52,6 +56,9 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     files["npz_shape"] = tmp / "flat.npz"
     (tmp / "adir").mkdir(exist_ok=True)
     files["dir"] = tmp / "adir"
+    (tmp / "full").mkdir(exist_ok=True)
+    (tmp / "full" / "mine.txt").write_text("keep me")
+    files["nonempty"] = tmp / "full"
     return files
 
 
@@ -83,6 +90,26 @@ BAD = [
     ("unknown-study", lambda f, s, st: ["studies", "--study", "ghost"], "no study named 'ghost'"),
     ("unknown-profile-show", lambda f, s, st: ["profiles", "show", "tpu9"], "tpu9"),
     ("unknown-command", lambda f, s, st: ["frobnicate"], "invalid choice"),
+    ("gpus-missing", lambda f, s, st: ["search", "--space", s, "--gpus", "0"], "no CUDA device 0"),
+    ("gpus-malformed", lambda f, s, st: ["search", "--space", s, "--gpus", "0,zero"], "distinct device indices"),
+    ("workers-zero", lambda f, s, st: ["search", "--space", s, "--workers", "0"], "--workers"),
+    ("trial-timeout-negative", lambda f, s, st: ["search", "--space", s, "--trial-timeout", "-5"], "--trial-timeout"),
+    ("worker-unknown-study", lambda f, s, st: ["worker", "--study", "ghost"], "no study named 'ghost'"),
+    ("worker-foreign-study", lambda f, s, st: ["worker", "--study", "foreign"], "not created by nas search"),
+    ("worker-trials-zero", lambda f, s, st: ["worker", "--study", "keep", "--trials", "0"], "--trials"),
+    ("worker-bad-storage", lambda f, s, st: ["worker", "--study", "keep", "--storage", "mongodb://x"], "unsupported"),
+    ("report-unknown-study", lambda f, s, st: ["report", "--study", "ghost"], "no study named 'ghost'"),
+    ("report-no-study-flag", lambda f, s, st: ["report"], "--study"),
+    ("export-unknown-trial", lambda f, s, st: ["export", "--study", "keep", "--trial", "999", "--out",
+                                               str(f["dir"] / "x")], "has no trial 999"),
+    ("export-nonempty-out", lambda f, s, st: ["export", "--study", "keep", "--out", str(f["nonempty"])],
+     "exists and is not empty"),
+    ("export-bad-pick", lambda f, s, st: ["export", "--study", "keep", "--pick", "cheapest", "--out", "x"], "--pick"),
+    ("export-infeasible", lambda f, s, st: ["export", "--study", "keep", "--max-latency-ms", "1e-9", "--out",
+                                            str(f["dir"] / "x")], "no front trial meets the budget"),
+    ("export-retrain-zero", lambda f, s, st: ["export", "--study", "keep", "--retrain-steps", "0", "--out", "x"],
+     "--retrain-steps"),
+    ("export-no-out", lambda f, s, st: ["export", "--study", "keep"], "--out"),
 ]
 
 
@@ -93,7 +120,7 @@ def test_bad_input_one_line_exit_2_study_untouched(existing, capsys, case):
     tmp, space, storage = existing
     files = _bad_files(tmp)
     argv = build_argv(files, str(space), storage)
-    if argv[0] in ("search", "studies") and "--storage" not in argv:
+    if argv[0] in ("search", "studies", "worker", "report", "export") and "--storage" not in argv:
         argv += ["--storage", storage]
     before_sum, before_bytes = study_checksum(storage, "keep"), hashlib.sha256(Path(storage).read_bytes()).hexdigest()
     assert main(argv) == 2
@@ -102,3 +129,4 @@ def test_bad_input_one_line_exit_2_study_untouched(existing, capsys, case):
     assert err.startswith("nas") and words in err, err
     assert study_checksum(storage, "keep") == before_sum
     assert hashlib.sha256(Path(storage).read_bytes()).hexdigest() == before_bytes
+    assert (tmp / "full" / "mine.txt").read_text() == "keep me" and not (tmp / "adir" / "x").exists()

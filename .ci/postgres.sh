@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Start a throwaway PostgreSQL server on loopback for the tests that need a real database, and
+# print the line that points them at it:  eval "$(.ci/postgres.sh)"
+# Needs Debian's postgresql package (installed by .ci/run). The data dir lives under /tmp.
+set -euo pipefail
+port=${NAS_PG_PORT:-55432}
+bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+data=$(mktemp -d /tmp/nas-pg.XXXXXX)
+as_pg() { if [ "$(id -u)" -eq 0 ]; then su postgres -s /bin/sh -c "$*"; else sh -c "$*"; fi; }
+[ "$(id -u)" -eq 0 ] && chown postgres "$data"
+as_pg "$bin/initdb -D $data -A trust -U postgres >/dev/null"
+as_pg "$bin/pg_ctl -D $data -l $data/server.log -w -o '-c listen_addresses=127.0.0.1 -p $port -k $data' start >/dev/null"
+as_pg "$bin/createdb -h 127.0.0.1 -p $port -U postgres nas_test"
+echo "export NAS_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:$port/nas_test"

@@ -1,0 +1,77 @@
+"""Every way a candidate can fail becomes a failed trial with its reason; the study goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from nas.faults import FaultError, planned
+from nas.storage import open_storage
+from nas.study import SearchConfig, run_search
+from tests.conftest import write_space
+
+FAULTS = [
+    ("oom", "out of memory at batch 8 (step 3)"),
+    ("nan", "diverged: loss became NaN/inf"),
+    ("compile", "KernelCompileError: triton compilation failed"),
+    ("mismatch", "KernelMismatchError: triton forward differs from the torch reference"),
+    ("timeout", "exceeded --trial-timeout of 0.5 s"),
+]
+
+
+@pytest.mark.parametrize("kind,reason", FAULTS, ids=[f[0] for f in FAULTS])
+def test_injected_fault_fails_one_trial_and_the_study_continues(tmp_path, monkeypatch, kind, reason):
+    monkeypatch.setenv("NAS_FAULT", f"{kind}@1")
+    config = SearchConfig(space=str(write_space(tmp_path, steps=8)), trials=3, storage=str(tmp_path / "s.journal"),
+                          study="f", device="cpu", trial_timeout=0.5 if kind == "timeout" else None)
+    study = run_search(config)
+    trials = study.get_trials()
+    assert trials[1].state == TrialState.FAIL
+    assert reason in trials[1].user_attrs["failure"], trials[1].user_attrs["failure"]
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
+    assert all(t.state == TrialState.COMPLETE for t in trials if t.number != 1)
+
+
+def test_fault_spec_is_parsed(monkeypatch):
+    monkeypatch.setenv("NAS_FAULT", "oom@0,3")
+    assert [planned(n) for n in range(4)] == ["oom", None, None, "oom"]
+    monkeypatch.setenv("NAS_FAULT", "nan")
+    assert planned(7) == "nan"
+    monkeypatch.setenv("NAS_FAULT", "segfault@1")
+    with pytest.raises(FaultError, match="'segfault' is not one of"):
+        planned(1)
+
+
+def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
+    storage = str(tmp_path / "s.journal")
+    cmd = [sys.executable, "-m", "nas", "search", "--space", str(write_space(tmp_path, steps=400)), "--trials", "3",
+           "--storage", storage, "--study", "c", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def trials() -> list[optuna.trial.FrozenTrial]:
+        try:
+            return optuna.load_study(study_name="c", storage=open_storage(storage)).get_trials()
+        except KeyError:
+            return []
+
+    deadline = time.monotonic() + 120
+    while not any(t.state == TrialState.RUNNING and "arch" in t.user_attrs for t in trials()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "interrupted" in proc.stderr.read().decode()
+    after = trials()
+    assert [t.state for t in after] == [TrialState.FAIL]
+    assert after[0].user_attrs["failure"] == "interrupted"
+    rerun = subprocess.run([*cmd[:7], "1", *cmd[8:]], capture_output=True, timeout=300)  # --trials 1
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert [t.state for t in trials()] == [TrialState.FAIL, TrialState.COMPLETE]

@@ -65,11 +65,20 @@ def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
         fig.add_trace(go.Scatter(x=[t.values[1] for t in trials], y=[t.values[0] for t in trials], mode="markers",
                                  name=name, marker=style, hovertext=[hover_text(t) for t in trials],
                                  hoverinfo="text"))
-    joined = sorted(best, key=lambda t: t.values[1])
-    fig.add_trace(go.Scatter(x=[t.values[1] for t in joined], y=[t.values[0] for t in joined], mode="lines+markers",
-                             name="Pareto front", line=dict(color=_FRONT, shape="hv", width=1.5),
+    fig.add_trace(go.Scatter(x=[t.values[1] for t in best], y=[t.values[0] for t in best], mode="markers",
+                             name="Pareto front (accuracy, latency, memory)",
                              marker=dict(color=_FRONT, size=10, line=dict(color="white", width=1)),
-                             hovertext=[hover_text(t) for t in joined], hoverinfo="text"))
+                             hovertext=[hover_text(t) for t in best], hoverinfo="text"))
+    # The staircase joins the trials that stay optimal in this 2D view (each more accurate than
+    # every faster one); the others are on the front only through memory.
+    stairs, best_acc = [], -1.0
+    for t in sorted(best, key=lambda t: (t.values[1], -t.values[0])):
+        if t.values[0] > best_acc:
+            stairs.append(t)
+            best_acc = t.values[0]
+    fig.add_trace(go.Scatter(x=[t.values[1] for t in stairs], y=[t.values[0] for t in stairs], mode="lines",
+                             name="accuracy–latency front", line=dict(color=_FRONT, shape="hv", width=1.5),
+                             hoverinfo="skip"))
     if budgets.get("max_latency_ms"):
         fig.add_vline(x=budgets["max_latency_ms"], line_dash="dash", line_color="black",
                       annotation_text=f"max latency {budgets['max_latency_ms']:g} ms")

@@ -1,0 +1,145 @@
+"""Training throughput on a GPU: the library's fused optimizer vs torch's, and search trials/hour.
+
+    PYTHONPATH=$PWD python benchmarks/train_throughput.py [--search-seconds 60] [--per-gpu 4] [--out DIR]
+
+1. tokens/s of the training loop (``nas.train.train``: bf16 autocast, data on the device, batched
+   NaN checks) for a hybrid_small-sized candidate, with ``nas.optim.AdamW`` (fused Triton step) vs
+   the same loop with ``torch.optim.AdamW(fused=True)`` plus ``clip_grad_norm_`` (same clipping);
+   at the hybrid_small task shape (B32×T32) and a larger one (B64×T512).
+2. trials/hour of ``nas search --space hybrid_small`` for ``--search-seconds`` of wall clock, with 1
+   and ``--per-gpu`` worker processes on GPU 0 and, when two GPUs are visible, one worker on each
+   of GPUs 0 and 1; GPU utilisation sampled by nvidia-smi every 0.5 s during each run.
+Writes ``train_throughput_<gpu>.json`` (GPU name, versions, date) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._timing import environment, write_results  # noqa: E402
+import nas.train as train_module  # noqa: E402
+from nas.models import build  # noqa: E402
+from nas.spec import ArchSpec, LayerSpec, TrainSpec  # noqa: E402
+from nas.tasks import load_task  # noqa: E402
+
+SHAPES = {"hybrid_small task B32xT32": ("mqar:vocab_size=64,seq_len=32,num_kv_pairs=4,n_train=4096,n_test=512", 32),
+          "B64xT512": ("mqar:vocab_size=8192,seq_len=512,num_kv_pairs=32,n_train=4096,n_test=256", 64)}
+
+
+class TorchFusedAdamW(torch.optim.AdamW):
+    """The peer: torch's fused AdamW with the same global-norm clipping, exposing
+    ``last_grad_norm`` as the trainer's NaN check expects."""
+
+    def __init__(self, params, spec: TrainSpec) -> None:
+        self.params_list = list(params)
+        super().__init__(self.params_list, lr=spec.lr, weight_decay=spec.weight_decay, fused=True)
+        self.max_norm = spec.grad_clip
+        self.last_grad_norm = None
+
+    def step(self, closure=None):  # noqa: D401 — torch's signature
+        self.last_grad_norm = torch.nn.utils.clip_grad_norm_(self.params_list, self.max_norm)
+        return super().step(closure)
+
+
+def _arch(vocab: int) -> ArchSpec:
+    layers = [LayerSpec("attention", 4, None, 4, 4.0), LayerSpec("linear_attention", 4, "elu+1", 4, 4.0),
+              LayerSpec("attention", 4, None, 4, 4.0), LayerSpec("none", mlp_ratio=4.0)]
+    return ArchSpec(128, layers, vocab, vocab)
+
+
+def tokens_per_second(task_spec: str, batch: int, steps: int, peer: bool) -> float:
+    task = load_task(task_spec)
+    spec = TrainSpec("adamw", 3e-3, 0.01, 0.1, steps, batch, grad_clip=1.0)
+    original = train_module.make_optimizer
+    if peer:
+        train_module.make_optimizer = lambda s, params: TorchFusedAdamW(params, s)
+    try:
+        train_module.train(build(_arch(task.vocab_size), task, seed=0), task,  # warm-up: compile, autotune
+                           TrainSpec("adamw", 3e-3, 0.01, 0.1, 20, batch), device="cuda")
+        torch.cuda.synchronize()
+        result = train_module.train(build(_arch(task.vocab_size), task, seed=0), task, spec, device="cuda")
+    finally:
+        train_module.make_optimizer = original
+    return steps * batch * task.seq_len / result.seconds
+
+
+def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
+    samples: dict[str, list[float]] = {}
+    for line in proc.stdout.read().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[1].isdigit():
+            samples.setdefault(parts[0], []).append(float(parts[1]))
+    return {gpu: round(statistics.mean(v), 1) for gpu, v in samples.items()}
+
+
+def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path) -> dict:
+    from nas.storage import open_storage
+    import optuna
+
+    storage, name = str(workdir / f"{gpus.replace(',', '_')}-{per_gpu}.journal"), f"tp-{gpus}-{per_gpu}"
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
+                            "-lms", "500"], stdout=subprocess.PIPE, text=True)
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "nas", "search", "--space", "hybrid_small", "--trials", "100000",
+                          "--timeout", str(seconds), "--study", name, "--storage", storage, "--gpus", gpus,
+                          "--trials-per-gpu", str(per_gpu)], capture_output=True, text=True)
+    wall = time.monotonic() - start
+    smi.terminate()
+    smi.wait()
+    study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    states = [t.state.name for t in study.get_trials(deepcopy=False)]
+    done = states.count("COMPLETE")
+    return {"gpus": gpus, "workers_per_gpu": per_gpu, "wall_s": round(wall, 1), "completed": done,
+            "failed": states.count("FAIL"), "trials_per_hour": round(done / wall * 3600, 1),
+            "gpu_util_mean_pct": _utilisation(smi), "returncode": run.returncode,
+            "stderr_tail": run.stderr[-400:] if run.returncode else ""}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--search-seconds", type=float, default=60)
+    parser.add_argument("--per-gpu", type=int, default=4)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    env = environment()
+    print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}")
+
+    rows = []
+    for label, (task_spec, batch) in SHAPES.items():
+        ours = tokens_per_second(task_spec, batch, args.steps, peer=False)
+        peer = tokens_per_second(task_spec, batch, args.steps, peer=True)
+        rows.append({"kind": "tokens_per_s", "shape": label, "ours_nas_optim_adamw": round(ours),
+                     "peer_torch_adamw_fused": round(peer), "ratio": round(ours / peer, 3)})
+        print(f"tokens/s {label:28s} ours {ours:12.0f}  torch fused {peer:12.0f}  x{ours / peer:.2f}")
+
+    layouts = [("0", 1), ("0", args.per_gpu)] + ([("0,1", 1)] if torch.cuda.device_count() >= 2 else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        for gpus, per_gpu in layouts:
+            row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp))
+            rows.append({"kind": "search_trials_per_hour", **row})
+            print(f"search gpus={gpus} x{per_gpu}: {row['completed']} trials in {row['wall_s']} s = "
+                  f"{row['trials_per_hour']}/h, util {row['gpu_util_mean_pct']}, rc {row['returncode']}")
+    searches = [r for r in rows if r["kind"] == "search_trials_per_hour"]
+    summary = {"per_gpu_speedup": round(searches[1]["trials_per_hour"] / searches[0]["trials_per_hour"], 2)}
+    if len(searches) > 2:
+        summary["two_gpu_speedup"] = round(searches[2]["trials_per_hour"] / searches[0]["trials_per_hour"], 2)
+    print(summary)
+    gpu = (env["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "_")
+    path = write_results(Path(args.out) / f"train_throughput_{gpu}.json", rows, summary=summary,
+                         gpu_count=torch.cuda.device_count())
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -130,3 +130,10 @@ def test_bad_input_one_line_exit_2_study_untouched(existing, capsys, case):
     assert study_checksum(storage, "keep") == before_sum
     assert hashlib.sha256(Path(storage).read_bytes()).hexdigest() == before_bytes
     assert (tmp / "full" / "mine.txt").read_text() == "keep me" and not (tmp / "adir" / "x").exists()
+
+
+def test_nas_storage_env_is_the_default_storage(existing, capsys, monkeypatch):
+    _, _, storage = existing
+    monkeypatch.setenv("NAS_STORAGE", storage)
+    assert main(["studies", "--study", "keep"]) == 0
+    assert "keep" in capsys.readouterr().out

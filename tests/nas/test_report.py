@@ -132,3 +132,12 @@ def test_report_unknown_study_and_empty_study(study_with_report, capsys):
     open_study("empty", storage)
     assert main(["report", "--study", "empty", "--storage", storage]) == 2
     assert "no completed trial" in capsys.readouterr().err
+
+
+def test_png_without_a_browser_says_so(study_with_report, capsys, monkeypatch):
+    _, _, tmp = study_with_report
+    monkeypatch.setattr("nas.report.find_chrome", lambda: None)
+    assert main(["report", "--study", "r", "--storage", str(tmp / "s.journal"), "--out", str(tmp / "r2.html"),
+                 "--png", str(tmp / "png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs Chrome or Chromium" in err

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import optuna
 from rich.console import Console
@@ -276,7 +277,7 @@ def _spaces(args: argparse.Namespace) -> None:
     from search_spaces import list_spaces, load_space
 
     if args.name:
-        console.print(open(load_space(args.name).source).read())
+        console.print(Path(load_space(args.name).source).read_text(), markup=False)
         return
     for name in list_spaces():
         space = load_space(name)

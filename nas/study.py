@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import optuna
 import torch
@@ -28,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hardware_profiles import HardwareProfile, load_profile
 from nas.objective import Budgets, TrialContext, evaluate
-from nas.storage import open_artifact_store, open_storage
+from nas.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
 from nas.tasks import load_task
 from search_spaces import SearchSpace, load_space, parse_space
 
@@ -59,7 +60,7 @@ class SearchConfig:
     trials: int = 20
     timeout: float | None = None
     study: str | None = None
-    storage: str = "runs/studies.journal"
+    storage: str = DEFAULT_STORAGE
     sampler: str = "tpe"
     target: str = "auto"
     latency_shape: str = "1x256"
@@ -207,7 +208,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     sampler = make_sampler(config.sampler, config.seed + config.worker)
     name = study_name(config, space, task_spec)
     study = open_study(name, config.storage, sampler=sampler)
-    space_yaml = config.space_yaml if config.space_yaml is not None else open(space.source).read()
+    space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
     setup = {"space": space.name, "space_source": space.source, "space_yaml": space_yaml, "task": task_spec,
              "task_config": task.config, "target": config.target, "profile": profile.name,
              "latency_shape": str(shape), "sampler": config.sampler, "seed": config.seed}

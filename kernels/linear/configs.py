@@ -1,0 +1,116 @@
+"""Tile configs for the fused linear kernel (``kernels/linear/triton.py``), Hopper first.
+
+Autotuning is kept cheap because NAS calls the kernel at many shapes: the tuner's key is
+(M bucket, N, K) with M rounded up to a power of two, and ``candidates`` hands it at most
+three or four configs — one list for short K and one for long K per architecture, a single
+fixed config when M is small (nothing to choose: one row of tiles), and only configs whose
+tile height fits the M bucket and whose pipelined operand tiles fit in shared memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LinearConfig", "HOPPER", "HOPPER_SHORT_K", "DEFAULT", "SMALL_M", "INTERPRETER", "ALL", "SWEEP",
+           "SHORT_K_MAX", "SMALL_M_MAX", "m_bucket", "candidates"]
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """One tiling. block_m/n/k: the output tile ``[BLOCK_M, BLOCK_N]`` and the K step (powers of
+    two ≥ 16, the smallest ``tl.dot`` operand). group_m: tile rows walked together so the x rows
+    and weight columns of neighbouring programs are reused from L2. num_warps, num_stages: warps
+    per program and software-pipelining depth (operand tiles in flight)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"LinearConfig.{name} must be a power of two >= 16, got {value}")
+        if self.group_m < 1:
+            raise ValueError(f"LinearConfig.group_m must be >= 1, got {self.group_m}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"LinearConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+        if self.num_stages < 1:
+            raise ValueError(f"LinearConfig.num_stages must be >= 1, got {self.num_stages}")
+
+    def smem_bytes(self, element_size: int) -> int:
+        """Shared memory held by the pipelined x and weight tiles: (BM + BN)·BK·size·stages."""
+        return (self.block_m + self.block_n) * self.block_k * element_size * self.num_stages
+
+
+# H100/H200 (sm_90): tl.dot lowers to wgmma, one 64-row instruction per warpgroup (4 warps).
+# Picked from `--sweep` on an H200 (bf16 linear + bias + GELU, d = 128-1024, tokens 2048 and
+# 16384, CUDA-graph timed; "linear_sweep" in benchmarks/results/kernels_linear_norm.json): the
+# three fastest of configs.SWEEP per K range; the sweep's fastest at every swept shape is among them.
+# K ≥ 512: big tiles, most FLOPs per byte loaded; 128×128 with 3 stages (98 KB) lets two
+# programs share an SM, so one's GELU epilogue overlaps the other's main loop.
+HOPPER = (
+    LinearConfig(128, 256, 64, 8, 8, 3),
+    LinearConfig(256, 128, 64, 8, 8, 3),
+    LinearConfig(128, 128, 64, 8, 4, 3),
+)
+# K ≤ SHORT_K_MAX: two to four K steps, so the epilogue (erf per output) dominates: small tiles
+# with shallow pipelines (32-74 KB) keep 3-6 programs per SM to hide it.
+SHORT_K_MAX = 256
+HOPPER_SHORT_K = (
+    LinearConfig(64, 64, 64, 8, 4, 2),
+    LinearConfig(64, 128, 64, 8, 4, 2),
+    LinearConfig(128, 64, 64, 8, 4, 3),
+)
+# Other CUDA GPUs (Ampere/Ada mma.sync, ≤ 164 KB shared memory): the Triton tutorial's shapes.
+DEFAULT = (
+    LinearConfig(128, 128, 32, 8, 4, 4),
+    LinearConfig(128, 64, 32, 8, 4, 4),
+    LinearConfig(64, 128, 32, 8, 4, 4),
+    LinearConfig(64, 64, 32, 8, 4, 4),
+)
+# M ≤ SMALL_M_MAX (a "last token" head, a tiny batch): one row of tiles; narrow tiles along N
+# spread the weight read, which is all the work, over more SMs.
+SMALL_M_MAX = 64
+SMALL_M = LinearConfig(64, 64, 64, 1, 4, 4)
+# TRITON_INTERPRET on CPU (tests): the smallest tiles, so odd test shapes span several tiles
+# with ragged edges in M, N and K, and a group of 2 exercises the grouped tile order.
+INTERPRETER = LinearConfig(16, 16, 16, 2, 4, 1)
+ALL = tuple(dict.fromkeys((*HOPPER, *HOPPER_SHORT_K, *DEFAULT, SMALL_M)))  # everything the tuner may be handed
+# Candidates `benchmarks/kernels_linear_norm.py --sweep` times on the GPU at hand: the Hopper list
+# plus shallower pipelines whose smaller shared-memory footprint lets 2-4 programs share an SM
+# (one program's epilogue overlapping another's main loop), and taller/wider tiles.
+SWEEP = tuple(dict.fromkeys((
+    *HOPPER,
+    *HOPPER_SHORT_K,
+    LinearConfig(128, 128, 64, 8, 8, 4),
+    LinearConfig(128, 128, 64, 8, 4, 4),
+    LinearConfig(64, 128, 64, 8, 4, 4),
+    LinearConfig(128, 128, 64, 8, 8, 3),
+    LinearConfig(128, 128, 64, 8, 4, 2),
+    LinearConfig(64, 256, 64, 8, 4, 3),
+)))
+
+# Per compute capability: (candidates for K ≤ SHORT_K_MAX, candidates for longer K).
+_BY_CAPABILITY: dict[tuple[int, int], tuple[tuple[LinearConfig, ...], tuple[LinearConfig, ...]]] = {
+    (9, 0): (HOPPER_SHORT_K, HOPPER),
+}
+_SMEM_BUDGET = 200 * 1024  # bytes: below every sm_80+ opt-in limit (163-227 KB) with epilogue room
+
+
+def m_bucket(m: int) -> int:
+    """M rounded up to a power of two (≥ 16): the tuner's key, so one tuning serves a range of M."""
+    return max(16, 1 << max(0, m - 1).bit_length())
+
+
+def candidates(capability: tuple[int, int], m_bucket_: int, k: int, element_size: int) -> tuple[LinearConfig, ...]:
+    """The configs worth timing for this GPU, M bucket, K and operand size (bytes). Never empty."""
+    if m_bucket_ <= SMALL_M_MAX:
+        return (SMALL_M,)
+    short_k, long_k = _BY_CAPABILITY.get(capability, (DEFAULT, DEFAULT))
+    arch = short_k if k <= SHORT_K_MAX else long_k
+    fitting = tuple(c for c in arch if c.block_m <= m_bucket_ and c.smem_bytes(element_size) <= _SMEM_BUDGET)
+    return fitting or (min(arch, key=lambda c: c.smem_bytes(element_size)),)

@@ -1,0 +1,146 @@
+"""kernels/conv: reference vs the model's ``nn.Conv1d`` path, then the Triton kernel vs the reference.
+
+Without CUDA the kernel runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET is set
+before ``kernels.conv`` decorates it); with CUDA the ``gpu`` tests run it compiled at model
+sizes. The output buffer is filled with NaN before each run.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+from torch import nn
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is decorated (import below)
+
+import triton  # noqa: E402
+
+from kernels.conv import causal_depthwise_conv  # noqa: E402
+from kernels.conv import reference as ref  # noqa: E402
+
+INTERPRETED = triton.knobs.runtime.interpret
+CUDA = torch.device("cuda")
+DEVICE = CUDA if torch.cuda.is_available() else torch.device("cpu")  # where the kernel runs here
+requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter tests run where CUDA is absent")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# (rtol, atol) against the fp32 reference; outputs are O(1). bf16 rounding ≤ 2^-8 relative
+# (2^-7 under the interpreter, which truncates fp32 → bf16).
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.bfloat16: (1e-2, 1e-2),
+    torch.float16: (2e-3, 2e-3),
+}
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCES]
+
+
+def _gen(*key: object) -> torch.Generator:
+    """A generator seeded by the test case: fresh draws per case, reproducible per case."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def _inputs(B: int, T: int, C: int, K: int, dtype: torch.dtype, *, bias: bool, device: torch.device,
+            gen: torch.Generator):
+    x = torch.randn(B, T, C, generator=gen)
+    w = torch.randn(C, K, generator=gen) / K**0.5
+    b = torch.randn(C, generator=gen) if bias else None
+    return tuple(None if t is None else t.to(device=device, dtype=dtype) for t in (x, w, b))
+
+
+def _model_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The model's path (nas.models.mixers._HeadsMixer): Conv1d(groups=C, padding=K−1) on
+    ``[B, C, T]``, first T outputs kept, back to ``[B, T, C]``."""
+    C, K = w.shape
+    conv = nn.Conv1d(C, C, K, groups=C, padding=K - 1, bias=b is not None).to(device=x.device, dtype=x.dtype)
+    with torch.no_grad():
+        conv.weight.copy_(w[:, None, :])
+        if b is not None:
+            conv.bias.copy_(b)
+        return conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> None:
+    """The kernel into a NaN-poisoned buffer vs the fp32 reference on the same inputs."""
+    out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+    y = causal_depthwise_conv(x, w, b, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    assert torch.isfinite(y).all(), "an output element was not written (NaN poison left)"
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(y.float().cpu(), ref.causal_depthwise_conv(x, w, b).cpu(), rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference against the model's nn.Conv1d path.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("K", [1, 3, 4])
+def test_reference_matches_model_conv1d(K: int) -> None:
+    x, w, b = _inputs(2, 37, 48, K, torch.float32, bias=True, device=torch.device("cpu"), gen=_gen("ref", K))
+    torch.testing.assert_close(ref.causal_depthwise_conv(x, w, b), _model_conv(x, w, b))
+
+
+def test_reference_is_causal() -> None:
+    x, w, b = _inputs(1, 20, 8, 4, torch.float32, bias=True, device=torch.device("cpu"), gen=_gen("causal"))
+    changed = x.clone()
+    changed[:, 10:] += 1.0
+    before, after = ref.causal_depthwise_conv(x, w, b), ref.causal_depthwise_conv(changed, w, b)
+    assert torch.equal(before[:, :10], after[:, :10]) and not torch.equal(before[:, 10:], after[:, 10:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Interpreter: T = 37 and C = 48 over 16 × 32 tiles, so the causal halo crosses tile edges.
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_interpreter
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("K", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_matches_reference(dtype: torch.dtype, K: int, bias: bool) -> None:
+    x, w, b = _inputs(2, 37, 48, K, dtype, bias=bias, device=torch.device("cpu"), gen=_gen(dtype, K, bias))
+    _check(x, w, b, dtype)
+
+
+@requires_interpreter
+def test_interpreter_strided_inputs() -> None:
+    """x as the model has it: one third of a qkv buffer (row stride 3·C), and a ``[B, C, T]`` transpose."""
+    gen = _gen("strided")
+    qkv = torch.randn(2, 37, 3 * 40, generator=gen)
+    w, b = torch.randn(40, 3, generator=gen), torch.randn(40, generator=gen)
+    _check(qkv[..., 40:80], w, b, torch.float32)
+    _check(torch.randn(2, 40, 37, generator=gen).transpose(1, 2), w, b, torch.float32)
+
+
+def test_bad_arguments_name_the_field() -> None:
+    x = torch.randn(2, 5, 8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"x must be \[B, T, C\]"):
+        causal_depthwise_conv(x[0], torch.randn(8, 4, device=DEVICE))
+    with pytest.raises(ValueError, match=r"weight must have shape \[8, 4\]"):
+        causal_depthwise_conv(x, torch.randn(9, 4, device=DEVICE))
+    with pytest.raises(ValueError, match=r"bias must have shape \[8\]"):
+        causal_depthwise_conv(x, torch.randn(8, 4, device=DEVICE), torch.randn(3, device=DEVICE))
+    with pytest.raises(ValueError, match="K must be >= 1"):
+        causal_depthwise_conv(x, torch.randn(8, 0, device=DEVICE))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: compiled at model sizes (C = 3·d), against the reference and the model's cuDNN path.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,C,K", [(4, 2049, 1536, 4), (3, 37, 200, 3)], ids=str)
+def test_gpu_matches_reference_and_model(B: int, T: int, C: int, K: int, dtype: torch.dtype) -> None:
+    x, w, b = _inputs(B, T, C, K, dtype, bias=True, device=CUDA, gen=_gen("gpu", B, T, C, K, dtype))
+    _check(x, w, b, dtype)
+    # Each side rounds once to dtype (twice the tolerance); in fp32 cuDNN may use TF32 (~1e-3).
+    tol = max(2 * TOLERANCES[dtype][0], 2e-3 if dtype == torch.float32 else 0.0)
+    torch.testing.assert_close(causal_depthwise_conv(x, w, b).float(), _model_conv(x, w, b).float(),
+                               rtol=tol, atol=tol)

@@ -1,0 +1,213 @@
+"""kernels/linear: reference vs torch modules, then the Triton kernel vs the reference.
+
+Without CUDA the kernel runs under Triton's interpreter on CPU tensors: TRITON_INTERPRET must be
+set before ``kernels.linear`` decorates it, so this module sets it before importing it. With
+CUDA the interpreter tests are skipped and the ``gpu`` tests run the compiled kernel at model
+sizes. Every output buffer is filled with NaN first, so an element the kernel skips fails.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+from torch import nn
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is decorated (import below)
+
+import triton  # noqa: E402
+
+from kernels.linear import ACTIVATIONS, LinearConfig, configs, linear  # noqa: E402
+from kernels.linear import reference as ref  # noqa: E402
+
+INTERPRETED = triton.knobs.runtime.interpret
+CUDA = torch.device("cuda")
+DEVICE = CUDA if torch.cuda.is_available() else torch.device("cpu")  # where the kernel runs here
+requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter tests run where CUDA is absent")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# (rtol, atol as a share of max |expected|, ‖out − ref‖ / ‖ref‖ bound) against the fp32 reference.
+# bf16 output rounding is ≤ 2^-8 relative, 2^-7 under the interpreter (it truncates fp32 → bf16).
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5, 1e-5),
+    torch.bfloat16: (1e-2, 1e-2, 1e-2),
+    torch.float16: (2e-3, 2e-3, 1e-3),
+}
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCES]
+ACTS = [pytest.param(a, id=str(a)) for a in ACTIVATIONS]
+MODULES = {None: nn.Identity, "gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+def _gen(*key: object) -> torch.Generator:
+    """A generator seeded by the test case: fresh draws per case, reproducible per case."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def _inputs(M: int | tuple[int, ...], K: int, N: int, dtype: torch.dtype, *, bias: bool, residual: bool,
+            device: torch.device, gen: torch.Generator):
+    lead = M if isinstance(M, tuple) else (M,)
+    x = torch.randn(*lead, K, generator=gen)
+    w = torch.randn(N, K, generator=gen) / K**0.5  # outputs O(1): the activations' curved region
+    b = torch.randn(N, generator=gen) if bias else None
+    r = torch.randn(*lead, N, generator=gen) if residual else None
+    return tuple(None if t is None else t.to(device=device, dtype=dtype) for t in (x, w, b, r))
+
+
+def _run(x, w, b, r, activation, config=None):
+    """The kernel into a NaN-poisoned buffer, and the fp32 reference on the same inputs."""
+    out = torch.full((*x.shape[:-1], w.shape[0]), float("nan"), dtype=x.dtype, device=x.device)
+    y = linear(x, w, b, activation=activation, residual=r, out=out, config=config)
+    assert y.data_ptr() == out.data_ptr()
+    return y, ref.linear(x, w, b, activation=activation, residual=r)
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    rtol, atol, rel = TOLERANCES[dtype]
+    actual, expected = actual.float().cpu(), expected.float().cpu()
+    assert torch.isfinite(actual).all(), "an output element was not written (NaN poison left)"
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * scale)
+    assert ((actual - expected).norm() / expected.norm()).item() < rel
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference against torch's own modules.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_reference_matches_linear_then_activation_modules(activation: str | None) -> None:
+    gen = _gen("ref", activation)
+    layer = nn.Linear(48, 40)
+    x, r = torch.randn(37, 48, generator=gen), torch.randn(37, 40, generator=gen)
+    expected = MODULES[activation]()(layer(x)) + r
+    torch.testing.assert_close(ref.linear(x, layer.weight, layer.bias, activation=activation, residual=r), expected)
+
+
+def test_reference_gelu_is_the_erf_form() -> None:
+    v = torch.linspace(-4, 4, 101)
+    torch.testing.assert_close(ref.linear(v[:, None], torch.ones(1, 1), activation="gelu")[:, 0],
+                               0.5 * v * (1 + torch.erf(v / 2**0.5)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Interpreter: odd shapes (M = 37 and N = 40 leave ragged 16-wide tiles, K = 50 a ragged K step).
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_interpreter
+@pytest.mark.parametrize("residual", [False, True], ids=["no-res", "res"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("activation", ACTS)
+def test_interpreter_fp32_every_epilogue(activation: str | None, bias: bool, residual: bool) -> None:
+    inputs = _inputs(37, 48, 40, torch.float32, bias=bias, residual=residual, device=torch.device("cpu"),
+                     gen=_gen(activation, bias, residual))
+    _assert_close(*_run(*inputs, activation), torch.float32)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_dtypes_ragged_k(dtype: torch.dtype, activation: str | None) -> None:
+    inputs = _inputs(37, 50, 40, dtype, bias=True, residual=True, device=torch.device("cpu"),
+                     gen=_gen(dtype, activation))
+    _assert_close(*_run(*inputs, activation), dtype)
+
+
+@requires_interpreter
+def test_interpreter_leading_dims_and_strided_operands() -> None:
+    """x ``[3, 13, 48]`` viewed from a wider buffer (row stride 64), W a transposed view (stride (1, N))."""
+    gen = _gen("strided")
+    x = torch.randn(3, 13, 64, generator=gen)[..., :48]
+    w = (torch.randn(48, 40, generator=gen) / 48**0.5).t()
+    b, r = torch.randn(40, generator=gen), torch.randn(3, 13, 40, generator=gen)
+    y, expected = _run(x, w, b, r, "silu")
+    assert y.shape == (3, 13, 40)
+    _assert_close(y, expected, torch.float32)
+
+
+@requires_interpreter
+def test_interpreter_explicit_config_and_empty_input() -> None:
+    inputs = _inputs(37, 48, 40, torch.float32, bias=True, residual=False, device=torch.device("cpu"),
+                     gen=_gen("config"))
+    _assert_close(*_run(*inputs, "gelu", config=LinearConfig(32, 16, 32, 1, 4, 1)), torch.float32)
+    empty = linear(torch.randn(0, 48), inputs[1], inputs[2])
+    assert empty.shape == (0, 40)
+
+
+def test_bad_arguments_name_the_field() -> None:
+    x, w = torch.randn(4, 8, device=DEVICE), torch.randn(6, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        linear(x, w, activation="tanh")
+    with pytest.raises(ValueError, match="last dim must equal weight's K"):
+        linear(x, torch.randn(6, 7, device=DEVICE))
+    with pytest.raises(ValueError, match="weight.dtype must equal"):
+        linear(x, w.half())
+    with pytest.raises(ValueError, match=r"bias must have shape \[6\]"):
+        linear(x, w, torch.randn(5, device=DEVICE))
+    with pytest.raises(ValueError, match=r"residual must have shape \[4, 6\]"):
+        linear(x, w, residual=torch.randn(4, 5, device=DEVICE))
+    with pytest.raises(ValueError, match="x.dtype must be one of"):
+        linear(x.to(torch.int32), w.to(torch.int32))
+
+
+def test_candidates_are_few_and_fit() -> None:
+    hopper = (9, 0)
+    assert configs.candidates(hopper, configs.m_bucket(7), 1024, 2) == (configs.SMALL_M,)
+    for m in (128, 2048, 16384):
+        for k, expected in ((128, configs.HOPPER_SHORT_K), (1024, configs.HOPPER)):
+            picked = configs.candidates(hopper, configs.m_bucket(m), k, 2)
+            assert 1 <= len(picked) <= 4 and set(picked) <= set(expected)
+            assert all(c.block_m <= configs.m_bucket(m) for c in picked)
+    fp32 = configs.candidates(hopper, 4096, 1024, 4)
+    assert fp32 and all(c.smem_bytes(4) <= 200 * 1024 for c in fp32)
+    assert set(configs.candidates((8, 0), 4096, 1024, 2)) <= set(configs.DEFAULT)
+    assert [configs.m_bucket(m) for m in (1, 16, 17, 2048, 2049)] == [16, 16, 32, 2048, 4096]
+    with pytest.raises(ValueError, match="block_k must be a power of two"):
+        LinearConfig(64, 64, 48, 8, 4, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: compiled kernels at model sizes, bf16 and fp16, every config the tuner may pick.
+# ---------------------------------------------------------------------------------------------
+
+GPU_PINNED = configs.HOPPER[2]  # one tiling for the epilogue cross product (each combination compiles)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("config", [pytest.param(c, id=f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s"
+                                                         f"{c.num_stages}") for c in configs.ALL])
+def test_gpu_every_config(config: LinearConfig) -> None:
+    """Ragged M, N and K (1000, 808, 200) in bf16 with the full epilogue, on each tiling."""
+    inputs = _inputs(1000, 200, 808, torch.bfloat16, bias=True, residual=True, device=CUDA, gen=_gen("cfg", config))
+    _assert_close(*_run(*inputs, "gelu", config=config), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d.values[0] != torch.float32])
+def test_gpu_every_activation(dtype: torch.dtype, activation: str | None) -> None:
+    inputs = _inputs((4, 513), 384, 1536, dtype, bias=True, residual=True, device=CUDA,
+                     gen=_gen("gpu", dtype, activation))
+    _assert_close(*_run(*inputs, activation, config=GPU_PINNED), dtype)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("M,K,N", [(4096, 1024, 4096), (2053, 256, 1024), (7, 512, 2048)])
+def test_gpu_autotuned(M: int, K: int, N: int) -> None:
+    """The tuned path at benchmark sizes (and a small M, which takes the fixed SMALL_M tiling)."""
+    inputs = _inputs(M, K, N, torch.bfloat16, bias=True, residual=False, device=CUDA, gen=_gen("tuned", M, K, N))
+    _assert_close(*_run(*inputs, "gelu"), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fp32_fallback_and_no_epilogue() -> None:
+    inputs = _inputs(513, 200, 300, torch.float32, bias=False, residual=False, device=CUDA, gen=_gen("fp32"))
+    _assert_close(*_run(*inputs, None), torch.float32)

@@ -1,0 +1,238 @@
+"""Flash-attention forward (Dao et al. 2022, online softmax) as one Triton launch, with optional
+fused rotary embedding on q and k.
+
+Layout. The kernel takes q, k, v as ``[B, H, T, D]`` *with any strides*, so the strided views
+of the fused qkv projection — ``qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)``, exactly what
+the torch model's ``_split`` makes — are read in place: no transpose copy, and each row of D
+elements is still one contiguous 2·D-byte run. It writes ``[B, T, H·D]`` contiguous, the layout
+the output projection consumes, so the model's ``transpose(1, 2).reshape`` copy is gone too.
+``flash_attention_qkv`` takes the projection ``[B, T, 3·H·D]`` itself. (A ``[B, T, H, D]``-only
+API would force the same views; a ``[B, H, T, D]``-contiguous one would force a copy.)
+
+Loads. Each program builds tensor descriptors over its head's ``[T, D]`` rows (``inputs.py``):
+a tile is one bulk copy into shared memory, software-pipelined ``num_stages`` deep, with no
+per-element addresses held in registers and zeros for rows past T.
+
+Algorithm. One program per (batch·head, query block of BLOCK_M rows). Scores are kept in base 2:
+log2(e)·scale is folded into q once, so each score needs one ``exp2`` and no multiply. The causal
+case walks two ranges: key blocks wholly below the diagonal (no mask at all) and the BLOCK_M /
+BLOCK_N blocks on it (causal mask). The non-causal case walks the full key blocks unmasked and
+one masked tail block. Query blocks run heaviest-first (causal work grows with the block index)
+so the last wave of the grid holds the cheap ones.
+
+RoPE (Su et al. 2021, half-split layout of ``nas.models.mixers.apply_rope``): channel d < D/2
+pairs with d + D/2. A tile is read as its two halves, rotated in fp32 with the cos/sin rows of
+its positions, and interleaved back into ``[N, D]`` (join + permute + reshape), so one matmul
+of depth D follows whatever D is. K is rotated per (query block, key block): the price of
+needing no separate rotation launch; the benchmark reports it.
+
+Cost, causal, per (batch, head): 2·T²·D matmul FLOPs (half of the non-causal 4·T²·D); bytes
+read: q once, k and v ⌈T/BLOCK_M⌉/2 times on average (from L2 mostly), o written once:
+2·T·D·(1 + 1 + 1) bytes at the minimum in bf16.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.attention.configs import SUPPORTED_HEAD_DIMS, AttentionConfig, attention_configs
+from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
+
+__all__ = ["DTYPES", "SUPPORTED_HEAD_DIMS", "flash_attention", "flash_attention_qkv", "flops", "last_tuned_config"]
+
+_LOG2E = 1.4426950408889634
+# Mask modes of one key-block walk.
+_FULL = tl.constexpr(0)  # every key valid for every query row: no mask
+_TAIL = tl.constexpr(1)  # keys past T masked (non-causal tail block)
+_DIAG = tl.constexpr(2)  # causal: key index ≤ query index (implies < T for every stored row)
+
+
+@triton.jit
+def _load_rotated(desc, row, cos_desc, sin_desc, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows [row, row + N) of one head, ``[N, HEAD_DIM]``: one bulk copy, or with ROPE two
+    half-row copies rotated in fp32 and interleaved back to (x1·cos − x2·sin, x2·cos + x1·sin)."""
+    if ROPE:
+        HALF: tl.constexpr = HEAD_DIM // 2
+        x1 = desc.load([row, 0]).to(tl.float32)  # [N, D/2] each
+        x2 = desc.load([row, HALF]).to(tl.float32)
+        c = cos_desc.load([row, 0]).to(tl.float32)
+        s = sin_desc.load([row, 0]).to(tl.float32)
+        rotated = tl.join(x1 * c - x2 * s, x2 * c + x1 * s)  # [N, D/2, 2]
+        return tl.reshape(tl.permute(rotated, (0, 2, 1)), (rotated.shape[0], HEAD_DIM))
+    else:
+        return desc.load([row, 0])
+
+
+@triton.jit
+def _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_desc, sin_desc, T, lo, hi,
+            MODE: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax over key blocks [lo, hi): per block reads k, v ``[BLOCK_N, D]`` and does
+    2·BLOCK_M·BLOCK_N·D FLOPs twice (q·kᵀ and p·v) on the tensor cores."""
+    for start_n in range(lo, hi, BLOCK_N):
+        k = _load_rotated(k_desc, start_n, cos_desc, sin_desc, ROPE, HEAD_DIM).to(q.dtype)
+        v = v_desc.load([start_n, 0])  # rows past T arrive as zeros
+        qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32, already ·scale·log2(e)
+        if MODE == _DIAG:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
+        elif MODE == _TAIL:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            qk = tl.where(offs_n[None, :] < T, qk, float("-inf"))
+        # Every row meets a valid key in its first block, so m_new is finite from then on.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    Q, K, V, O, COS, SIN,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; cos, sin [>= T, D/2]
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    stride_cs, H, T, qk_scale,  # qk_scale = scale·log2(e)
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    ROPE: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    start_m = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest query blocks first
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    # One descriptor per operand over this head's [T, D] rows; with ROPE q and k are read as halves.
+    PART: tl.constexpr = HEAD_DIM // 2 if ROPE else HEAD_DIM
+    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1],
+                                       [BLOCK_M, PART])
+    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1],
+                                       [BLOCK_N, PART])
+    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], [stride_vt, 1],
+                                       [BLOCK_N, HEAD_DIM])
+    if ROPE:
+        cos_q = tl.make_tensor_descriptor(COS, [T, PART], [stride_cs, 1], [BLOCK_M, PART])
+        sin_q = tl.make_tensor_descriptor(SIN, [T, PART], [stride_cs, 1], [BLOCK_M, PART])
+        cos_k = tl.make_tensor_descriptor(COS, [T, PART], [stride_cs, 1], [BLOCK_N, PART])
+        sin_k = tl.make_tensor_descriptor(SIN, [T, PART], [stride_cs, 1], [BLOCK_N, PART])
+    else:  # placeholders, never read
+        cos_q = q_desc
+        sin_q = q_desc
+        cos_k = k_desc
+        sin_k = k_desc
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+
+    # Reads BLOCK_M·D of q once; the scale goes in before the cast so the scores need no multiply.
+    q = _load_rotated(q_desc, start_m * BLOCK_M, cos_q, sin_q, ROPE, HEAD_DIM)
+    q = (q.to(tl.float32) * qk_scale).to(K.dtype.element_ty)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        # Keys [0, start_m·BLOCK_M) precede every query of this block and all lie inside T.
+        diag = start_m * BLOCK_M
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, 0, diag,
+                                _FULL, ROPE, HEAD_DIM, BLOCK_N)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, diag,
+                                tl.minimum(diag + BLOCK_M, T), _DIAG, ROPE, HEAD_DIM, BLOCK_N)
+    else:
+        full = (T // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, 0, full,
+                                _FULL, ROPE, HEAD_DIM, BLOCK_N)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, full, T,
+                                _TAIL, ROPE, HEAD_DIM, BLOCK_N)
+
+    # Writes BLOCK_M·D: row t of head h lands at o[b, t, h·D : (h+1)·D]; rows past T are dropped.
+    o_desc = tl.make_tensor_descriptor(O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1],
+                                       [BLOCK_M, HEAD_DIM])
+    o_desc.store([start_m * BLOCK_M, (h * HEAD_DIM).to(tl.int32)], (acc / l_i[:, None]).to(O.dtype.element_ty))
+
+
+@cache
+def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
+    """The kernel autotuned over ``configs.attention_configs`` for this device and head dim
+    (one config: no tuning run). Cached per length, causal flag, RoPE flag and dtypes."""
+    configs = [
+        triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages)
+        for c in attention_configs(device, head_dim)
+    ]
+    return triton.autotune(configs, key=["T", "CAUSAL", "ROPE"])(_flash_fwd_kernel)
+
+
+
+
+def last_tuned_config(device: torch.device, head_dim: int) -> AttentionConfig | None:
+    """The config the autotuner chose at its latest tuning on ``device`` for ``head_dim`` (None
+    before the first call); benchmarks report it."""
+    best = getattr(_tuned(device, head_dim), "best_config", None)
+    if best is None:
+        return None
+    return AttentionConfig(best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages)
+
+
+def _check_rope(rope: tuple[Tensor, Tensor], q: Tensor) -> None:
+    T, D = q.shape[2], q.shape[3]
+    for name, table in zip(("cos", "sin"), rope):
+        if table.dim() != 2 or table.shape[0] < T or table.shape[1] != D // 2 or table.device != q.device:
+            raise ValueError(f"flash_attention: rope {name} must be [>= T, D/2] = [>= {T}, {D // 2}] on {q.device}, "
+                             f"got {tuple(table.shape)} on {table.device}")
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tuple[Tensor, Tensor] | None = None,
+                    scale: float | None = None, out: Tensor | None = None) -> Tensor:
+    """Softmax attention ``softmax(q·kᵀ·scale [+ causal mask])·v``, one launch.
+
+    q, k, v: ``[B, H, T, D]`` bf16/fp16 (fp32: tf32 on GPU), any strides (read in place when rows
+    are 16-byte aligned with unit stride on D, as views of the qkv projection are; else copied);
+    D in SUPPORTED_HEAD_DIMS, else ValueError.
+    rope: optional ``(cos, sin)``, each ``[>= T, D/2]`` of any float dtype (q's dtype halves their
+    traffic), applied to q and k in-kernel as ``nas.models.mixers.apply_rope`` does (half-split pairs).
+    scale: defaults to D^-1/2, as ``F.scaled_dot_product_attention``.
+    out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write into.
+    Returns ``[B, T, H·D]`` in q's dtype, contiguous.
+    """
+    check_heads("flash_attention", q, k, v, layout="BHTD", head_dims=SUPPORTED_HEAD_DIMS)
+    if rope is not None:
+        _check_rope(rope, q)
+    B, H, T, D = q.shape
+    o = output_buffer("flash_attention", out, (B, T, H * D), q)
+    if T == 0 or B * H == 0:
+        return o
+    scale = D ** -0.5 if scale is None else scale
+    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+    cos, sin = (tma_ready(t) for t in rope) if rope is not None else (q, q)  # never read without ROPE
+    if cos.stride(0) != sin.stride(0):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    use_torch_allocator()
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return B * H, triton.cdiv(T, meta["BLOCK_M"])
+
+    _tuned(q.device, D)[grid](
+        q, k, v, o, cos, sin,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), cos.stride(0), H, T, scale * _LOG2E,
+        HEAD_DIM=D, CAUSAL=causal, ROPE=rope is not None,
+    )
+    return o
+
+
+def flash_attention_qkv(qkv: Tensor, heads: int, *, causal: bool, rope: tuple[Tensor, Tensor] | None = None,
+                        scale: float | None = None, out: Tensor | None = None) -> Tensor:
+    """``flash_attention`` on the fused projection ``qkv [B, T, 3·H·D]`` (q, k, v blocks of H·D
+    channels, head-major inside each, as ``nn.Linear(d, 3d)`` of the model emits); reads it in place.
+    Returns ``[B, T, H·D]``."""
+    if qkv.dim() != 3 or qkv.shape[-1] % (3 * heads):
+        raise ValueError(f"qkv must be [B, T, 3·H·D] with H={heads}, got {tuple(qkv.shape)}")
+    B, T, _ = qkv.shape
+    q, k, v = qkv.view(B, T, 3, heads, -1).permute(2, 0, 3, 1, 4)  # each [B, H, T, D], strided
+    return flash_attention(q, k, v, causal=causal, rope=rope, scale=scale, out=out)
+
+
+def flops(B: int, H: int, T: int, D: int, *, causal: bool) -> float:
+    """Matmul FLOPs of the forward: 4·T²·D per head, half of it causal (the mask's diagonal blocks ignored)."""
+    return 4.0 * B * H * T * T * D / (2.0 if causal else 1.0)
+

@@ -1,0 +1,88 @@
+"""Launch configs for the linear-attention kernels (``kernels/linear_attention/triton.py``).
+
+The chunked forward runs one program per (batch·head, block of ``block_v`` value channels) that
+walks the sequence in chunks of ``chunk`` tokens, carrying its ``[D, block_v]`` fp32 slice of the
+state in registers. Splitting V multiplies the programs by ``D / block_v`` (B·H alone rarely fills
+132 SMs) at the price of recomputing the ``[chunk, chunk]`` intra-chunk scores in each program.
+Longer chunks mean fewer sequential steps but ``chunk²·D`` intra-chunk work per ``chunk`` tokens.
+
+The decode step is one program per (batch, head) reading and writing its ``D × D`` fp32 state
+once (memory-bound: 8·D² bytes); ``block_v`` bounds the state tile held at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ChunkConfig", "StepConfig", "HOPPER", "DEFAULT", "INTERPRETER", "STEP", "INTERPRETER_STEP",
+           "SUPPORTED_HEAD_DIMS", "chunk_configs", "step_config"]
+
+# tl.dot needs every matmul dim ≥ 16; the [D, block_v] fp32 state tile must fit in registers.
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def _power_of_two(owner: str, name: str, value: int) -> None:
+    if value < 16 or value & (value - 1):
+        raise ValueError(f"{owner}.{name} must be a power of two >= 16, got {value}")
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """chunk: tokens per sequential step; block_v: value channels per program (capped at D);
+    num_warps, num_stages: as in ``triton.Config``."""
+
+    chunk: int
+    block_v: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        _power_of_two("ChunkConfig", "chunk", self.chunk)
+        _power_of_two("ChunkConfig", "block_v", self.block_v)
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """block_v: state columns per inner step of the decode kernel; num_warps."""
+
+    block_v: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        _power_of_two("StepConfig", "block_v", self.block_v)
+
+
+# sm_90, per head dim: 64-token chunks as fla's chunk kernels use; V split 2-4 ways so B·H = 64
+# gives 128-256 programs; 8 warps at D = 128, where 4 spill (the fp32 φq and state tiles); the
+# autotuner picks per length and feature map.
+HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
+    16: (ChunkConfig(64, 16, 4, 2), ChunkConfig(32, 16, 4, 2)),
+    32: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2)),
+    64: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 64, 8, 2)),
+    128: (ChunkConfig(64, 32, 8, 2), ChunkConfig(64, 16, 8, 2), ChunkConfig(64, 64, 8, 2)),
+}
+# Other CUDA GPUs until measured (block_v is capped at D).
+DEFAULT = (ChunkConfig(64, 32, 4, 2),)
+# TRITON_INTERPRET on CPU (tests): 16-token chunks so odd lengths cross several chunks and a
+# masked tail; 16 value channels so D = 32 splits across two programs.
+INTERPRETER = (ChunkConfig(16, 16, 4, 1),)
+STEP = StepConfig(block_v=32, num_warps=4)
+INTERPRETER_STEP = StepConfig(block_v=16, num_warps=4)
+
+_BY_CAPABILITY = {(9, 0): HOPPER}
+
+
+def chunk_configs(device: torch.device, head_dim: int) -> tuple[ChunkConfig, ...]:
+    """Autotune candidates for the chunked forward on ``device`` at ``head_dim`` (block_v ≤ D
+    once the caller caps it)."""
+    if device.type != "cuda":
+        return INTERPRETER
+    by_dim = _BY_CAPABILITY.get(torch.cuda.get_device_capability(device))
+    return by_dim[head_dim] if by_dim is not None else DEFAULT
+
+
+def step_config(device: torch.device) -> StepConfig:
+    """The decode kernel's config (fixed: it updates the state in place, so it cannot be autotuned by rerunning)."""
+    return STEP if device.type == "cuda" else INTERPRETER_STEP

@@ -1,0 +1,269 @@
+"""Causal linear attention (Katharopoulos et al. 2020): chunked forward in ONE Triton launch, and
+the recurrent single-token step for decoding.
+
+Math, as ``nas.models.mixers.LinearAttention``: φ is the feature map; with S_t = Σ_{s≤t} φ(k_s)v_sᵀ
+and z_t = Σ_{s≤t} φ(k_s), o_t = φ(q_t)·S_t / (φ(q_t)·z_t + 1e-6) for the positive maps (elu+1,
+relu); the identity map is unnormalized with q scaled by D^-1/2: o_t = D^-1/2·q_t·S_t.
+
+Layout: as ``kernels.attention``: q, k, v ``[B, H, T, D]`` with any strides, so views of the
+fused ``[B, T, 3, H, D]`` projection are read in place through per-head tensor descriptors
+(``kernels/attention/inputs.py``); out ``[B, T, H·D]``. The raw projections go in: φ (and the
+identity map's scale) is applied in-kernel.
+
+Launches: one. A program owns one (batch, head) and BLOCK_V of its D value channels, and walks
+the T/CHUNK chunks in order, carrying its fp32 state slice S[:, block] ``[D, BLOCK_V]`` and z
+``[D]`` in registers: per chunk it reads q, k ``[CHUNK, D]`` and v ``[CHUNK, BLOCK_V]``, writes
+o ``[CHUNK, BLOCK_V]``, and does three matmuls — intra-chunk scores φq·φkᵀ (2·C²·D FLOPs), their
+masked product with v (2·C²·BV) and the inter-chunk φq·S (2·C·D·BV) — plus the state update
+φkᵀ·v (2·C·D·BV). No state ever goes to memory, so the whole forward moves only q, k, v once per
+V block and o once. The alternative (fla's chunk kernels: states per chunk to memory, then a
+parallel output pass) buys parallelism over T with two or more launches and 2·D²·T/C state bytes;
+here the V split supplies the parallelism instead, and at long T each program's serial walk is
+the cost (the benchmark shows where that crosses over).
+
+Precision: φq·φkᵀ, scores·v and φkᵀ·v take input-dtype operands with fp32 accumulation (the
+tensor-core path); φq·S keeps S in fp32 (tf32 operands on GPU) because S sums T terms and
+rounding it to bf16 — or overflowing fp16 — would cost more than the matmul.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
+from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, chunk_configs, step_config
+
+__all__ = ["DTYPES", "FEATURE_MAPS", "SUPPORTED_HEAD_DIMS", "linear_attention", "linear_attention_qkv",
+           "linear_attention_step", "last_tuned_config"]
+
+FEATURE_MAPS = ("identity", "elu+1", "relu")  # the keys of nas.models.mixers.FEATURE_MAP_FNS
+_EPS = tl.constexpr(1e-6)  # nas.models.mixers.NORMALIZER_EPS
+
+
+@triton.jit
+def _feature(x, FEATURE: tl.constexpr):
+    """φ(x) in fp32."""
+    if FEATURE == "elu+1":
+        return tl.where(x > 0, x + 1.0, tl.exp(x))  # elu(x) + 1 = exp(x) for x ≤ 0
+    elif FEATURE == "relu":
+        return tl.maximum(x, 0.0)
+    else:
+        return x
+
+
+@triton.jit
+def _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, t0, o_col, T, q_scale,
+           MASKED: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, CHUNK: tl.constexpr):
+    """One chunk of CHUNK tokens from t0: writes its outputs and returns the state after it.
+
+    The normalizer rides on the tensor cores too: Z ``[D, 16]`` holds z in column 0 (zeros
+    elsewhere, the smallest matmul width), so φq·z and the score row sums are two thin matmuls
+    against a one-hot column instead of reductions over register tiles in a second layout.
+    """
+    q = q_desc.load([t0, 0])  # [CHUNK, D]
+    k = k_desc.load([t0, 0])
+    v = v_desc.load([t0, 0])  # [CHUNK, BLOCK_V]; rows past T arrive as zeros
+    qf = _feature(q.to(tl.float32), FEATURE) * q_scale
+    kf = _feature(k.to(tl.float32), FEATURE)
+    rows = t0 + tl.arange(0, CHUNK)
+    if MASKED:
+        kf = tl.where(rows[:, None] < T, kf, 0.0)  # φ(0) = 1 for elu+1: padded keys must not reach z
+    qc = qf.to(v.dtype)
+    kc = kf.to(v.dtype)
+    first = (tl.arange(0, 16) == 0)[None, :]
+    ones = tl.where(first, 1.0, 0.0).to(v.dtype) + tl.zeros([CHUNK, 16], v.dtype)  # [CHUNK, 16] one-hot column
+
+    scores = tl.dot(qc, tl.trans(kc))  # [CHUNK, CHUNK] fp32
+    scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0).to(v.dtype)
+    o = tl.dot(scores, v)  # intra-chunk [CHUNK, BLOCK_V]
+    o = tl.dot(qf, S, o)  # + inter-chunk, the state before this chunk, fp32 operands
+    if NORMALIZE:
+        denom = tl.dot(qf, Z, tl.dot(scores, ones))  # column 0: Σ_s≤t in chunk q·k + φq·z
+        o = o / (tl.sum(denom, 1) + _EPS)[:, None]
+    Z = tl.dot(tl.trans(kc), ones, Z)  # z += Σ φ(k)
+    S = tl.dot(tl.trans(kc), v, S)  # S += φ(k)ᵀ·v
+    o_desc.store([t0, o_col], o.to(v.dtype))  # o has v's dtype; rows past T are dropped
+    return S, Z
+
+
+@triton.jit
+def _chunked_fwd_kernel(
+    Q, K, V, O, S_OUT, Z_OUT,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; S_OUT [B, H, D, D], Z_OUT [B, H, D] fp32
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    H, T, q_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, FEATURE: tl.constexpr,
+    NORMALIZE: tl.constexpr, STORE_STATE: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    v0 = tl.program_id(1) * BLOCK_V
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    # Descriptors over this head's [T, D] rows (v and o: this program's BLOCK_V columns of them).
+    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1],
+                                       [CHUNK, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1],
+                                       [CHUNK, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1],
+                                       [CHUNK, BLOCK_V])
+    o_desc = tl.make_tensor_descriptor(O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1],
+                                       [CHUNK, BLOCK_V])
+    o_col = (h * HEAD_DIM + v0).to(tl.int32)
+
+    S = tl.zeros([HEAD_DIM, BLOCK_V], tl.float32)
+    Z = tl.zeros([HEAD_DIM, 16], tl.float32)  # z in column 0
+    full = T // CHUNK
+    for c in range(0, full):
+        S, Z = _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, False, FEATURE, NORMALIZE,
+                      CHUNK)
+    for c in range(full, tl.cdiv(T, CHUNK)):  # the partial last chunk, if any
+        S, Z = _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, True, FEATURE, NORMALIZE,
+                      CHUNK)
+
+    if STORE_STATE:  # writes 4·D·BLOCK_V (+ 4·D) bytes once
+        d = tl.arange(0, HEAD_DIM)
+        dv = tl.arange(0, BLOCK_V)
+        state = S_OUT + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM + v0
+        tl.store(state + d[:, None] * HEAD_DIM + dv[None, :], S)
+        if v0 == 0:  # every V block computed the same z; one writes it
+            tl.store(Z_OUT + bh.to(tl.int64) * HEAD_DIM + d, tl.sum(Z, 1))
+
+
+@triton.jit
+def _step_kernel(
+    Q, K, V, S, Z, O,  # q, k, v [B, H, D] strided; S [B, H, D, D], Z [B, H, D] fp32 in place; o [B, H·D]
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, H, q_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
+    HAS_Z: tl.constexpr,
+):
+    # Reads and writes the 4·D² state bytes once (memory-bound), plus 3·D inputs and D outputs.
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM)
+    qf = _feature(tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32), FEATURE) * q_scale
+    kf = _feature(tl.load(K + b * stride_kb + h * stride_kh + d).to(tl.float32), FEATURE)
+    if HAS_Z:  # always when NORMALIZE
+        z_ptrs = Z + bh.to(tl.int64) * HEAD_DIM + d
+        z = tl.load(z_ptrs) + kf
+        tl.store(z_ptrs, z)
+        if NORMALIZE:
+            denom = tl.sum(qf * z, 0) + _EPS
+    state = S + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM
+    for v0 in tl.static_range(0, HEAD_DIM, BLOCK_V):
+        dv = v0 + tl.arange(0, BLOCK_V)
+        v = tl.load(V + b * stride_vb + h * stride_vh + dv).to(tl.float32)
+        s_ptrs = state + d[:, None] * HEAD_DIM + dv[None, :]
+        s = tl.load(s_ptrs) + kf[:, None] * v[None, :]  # S_t = S_{t-1} + φ(k_t)v_tᵀ
+        tl.store(s_ptrs, s)
+        o = tl.sum(qf[:, None] * s, 0)  # φ(q_t)·S_t  [BLOCK_V]
+        if NORMALIZE:
+            o = o / denom
+        tl.store(O + b * H * HEAD_DIM + h * HEAD_DIM + dv, o.to(O.dtype.element_ty))
+
+
+def _feature_args(feature_map: str, head_dim: int) -> tuple[bool, float]:
+    """(normalize, q scale) of a feature map, as ``nas.models.mixers.LinearAttention``."""
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {feature_map!r}")
+    normalize = feature_map != "identity"
+    return normalize, 1.0 if normalize else head_dim ** -0.5
+
+
+
+
+def last_tuned_config(device: torch.device, head_dim: int) -> ChunkConfig | None:
+    """The chunked kernel's config the autotuner chose at its latest tuning on ``device`` for
+    ``head_dim`` (None before the first call); benchmarks report it."""
+    best = getattr(_tuned(device, head_dim), "best_config", None)
+    if best is None:
+        return None
+    return ChunkConfig(best.kwargs["CHUNK"], best.kwargs["BLOCK_V"], best.num_warps, best.num_stages)
+
+
+@cache
+def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
+    """The chunked kernel autotuned over ``configs.chunk_configs`` (block_v capped at D), cached
+    per length, feature map, state output and dtypes."""
+    seen = dict.fromkeys((c.chunk, min(c.block_v, head_dim), c.num_warps, c.num_stages)
+                         for c in chunk_configs(device, head_dim))
+    configs = [triton.Config({"CHUNK": chunk, "BLOCK_V": block_v}, num_warps=warps, num_stages=stages)
+               for chunk, block_v, warps, stages in seen]
+    return triton.autotune(configs, key=["T", "FEATURE", "STORE_STATE"])(_chunked_fwd_kernel)
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, return_state: bool = False,
+                     out: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """Causal linear attention of the raw projections, feature map applied in-kernel; one launch.
+
+    q, k, v: ``[B, H, T, D]`` bf16/fp16 (fp32: tf32 on GPU), any strides (read in place when rows
+    are 16-byte aligned with unit stride on D, as views of the qkv projection are; else copied);
+    D in SUPPORTED_HEAD_DIMS, else ValueError. feature_map: one of FEATURE_MAPS.
+    Returns o ``[B, T, H·D]`` in q's dtype; with ``return_state`` also the state after the last
+    token, S ``[B, H, D, D]`` and z ``[B, H, D]`` fp32, ready for ``linear_attention_step``.
+    out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write o into.
+    """
+    check_heads("linear_attention", q, k, v, layout="BHTD", head_dims=SUPPORTED_HEAD_DIMS)
+    normalize, q_scale = _feature_args(feature_map, q.shape[-1])
+    B, H, T, D = q.shape
+    o = output_buffer("linear_attention", out, (B, T, H * D), q)
+    state = torch.zeros(B, H, D, D, device=q.device, dtype=torch.float32) if return_state else o  # o: never written
+    z = torch.zeros(B, H, D, device=q.device, dtype=torch.float32) if return_state else o
+    if T and B * H:
+        q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+        use_torch_allocator()
+
+        def grid(meta: dict) -> tuple[int, int]:
+            return B * H, D // meta["BLOCK_V"]
+
+        _tuned(q.device, D)[grid](
+            q, k, v, o, state, z,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), H, T, q_scale,
+            HEAD_DIM=D, FEATURE=feature_map, NORMALIZE=normalize, STORE_STATE=return_state,
+        )
+    return (o, state, z) if return_state else o
+
+
+def linear_attention_qkv(qkv: Tensor, heads: int, *, feature_map: str, out: Tensor | None = None) -> Tensor:
+    """``linear_attention`` on the fused projection ``qkv [B, T, 3·H·D]``, read in place → ``[B, T, H·D]``."""
+    if qkv.dim() != 3 or qkv.shape[-1] % (3 * heads):
+        raise ValueError(f"qkv must be [B, T, 3·H·D] with H={heads}, got {tuple(qkv.shape)}")
+    B, T, _ = qkv.shape
+    q, k, v = qkv.view(B, T, 3, heads, -1).permute(2, 0, 3, 1, 4)  # each [B, H, T, D], strided
+    return linear_attention(q, k, v, feature_map=feature_map, out=out)
+
+
+def linear_attention_step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor | None, *,
+                          feature_map: str) -> Tensor:
+    """One decoding step: S += φ(k)vᵀ, z += φ(k) in place, then o = φ(q)·S [/ (φ(q)·z + 1e-6)].
+
+    q, k, v: ``[B, H, D]`` one token (any strides; ``qkv[:, t].view(B, 3, H, D).unbind(1)``
+    gives them in place); state: ``[B, H, D, D]`` fp32 contiguous; z: ``[B, H, D]`` fp32
+    contiguous, updated whenever given (may be None for the unnormalized identity map).
+    Returns o ``[B, H·D]`` in q's dtype.
+    """
+    check_heads("linear_attention_step", q, k, v, layout="BHD", head_dims=SUPPORTED_HEAD_DIMS)
+    normalize, q_scale = _feature_args(feature_map, q.shape[-1])
+    B, H, D = q.shape
+    if state.shape != (B, H, D, D) or state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError(f"state must be contiguous fp32 [B, H, D, D] = {[B, H, D, D]}, got "
+                         f"{state.dtype} {tuple(state.shape)}")
+    if z is None and normalize:
+        raise ValueError(f"feature_map {feature_map!r} is normalized: z [B, H, D] is required")
+    if z is not None and (z.shape != (B, H, D) or z.dtype != torch.float32 or not z.is_contiguous()):
+        raise ValueError(f"z must be contiguous fp32 [B, H, D] = {[B, H, D]}, got {z.dtype} {tuple(z.shape)}")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o = torch.empty(B, H * D, device=q.device, dtype=q.dtype)
+    cfg = step_config(q.device)
+    _step_kernel[(B * H,)](
+        q, k, v, state, z if z is not None else state, o,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), H, q_scale,
+        HEAD_DIM=D, BLOCK_V=min(cfg.block_v, D), FEATURE=feature_map, NORMALIZE=normalize, HAS_Z=z is not None,
+        num_warps=cfg.num_warps,
+    )
+    return o

@@ -1,0 +1,195 @@
+"""kernels/linear_attention/triton: the chunked forward and the decode step against
+kernels.linear_attention.reference, each other, and the torch model's LinearAttention.
+
+Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET must be
+set before ``kernels.linear_attention.triton`` decorates them; importing the shared helpers from
+test_attention.py first does that. With CUDA the interpreter tests are skipped and the ``gpu``
+tests run real sizes in bf16/fp16. Every forward writes into a NaN-filled buffer from fresh
+random inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# First: it sets TRITON_INTERPRET where CUDA is absent, before the kernels below are decorated.
+from tests.kernels.test_attention import CPU, CUDA, assert_rel_close, head_views, poisoned, random_qkv  # noqa: I001
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from kernels.linear_attention import reference as ref  # noqa: E402
+from kernels.linear_attention import triton as la  # noqa: E402
+from nas.models.mixers import FEATURE_MAP_FNS, LinearAttention, causal_linear_attention  # noqa: E402
+
+INTERPRETED = isinstance(la._chunked_fwd_kernel, InterpretedFunction)
+requires_interpreter = pytest.mark.skipif(
+    not INTERPRETED, reason="interpreter tests run where CUDA is absent (TRITON_INTERPRET=1)"
+)
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
+# on the GPU φ(q), φ(k), the scores and v enter the matmuls rounded to bf16/fp16, φ(q)·S is tf32.
+TOLERANCES = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+FEATURES = [pytest.param(name, id=name) for name in la.FEATURE_MAPS]
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert_rel_close(actual, expected, TOLERANCES[dtype])
+
+
+def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, z: torch.Tensor,
+            feature_map: str) -> torch.Tensor:
+    """``linear_attention_step`` once per token of ``[B, H, T, D]`` → ``[B, T, H·D]``."""
+    steps = [la.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state, z, feature_map=feature_map)
+             for t in range(q.shape[2])]
+    return torch.stack(steps, dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Interpreter: T = 37 is two full 16-token chunks and a 5-token tail; D = 32 splits V across two
+# programs (block_v 16).
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_interpreter
+@pytest.mark.parametrize("feature_map", FEATURES)
+@pytest.mark.parametrize("D", [16, 32])
+def test_matches_reference_on_qkv_views(D: int, feature_map: str) -> None:
+    B, T, H = 2, 37, 3
+    qkv = random_qkv(B, T, H, D, torch.float32, CPU)
+    out = la.linear_attention_qkv(qkv, H, feature_map=feature_map, out=poisoned(B, T, H, D, torch.float32, CPU))
+    _assert_close(out, ref.linear_attention(*head_views(qkv, H), feature_map=feature_map), torch.float32)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("T", [1, 16, 48])
+def test_lengths_contiguous_layout(T: int) -> None:
+    """[B, H, T, D] contiguous tensors; lengths inside one chunk and at chunk edges."""
+    B, H, D = 1, 2, 16
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    out = la.linear_attention(q, k, v, feature_map="elu+1", out=poisoned(B, T, H, D, torch.float32, CPU))
+    _assert_close(out, ref.linear_attention(q, k, v, feature_map="elu+1"), torch.float32)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("feature_map", FEATURES)
+def test_matches_model_chunked_form(feature_map: str) -> None:
+    """The kernel computes nas.models.mixers.causal_linear_attention of the mapped q, k."""
+    B, T, H, D = 2, 37, 3, 32
+    q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
+    phi = FEATURE_MAP_FNS[feature_map]
+    normalize = feature_map != "identity"
+    qf = phi(q) if normalize else phi(q) * D ** -0.5
+    expected = causal_linear_attention(qf, phi(k), v, normalize=normalize).transpose(1, 2).reshape(B, T, H * D)
+    _assert_close(la.linear_attention(q, k, v, feature_map=feature_map), expected, torch.float32)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("feature_map", FEATURES)
+def test_linear_attention_mixer_end_to_end(feature_map: str) -> None:
+    """LinearAttention's forward with its qkv projection, this kernel and its out projection."""
+    torch.manual_seed(0)
+    B, T, H, D = 2, 37, 2, 16
+    mixer = LinearAttention(H * D, H, feature_map, short_conv=0)
+    x = torch.randn(B, T, H * D)
+    with torch.no_grad():
+        actual = mixer.out(la.linear_attention_qkv(mixer.qkv(x), H, feature_map=feature_map))
+        _assert_close(actual, mixer(x), torch.float32)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("feature_map", FEATURES)
+def test_decode_steps_equal_chunked_forward(feature_map: str) -> None:
+    """T decode steps from a zero state give the forward's outputs and its final state."""
+    B, T, H, D = 2, 37, 2, 16
+    q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
+    out, state_T, z_T = la.linear_attention(q, k, v, feature_map=feature_map, return_state=True)
+    state, z = torch.zeros(B, H, D, D), torch.zeros(B, H, D)
+    _assert_close(_decode(q, k, v, state, z, feature_map), out, torch.float32)
+    torch.testing.assert_close(state, state_T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(z, z_T, rtol=1e-5, atol=1e-5)
+
+
+@requires_interpreter
+def test_step_matches_reference_step() -> None:
+    B, H, D = 2, 3, 32
+    state, z = torch.randn(B, H, D, D), torch.rand(B, H, D) * 5
+    state_ref, z_ref = state.clone(), z.clone()
+    q, k, v = (torch.randn(B, H, D) for _ in range(3))
+    out = la.linear_attention_step(q, k, v, state, z, feature_map="relu")
+    _assert_close(out, ref.step(q, k, v, state_ref, z_ref, feature_map="relu"), torch.float32)
+    torch.testing.assert_close(state, state_ref)
+    torch.testing.assert_close(z, z_ref)
+
+
+@requires_interpreter
+def test_fp16_in_interpreter() -> None:
+    """Half precision through the same code path. (bf16 is left to the GPU tests: the Triton 3.9
+    interpreter's bf16 ``tl.dot`` multiplies raw bit patterns.)"""
+    B, T, H, D = 2, 37, 3, 32
+    qkv = random_qkv(B, T, H, D, torch.float16, CPU)
+    out = la.linear_attention_qkv(qkv, H, feature_map="elu+1", out=poisoned(B, T, H, D, torch.float16, CPU))
+    _assert_close(out, ref.linear_attention(*head_views(qkv, H), feature_map="elu+1"), torch.float16)
+
+
+@pytest.mark.parametrize("D", [8, 24, 48, 256])
+def test_unsupported_head_dim_raises(D: int) -> None:
+    q = torch.randn(1, 2, 5, D)
+    with pytest.raises(ValueError, match=f"head dim D={D} .*allowed: 16, 32, 64, 128"):
+        la.linear_attention(q, q, q, feature_map="relu")
+
+
+def test_bad_inputs_raise() -> None:
+    q = torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match="feature_map must be one of identity, elu\\+1, relu"):
+        la.linear_attention(q, q, q, feature_map="softmax")
+    with pytest.raises(ValueError, match="share one"):
+        la.linear_attention(q, q[:, :1], q, feature_map="relu")
+    with pytest.raises(ValueError, match="out must be"):
+        la.linear_attention(q, q, q, feature_map="relu", out=torch.empty(1, 5, 16, dtype=torch.float16))
+    t = torch.randn(1, 2, 16)
+    with pytest.raises(ValueError, match="state must be"):
+        la.linear_attention_step(t, t, t, torch.zeros(1, 2, 16, 16, dtype=torch.float16), None, feature_map="identity")
+    with pytest.raises(ValueError, match="z .* is required"):
+        la.linear_attention_step(t, t, t, torch.zeros(1, 2, 16, 16), None, feature_map="elu+1")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: real lengths, bf16 and fp16, against the fp32 reference on the same device.
+# ---------------------------------------------------------------------------------------------
+
+# (D, T, dtype): H = 16 and lengths that are multiples of 16 share compiled kernels with the
+# benchmark; 1000 ends in a partial chunk; fp16 at one length keeps the compile count down.
+GPU_CASES = [
+    pytest.param(D, T, dtype, id=f"D{D}-T{T}-{name}")
+    for D, T, dtype, name in [(64, 4096, torch.bfloat16, "bf16"), (128, 4096, torch.bfloat16, "bf16"),
+                              (64, 1000, torch.bfloat16, "bf16"), (64, 4096, torch.float16, "fp16"),
+                              (16, 1000, torch.bfloat16, "bf16"), (32, 1000, torch.bfloat16, "bf16")]
+]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("feature_map", FEATURES)
+@pytest.mark.parametrize("D,T,dtype", GPU_CASES)
+def test_gpu_matches_reference(D: int, T: int, dtype: torch.dtype, feature_map: str) -> None:
+    B, H = 1, 16
+    qkv = random_qkv(B, T, H, D, dtype, CUDA)
+    out = la.linear_attention_qkv(qkv, H, feature_map=feature_map, out=poisoned(B, T, H, D, dtype, CUDA))
+    _assert_close(out, ref.linear_attention(*head_views(qkv, H), feature_map=feature_map), dtype)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("feature_map", FEATURES)
+def test_gpu_prefill_then_decode(feature_map: str) -> None:
+    """Forward over the first 1000 tokens with its state, then 24 decode steps, equal the forward
+    over all 1024 tokens."""
+    B, T, H, D, prefix = 2, 1024, 16, 64, 1000
+    q, k, v = head_views(random_qkv(B, T, H, D, torch.bfloat16, CUDA), H)
+    full = la.linear_attention(q, k, v, feature_map=feature_map)
+    _, state, z = la.linear_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], feature_map=feature_map,
+                                      return_state=True)
+    decoded = _decode(q[:, :, prefix:], k[:, :, prefix:], v[:, :, prefix:], state, z, feature_map)
+    _assert_close(decoded, full[:, prefix:], torch.bfloat16)

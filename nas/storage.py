@@ -6,6 +6,7 @@ it unchanged (``--storage runs/studies.journal``).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import warnings
 from pathlib import Path
@@ -15,7 +16,7 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 
-__all__ = ["DEFAULT_STORAGE", "StorageError", "artifact_dir", "open_artifact_store", "open_storage", "resolve_storage"]
+__all__ = ["DEFAULT_STORAGE", "FlockLock", "StorageError", "artifact_dir", "open_artifact_store", "open_storage", "resolve_storage"]
 
 DEFAULT_STORAGE = "runs/studies.journal"
 HEARTBEAT_GRACE = 4  # a trial with no heartbeat for this many intervals belongs to a dead worker
@@ -24,6 +25,33 @@ _RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
 
 class StorageError(ValueError):
     """The storage URL or path is unusable; the message says which and why."""
+
+
+class FlockLock:
+    """Journal-file lock held with ``fcntl.flock`` on ``<journal>.flock``.
+
+    Optuna's default symlink lock retries with exponential sleeps up to a second and leaves a
+    stale lock behind a killed writer (others then wait out a 30 s grace period); measured on an
+    H200 host, four workers on one journal finished fewer trials per hour than one. A kernel
+    lock queues writers without sleeping and is released by the kernel when its holder dies.
+    Local file systems only: for several hosts use a database URL.
+    """
+
+    def __init__(self, journal: str) -> None:
+        self._path = journal + ".flock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def _heartbeat_seconds() -> int:
@@ -64,7 +92,7 @@ def open_storage(storage: str) -> BaseStorage:
         raise StorageError(f"storage {storage!r} is a directory; give a journal file path such as {DEFAULT_STORAGE}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        backend = JournalFileBackend(str(path))
+        backend = JournalFileBackend(str(path), lock_obj=FlockLock(str(path)))
         journal = JournalStorage(backend)
     except (OSError, ValueError) as e:
         raise StorageError(f"storage {storage!r}: not a readable Optuna journal file ({e})") from None

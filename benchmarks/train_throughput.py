@@ -97,10 +97,16 @@ def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path) -> d
     smi.terminate()
     smi.wait()
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
-    states = [t.state.name for t in study.get_trials(deepcopy=False)]
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state.name for t in trials]
     done = states.count("COMPLETE")
+    # steady state: completions after the first one, over the time since it (process start-up,
+    # imports and first kernel compiles are paid once per worker and are left out)
+    ends = sorted(t.datetime_complete for t in trials if t.state.name == "COMPLETE")
+    span = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else 0.0
     return {"gpus": gpus, "workers_per_gpu": per_gpu, "wall_s": round(wall, 1), "completed": done,
             "failed": states.count("FAIL"), "trials_per_hour": round(done / wall * 3600, 1),
+            "steady_trials_per_hour": round((len(ends) - 1) / span * 3600, 1) if span else None,
             "gpu_util_mean_pct": _utilisation(smi), "returncode": run.returncode,
             "stderr_tail": run.stderr[-400:] if run.returncode else ""}
 
@@ -111,32 +117,41 @@ def main() -> None:
     parser.add_argument("--search-seconds", type=float, default=60)
     parser.add_argument("--per-gpu", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--skip-tokens", action="store_true", help="only the search trials/hour part")
+    parser.add_argument("--tag", default="", help="suffix of the results file name")
     args = parser.parse_args()
     env = environment()
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}")
 
     rows = []
-    for label, (task_spec, batch) in SHAPES.items():
+    for label, (task_spec, batch) in ({} if args.skip_tokens else SHAPES).items():
         ours = tokens_per_second(task_spec, batch, args.steps, peer=False)
         peer = tokens_per_second(task_spec, batch, args.steps, peer=True)
         rows.append({"kind": "tokens_per_s", "shape": label, "ours_nas_optim_adamw": round(ours),
                      "peer_torch_adamw_fused": round(peer), "ratio": round(ours / peer, 3)})
         print(f"tokens/s {label:28s} ours {ours:12.0f}  torch fused {peer:12.0f}  x{ours / peer:.2f}")
 
-    layouts = [("0", 1), ("0", args.per_gpu)] + ([("0,1", 1)] if torch.cuda.device_count() >= 2 else [])
+    layouts = [("0", 1), ("0", args.per_gpu)]
+    if torch.cuda.device_count() >= 2:
+        layouts += [("0,1", 1), ("0,1", args.per_gpu)]
     with tempfile.TemporaryDirectory() as tmp:
         for gpus, per_gpu in layouts:
             row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp))
             rows.append({"kind": "search_trials_per_hour", **row})
             print(f"search gpus={gpus} x{per_gpu}: {row['completed']} trials in {row['wall_s']} s = "
-                  f"{row['trials_per_hour']}/h, util {row['gpu_util_mean_pct']}, rc {row['returncode']}")
-    searches = [r for r in rows if r["kind"] == "search_trials_per_hour"]
-    summary = {"per_gpu_speedup": round(searches[1]["trials_per_hour"] / searches[0]["trials_per_hour"], 2)}
-    if len(searches) > 2:
-        summary["two_gpu_speedup"] = round(searches[2]["trials_per_hour"] / searches[0]["trials_per_hour"], 2)
+                  f"{row['trials_per_hour']}/h (steady {row['steady_trials_per_hour']}/h), "
+                  f"util {row['gpu_util_mean_pct']}, rc {row['returncode']}")
+    searches = {(r["gpus"], r["workers_per_gpu"]): r for r in rows if r["kind"] == "search_trials_per_hour"}
+    base = searches[("0", 1)]
+
+    def speedup(key: tuple[str, int], field: str) -> float | None:
+        return round(searches[key][field] / base[field], 2) if key in searches and base[field] else None
+
+    summary = {f"{field}:{g}x{n}": speedup((g, n), field) for field in ("trials_per_hour", "steady_trials_per_hour")
+               for g, n in searches if (g, n) != ("0", 1)}
     print(summary)
     gpu = (env["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "_")
-    path = write_results(Path(args.out) / f"train_throughput_{gpu}.json", rows, summary=summary,
+    path = write_results(Path(args.out) / f"train_throughput_{gpu}{args.tag}.json", rows, summary=summary,
                          gpu_count=torch.cuda.device_count())
     print(f"wrote {path}")
 

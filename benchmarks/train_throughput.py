@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--skip-tokens", action="store_true", help="only the search trials/hour part")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
+    parser.add_argument("--layouts", default=None, help="GPUS:WORKERS;... e.g. '0:1;0,1:1' (default: all)")
     args = parser.parse_args()
     env = environment()
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}")
@@ -134,6 +135,8 @@ def main() -> None:
     layouts = [("0", 1), ("0", args.per_gpu)]
     if torch.cuda.device_count() >= 2:
         layouts += [("0,1", 1), ("0,1", args.per_gpu)]
+    if args.layouts:
+        layouts = [(g, int(n)) for g, n in (item.split(":") for item in args.layouts.split(";"))]
     with tempfile.TemporaryDirectory() as tmp:
         for gpus, per_gpu in layouts:
             row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp))

@@ -74,8 +74,10 @@ def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot
         env = dict(os.environ)
         if slot.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.gpu
-        if slot.gpu is None and len(slots) > 1:
-            env.setdefault("OMP_NUM_THREADS", "1")  # CPU workers each spinning every core only contend
+        # Share the cores: every worker's intra-op pool defaults to all of them, and several pools
+        # spinning on the same cores slow each other down many times over (GPU workers too: their
+        # host-side work is small, launch-bound CPU ops).
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(slots))))
         procs.append(subprocess.Popen(_command(study.study_name, storage, trials, slot, timeout), env=env))
         logger.info("worker %d started (pid %d, gpu %s)", slot.index, procs[-1].pid, slot.gpu)
     try:

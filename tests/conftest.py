@@ -6,9 +6,17 @@ import hashlib
 import json
 from pathlib import Path
 
-import optuna
-import pytest
+import os
+
 import torch
+
+if not torch.cuda.is_available():
+    # Before any kernel module is imported: every @triton.jit kernel then runs under Triton's
+    # interpreter on CPU tensors (tests/kernels compare them with their fp32 references).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import optuna  # noqa: E402
+import pytest  # noqa: E402
 
 TINY_SPACE = """\
 name: ci_tiny
@@ -64,8 +72,6 @@ def one_intraop_thread():
 @pytest.fixture
 def postgres_url() -> str:
     """The real PostgreSQL server CI starts (.ci/postgres.sh); never a mock."""
-    import os
-
     url = os.environ.get("NAS_TEST_POSTGRES_URL")
     if not url:
         if os.environ.get("NAS_REQUIRE_POSTGRES"):

@@ -9,55 +9,24 @@ Every run writes into a NaN-filled buffer from fresh random inputs.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is decorated (import below)
 
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+from kernels.attention import reference as ref
+from kernels.attention import triton as fa
+from nas.models.mixers import SelfAttention, apply_rope, rope_tables
+from tests.kernels._support import (CPU, CUDA, assert_rel_close, head_views, poisoned, random_qkv,
+                                    requires_cuda, requires_interpreter)
 
-from kernels.attention import reference as ref  # noqa: E402
-from kernels.attention import triton as fa  # noqa: E402
-from nas.models.mixers import SelfAttention, apply_rope, rope_tables  # noqa: E402
-
-INTERPRETED = isinstance(fa._flash_fwd_kernel, InterpretedFunction)
-CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-requires_interpreter = pytest.mark.skipif(
-    not INTERPRETED, reason="interpreter tests run where CUDA is absent (TRITON_INTERPRET=1)"
-)
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
 # bf16/fp16 round q (with the folded scale), k, v and p to 8/11-bit mantissas on the GPU.
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}
 CAUSAL = [pytest.param(True, id="causal"), pytest.param(False, id="full")]
 ROPE = [pytest.param(True, id="rope"), pytest.param(False, id="norope")]
-
-
-# Helpers shared with test_linear_attention.py (same layouts, same poisoning, same error measure).
-def random_qkv(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A fused projection ``[B, T, 3·H·D]`` of fresh random values."""
-    return torch.randn(B, T, 3 * H * D, device=device).to(dtype)
-
-
-def head_views(qkv: torch.Tensor, H: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    B, T, _ = qkv.shape
-    return tuple(qkv.view(B, T, 3, H, -1).permute(2, 0, 3, 1, 4))  # [B, H, T, D] strided views
-
-
-def poisoned(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An output buffer ``[B, T, H·D]`` of NaN: any element the kernel skips fails the check."""
-    return torch.full((B, T, H * D), float("nan"), device=device, dtype=dtype)
-
-
-def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, bound: float) -> None:
-    assert not actual.isnan().any(), "output has NaN: an element was not written"
-    err = ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
-    assert err <= bound, f"relative error {err:.2e} > {bound:.0e}"
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:

@@ -7,26 +7,16 @@ sizes. The output buffer is filled with NaN before each run.
 
 from __future__ import annotations
 
-import os
-import zlib
 
 import pytest
 import torch
 from torch import nn
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is decorated (import below)
 
-import triton  # noqa: E402
+from kernels.conv import causal_depthwise_conv
+from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter, seeded as _gen
+from kernels.conv import reference as ref
 
-from kernels.conv import causal_depthwise_conv  # noqa: E402
-from kernels.conv import reference as ref  # noqa: E402
-
-INTERPRETED = triton.knobs.runtime.interpret
-CUDA = torch.device("cuda")
-DEVICE = CUDA if torch.cuda.is_available() else torch.device("cpu")  # where the kernel runs here
-requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter tests run where CUDA is absent")
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 # (rtol, atol) against the fp32 reference; outputs are O(1). bf16 rounding ≤ 2^-8 relative
 # (2^-7 under the interpreter, which truncates fp32 → bf16).
@@ -36,11 +26,6 @@ TOLERANCES = {
     torch.float16: (2e-3, 2e-3),
 }
 DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCES]
-
-
-def _gen(*key: object) -> torch.Generator:
-    """A generator seeded by the test case: fresh draws per case, reproducible per case."""
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 def _inputs(B: int, T: int, C: int, K: int, dtype: torch.dtype, *, bias: bool, device: torch.device,

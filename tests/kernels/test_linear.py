@@ -8,26 +8,16 @@ sizes. Every output buffer is filled with NaN first, so an element the kernel sk
 
 from __future__ import annotations
 
-import os
-import zlib
 
 import pytest
 import torch
 from torch import nn
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is decorated (import below)
 
-import triton  # noqa: E402
+from kernels.linear import ACTIVATIONS, LinearConfig, configs, linear
+from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter, seeded as _gen
+from kernels.linear import reference as ref
 
-from kernels.linear import ACTIVATIONS, LinearConfig, configs, linear  # noqa: E402
-from kernels.linear import reference as ref  # noqa: E402
-
-INTERPRETED = triton.knobs.runtime.interpret
-CUDA = torch.device("cuda")
-DEVICE = CUDA if torch.cuda.is_available() else torch.device("cpu")  # where the kernel runs here
-requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter tests run where CUDA is absent")
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 # (rtol, atol as a share of max |expected|, ‖out − ref‖ / ‖ref‖ bound) against the fp32 reference.
 # bf16 output rounding is ≤ 2^-8 relative, 2^-7 under the interpreter (it truncates fp32 → bf16).
@@ -39,11 +29,6 @@ TOLERANCES = {
 DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCES]
 ACTS = [pytest.param(a, id=str(a)) for a in ACTIVATIONS]
 MODULES = {None: nn.Identity, "gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
-
-
-def _gen(*key: object) -> torch.Generator:
-    """A generator seeded by the test case: fresh draws per case, reproducible per case."""
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 def _inputs(M: int | tuple[int, ...], K: int, N: int, dtype: torch.dtype, *, bias: bool, residual: bool,

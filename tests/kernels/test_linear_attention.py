@@ -13,20 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-# First: it sets TRITON_INTERPRET where CUDA is absent, before the kernels below are decorated.
-from tests.kernels.test_attention import CPU, CUDA, assert_rel_close, head_views, poisoned, random_qkv  # noqa: I001
 
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+from kernels.linear_attention import reference as ref
+from kernels.linear_attention import triton as la
+from nas.models.mixers import FEATURE_MAP_FNS, LinearAttention, causal_linear_attention
+from tests.kernels._support import (CPU, CUDA, assert_rel_close, head_views, poisoned, random_qkv,
+                                    requires_cuda, requires_interpreter)
 
-from kernels.linear_attention import reference as ref  # noqa: E402
-from kernels.linear_attention import triton as la  # noqa: E402
-from nas.models.mixers import FEATURE_MAP_FNS, LinearAttention, causal_linear_attention  # noqa: E402
-
-INTERPRETED = isinstance(la._chunked_fwd_kernel, InterpretedFunction)
-requires_interpreter = pytest.mark.skipif(
-    not INTERPRETED, reason="interpreter tests run where CUDA is absent (TRITON_INTERPRET=1)"
-)
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
 # on the GPU φ(q), φ(k), the scores and v enter the matmuls rounded to bf16/fp16, φ(q)·S is tf32.

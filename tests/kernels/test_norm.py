@@ -7,26 +7,16 @@ sizes. Both outputs (y and the residual stream h) are filled with NaN before eac
 
 from __future__ import annotations
 
-import os
-import zlib
 
 import pytest
 import torch
 from torch import nn
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is decorated (import below)
 
-import triton  # noqa: E402
+from kernels.norm import NormConfig, layer_norm, rms_norm
+from tests.kernels._support import CUDA, DEVICE, INTERPRETED, requires_cuda, requires_interpreter, seeded as _gen
+from kernels.norm import reference as ref
 
-from kernels.norm import NormConfig, layer_norm, rms_norm  # noqa: E402
-from kernels.norm import reference as ref  # noqa: E402
-
-INTERPRETED = triton.knobs.runtime.interpret
-CUDA = torch.device("cuda")
-DEVICE = CUDA if torch.cuda.is_available() else torch.device("cpu")  # where the kernel runs here
-requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter tests run where CUDA is absent")
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 # y vs the fp32 reference: (rtol, atol). y is O(1), so atol is absolute; bf16 output rounding is
 # ≤ 2^-8 relative (2^-7 under the interpreter, which truncates fp32 → bf16).
@@ -40,11 +30,6 @@ TOLERANCES = {
 H_RTOL = {torch.bfloat16: 2**-7 if INTERPRETED else 0.0}
 DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCES]
 KINDS = ["layer_norm", "rms_norm"]
-
-
-def _gen(*key: object) -> torch.Generator:
-    """A generator seeded by the test case: fresh draws per case, reproducible per case."""
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 def _inputs(shape: tuple[int, ...], dtype: torch.dtype, *, residual: bool, bias: bool, device: torch.device,

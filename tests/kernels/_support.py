@@ -1,0 +1,46 @@
+"""What the kernel test modules share: where kernels run here, skip markers, seeded inputs, and
+the fused-qkv layout helpers of the attention-style kernels.
+
+Where CUDA is absent, ``tests/conftest.py`` sets TRITON_INTERPRET before any kernel module is
+imported, so every ``@triton.jit`` kernel runs under Triton's interpreter on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+import triton
+
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+DEVICE = CUDA if torch.cuda.is_available() else CPU  # where the kernels run here
+requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter tests run where CUDA is absent")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def seeded(*key: object) -> torch.Generator:
+    """A CPU generator seeded by the test case: fresh draws per case, reproducible per case."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def random_qkv(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A fused projection ``[B, T, 3·H·D]`` of fresh random values."""
+    return torch.randn(B, T, 3 * H * D, device=device).to(dtype)
+
+
+def head_views(qkv: torch.Tensor, H: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, T, _ = qkv.shape
+    return tuple(qkv.view(B, T, 3, H, -1).permute(2, 0, 3, 1, 4))  # [B, H, T, D] strided views
+
+
+def poisoned(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output buffer ``[B, T, H·D]`` of NaN: any element the kernel skips fails the check."""
+    return torch.full((B, T, H * D), float("nan"), device=device, dtype=dtype)
+
+
+def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, bound: float) -> None:
+    assert not actual.isnan().any(), "output has NaN: an element was not written"
+    err = ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert err <= bound, f"relative error {err:.2e} > {bound:.0e}"

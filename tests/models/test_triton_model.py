@@ -1,0 +1,76 @@
+"""TritonModel (kernels only) against the torch HybridModel it was built from.
+
+On CPU every kernel runs under Triton's interpreter (tests/conftest.py), in fp32, so the two
+forwards agree to rounding; on a GPU the ``gpu`` test compares bf16 kernels with the torch model
+and replays the captured CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nas.latency import KernelCompileError
+from nas.models import build, to_triton
+from nas.spec import ArchSpec, LayerSpec
+from tests.kernels._support import requires_cuda, requires_interpreter
+
+ARCHS = {
+    "A-conv+MLP": [LayerSpec("attention", 2, None, 4, 2.0)],
+    "L-elu-conv": [LayerSpec("linear_attention", 1, "elu+1", 4, 0.0, "silu", "rmsnorm")],
+    "A L M mixed": [LayerSpec("attention", 2, None, 0, 2.0, "relu"),
+                    LayerSpec("linear_attention", 2, "identity", 4, 1.5, "gelu", "rmsnorm"),
+                    LayerSpec("none", mlp_ratio=2.0, activation="silu")],
+    "L-relu": [LayerSpec("linear_attention", 2, "relu", 0, 2.0)],
+}
+
+
+def _arch(layers: list[LayerSpec], readout: str = "token", d: int = 32) -> ArchSpec:
+    return ArchSpec(d, layers, 29, 29 if readout == "token" else 5, readout)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_interpreted_kernels_match_the_torch_model(name):
+    model = build(_arch(ARCHS[name]), seed=1).eval()
+    tokens = torch.randint(0, 29, (2, 37), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(tokens)
+    got = to_triton(model, dtype=torch.float32)(tokens)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@requires_interpreter
+def test_last_readout_and_other_lengths():
+    model = build(_arch(ARCHS["A L M mixed"], readout="last"), seed=2).eval()
+    tm = to_triton(model, dtype=torch.float32)
+    for T in (5, 40):
+        tokens = torch.randint(0, 29, (3, T), generator=torch.Generator().manual_seed(T))
+        with torch.no_grad():
+            torch.testing.assert_close(tm(tokens), model(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_unsupported_head_dim_is_a_kernel_error():
+    model = build(_arch([LayerSpec("attention", 4, None, 0, 1.0)], d=24))  # head dim 6
+    with pytest.raises(KernelCompileError, match="head dim 6 has no attention kernel"):
+        to_triton(model)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_bf16_matches_and_graph_replays():
+    model = build(ArchSpec(128, [LayerSpec("attention", 2, None, 4, 4.0),
+                                 LayerSpec("linear_attention", 2, "elu+1", 4, 4.0),
+                                 LayerSpec("none", mlp_ratio=4.0)], 512, 512), seed=0).cuda().eval()
+    tokens = torch.randint(0, 512, (8, 512), device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        expected = model(tokens).float()
+    tm = to_triton(model)
+    eager = tm(tokens).float()
+    rel = ((eager - expected).norm() / expected.norm()).item()
+    assert rel < 3e-2, rel
+    replay = tm.capture(tokens)
+    torch.testing.assert_close(replay().float(), eager, rtol=0, atol=0)
+    tokens.copy_(torch.randint(0, 512, tokens.shape, device="cuda"))
+    assert not torch.equal(replay().float(), eager)  # the replay reads the refilled buffer

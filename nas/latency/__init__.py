@@ -3,6 +3,7 @@ on a CUDA machine, measured on the Triton model (a ``measure`` entry point, adde
 ``predict`` and returning the same ``Latency``).
 """
 
+from ._measure import LatencyCache, cache_key, measure
 from ._errors import KernelCompileError, KernelError, KernelMismatchError
 from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
 from ._memory import STATE_BYTES, MemoryEstimate, memory
@@ -21,10 +22,13 @@ __all__ = [
     "SOURCES",
     "STATE_BYTES",
     "Latency",
+    "LatencyCache",
     "LatencyShape",
     "MemoryEstimate",
     "OpCost",
+    "cache_key",
     "count_params",
+    "measure",
     "memory",
     "mlp_hidden",
     "op_costs",

@@ -32,6 +32,7 @@ class Latency:
     shape: LatencyShape
     breakdown: tuple[tuple[str, float], ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
+    notes: tuple[tuple[str, str], ...] = ()  # how a measurement went, e.g. ("remeasured", "spread 3.1% > 2%")
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -43,6 +44,7 @@ class Latency:
                              f"{self.median_ms!r} and {self.iqr_ms!r}")
         object.__setattr__(self, "breakdown", tuple((str(k), float(v)) for k, v in self.breakdown))
         object.__setattr__(self, "versions", tuple((str(k), str(v)) for k, v in self.versions))
+        object.__setattr__(self, "notes", tuple((str(k), str(v)) for k, v in self.notes))
 
     @property
     def predicted(self) -> bool:
@@ -59,6 +61,7 @@ class Latency:
             "shape": str(self.shape),
             "breakdown": dict(self.breakdown),
             "versions": dict(self.versions),
+            "notes": dict(self.notes),
         }
 
     @classmethod
@@ -73,4 +76,5 @@ class Latency:
             shape=parse_shape(data["shape"]),
             breakdown=tuple(data.get("breakdown", {}).items()),
             versions=tuple(data.get("versions", {}).items()),
+            notes=tuple(data.get("notes", {}).items()),
         )

@@ -1,0 +1,141 @@
+"""Measured latency: the candidate's TritonModel replayed from a CUDA graph on the local GPU.
+
+``measure`` checks the kernels against the torch model first (a wrong result or a compile
+failure raises a KernelError, which fails the trial), then times graph replays with CUDA events:
+warm-up, then ≥ 20 timed replays, median and IQR; if the spread (IQR / median) exceeds 2% the
+whole measurement is taken once more and the note records it. For a small model one replay runs
+the forward over several input copies whose activations together exceed the L2, so each forward
+starts cold, and the time is divided by the copies. Results are cached on disk by what
+determines them: (arch_hash, shape, dtype, GPU name, torch, triton) — tinygrad's rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from nas.latency._errors import KernelCompileError, KernelMismatchError
+from nas.latency._memory import memory
+from nas.latency._result import Latency
+from nas.latency._shape import LatencyShape
+from nas.spec import arch_hash
+
+__all__ = ["LatencyCache", "SPREAD_LIMIT", "cache_key", "measure"]
+
+SPREAD_LIMIT = 0.02  # IQR / median above this → measure again once
+MISMATCH_LIMIT = 3e-2  # relative Frobenius error of bf16 kernels vs the torch model under autocast
+MAX_COPIES = 16
+
+
+def cache_key(arch_hash_: str, shape: LatencyShape, dtype: str, gpu: str, torch_version: str,
+              triton_version: str) -> str:
+    return "|".join((arch_hash_, str(shape), dtype, gpu, torch_version, triton_version))
+
+
+class LatencyCache:
+    """Measured latencies in one JSON file (``$NAS_LATENCY_CACHE``, default
+    ``~/.cache/hybrid-nas/latency.json``), written atomically so parallel workers never see a
+    torn file (the last writer wins for a key, which is the same measurement anyway)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        default = Path.home() / ".cache" / "hybrid-nas" / "latency.json"
+        self.path = Path(path or os.environ.get("NAS_LATENCY_CACHE") or default)
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> Latency | None:
+        entry = self._read().get(key)
+        return Latency.from_dict(entry) if entry is not None else None
+
+    def put(self, key: str, latency: Latency) -> None:
+        data = self._read()
+        data[key] = latency.to_dict()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".latency-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def _time(replay, copies: int, reps: int, warmup: int = 5) -> list[float]:
+    for _ in range(warmup):
+        replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / copies)
+    return samples
+
+
+def measure(model: torch.nn.Module, shape: LatencyShape, *, reps: int = 30, cache: LatencyCache | None = None,
+            dtype: torch.dtype = torch.bfloat16) -> Latency:
+    """Latency of ``model``'s TritonModel forward at ``shape`` on the current CUDA device."""
+    import triton
+
+    from nas.models.triton_model import to_triton
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure needs a CUDA device; use predict elsewhere")
+    reps = max(20, reps)
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    gpu = torch.cuda.get_device_name()
+    key = cache_key(arch_hash(model.arch), shape, dtype_name, gpu, torch.__version__, triton.__version__)
+    cache = cache or LatencyCache()
+    if (hit := cache.get(key)) is not None:
+        return hit
+
+    model = model.to("cuda").eval()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size or 50 * 2**20
+    mem = memory(model.arch, shape, dtype=dtype_name)
+    copies = min(MAX_COPIES, max(1, -(-2 * l2 // max(1, mem.peak_activation_bytes))))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [torch.randint(0, model.arch.vocab_size, (shape.batch, shape.seq_len), device="cuda", generator=gen)
+              for _ in range(copies)]
+    try:
+        tm = to_triton(model, dtype=dtype)
+        got = tm(inputs[0]).float()
+    except (triton.CompilationError, triton.runtime.errors.OutOfResources) as e:
+        raise KernelCompileError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from None
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        expected = model(inputs[0]).float()
+    err = ((got - expected).norm() / expected.norm().clamp(min=1e-12)).item()
+    if not err <= MISMATCH_LIMIT:
+        raise KernelMismatchError(f"triton forward differs from the torch model: relative error {err:.2e} "
+                                  f"> {MISMATCH_LIMIT:.0e}")
+
+    replays = [tm.capture(x) for x in inputs]  # one graph per input copy, replayed back to back
+
+    def replay() -> None:
+        for r in replays:
+            r()
+
+    notes = []
+    for attempt in range(2):
+        samples = _time(replay, copies, reps)
+        q1, median, q3 = statistics.quantiles(samples, n=4)
+        spread = (q3 - q1) / median
+        if spread <= SPREAD_LIMIT:
+            break
+        notes.append((f"spread_attempt_{attempt + 1}", f"{spread:.1%}"))
+    if notes:
+        notes.append(("remeasured", "yes"))
+    latency = Latency(median, q3 - q1, "measured", gpu, dtype_name, shape,
+                      versions=(("torch", torch.__version__), ("triton", triton.__version__)),
+                      notes=(("input_copies", str(copies)), ("replays", str(reps)), *notes))
+    cache.put(key, latency)
+    return latency

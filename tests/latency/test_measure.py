@@ -1,0 +1,57 @@
+"""Measured latency: the on-disk cache (CPU) and the measurement itself (GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nas.latency import Latency, LatencyCache, cache_key, measure, parse_shape
+from nas.models import build
+from nas.spec import ArchSpec, LayerSpec
+from tests.kernels._support import requires_cuda
+
+
+def _latency(ms: float) -> Latency:
+    return Latency(ms, 0.01, "measured", "NVIDIA H200", "bf16", parse_shape("1x256"),
+                   versions=(("torch", "2.11"), ("triton", "3.6")), notes=(("remeasured", "yes"),))
+
+
+def test_cache_round_trip_and_keys(tmp_path):
+    cache = LatencyCache(tmp_path / "lat.json")
+    shape = parse_shape("1x256")
+    key = cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.6")
+    assert cache.get(key) is None
+    cache.put(key, _latency(0.1))
+    assert cache.get(key) == _latency(0.1)  # notes and versions survive the JSON
+    # everything that determines a measurement is part of the key
+    for other in (cache_key("abd", shape, "bf16", "NVIDIA H200", "2.11", "3.6"),
+                  cache_key("abc", parse_shape("8x256"), "bf16", "NVIDIA H200", "2.11", "3.6"),
+                  cache_key("abc", shape, "fp16", "NVIDIA H200", "2.11", "3.6"),
+                  cache_key("abc", shape, "bf16", "NVIDIA H100", "2.11", "3.6"),
+                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.12", "3.6"),
+                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.7")):
+        assert cache.get(other) is None
+    cache.put(key, _latency(0.2))
+    assert LatencyCache(tmp_path / "lat.json").get(key).median_ms == 0.2  # a new reader sees the update
+
+
+def test_cache_survives_a_corrupt_file(tmp_path, monkeypatch):
+    path = tmp_path / "lat.json"
+    path.write_text("{not json")
+    monkeypatch.setenv("NAS_LATENCY_CACHE", str(path))
+    cache = LatencyCache()
+    assert cache.path == path and cache.get("k") is None
+    cache.put("k", _latency(0.3))
+    assert cache.get("k").median_ms == 0.3
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_measure_on_gpu_is_measured_cached_and_stable(tmp_path):
+    arch = ArchSpec(128, [LayerSpec("attention", 2, None, 4, 4.0), LayerSpec("linear_attention", 2, "elu+1", 4, 4.0),
+                          LayerSpec("none", mlp_ratio=4.0), LayerSpec("attention", 4, None, 4, 4.0)], 256, 256)
+    cache = LatencyCache(tmp_path / "lat.json")
+    lat = measure(build(arch, seed=0), parse_shape("1x256"), cache=cache)
+    assert lat.source == "measured" and lat.device == torch.cuda.get_device_name() and lat.median_ms > 0
+    assert lat.iqr_ms <= 0.05 * lat.median_ms or dict(lat.notes).get("remeasured") == "yes"
+    assert measure(build(arch, seed=1), parse_shape("1x256"), cache=cache) == lat  # cached by arch, not weights

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -284,33 +286,51 @@ def _spaces(args: argparse.Namespace) -> None:
         console.print(f"[bold]{name}[/]: {space.description}  (default task {space.task})")
 
 
+def _interrupt_once(signum: int, frame: object) -> None:
+    """First Ctrl-C: stop with KeyboardInterrupt; later ones are ignored, so the running trial
+    can still be recorded as interrupted."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupt_once) if in_main_thread else None
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        err.print("nas: interrupted; finished trials are kept in the study", markup=False)
+        return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from hardware_profiles import ProfileError
+    from nas.export import ExportError
+    from nas.faults import FaultError
+    from nas.pareto import PickError
+    from nas.report import ReportError
     from nas.storage import StorageError
     from nas.study import SearchError
     from nas.tasks import TaskError
-    from search_spaces import SpaceError
-
-    from nas.export import ExportError
-    from nas.pareto import PickError
-    from nas.report import ReportError
-    from nas.faults import FaultError
     from nas.workers import WorkerError
+    from search_spaces import SpaceError
 
     user_errors = (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError, ExportError,
                    PickError, ReportError, WorkerError, FaultError)
     try:
         args = _build_parser().parse_args(argv)
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        {"search": _search, "worker": _worker, "studies": _studies, "report": _report, "export": _export, "profiles": _profiles,
-         "spaces": _spaces}[args.command](args)
+        commands = {"search": _search, "worker": _worker, "studies": _studies, "report": _report, "export": _export,
+                    "profiles": _profiles, "spaces": _spaces}
+        commands[args.command](args)
     except user_errors as e:
         err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)
         return 2
-    except KeyboardInterrupt:
-        err.print("nas: interrupted; finished trials are kept in the study", markup=False)
-        return 130
     return 0
 
 

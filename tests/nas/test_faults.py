@@ -67,8 +67,10 @@ def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode()
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
-    assert "interrupted" in proc.stderr.read().decode()
+    code = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode()
+    assert code == 130, stderr
+    assert "interrupted" in stderr
     after = trials()
     assert [t.state for t in after] == [TrialState.FAIL]
     assert after[0].user_attrs["failure"] == "interrupted"

@@ -76,6 +76,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="fail a trial that runs longer than this many seconds")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    s.add_argument("--measure", action="store_true",
+                   help="time each candidate's Triton kernels on this GPU (CUDA-graph replay) instead of "
+                        "predicting; experimental until validated on hardware")
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
     s.add_argument("--trials-per-gpu", type=_positive_int, default=1, help="worker processes per GPU (default 1)")
     s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")
@@ -135,13 +138,13 @@ def _search(args: argparse.Namespace) -> None:
                           study=args.study, storage=resolve_storage(args.storage), sampler=args.sampler,
                           target=args.target, latency_shape=args.latency_shape, max_latency_ms=args.max_latency_ms,
                           max_params=args.max_params, max_memory_mb=args.max_memory_mb,
-                          trial_timeout=args.trial_timeout, seed=args.seed,
+                          trial_timeout=args.trial_timeout, seed=args.seed, measure=args.measure,
                           device="cpu" if len(slots) > 1 and not gpus else args.device)
     ctx, study = prepare(config)
     done = n_complete(study)
     console.print(f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
                   f"task {ctx.task.description or ctx.task.name}, latency "
-                  f"predicted for {ctx.profile.name} at {ctx.shape}, "
+                  f"{'measured on this GPU' if ctx.measure else 'predicted for ' + ctx.profile.name} at {ctx.shape}, "
                   f"device {ctx.device}; {done} trial(s) already complete")
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("front {task.fields[front]}  best acc {task.fields[best]}"), TimeElapsedColumn(),

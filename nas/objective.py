@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 
 from hardware_profiles import HardwareProfile
 from nas import faults
-from nas.latency import KernelError, Latency, LatencyShape, count_params, memory, predict
+from nas.latency import KernelError, Latency, LatencyShape, count_params, measure, memory, predict
 from nas.models import build
-from nas.spec import arch_hash
+from nas.spec import ArchSpec, arch_hash
 from nas.tasks import Task
 from nas.train import Budget, TrainingDiverged, TrainingOOM, TrialTimeout, train
 from search_spaces import SearchSpace
@@ -52,6 +52,7 @@ class TrialContext:
     device: torch.device
     budgets: Budgets
     artifacts: FileSystemArtifactStore
+    measure: bool = False  # time the TritonModel on this GPU instead of predicting
 
 
 def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
@@ -66,9 +67,13 @@ def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> 
     return out
 
 
-def _score_latency(ctx: TrialContext, arch, fault: str | None) -> Latency:
-    """Latency of ``arch``: predicted from the profile (the measured GPU path plugs in here)."""
+def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> Latency:
+    """Latency of ``arch``: measured on this GPU (its kernels checked against the torch model
+    first), or predicted from the profile. Latency does not depend on the weights, so the
+    candidate is timed before training, on a freshly initialised model."""
     faults.check_scoring(fault)
+    if ctx.measure:
+        return measure(build(arch, seed=0), ctx.shape)
     return predict(arch, ctx.shape, ctx.profile)
 
 

@@ -72,6 +72,7 @@ class SearchConfig:
     device: str = "auto"
     space_yaml: str | None = None
     worker: int = 0
+    measure: bool = False  # time candidates on this GPU (experimental until validated on hardware)
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -205,13 +206,17 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     task = load_task(task_spec, seed=config.seed)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
+    if config.measure and device.type != "cuda":
+        raise SearchError("--measure times the candidates' kernels on a CUDA device; none is in use here "
+                          "(drop --measure to predict latency from a hardware profile)")
     sampler = make_sampler(config.sampler, config.seed + config.worker)
     name = study_name(config, space, task_spec)
     study = open_study(name, config.storage, sampler=sampler)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
     setup = {"space": space.name, "space_source": space.source, "space_yaml": space_yaml, "task": task_spec,
              "task_config": task.config, "target": config.target, "profile": profile.name,
-             "latency_shape": str(shape), "sampler": config.sampler, "seed": config.seed}
+             "latency_shape": str(shape), "sampler": config.sampler, "seed": config.seed,
+             "measure": config.measure}
     stored = study.user_attrs.get("search")
     if stored is not None:
         for key in ("space", "task", "target", "latency_shape"):
@@ -226,7 +231,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
                 "trials": config.trials}
     if study.user_attrs.get("budgets") != recorded:
         study.set_user_attr("budgets", recorded)  # the latest run's budgets: workers and the report read them
-    return TrialContext(space, task, profile, shape, device, budgets, open_artifact_store(config.storage)), study
+    return TrialContext(space, task, profile, shape, device, budgets, open_artifact_store(config.storage),
+                        measure=config.measure), study
 
 
 def worker_config(study: str, storage: str, *, trials: int | None = None, device: str = "auto",
@@ -242,6 +248,7 @@ def worker_config(study: str, storage: str, *, trials: int | None = None, device
                         latency_shape=setup["latency_shape"], max_latency_ms=budgets.get("max_latency_ms"),
                         max_params=budgets.get("max_params"), max_memory_mb=budgets.get("max_memory_mb"),
                         trial_timeout=budgets.get("trial_timeout"), seed=setup.get("seed", 0), device=device,
+                        measure=setup.get("measure", False),
                         worker=os.getpid() if worker is None else worker)
 
 

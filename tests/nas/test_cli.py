@@ -90,6 +90,7 @@ BAD = [
     ("unknown-study", lambda f, s, st: ["studies", "--study", "ghost"], "no study named 'ghost'"),
     ("unknown-profile-show", lambda f, s, st: ["profiles", "show", "tpu9"], "tpu9"),
     ("unknown-command", lambda f, s, st: ["frobnicate"], "invalid choice"),
+    ("measure-without-gpu", lambda f, s, st: ["search", "--space", s, "--measure"], "--measure times"),
     ("gpus-missing", lambda f, s, st: ["search", "--space", s, "--gpus", "0"], "no CUDA device 0"),
     ("gpus-malformed", lambda f, s, st: ["search", "--space", s, "--gpus", "0,zero"], "distinct device indices"),
     ("workers-zero", lambda f, s, st: ["search", "--space", s, "--workers", "0"], "--workers"),

@@ -130,3 +130,29 @@ def test_open_study_without_create_names_known_studies(tmp_path, tiny_space):
     run_search(_config(tmp_path, tiny_space, trials=1))
     with pytest.raises(ValueError, match=r"no study named 'nope'.*\['t'\]"):
         open_study("nope", str(tmp_path / "s.journal"), create=False)
+
+
+def test_measured_latency_is_recorded_as_measured(tmp_path, tiny_space, monkeypatch):
+    """The objective's GPU path, with the GPU measurement stubbed: what it returns is what the
+    trial records, and a kernel that disagrees with the model fails the trial with the reason."""
+    import dataclasses
+
+    from nas.latency import KernelMismatchError, Latency
+
+    calls = []
+
+    def fake_measure(model, shape):
+        calls.append(model.arch)
+        if len(calls) == 2:
+            raise KernelMismatchError("triton forward differs from the torch model: relative error 1e-01")
+        return Latency(0.123, 0.002, "measured", "NVIDIA H200", "bf16", shape, versions=(("triton", "3.6"),))
+
+    monkeypatch.setattr("nas.objective.measure", fake_measure)
+    config = _config(tmp_path, tiny_space, trials=2)
+    ctx, study = prepare(config)
+    run_search(config, ctx_study=(dataclasses.replace(ctx, measure=True), study))
+    trials = study.get_trials()
+    assert trials[0].user_attrs["latency_source"] == "measured" and trials[0].values[1] == 0.123
+    assert trials[0].user_attrs["latency"]["iqr_ms"] == 0.002 and trials[0].user_attrs["latency_device"] == "NVIDIA H200"
+    assert trials[1].state == TrialState.FAIL and "KernelMismatchError" in trials[1].user_attrs["failure"]
+    assert len(calls) == 3 and calls[0] == ArchSpec.from_dict(trials[0].user_attrs["arch"])

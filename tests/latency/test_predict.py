@@ -195,9 +195,11 @@ def test_tiny_shape_is_launch_bound(h200: HardwareProfile) -> None:
 
 
 def test_calibration_replaces_the_defaults(h200: HardwareProfile) -> None:
+    base = dataclasses.replace(h200, calibrated=Calibration())  # the documented defaults
+
     def ratio(arch: ArchSpec, shape: LatencyShape, calibrated: Calibration) -> float:
         slower = dataclasses.replace(h200, calibrated=calibrated)
-        return predict(arch, shape, slower).median_ms / predict(arch, shape, h200).median_ms
+        return predict(arch, shape, slower).median_ms / predict(arch, shape, base).median_ms
 
     compute_bound = (_arch(ATTN, d=2048), LatencyShape(16, 4096))
     launch_bound = (_arch(ATTN, d=32, vocab=16, n_out=16), LatencyShape(1, 4))

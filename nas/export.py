@@ -24,7 +24,7 @@ from optuna.artifacts import download_artifact
 from optuna.trial import FrozenTrial
 from safetensors.torch import load_file, save_file
 
-from nas.models import HybridModel, build
+from nas.models import HybridModel, TritonModel, build, to_triton
 from nas.spec import ArchSpec, TrainSpec, arch_hash
 from nas.storage import open_artifact_store
 from nas.tasks import Task, task_from_config
@@ -198,16 +198,20 @@ def _layer_text(layer: Any) -> str:
     return f"{mixer}, {layer.heads} heads{conv}" + (f" + {mlp}" if mlp else "")
 
 
-def load(path: str | Path, *, backend: str = "torch") -> HybridModel:
-    """Rebuild the model of an export bundle. ``backend`` "torch" (the triton backend needs the
-    kernel package and a CUDA device; it is not available yet)."""
+def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonModel:
+    """Rebuild the model of an export bundle: ``backend="torch"`` → ``HybridModel`` (eval, CPU);
+    ``backend="triton"`` → its ``TritonModel`` (bf16 kernels on the current CUDA device; capture
+    it with ``.capture(tokens)`` for graph replay)."""
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend {backend!r} is not one of ['torch', 'triton']")
+    if backend == "triton" and not torch.cuda.is_available():
+        raise ValueError("backend 'triton' needs a CUDA device; use backend='torch' here")
     path = Path(path)
-    if backend != "torch":
-        raise ValueError(f"backend {backend!r} is not available; use 'torch'")
     try:
         record = json.loads((path / "arch.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ExportError(f"{path}: not an export bundle ({e})") from None
     model = build(ArchSpec.from_dict(record["arch"]))
     model.load_state_dict(load_file(str(path / "model.safetensors")))
-    return model.eval()
+    model.eval()
+    return to_triton(model.cuda()) if backend == "triton" else model

@@ -27,17 +27,25 @@ def study(tmp_path_factory):
     return optuna.load_study(study_name="e", storage=open_storage(storage)), storage, tmp
 
 
-def _exported_trial(out) -> int:
-    return json.loads((out / "arch.json").read_text())["trial"]
-
-
-def test_export_load_bit_exact_and_onnx_matches(study):
-    import onnxruntime as ort
-
+@pytest.fixture(scope="module")
+def bundle(study):
+    """The front's most accurate trial, exported once for the tests that read a bundle."""
     st, storage, tmp = study
     out = tmp / "bundle"
     assert main(["export", "--study", "e", "--storage", storage, "--trial", str(front(st)[0].number),
                  "--out", str(out)]) == 0
+    return out
+
+
+def _exported_trial(out) -> int:
+    return json.loads((out / "arch.json").read_text())["trial"]
+
+
+def test_export_load_bit_exact_and_onnx_matches(study, bundle):
+    import onnxruntime as ort
+
+    st, storage, _ = study
+    out = bundle
     assert sorted(p.name for p in out.iterdir()) == ["arch.json", "card.md", "model.onnx", "model.safetensors"]
     record = json.loads((out / "arch.json").read_text())
     assert {"arch", "train", "task", "versions", "metrics", "latency"} <= set(record)
@@ -122,3 +130,16 @@ def test_export_errors_one_line_exit_2(study, capsys, argv, words):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err, err
     assert (tmp / "nonempty" / "keep.txt").read_text() == "mine" and not (tmp / "x-out").exists()
+
+
+def test_load_backends(bundle):
+    with pytest.raises(ValueError, match="backend 'onnx' is not one of"):
+        nas.load(bundle, backend="onnx")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            nas.load(bundle, backend="triton")
+    else:
+        tm = nas.load(bundle, backend="triton")
+        tokens = torch.randint(0, tm.arch.vocab_size, (2, 16), device="cuda")
+        ref = nas.load(bundle).cuda()(tokens)
+        assert ((tm(tokens).float() - ref).norm() / ref.norm()).item() < 3e-2

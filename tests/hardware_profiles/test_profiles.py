@@ -11,7 +11,6 @@ import torch
 import yaml
 
 from hardware_profiles import (
-    DTYPES,
     Calibration,
     ProfileError,
     detect_profile,

@@ -23,7 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from kernels.optim import reference as ref  # noqa: E402
 from kernels.optim import triton as fused  # noqa: E402
-from kernels.optim.configs import INTERPRETER, StepConfig  # noqa: E402
+from kernels.optim.configs import StepConfig  # noqa: E402
 from nas.optim import SGD, AdamW, GradOptions, Lion, OptimizerBase, RAdam  # noqa: E402
 from tests.optim.problems import run_pair  # noqa: E402
 

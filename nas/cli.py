@@ -1,4 +1,4 @@
-"""``nas`` command line: search, studies, report, export, profiles, spaces. The CLI owns the terminal."""
+"""``nas`` command line: search, worker, studies, report, export, profiles, spaces. The CLI owns the terminal."""
 
 from __future__ import annotations
 
@@ -126,10 +126,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _search(args: argparse.Namespace) -> None:
-    from nas.storage import resolve_storage
     from nas.pareto import front
+    from nas.storage import resolve_storage
     from nas.study import SearchConfig, n_complete, prepare, run_search
-
     from nas.workers import parse_gpus, plan_slots, run_workers
 
     gpus = parse_gpus(args.gpus) if args.gpus else None

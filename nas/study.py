@@ -82,7 +82,8 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
+        # per-layer parameters are conditional by design; GP samples those independently
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise SearchError(f"unknown sampler {name!r}; choose one of {list(SAMPLERS)}")

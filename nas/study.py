@@ -80,7 +80,9 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         # group=True: the per-layer parameters exist only for some depths/mixers; grouping models
         # each co-occurring set jointly (benchmarks/search_quality.py: higher front hypervolume)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+        with warnings.catch_warnings():  # multivariate/group are marked experimental in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
     if name == "gp":

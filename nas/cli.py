@@ -76,9 +76,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="fail a trial that runs longer than this many seconds")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    s.add_argument("--measure", action="store_true",
-                   help="time each candidate's Triton kernels on this GPU (CUDA-graph replay) instead of "
-                        "predicting; experimental until validated on hardware")
+    lat = s.add_mutually_exclusive_group()
+    lat.add_argument("--measure", dest="measure", action="store_const", const=True, default=None,
+                     help="time each candidate's Triton kernels on this GPU (CUDA-graph replay); the default on "
+                          "a CUDA device when --target is auto or this GPU's profile")
+    lat.add_argument("--predict", dest="measure", action="store_const", const=False,
+                     help="predict latency from the --target profile even on a GPU")
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
     s.add_argument("--trials-per-gpu", type=_positive_int, default=1, help="worker processes per GPU (default 1)")
     s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")

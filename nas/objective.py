@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from safetensors.torch import save_file
 
 from hardware_profiles import HardwareProfile
-from nas import faults
+from nas import faults, gpu_share
 from nas.latency import KernelError, Latency, LatencyShape, count_params, measure, memory, predict
 from nas.models import build
 from nas.spec import ArchSpec, arch_hash
@@ -73,7 +73,8 @@ def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> Late
     candidate is timed before training, on a freshly initialised model."""
     faults.check_scoring(fault)
     if ctx.measure:
-        return measure(build(arch, seed=0), ctx.shape)
+        with gpu_share.current().exclusive():  # workers sharing this GPU pause their training meanwhile
+            return measure(build(arch, seed=0), ctx.shape)
     return predict(arch, ctx.shape, ctx.profile)
 
 
@@ -87,6 +88,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     cand = ctx.space.sample(trial, ctx.task)
     arch = cand.arch
     params = count_params(arch)
+    scoring_start = time.perf_counter()
     try:
         lat = _score_latency(ctx, arch, fault)
     except KernelError as e:
@@ -95,7 +97,9 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     mem = memory(arch, ctx.shape)
     for key, value in {"arch": arch.to_dict(), "train": cand.train.to_dict(), "arch_summary": arch.summary(),
                        "params": params, "latency": lat.to_dict(), "latency_source": lat.source,
-                       "latency_device": lat.device, "memory": mem.to_dict()}.items():
+                       "latency_device": lat.device, "memory": mem.to_dict(),
+                       # seconds spent scoring latency (build, compile/autotune, capture, timing; ~0 when predicted)
+                       "latency_seconds": round(time.perf_counter() - scoring_start, 3)}.items():
         trial.set_user_attr(key, value)
     cons = _constraints(ctx.budgets, lat, mem.total_mb, params)
     for key, value in cons.items():

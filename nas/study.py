@@ -72,7 +72,10 @@ class SearchConfig:
     device: str = "auto"
     space_yaml: str | None = None
     worker: int = 0
-    measure: bool = False  # time candidates on this GPU (experimental until validated on hardware)
+    # Latency: True = measure the candidates' kernels on this GPU, False = predict from the profile,
+    # None = measure when the search runs on a CUDA device and targets it (--target auto, or the
+    # profile of the local GPU), otherwise predict.
+    measure: bool | None = None
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -112,6 +115,23 @@ def resolve_target(target: str) -> HardwareProfile:
 
         return detect_profile() or load_profile("h200")
     return load_profile(target)
+
+
+def resolve_measure(measure: bool | None, target: str, profile: HardwareProfile, device: torch.device) -> bool:
+    """Whether trials measure latency on this GPU (see ``SearchConfig.measure``)."""
+    if measure is None:
+        if device.type != "cuda":
+            return False
+        if target == "auto":
+            return True
+        from hardware_profiles import detect_profile
+
+        local = detect_profile(torch.cuda.get_device_name(device))
+        return local is not None and local.name == profile.name
+    if measure and device.type != "cuda":
+        raise SearchError("--measure times the candidates' kernels on a CUDA device; none is in use here "
+                          "(drop --measure to predict latency from a hardware profile)")
+    return measure
 
 
 def study_name(config: SearchConfig, space: SearchSpace, task_spec: str) -> str:
@@ -211,9 +231,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     task = load_task(task_spec, seed=config.seed)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
-    if config.measure and device.type != "cuda":
-        raise SearchError("--measure times the candidates' kernels on a CUDA device; none is in use here "
-                          "(drop --measure to predict latency from a hardware profile)")
+    measure = resolve_measure(config.measure, config.target, profile, device)
     sampler = make_sampler(config.sampler, config.seed + config.worker)
     name = study_name(config, space, task_spec)
     study = open_study(name, config.storage, sampler=sampler)
@@ -221,13 +239,18 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     setup = {"space": space.name, "space_source": space.source, "space_yaml": space_yaml, "task": task_spec,
              "task_config": task.config, "target": config.target, "profile": profile.name,
              "latency_shape": str(shape), "sampler": config.sampler, "seed": config.seed,
-             "measure": config.measure}
+             "measure": measure}
     stored = study.user_attrs.get("search")
     if stored is not None:
         for key in ("space", "task", "target", "latency_shape"):
             if stored.get(key) != setup[key]:
                 raise SearchError(f"study {name!r} was created with {key}={stored.get(key)!r}, not {setup[key]!r}; "
                                   f"use the same settings or another --study name")
+        if bool(stored.get("measure", False)) != measure:
+            was, now = (("measured", "predicted") if stored.get("measure") else ("predicted", "measured"))
+            raise SearchError(f"study {name!r} holds {was} latencies and this run would record {now} ones "
+                              f"({'pass --measure on a CUDA device' if was == 'measured' else 'pass --predict'} "
+                              f"to match, or use another --study name)")
     else:
         study.set_user_attr("search", setup)
     budgets = Budgets(config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout)
@@ -237,7 +260,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     if study.user_attrs.get("budgets") != recorded:
         study.set_user_attr("budgets", recorded)  # the latest run's budgets: workers and the report read them
     return TrialContext(space, task, profile, shape, device, budgets, open_artifact_store(config.storage),
-                        measure=config.measure), study
+                        measure=measure), study
 
 
 def worker_config(study: str, storage: str, *, trials: int | None = None, device: str = "auto",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nas import gpu_share
 from nas.optim import make_optimizer
 from nas.spec import TrainSpec
 from nas.tasks.base import Task
@@ -108,14 +109,32 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
     opt = make_optimizer(spec, model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
     gen = torch.Generator(device=device).manual_seed(spec.seed)
-    n_train = task.x_train.shape[0]
     window = max(1, spec.steps // CURVE_POINTS)
 
     losses = torch.zeros(spec.steps, device=device)
     norms = torch.zeros(spec.steps, device=device)
-    curve: list[tuple[int, float]] = []
     stopped, start, step = "completed", time.perf_counter(), 0
+    share = gpu_share.current() if device.type == "cuda" else gpu_share.GpuShare("")
+    try:
+        accuracy, test_loss, step, stopped, curve = _loop(model, task, spec, opt, sched, gen, losses, norms,
+                                                          budget, step_hook, share, window, start)
+    finally:
+        share.release_shared(sync=False)
+    if not math.isfinite(test_loss):
+        raise TrainingDiverged("test loss is not finite", step)
+    seconds = time.perf_counter() - start
+    logger.debug("trained %d steps in %.1fs: acc=%.3f (%s)", step, seconds, accuracy, stopped)
+    return TrainResult(accuracy, test_loss, step, seconds, stopped, tuple(curve))
+
+
+def _loop(model, task, spec, opt, sched, gen, losses, norms, budget, step_hook, share, window, start):
+    """The training steps and the final evaluation of ``train``; returns (accuracy, test loss,
+    steps, how it stopped, curve). GPU work runs while holding ``share`` (windows of steps)."""
+    device, n_train = losses.device, task.x_train.shape[0]
+    curve: list[tuple[int, float]] = []
+    stopped, step = "completed", 0
     while step < spec.steps:
+        share.acquire_shared()
         try:
             if step_hook is not None:
                 step_hook(step + 1)
@@ -139,15 +158,13 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
             while (len(curve) + 1) * window <= step:  # each window that has completed since the last check
                 lo = len(curve) * window
                 curve.append((lo + window, losses[lo:lo + window].mean().item()))
+            share.release_shared()  # a waiting latency measurement on this GPU goes now
         if out_of_time and step < spec.steps:
             stopped = "time budget"
             break
-    accuracy, test_loss = evaluate(model, task, device)
-    if not math.isfinite(test_loss):
-        raise TrainingDiverged("test loss is not finite", step)
-    seconds = time.perf_counter() - start
-    logger.debug("trained %d steps in %.1fs: acc=%.3f (%s)", step, seconds, accuracy, stopped)
-    return TrainResult(accuracy, test_loss, step, seconds, stopped, tuple(curve))
+    with share.shared():
+        accuracy, test_loss = evaluate(model, task, device)
+    return accuracy, test_loss, step, stopped, curve
 
 
 def _check_finite(losses: torch.Tensor, norms: torch.Tensor, step: int) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import optuna
 
+from nas import gpu_share
+
 __all__ = ["Slot", "WorkerError", "parse_gpus", "plan_slots", "run_workers"]
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot
         env = dict(os.environ)
         if slot.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.gpu
+            if sum(s.gpu == slot.gpu for s in slots) > 1:  # measurements pause the GPU's other workers
+                env.setdefault(gpu_share.ENV, gpu_share.lock_prefix(slot.gpu))
         # Share the cores: every worker's intra-op pool defaults to all of them, and several pools
         # spinning on the same cores slow each other down many times over (GPU workers too: their
         # host-side work is small, launch-bound CPU ops).

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels._autotune import autotune
 from kernels.attention.configs import SUPPORTED_HEAD_DIMS, AttentionConfig, attention_configs
 from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
 
@@ -160,7 +161,7 @@ def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
         triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages)
         for c in attention_configs(device, head_dim)
     ]
-    return triton.autotune(configs, key=["T", "CAUSAL", "ROPE"])(_flash_fwd_kernel)
+    return autotune(configs, key=["T", "CAUSAL", "ROPE"])(_flash_fwd_kernel)
 
 
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels._autotune import autotune
 from kernels.linear import configs as _configs
 from kernels.linear.configs import LinearConfig
 
@@ -154,7 +155,7 @@ def _bench(fn: Callable[[], object], quantiles: Sequence[float]) -> list[float]:
     return torch.tensor(samples).quantile(torch.tensor(list(quantiles))).tolist()
 
 
-_tuned_kernel = triton.autotune(
+_tuned_kernel = autotune(
     configs=list(_TRITON_CONFIGS.values()), key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
     do_bench=_bench,
 )(_fixed_kernel)

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels._autotune import autotune
 from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
 from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, chunk_configs, step_config
 
@@ -196,7 +197,7 @@ def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
                          for c in chunk_configs(device, head_dim))
     configs = [triton.Config({"CHUNK": chunk, "BLOCK_V": block_v}, num_warps=warps, num_stages=stages)
                for chunk, block_v, warps, stages in seen]
-    return triton.autotune(configs, key=["T", "FEATURE", "STORE_STATE"])(_chunked_fwd_kernel)
+    return autotune(configs, key=["T", "FEATURE", "STORE_STATE"])(_chunked_fwd_kernel)
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, return_state: bool = False,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["KernelError", "KernelCompileError", "KernelMismatchError"]
+__all__ = ["KernelError", "KernelCompileError", "KernelLaunchError", "KernelMismatchError"]
 
 
 class KernelError(RuntimeError):
@@ -11,6 +11,10 @@ class KernelError(RuntimeError):
 
 class KernelCompileError(KernelError):
     """Triton could not compile a kernel for this candidate (e.g. out of shared memory)."""
+
+
+class KernelLaunchError(KernelError):
+    """A kernel wrapper refused this candidate's shapes or failed to launch (a bug to report)."""
 
 
 class KernelMismatchError(KernelError):

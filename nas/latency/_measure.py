@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from nas.latency._errors import KernelCompileError, KernelMismatchError
+from nas.latency._errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 from nas.latency._memory import memory
 from nas.latency._result import Latency
 from nas.latency._shape import LatencyShape
@@ -67,6 +67,11 @@ class LatencyCache:
         os.replace(tmp, self.path)
 
 
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
 def _time(replay, copies: int, reps: int, warmup: int = 5) -> list[float]:
     for _ in range(warmup):
         replay()
@@ -109,8 +114,15 @@ def measure(model: torch.nn.Module, shape: LatencyShape, *, reps: int = 30, cach
     try:
         tm = to_triton(model, dtype=dtype)
         got = tm(inputs[0]).float()
+    except KernelError:
+        raise
     except (triton.CompilationError, triton.runtime.errors.OutOfResources) as e:
-        raise KernelCompileError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from None
+        raise KernelCompileError(f"{type(e).__name__}: {_first_line(e)}") from None
+    except (ValueError, TypeError, RuntimeError, AssertionError) as e:
+        if isinstance(e, torch.OutOfMemoryError):
+            raise
+        # a kernel wrapper refusing this candidate's shapes: fail the trial, keep the search going
+        raise KernelLaunchError(f"{type(e).__name__}: {_first_line(e)}") from None
     with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
         expected = model(inputs[0]).float()
     err = ((got - expected).norm() / expected.norm().clamp(min=1e-12)).item()

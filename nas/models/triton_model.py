@@ -3,8 +3,11 @@
 Per block: norm → qkv linear (+bias) → short causal conv → attention (RoPE fused) or causal
 linear attention (feature map fused) → out linear with the residual add in its epilogue; then
 norm → MLP up with the activation in its epilogue → MLP down with the residual add. Only the
-embedding gather and reshapes run in torch. Weights are cast once to ``dtype`` at construction
-(bf16 on a GPU; fp32 lets the CPU interpreter tests compare with the torch model tightly).
+embedding gather and reshapes run in torch, plus, for a head dim below the kernels' smallest
+(16: ``tl.dot`` needs K ≥ 16), zero-padding the heads to it and slicing them back (two copies,
+timed with the rest; the result is exactly the model's, see ``_pad_heads``). Weights are cast
+once to ``dtype`` at construction (bf16 on a GPU; fp32 lets the CPU interpreter tests compare
+with the torch model tightly).
 
 Capturing the forward in a CUDA graph per input shape (``capture``) is what makes its latency
 that of the kernels rather than of Python (issue: eager ~911 µs vs ~99 µs replayed, d128×4).
@@ -46,6 +49,7 @@ class _Norm:
 class _Block:
     mixer: str
     heads: int
+    padded_head_dim: int | None  # the kernel's head dim: the model's, or the next supported one (zero-padded)
     feature_map: str | None
     norm1: _Norm | None
     qkv: tuple[torch.Tensor, torch.Tensor] | None
@@ -83,17 +87,22 @@ class TritonModel:
         blocks = []
         for i, block in enumerate(model.blocks):
             spec = block.spec
+            padded = None
             if spec.heads:
                 supported = ATTN_DIMS if spec.mixer == "attention" else LIN_DIMS
-                if d // spec.heads not in supported:
-                    raise KernelCompileError(f"layer {i}: head dim {d // spec.heads} has no {spec.mixer} kernel "
-                                             f"(supported: {list(supported)})")
+                head_dim = d // spec.heads
+                fits = [s for s in supported if s >= head_dim]
+                if not fits or head_dim % 2:
+                    raise KernelCompileError(f"layer {i}: head dim {head_dim} has no {spec.mixer} kernel "
+                                             f"(supported: {list(supported)}, or an even head dim below "
+                                             f"{max(supported)}, zero-padded)")
+                padded = fits[0]
             mixer, mlp = block.mixer, block.mlp
             conv = None
             if mixer is not None and mixer.conv is not None:
                 conv = (mixer.conv.weight.detach()[:, 0].to(dtype), mixer.conv.bias.detach().to(dtype))
             blocks.append(_Block(
-                spec.mixer, spec.heads, spec.feature_map, _norm(block.norm1, dtype),
+                spec.mixer, spec.heads, padded, spec.feature_map, _norm(block.norm1, dtype),
                 _linear(mixer.qkv, dtype) if mixer is not None else None, conv,
                 _linear(mixer.out, dtype) if mixer is not None else None, _norm(block.norm2, dtype),
                 _linear(mlp[0], dtype) if mlp is not None else None, spec.activation,
@@ -101,13 +110,20 @@ class TritonModel:
         self.blocks = tuple(blocks)
         self.final_norm = _norm(model.norm, dtype)
         self.head = _linear(model.head, dtype)
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (D, padded D) → cos, sin
 
-    def _rope_tables(self, T: int, D: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rope is None or self._rope[0].shape[0] < T or self._rope[0].device != device:
+    def _rope_tables(self, T: int, D: int, P: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[≥ T, P/2]`` for head dim D run as P (see ``_pad_heads``): the model's
+        frequencies in the first D/2 columns, the identity rotation (cos 1, sin 0) after them."""
+        cached = self._rope.get((D, P))
+        if cached is None or cached[0].shape[0] < T or cached[0].device != device:
             length = max(_ROPE_BASE_LEN, 1 << (T - 1).bit_length())
-            self._rope = rope_tables(length, D, device=device, dtype=torch.float32)
-        return self._rope
+            cos, sin = rope_tables(length, D, device=device, dtype=torch.float32)
+            if P != D:
+                cos = F.pad(cos, (0, (P - D) // 2), value=1.0)
+                sin = F.pad(sin, (0, (P - D) // 2), value=0.0)
+            cached = self._rope[(D, P)] = (cos.contiguous(), sin.contiguous())
+        return cached
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -125,12 +141,17 @@ class TritonModel:
                 qkv = linear(blk.norm1(h), *blk.qkv).view(B, T, 3 * d)
                 if blk.conv is not None:
                     qkv = causal_depthwise_conv(qkv, *blk.conv)
+                D, P = d // blk.heads, blk.padded_head_dim
+                if P != D:
+                    qkv = _pad_heads(qkv, blk.heads, D, P, blk.mixer, blk.feature_map)
                 if blk.mixer == "attention":
-                    o = flash_attention_qkv(qkv, blk.heads, causal=True,
-                                            rope=self._rope_tables(T, d // blk.heads, tokens.device))
+                    o = flash_attention_qkv(qkv, blk.heads, causal=True, scale=D ** -0.5,
+                                            rope=self._rope_tables(T, D, P, tokens.device))
                 else:
                     o = linear_attention_qkv(qkv, blk.heads, feature_map=blk.feature_map)
-                h = linear(o.view(B * T, d), *blk.out, residual=h)
+                if P != D:
+                    o = _unpad_heads(o, blk.heads, D, P, blk.mixer)
+                h = linear(o.reshape(B * T, d), *blk.out, residual=h)
             if blk.up is not None:
                 u = linear(blk.norm2(h), *blk.up, activation=blk.activation)
                 h = linear(u, *blk.down, residual=h)
@@ -161,6 +182,43 @@ class TritonModel:
             return out
 
         return replay
+
+
+def _halves(D: int, P: int) -> tuple[slice, slice, slice, slice]:
+    """Where head dim D's two rotary halves sit in the padded head dim P: [0, D/2) and [P/2, P/2 + D/2),
+    so the kernel's rotate-half pairing (i, i + P/2) pairs the same channels as the model's (i, i + D/2)."""
+    return slice(0, D // 2), slice(D // 2, D), slice(0, D // 2), slice(P // 2, P // 2 + D // 2)
+
+
+def _pad_heads(qkv: torch.Tensor, heads: int, D: int, P: int, mixer: str, feature_map: str | None) -> torch.Tensor:
+    """``qkv [B, T, 3·H·D]`` → ``[B, T, 3·H·P]`` for a kernel with head dim P > D, giving exactly
+    the model's result. Softmax attention: zero channels add 0 to q·k and to o; the caller passes
+    the scale D^-1/2 and rotary tables padded with the identity. Linear attention: φ of a padded
+    key channel must be 0 — keys are padded with −inf for elu+1 (exp(−∞) = 0), 0 for relu and
+    identity — and the identity map's q scale P^-1/2 is corrected to D^-1/2 on q itself."""
+    B, T, _ = qkv.shape
+    x = qkv.view(B, T, 3, heads, D)
+    out = qkv.new_zeros(B, T, 3, heads, P)
+    if mixer == "attention":
+        lo, hi, lo_p, hi_p = _halves(D, P)
+        out[..., lo_p], out[..., hi_p] = x[..., lo], x[..., hi]
+    else:
+        out[..., :D] = x
+        if feature_map == "elu+1":
+            out[:, :, 1, :, D:] = float("-inf")
+        elif feature_map == "identity":
+            out[:, :, 0, :, :D] *= (P / D) ** 0.5
+    return out.view(B, T, 3 * heads * P)
+
+
+def _unpad_heads(o: torch.Tensor, heads: int, D: int, P: int, mixer: str) -> torch.Tensor:
+    """The kernel's ``[B, T, H·P]`` output back to the model's ``[B, T, H·D]`` channels."""
+    B, T, _ = o.shape
+    o = o.view(B, T, heads, P)
+    if mixer == "attention":
+        lo, hi, lo_p, hi_p = _halves(D, P)
+        return torch.cat((o[..., lo_p], o[..., hi_p]), dim=-1).reshape(B, T, heads * D)
+    return o[..., :D].reshape(B, T, heads * D)
 
 
 def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> TritonModel:

@@ -22,6 +22,11 @@ ARCHS = {
                     LayerSpec("linear_attention", 2, "identity", 4, 1.5, "gelu", "rmsnorm"),
                     LayerSpec("none", mlp_ratio=2.0, activation="silu")],
     "L-relu": [LayerSpec("linear_attention", 2, "relu", 0, 2.0)],
+    # head dims 8 (zero-padded to the kernels' 16) and 16 in one model: rotary tables per head dim
+    "A hd8 + A hd16": [LayerSpec("attention", 4, None, 4, 0.0), LayerSpec("attention", 2, None, 0, 2.0)],
+    "L hd8 elu+1": [LayerSpec("linear_attention", 4, "elu+1", 4, 0.0)],
+    "L hd8 identity + relu": [LayerSpec("linear_attention", 4, "identity", 0, 0.0),
+                              LayerSpec("linear_attention", 4, "relu", 4, 2.0)],
 }
 
 
@@ -42,6 +47,24 @@ def test_interpreted_kernels_match_the_torch_model(name):
 
 
 @requires_interpreter
+@pytest.mark.parametrize("name", [n for n in ARCHS if "hd8" in n])
+def test_padded_head_dims_give_the_mixers_output(name):
+    """Head dim 8 runs zero-padded to 16. A fresh model's mixer adds little to the logits, so
+    its out projection is scaled up here: a wrong padding (e.g. φ(0) = 1 leaking into the
+    elu+1 normaliser, or rotary pairs split across the pad) then moves the logits by O(1)."""
+    model = build(_arch(ARCHS[name]), seed=4).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.mixer is not None:
+                block.mixer.out.weight.mul_(30.0)
+    tokens = torch.randint(0, 29, (2, 37), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(tokens)
+    got = to_triton(model, dtype=torch.float32)(tokens)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@requires_interpreter
 def test_last_readout_and_other_lengths():
     model = build(_arch(ARCHS["A L M mixed"], readout="last"), seed=2).eval()
     tm = to_triton(model, dtype=torch.float32)
@@ -51,9 +74,11 @@ def test_last_readout_and_other_lengths():
             torch.testing.assert_close(tm(tokens), model(tokens), rtol=1e-4, atol=1e-4)
 
 
-def test_unsupported_head_dim_is_a_kernel_error():
-    model = build(_arch([LayerSpec("attention", 4, None, 0, 1.0)], d=24))  # head dim 6
-    with pytest.raises(KernelCompileError, match="head dim 6 has no attention kernel"):
+@pytest.mark.parametrize(("d", "heads", "mixer"), [(256, 1, "attention"), (30, 2, "linear_attention")])
+def test_unsupported_head_dim_is_a_kernel_error(d, heads, mixer):
+    """Above the largest kernel head dim (128), or odd (no rotary halves to pad): a KernelCompileError."""
+    model = build(_arch([LayerSpec(mixer, heads, "relu" if mixer != "attention" else None, 0, 1.0)], d=d))
+    with pytest.raises(KernelCompileError, match=f"head dim {d // heads} has no {mixer} kernel"):
         to_triton(model)
 
 

@@ -156,3 +156,34 @@ def test_measured_latency_is_recorded_as_measured(tmp_path, tiny_space, monkeypa
     assert trials[0].user_attrs["latency"]["iqr_ms"] == 0.002 and trials[0].user_attrs["latency_device"] == "NVIDIA H200"
     assert trials[1].state == TrialState.FAIL and "KernelMismatchError" in trials[1].user_attrs["failure"]
     assert len(calls) == 3 and calls[0] == ArchSpec.from_dict(trials[0].user_attrs["arch"])
+
+
+def test_latency_is_measured_by_default_only_on_the_gpu_it_targets(monkeypatch):
+    """--target auto on a CUDA device measures; a named profile measures only when it is this
+    GPU's; a CPU run predicts, and --measure there is refused."""
+    import torch
+
+    from hardware_profiles import load_profile
+    from nas.study import resolve_measure
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    h200, h100 = load_profile("h200"), load_profile("h100_sxm")
+    assert resolve_measure(None, "auto", h200, cpu) is False
+    assert resolve_measure(None, "auto", h200, cuda) is True
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert resolve_measure(None, "h200", h200, cuda) is True
+    assert resolve_measure(None, "h100_sxm", h100, cuda) is False
+    assert resolve_measure(False, "auto", h200, cuda) is False
+    with pytest.raises(SearchError, match="--measure times"):
+        resolve_measure(True, "auto", h200, cpu)
+
+
+def test_a_study_keeps_one_kind_of_latency(tmp_path, tiny_space, monkeypatch):
+    """Measured and predicted latencies are not comparable: resuming a predicted study with
+    measurement on is refused with one line, and the study is left as it was."""
+    run_search(_config(tmp_path, tiny_space, trials=1))
+    before = (tmp_path / "s.journal").read_bytes()
+    monkeypatch.setattr("nas.study.resolve_measure", lambda *a: True)
+    with pytest.raises(SearchError, match="holds predicted latencies and this run would record measured"):
+        prepare(_config(tmp_path, tiny_space, trials=2))
+    assert (tmp_path / "s.journal").read_bytes() == before

@@ -57,20 +57,26 @@ def _arch(vocab: int) -> ArchSpec:
     return ArchSpec(128, layers, vocab, vocab)
 
 
-def tokens_per_second(task_spec: str, batch: int, steps: int, peer: bool) -> float:
+def tokens_per_second(task_spec: str, batch: int, steps: int, peer: bool, compile_: bool = False) -> tuple[float, float]:
+    """(tokens/s of a timed run, seconds of the warm-up run). With ``compile_`` the warm-up run
+    pays torch.compile; the timed run (a new model, as the next trial would be) pays whatever
+    recompiling it needs, which is counted."""
     task = load_task(task_spec)
     spec = TrainSpec("adamw", 3e-3, 0.01, 0.1, steps, batch, grad_clip=1.0)
     original = train_module.make_optimizer
     if peer:
         train_module.make_optimizer = lambda s, params: TorchFusedAdamW(params, s)
     try:
+        start = time.perf_counter()
         train_module.train(build(_arch(task.vocab_size), task, seed=0), task,  # warm-up: compile, autotune
-                           TrainSpec("adamw", 3e-3, 0.01, 0.1, 20, batch), device="cuda")
+                           TrainSpec("adamw", 3e-3, 0.01, 0.1, 20, batch), device="cuda", compile_model=compile_)
         torch.cuda.synchronize()
-        result = train_module.train(build(_arch(task.vocab_size), task, seed=0), task, spec, device="cuda")
+        warmup = time.perf_counter() - start
+        result = train_module.train(build(_arch(task.vocab_size), task, seed=0), task, spec, device="cuda",
+                                    compile_model=compile_)
     finally:
         train_module.make_optimizer = original
-    return steps * batch * task.seq_len / result.seconds
+    return steps * batch * task.seq_len / result.seconds, warmup
 
 
 def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
@@ -82,7 +88,7 @@ def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
     return {gpu: round(statistics.mean(v), 1) for gpu, v in samples.items()}
 
 
-def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path) -> dict:
+def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extra: list[str]) -> dict:
     from nas.storage import open_storage
     import optuna
 
@@ -92,7 +98,7 @@ def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path) -> d
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "nas", "search", "--space", "hybrid_small", "--trials", "100000",
                           "--timeout", str(seconds), "--study", name, "--storage", storage, "--gpus", gpus,
-                          "--trials-per-gpu", str(per_gpu)], capture_output=True, text=True)
+                          "--trials-per-gpu", str(per_gpu), *extra], capture_output=True, text=True)
     wall = time.monotonic() - start
     smi.terminate()
     smi.wait()
@@ -104,7 +110,10 @@ def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path) -> d
     # imports and first kernel compiles are paid once per worker and are left out)
     ends = sorted(t.datetime_complete for t in trials if t.state.name == "COMPLETE")
     span = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else 0.0
-    return {"gpus": gpus, "workers_per_gpu": per_gpu, "wall_s": round(wall, 1), "completed": done,
+    scoring = [t.user_attrs["latency_seconds"] for t in trials if "latency_seconds" in t.user_attrs]
+    return {"gpus": gpus, "workers_per_gpu": per_gpu, "search_args": " ".join(extra), "wall_s": round(wall, 1),
+            "latency_measured": sum(t.user_attrs.get("latency_source") == "measured" for t in trials),
+            "scoring_seconds_median": statistics.median(scoring) if scoring else None, "completed": done,
             "failed": states.count("FAIL"), "trials_per_hour": round(done / wall * 3600, 1),
             "steady_trials_per_hour": round((len(ends) - 1) / span * 3600, 1) if span else None,
             "gpu_util_mean_pct": _utilisation(smi), "returncode": run.returncode,
@@ -119,6 +128,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--skip-tokens", action="store_true", help="only the search trials/hour part")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
+    parser.add_argument("--compile", action="store_true", help="also tokens/s with the step through torch.compile")
+    parser.add_argument("--search-args", default="", help="extra nas search arguments, e.g. '--predict'")
     parser.add_argument("--layouts", default=None, help="GPUS:WORKERS;... e.g. '0:1;0,1:1' (default: all)")
     args = parser.parse_args()
     env = environment()
@@ -126,11 +137,18 @@ def main() -> None:
 
     rows = []
     for label, (task_spec, batch) in ({} if args.skip_tokens else SHAPES).items():
-        ours = tokens_per_second(task_spec, batch, args.steps, peer=False)
-        peer = tokens_per_second(task_spec, batch, args.steps, peer=True)
-        rows.append({"kind": "tokens_per_s", "shape": label, "ours_nas_optim_adamw": round(ours),
-                     "peer_torch_adamw_fused": round(peer), "ratio": round(ours / peer, 3)})
-        print(f"tokens/s {label:28s} ours {ours:12.0f}  torch fused {peer:12.0f}  x{ours / peer:.2f}")
+        ours, _ = tokens_per_second(task_spec, batch, args.steps, peer=False)
+        peer, _ = tokens_per_second(task_spec, batch, args.steps, peer=True)
+        row = {"kind": "tokens_per_s", "shape": label, "steps": args.steps, "ours_nas_optim_adamw": round(ours),
+               "peer_torch_adamw_fused": round(peer), "ratio": round(ours / peer, 3)}
+        if args.compile:
+            compiled, first = tokens_per_second(task_spec, batch, args.steps, peer=False, compile_=True)
+            row |= {"ours_compiled": round(compiled), "compiled_vs_eager": round(compiled / ours, 3),
+                    "compiled_first_run_s_20_steps": round(first, 1)}
+        rows.append(row)
+        print(f"tokens/s {label:28s} ours {ours:12.0f}  torch fused {peer:12.0f}  x{ours / peer:.2f}  "
+              f"{row.get('ours_compiled', '')} compiled (first run {row.get('compiled_first_run_s_20_steps', '-')} s)",
+              flush=True)
 
     layouts = [("0", 1), ("0", args.per_gpu)]
     if torch.cuda.device_count() >= 2:
@@ -139,7 +157,7 @@ def main() -> None:
         layouts = [(g, int(n)) for g, n in (item.split(":") for item in args.layouts.split(";"))]
     with tempfile.TemporaryDirectory() as tmp:
         for gpus, per_gpu in layouts:
-            row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp))
+            row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp), args.search_args.split())
             rows.append({"kind": "search_trials_per_hour", **row})
             print(f"search gpus={gpus} x{per_gpu}: {row['completed']} trials in {row['wall_s']} s = "
                   f"{row['trials_per_hour']}/h (steady {row['steady_trials_per_hour']}/h), "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ __all__ = ["Budget", "TrainResult", "TrainingDiverged", "TrainingOOM", "TrialTim
 logger = logging.getLogger(__name__)
 
 CURVE_POINTS = 20  # learning-curve samples per run
+COMPILE_ENV = "NAS_TRAIN_COMPILE"  # "1": train through torch.compile (see train)
 CHECK_EVERY = 16  # steps between non-finite checks: one host sync per window, not per step
 EVAL_BATCH = 256
 
@@ -94,13 +96,18 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[
 
 
 def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.device | str,
-          budget: Budget | None = None, step_hook: Callable[[int], None] | None = None) -> TrainResult:
+          budget: Budget | None = None, step_hook: Callable[[int], None] | None = None,
+          compile_model: bool | None = None) -> TrainResult:
     """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad,
     TrainingOOM when the device runs out of memory, TrialTimeout past ``budget.deadline``.
     ``step_hook(n)`` runs before the n-th step (1-based); fault injection uses it.
 
     The task's tensors are moved to ``device`` once; batches are drawn there by a seeded generator,
     so a step involves no host round trip.
+
+    ``compile_model``: run the training forward/backward through ``torch.compile`` (None: when
+    ``$NAS_TRAIN_COMPILE`` is 1). It pays only for long trainings: compiling costs tens of
+    seconds per candidate (``benchmarks/train_throughput.py --compile`` measures both sides).
     """
     device = torch.device(device)
     budget = budget or Budget()
@@ -115,8 +122,11 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
     norms = torch.zeros(spec.steps, device=device)
     stopped, start, step = "completed", time.perf_counter(), 0
     share = gpu_share.current() if device.type == "cuda" else gpu_share.GpuShare("")
+    if compile_model is None:
+        compile_model = os.environ.get(COMPILE_ENV) == "1"
+    forward = torch.compile(model) if compile_model else model
     try:
-        accuracy, test_loss, step, stopped, curve = _loop(model, task, spec, opt, sched, gen, losses, norms,
+        accuracy, test_loss, step, stopped, curve = _loop(model, forward, task, spec, opt, sched, gen, losses, norms,
                                                           budget, step_hook, share, window, start)
     finally:
         share.release_shared(sync=False)
@@ -127,7 +137,7 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
     return TrainResult(accuracy, test_loss, step, seconds, stopped, tuple(curve))
 
 
-def _loop(model, task, spec, opt, sched, gen, losses, norms, budget, step_hook, share, window, start):
+def _loop(model, forward, task, spec, opt, sched, gen, losses, norms, budget, step_hook, share, window, start):
     """The training steps and the final evaluation of ``train``; returns (accuracy, test loss,
     steps, how it stopped, curve). GPU work runs while holding ``share`` (windows of steps)."""
     device, n_train = losses.device, task.x_train.shape[0]
@@ -140,7 +150,7 @@ def _loop(model, task, spec, opt, sched, gen, losses, norms, budget, step_hook, 
                 step_hook(step + 1)
             idx = torch.randint(0, n_train, (spec.batch_size,), device=device, generator=gen)
             with _autocast(device):
-                loss = task.loss(model(task.x_train[idx]), task.y_train[idx])
+                loss = task.loss(forward(task.x_train[idx]), task.y_train[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

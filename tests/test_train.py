@@ -241,3 +241,22 @@ def test_evaluate_is_the_mean_over_scored_positions_across_batches(monkeypatch, 
     accuracy, loss = evaluate(FixedLogits(logits), task, CPU)
     assert accuracy == pytest.approx(want_acc)
     assert loss == pytest.approx(want_loss, rel=1e-6)
+
+
+def test_compiled_training_matches_eager(monkeypatch):
+    """NAS_TRAIN_COMPILE=1 trains through torch.compile (inductor; ~25 s on a CI core): same
+    data, same optimizer, so the same test loss to float rounding."""
+    from nas.tasks import load_task
+
+    task = load_task("mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=64,n_test=32")
+    spec = TrainSpec("adamw", 3e-3, 0.0, 0.0, 20, 8)
+    arch = ArchSpec(32, [LayerSpec("attention", 2, None, 0, 2.0)], task.vocab_size, task.vocab_size)
+    eager = train(build(arch, task, seed=0), task, spec, device="cpu")
+    monkeypatch.setenv("NAS_TRAIN_COMPILE", "1")
+    calls = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: calls.append(m) or real_compile(m, **kw))
+    compiled = train(build(arch, task, seed=0), task, spec, device="cpu")
+    assert len(calls) == 1
+    assert compiled.steps == eager.steps
+    assert compiled.test_loss == pytest.approx(eager.test_loss, rel=1e-4)

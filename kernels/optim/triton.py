@@ -349,25 +349,34 @@ def _launch(rule: str, columns: list[Sequence[Tensor | None]], indices: list[int
     )
 
 
-def _buckets(params: Sequence[Tensor], grads: Sequence[Tensor], steps: Sequence[int] | None = None) -> list[list[int]]:
-    """Indices grouped by what must share a launch: device, param and grad dtype (and step)."""
-    keys = []
-    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-        if not supports(p, g):
-            raise ValueError(f"tensor {i} ({p.dtype}, {tuple(p.shape)}, {p.device}) is not supported by the "
-                             f"fused kernel: params must be {PARAM_DTYPES}, contiguous, with a grad of the same dtype")
-        keys.append((p.get_device(), p.dtype, g.dtype, None if steps is None else steps[i]))
-    if len(set(keys)) == 1:  # the common case: one launch over everything
-        return [list(range(len(keys)))]
+def _buckets(params: Sequence[Tensor], grads: Sequence[Tensor], steps: Sequence[int] | None = None, *,
+             checked: bool = False) -> list[list[int]]:
+    """Indices grouped by what must share a launch: device, param and grad dtype (and step).
+    ``checked``: the caller has already verified ``supports`` for every pair (the optimizer
+    does, once per step), so the per-tensor check is not repeated on this hot path."""
+    if not checked:
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            if not supports(p, g):
+                raise ValueError(f"tensor {i} ({p.dtype}, {tuple(p.shape)}, {p.device}) is not supported by the "
+                                 f"fused kernel: params must be {PARAM_DTYPES}, contiguous, with a grad of the same "
+                                 "dtype")
+    p0, g0 = params[0], grads[0]
+    device, p_dtype, g_dtype = p0.get_device(), p0.dtype, g0.dtype
+    step0 = None if steps is None else steps[0]
+    if (all(p.dtype is p_dtype and g.dtype is g_dtype and p.get_device() == device for p, g in zip(params, grads))
+            and (steps is None or all(s == step0 for s in steps))):
+        return [list(range(len(params)))]  # the common case: one launch over everything
     groups: dict[tuple, list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
+    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+        groups.setdefault((p.get_device(), p.dtype, g.dtype, None if steps is None else steps[i]), []).append(i)
     return list(groups.values())
 
 
-def _noise_offsets(params: Sequence[Tensor]) -> list[int]:
+def _noise_offsets(params: Sequence[Tensor], noise: bool = True) -> list[int]:
     """Each tensor's first Philox counter: the elements before it, so every element of every
-    launch of one call draws a distinct normal."""
+    launch of one call draws a distinct normal (all 0 without noise: the kernel ignores them)."""
+    if not noise:
+        return [0] * len(params)
     offsets, total = [], 0
     for p in params:
         offsets.append(total)
@@ -394,6 +403,7 @@ def sgd_step_(
     noise_std: float = 0.0,
     seed: int = 0,
     config: StepConfig | None = None,
+    checked: bool = False,
 ) -> None:
     """reference.sgd_step_ over all tensors, one launch per (device, dtype).
 
@@ -402,8 +412,8 @@ def sgd_step_(
     _check_seed(seed)
     assert (momentum_buffers is not None) == (momentum != 0), "momentum > 0 needs momentum buffers, and only then"
     scalars = _Scalars(lr=lr, decay=1 - lr * weight_decay, weight_decay=weight_decay, momentum=momentum)
-    offsets = _noise_offsets(params)
-    for indices in _buckets(params, grads):
+    offsets = _noise_offsets(params, noise_std > 0)
+    for indices in _buckets(params, grads, checked=checked):
         _launch("sgd", [params, grads, momentum_buffers, None], indices, scalars, clip_scale=clip_scale,
                 noise_std=noise_std, seed=seed, offsets=offsets, config=config, momentum=momentum != 0,
                 nesterov=nesterov, coupled_decay=not decoupled_weight_decay)
@@ -426,6 +436,7 @@ def _adam_step_(
     noise_std: float = 0.0,
     seed: int = 0,
     config: StepConfig | None = None,
+    checked: bool = False,
 ) -> None:
     """AdamW or RAdam (``rule``) over all tensors, one launch per (device, dtype, step).
 
@@ -433,8 +444,8 @@ def _adam_step_(
     corrections and RAdam's ρ_t / rectification are computed on the host per distinct step.
     """
     _check_seed(seed)
-    offsets = _noise_offsets(params)
-    for indices in _buckets(params, grads, steps):
+    offsets = _noise_offsets(params, noise_std > 0)
+    for indices in _buckets(params, grads, steps, checked=checked):
         step = steps[indices[0]]
         bias_correction1 = 1 - beta1**step
         bias_correction2 = 1 - beta2**step
@@ -471,18 +482,19 @@ def lion_step_(
     noise_std: float = 0.0,
     seed: int = 0,
     config: StepConfig | None = None,
+    checked: bool = False,
 ) -> None:
     """reference.lion_step_ over all tensors, one launch per (device, dtype). exp_avgs: fp32 ``[*]_i``."""
     _check_seed(seed)
     scalars = _Scalars(lr=lr, decay=1 - lr * weight_decay, beta1=beta1, beta2=beta2, one_minus_beta1=1 - beta1,
                        one_minus_beta2=1 - beta2)
-    offsets = _noise_offsets(params)
-    for indices in _buckets(params, grads):
+    offsets = _noise_offsets(params, noise_std > 0)
+    for indices in _buckets(params, grads, checked=checked):
         _launch("lion", [params, grads, exp_avgs, None], indices, scalars, clip_scale=clip_scale,
                 noise_std=noise_std, seed=seed, offsets=offsets, config=config)
 
 
-def grad_norm(grads: Sequence[Tensor], config: StepConfig | None = None) -> Tensor:
+def grad_norm(grads: Sequence[Tensor], config: StepConfig | None = None, *, checked: bool = False) -> Tensor:
     """Global L2 norm of ``grads`` (fp32/bf16, contiguous ``[*]_i``) as a 0-dim fp32 tensor on
     ``grads[0]``'s device, without a host sync: one sum-of-squares launch per (device, dtype),
     then a deterministic sum of the per-program partials. Matches reference.global_grad_norm to
@@ -490,7 +502,7 @@ def grad_norm(grads: Sequence[Tensor], config: StepConfig | None = None) -> Tens
     if not grads:
         return torch.zeros(())
     sums = []
-    for indices in _buckets(grads, grads):
+    for indices in _buckets(grads, grads, checked=checked):
         first = grads[indices[0]]
         cfg = config or norm_config(first.device)
         nothing = [None] * len(indices)

@@ -99,7 +99,8 @@ class GradTransform:
 
     def kernel_args(self) -> dict[str, Any]:
         """The gradient pipeline as the fused kernels' keyword arguments."""
-        return {"clip_scale": self.scale, "noise_std": self.noise_std, "seed": self.seed}
+        # checked: the optimizer verified every tensor with ``supports`` this step (``_runs_fused``)
+        return {"clip_scale": self.scale, "noise_std": self.noise_std, "seed": self.seed, "checked": True}
 
     def apply(self, grad: Tensor) -> Tensor:
         """The grad to feed the update, in the compute dtype; ``grad`` itself is left untouched."""
@@ -173,7 +174,7 @@ class OptimizerBase(torch.optim.Optimizer):
         check(not any(g.is_sparse for g in grads), f"{type(self).__name__} does not support sparse gradients")
         fused = [bool(params) and self._runs_fused(params) for _, params in work]
         all_fused = all(f for f, (_, params) in zip(fused, work, strict=True) if params) and bool(grads)
-        self.last_grad_norm = fused_kernels().grad_norm(grads) if all_fused else global_grad_norm(grads)
+        self.last_grad_norm = fused_kernels().grad_norm(grads, checked=True) if all_fused else global_grad_norm(grads)
         opts = self.grad_options
         scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
         noise_std = grad_noise_std(opts.noise, opts.noise_gamma, self._noise_t)

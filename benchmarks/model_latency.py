@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(max-autotune) (slow)")
     parser.add_argument("--cv", type=int, default=0, help="measure one candidate in this many processes")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--measure-once", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_once:
@@ -147,9 +148,12 @@ def main() -> None:
     env = environment()
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}")
     rows = []
+    gpu = (env["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "_")
+    path = Path(args.out) / f"model_latency_{gpu}{args.tag}.json"
     for name in CASES:
         row = bench_case(name, args.compile)
         rows.append(row)
+        write_results(path, rows, complete=False)  # so far: torch.compile can take minutes per case
         print(f"{name:18s} ours {row['ours_graph_us'].median_us:9.1f} µs  torch graph {row['torch_graph_us']}"
               f"  eager {row['torch_eager_us']}  compile {row.get('torch_compile_us')}  ratios graph "
               f"{row['ours_vs_torch_graph']} eager {row['ours_vs_eager']} compile {row['ours_vs_compile']}  "
@@ -157,8 +161,7 @@ def main() -> None:
     extra = {"stability": stability(args.cv)} if args.cv else {}
     if extra:
         print(f"stability over {args.cv} processes: {extra['stability']}")
-    gpu = (env["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "_")
-    print(f"wrote {write_results(Path(args.out) / f'model_latency_{gpu}.json', rows, **extra)}")
+    print(f"wrote {write_results(path, rows, complete=True, **extra)}")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--per-gpu", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--skip-tokens", action="store_true", help="only the search trials/hour part")
+    parser.add_argument("--skip-search", action="store_true", help="only the tokens/s part")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--compile", action="store_true", help="also tokens/s with the step through torch.compile")
     parser.add_argument("--search-args", default="", help="extra nas search arguments, e.g. '--predict'")
@@ -155,6 +156,8 @@ def main() -> None:
         layouts += [("0,1", 1), ("0,1", args.per_gpu)]
     if args.layouts:
         layouts = [(g, int(n)) for g, n in (item.split(":") for item in args.layouts.split(";"))]
+    if args.skip_search:
+        layouts = []
     with tempfile.TemporaryDirectory() as tmp:
         for gpus, per_gpu in layouts:
             row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp), args.search_args.split())
@@ -163,7 +166,7 @@ def main() -> None:
                   f"{row['trials_per_hour']}/h (steady {row['steady_trials_per_hour']}/h), "
                   f"util {row['gpu_util_mean_pct']}, rc {row['returncode']}")
     searches = {(r["gpus"], r["workers_per_gpu"]): r for r in rows if r["kind"] == "search_trials_per_hour"}
-    base = searches[("0", 1)]
+    base = searches.get(("0", 1), {"trials_per_hour": None, "steady_trials_per_hour": None})
 
     def speedup(key: tuple[str, int], field: str) -> float | None:
         return round(searches[key][field] / base[field], 2) if key in searches and base[field] else None

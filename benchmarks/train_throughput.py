@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--skip-tokens", action="store_true", help="only the search trials/hour part")
     parser.add_argument("--skip-search", action="store_true", help="only the tokens/s part")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved tokens/s runs per optimizer (median)")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--compile", action="store_true", help="also tokens/s with the step through torch.compile")
     parser.add_argument("--search-args", default="", help="extra nas search arguments, e.g. '--predict'")
@@ -138,10 +139,17 @@ def main() -> None:
 
     rows = []
     for label, (task_spec, batch) in ({} if args.skip_tokens else SHAPES).items():
-        ours, _ = tokens_per_second(task_spec, batch, args.steps, peer=False)
-        peer, _ = tokens_per_second(task_spec, batch, args.steps, peer=True)
-        row = {"kind": "tokens_per_s", "shape": label, "steps": args.steps, "ours_nas_optim_adamw": round(ours),
-               "peer_torch_adamw_fused": round(peer), "ratio": round(ours / peer, 3)}
+        # interleaved repeats (peer first in odd rounds): a fixed order would hand one side the
+        # warmer allocator/clocks every time
+        runs: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(args.repeats):
+            for is_peer in ((True, False) if r % 2 else (False, True)):
+                runs[is_peer].append(tokens_per_second(task_spec, batch, args.steps, peer=is_peer)[0])
+        ours, peer = statistics.median(runs[False]), statistics.median(runs[True])
+        row = {"kind": "tokens_per_s", "shape": label, "steps": args.steps, "repeats": args.repeats,
+               "ours_nas_optim_adamw": round(ours), "peer_torch_adamw_fused": round(peer),
+               "ratio": round(ours / peer, 3), "ours_runs": [round(x) for x in runs[False]],
+               "peer_runs": [round(x) for x in runs[True]]}
         if args.compile:
             compiled, first = tokens_per_second(task_spec, batch, args.steps, peer=False, compile_=True)
             row |= {"ours_compiled": round(compiled), "compiled_vs_eager": round(compiled / ours, 3),

@@ -91,6 +91,8 @@ BAD = [
     ("unknown-profile-show", lambda f, s, st: ["profiles", "show", "tpu9"], "tpu9"),
     ("unknown-command", lambda f, s, st: ["frobnicate"], "invalid choice"),
     ("measure-without-gpu", lambda f, s, st: ["search", "--space", s, "--measure"], "--measure times"),
+    ("measure-and-predict", lambda f, s, st: ["search", "--space", s, "--measure", "--predict"],
+     "not allowed with argument --measure"),
     ("gpus-missing", lambda f, s, st: ["search", "--space", s, "--gpus", "0"], "no CUDA device 0"),
     ("gpus-malformed", lambda f, s, st: ["search", "--space", s, "--gpus", "0,zero"], "distinct device indices"),
     ("workers-zero", lambda f, s, st: ["search", "--space", s, "--workers", "0"], "--workers"),

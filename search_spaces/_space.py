@@ -73,6 +73,9 @@ _TRAIN_FIELDS: dict[str, tuple[Any, bool]] = {
     "grad_clip": (float, False),
     "grad_noise": (float, False),
 }
+# The largest head dim of kernels/attention and kernels/linear_attention (SUPPORTED_HEAD_DIMS; a
+# test keeps them equal). Smaller even head dims run zero-padded to the next supported one.
+MAX_HEAD_DIM = 128
 _TOP_FIELDS = {"name", "description", "task", "depth", "d_model", "layer", "train", "max_train_seconds"}
 
 
@@ -223,6 +226,12 @@ def parse_space(raw: Any, source: str) -> SearchSpace:
             if bad:
                 raise r.fail("layer.heads", f"{heads} heads do not divide d_model={bad[0]}; every choice must "
                              f"divide every width in {list(d_model.values())}")
+            for d in d_model.values():
+                head_dim = d // heads
+                if head_dim > MAX_HEAD_DIM or head_dim % 2:
+                    raise r.fail("layer.heads", f"{heads} heads on d_model={d} give head dim {head_dim}; the "
+                                 f"Triton kernels that measure latency on a GPU run even head dims up to "
+                                 f"{MAX_HEAD_DIM}: use more heads or narrower widths")
     if "linear_attention" in mixers and "feature_map" not in layer:
         raise r.fail("layer.feature_map", f"is required when linear_attention is a choice; allowed {list(FEATURE_MAPS)}")
     if "short_conv" in layer and max(layer["short_conv"].values()) > 16:

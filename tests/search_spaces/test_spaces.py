@@ -218,6 +218,8 @@ MISTAKES = [
     ("range-for-categorical", mutate(put("layer", "mixer", {"low": 0, "high": 1})), ["layer.mixer", "list"]),
     ("heads-not-dividing", mutate(put("layer", "heads", [1, 5])), ["layer.heads", "5", "d_model=24"]),
     ("heads-range", mutate(put("layer", "heads", {"low": 1, "high": 2})), ["layer.heads"]),
+    ("head-dim-too-big", mutate(put(None, "d_model", [24, 384])), ["layer.heads", "d_model=384", "head dim 384", "128"]),
+    ("head-dim-odd", mutate(put(None, "d_model", [24, 18])), ["layer.heads", "d_model=18", "head dim 9"]),
     ("missing-depth", mutate(drop(None, "depth")), ["depth", "required"]),
     ("missing-mixer", mutate(drop("layer", "mixer")), ["layer.mixer", "required"]),
     ("missing-steps", mutate(drop("train", "steps")), ["train.steps", "required"]),
@@ -279,3 +281,12 @@ def test_unknown_shipped_name_lists_the_shipped_spaces():
     assert "'hybrid_huge'" in msg and "\n" not in msg
     for name in list_spaces():
         assert repr(name) in msg
+
+
+def test_max_head_dim_is_the_kernels():
+    """The space rule and the kernels agree on the largest head dim a GPU can measure."""
+    from kernels.attention import SUPPORTED_HEAD_DIMS as ATTENTION
+    from kernels.linear_attention import SUPPORTED_HEAD_DIMS as LINEAR
+    from search_spaces._space import MAX_HEAD_DIM
+
+    assert max(ATTENTION) == max(LINEAR) == MAX_HEAD_DIM

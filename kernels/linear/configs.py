@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LinearConfig", "HOPPER", "HOPPER_SHORT_K", "DEFAULT", "SMALL_M", "INTERPRETER", "ALL", "SWEEP",
+__all__ = ["LinearConfig", "HOPPER", "HOPPER_SHORT_K", "HOPPER_TMA", "DEFAULT", "SMALL_M", "INTERPRETER",
+           "INTERPRETER_TMA", "ALL", "SWEEP",
            "SHORT_K_MAX", "SMALL_M_MAX", "m_bucket", "candidates"]
 
 
@@ -20,7 +21,8 @@ class LinearConfig:
     """One tiling. block_m/n/k: the output tile ``[BLOCK_M, BLOCK_N]`` and the K step (powers of
     two ≥ 16, the smallest ``tl.dot`` operand). group_m: tile rows walked together so the x rows
     and weight columns of neighbouring programs are reused from L2. num_warps, num_stages: warps
-    per program and software-pipelining depth (operand tiles in flight)."""
+    per program and software-pipelining depth (operand tiles in flight). tma: run the persistent
+    tensor-descriptor kernel instead of the pointer kernel (see ``HOPPER_TMA``)."""
 
     block_m: int
     block_n: int
@@ -28,6 +30,7 @@ class LinearConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # the persistent kernel reading tiles through tensor descriptors (Hopper TMA)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -79,7 +82,18 @@ SMALL_M = LinearConfig(64, 64, 64, 1, 4, 4)
 # TRITON_INTERPRET on CPU (tests): the smallest tiles, so odd test shapes span several tiles
 # with ragged edges in M, N and K, and a group of 2 exercises the grouped tile order.
 INTERPRETER = LinearConfig(16, 16, 16, 2, 4, 1)
-ALL = tuple(dict.fromkeys((*HOPPER, *HOPPER_SHORT_K, *DEFAULT, SMALL_M)))  # everything the tuner may be handed
+# The persistent TMA kernel (one program per SM walks the output tiles; x and W tiles arrive by
+# bulk tensor copies, no per-element addresses). NOT validated on a GPU yet, so it is opt-in:
+# ``NAS_LINEAR_TMA=1`` hands these to the tuner instead of HOPPER, and ``--sweep`` times them.
+# Tilings: the Hopper tiles of the pointer kernel, one more pipeline stage (TMA frees registers).
+HOPPER_TMA = (
+    LinearConfig(128, 256, 64, 8, 8, 3, tma=True),
+    LinearConfig(128, 128, 64, 8, 8, 4, tma=True),
+    LinearConfig(128, 128, 64, 8, 4, 4, tma=True),
+    LinearConfig(64, 128, 64, 8, 4, 4, tma=True),
+)
+INTERPRETER_TMA = LinearConfig(16, 16, 16, 2, 4, 1, tma=True)
+ALL = tuple(dict.fromkeys((*HOPPER, *HOPPER_SHORT_K, *DEFAULT, SMALL_M, *HOPPER_TMA)))  # everything the tuners may be handed
 # Candidates `benchmarks/kernels_linear_norm.py --sweep` times on the GPU at hand: the Hopper list
 # plus shallower pipelines whose smaller shared-memory footprint lets 2-4 programs share an SM
 # (one program's epilogue overlapping another's main loop), and taller/wider tiles.
@@ -92,6 +106,7 @@ SWEEP = tuple(dict.fromkeys((
     LinearConfig(128, 128, 64, 8, 8, 3),
     LinearConfig(128, 128, 64, 8, 4, 2),
     LinearConfig(64, 256, 64, 8, 4, 3),
+    *HOPPER_TMA,
 )))
 
 # Per compute capability: (candidates for K ≤ SHORT_K_MAX, candidates for longer K).
@@ -106,8 +121,13 @@ def m_bucket(m: int) -> int:
     return max(16, 1 << max(0, m - 1).bit_length())
 
 
-def candidates(capability: tuple[int, int], m_bucket_: int, k: int, element_size: int) -> tuple[LinearConfig, ...]:
-    """The configs worth timing for this GPU, M bucket, K and operand size (bytes). Never empty."""
+def candidates(capability: tuple[int, int], m_bucket_: int, k: int, element_size: int,
+               tma: bool = False) -> tuple[LinearConfig, ...]:
+    """The configs worth timing for this GPU, M bucket, K and operand size (bytes). Never empty.
+    ``tma``: the persistent TMA kernel's tilings (Hopper and later only)."""
+    if tma:
+        fitting = tuple(c for c in HOPPER_TMA if c.block_m <= m_bucket_ and c.smem_bytes(element_size) <= _SMEM_BUDGET)
+        return fitting or (min(HOPPER_TMA, key=lambda c: (c.block_m, c.smem_bytes(element_size))),)
     if m_bucket_ <= SMALL_M_MAX:
         return (SMALL_M,)
     short_k, long_k = _BY_CAPABILITY.get(capability, (DEFAULT, DEFAULT))

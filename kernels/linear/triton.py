@@ -8,10 +8,21 @@ writing ``y`` once more (2·M·N elements) and one launch.
 Tiles are autotuned per (M bucket, N, K) from ``configs.candidates`` (a handful at most, one
 when M is small), so a new shape costs a few short timings, once per process. Call the kernel
 once outside CUDA-graph capture before capturing it: tuning launches and synchronizes.
+
+Two kernels compute it. ``_linear_kernel`` (the default) loads tiles through pointers, one
+program per output tile. ``_linear_tma_kernel`` is persistent (≤ one program per SM) and moves
+tiles by tensor descriptor (Hopper TMA); on an H200 the pointer kernel's main loop ran ~1.1× the
+time of cuBLAS at NAS shapes (benchmarks/results/kernels_linear_norm.json), and bulk copies plus
+a persistent grid are the standard cure. The TMA kernel passes the interpreter tests but has
+not run on a GPU yet, so it is opt-in (``NAS_LINEAR_TMA=1``, or a ``tma=True`` config) until
+``benchmarks/kernels_linear_norm.py --sweep`` and the GPU tests have validated it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -109,6 +120,53 @@ def _linear_kernel(
     tl.store(y + rows[:, None] * stride_ym + cols[None, :], acc.to(y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _linear_tma_kernel(
+    x, w, b, r, y,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]; rows unit-stride, 16-B aligned
+    M, N, K,
+    stride_xm, stride_wn, stride_rm, stride_ym,
+    M_BUCKET,  # the autotuner's key for M; unused by the code
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # The same math as _linear_kernel. Persistent: the grid is at most one program per SM, and
+    # each walks output tiles tl.num_programs(0) apart in the grouped order. Every tile moves by
+    # tensor descriptor: loads past M, N or K arrive as zeros and stores past M, N are dropped,
+    # so neither the K loop nor the epilogue needs a mask (the bias, a pointer load, does).
+    x_desc = tl.make_tensor_descriptor(x, [M, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(w, [N, K], [stride_wn, 1], [BLOCK_N, BLOCK_K])
+    y_desc = tl.make_tensor_descriptor(y, [M, N], [stride_ym, 1], [BLOCK_M, BLOCK_N])
+    if HAS_RESIDUAL:
+        r_desc = tl.make_tensor_descriptor(r, [M, N], [stride_rm, 1], [BLOCK_M, BLOCK_N])
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+        group = tile // (GROUP_M * tiles_n)
+        first_m = group * GROUP_M
+        group_rows = min(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % (GROUP_M * tiles_n)) % group_rows
+        pid_n = (tile % (GROUP_M * tiles_n)) // group_rows
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_steps):
+            a = x_desc.load([row0, k * BLOCK_K])  # [BM, BK]
+            wt = w_desc.load([col0, k * BLOCK_K])  # [BN, BK]: rows of W, fed to the dot transposed
+            if UPCAST:
+                a = a.to(tl.float32)
+                wt = wt.to(tl.float32)
+            acc = tl.dot(a, wt.T, acc, input_precision=PRECISION)
+        if HAS_BIAS:
+            cols = col0 + tl.arange(0, BLOCK_N)
+            acc += tl.load(b + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        acc = _activate(acc, ACTIVATION)
+        if HAS_RESIDUAL:
+            acc += r_desc.load([row0, col0]).to(tl.float32)
+        y_desc.store([row0, col0], acc.to(y.dtype.element_ty))
+
+
 _even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 _fixed_kernel = _even_k(_linear_kernel)  # launched with an explicit config
 _TRITON_CONFIGS = {
@@ -116,13 +174,16 @@ _TRITON_CONFIGS = {
                      num_warps=c.num_warps, num_stages=c.num_stages)
     for c in _configs.ALL
 }
+_POINTER_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if not c.tma]
+_TMA_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if c.tma]
+_USE_TMA = os.environ.get("NAS_LINEAR_TMA") == "1"  # opt-in until the TMA kernel is validated on a GPU
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """The tuner's candidates for this call: ``configs.candidates`` for the device, M bucket and dtype."""
     x = named_args["x"]
     picked = _configs.candidates(torch.cuda.get_device_capability(x.device), named_args["M_BUCKET"],
-                                 named_args["K"], x.element_size())
+                                 named_args["K"], x.element_size(), tma="stride_xk" not in named_args)
     return [_TRITON_CONFIGS[c] for c in picked]
 
 
@@ -156,15 +217,31 @@ def _bench(fn: Callable[[], object], quantiles: Sequence[float]) -> list[float]:
 
 
 _tuned_kernel = autotune(
-    configs=list(_TRITON_CONFIGS.values()), key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+    configs=_POINTER_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
     do_bench=_bench,
 )(_fixed_kernel)
+_tuned_tma_kernel = autotune(
+    configs=_TMA_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+    do_bench=_bench,
+)(_linear_tma_kernel)
 
 
 def last_tuned_config() -> LinearConfig | None:
     """The tiling the tuner chose for the latest autotuned call (None before the first)."""
-    chosen = getattr(_tuned_kernel, "best_config", None)
+    chosen = getattr(_tuned_tma_kernel if _USE_TMA else _tuned_kernel, "best_config", None)
     return next((c for c, t in _TRITON_CONFIGS.items() if t is chosen), None)
+
+
+def _tma_ready(*tensors: Tensor | None) -> bool:
+    """Whether the TMA kernel can read/write these ``[rows, n]`` tensors: 16-B aligned bases and
+    row strides, unit stride along n (tensor-descriptor rules)."""
+    return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0)
+               for t in tensors)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _check(name: str, t: Tensor, shape: tuple[int, ...], device: torch.device) -> None:
@@ -245,7 +322,28 @@ def linear(
         return (triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"]),)
 
     if config is None and _INTERPRETED:
-        config = _configs.INTERPRETER  # timing interpreted candidates would measure numpy
+        config = _configs.INTERPRETER_TMA if _USE_TMA else _configs.INTERPRETER  # timing interpreted candidates would measure numpy
+    tma = (config.tma if config is not None else _USE_TMA and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    if tma and _tma_ready(x2, weight, r2, y2):
+        from kernels.attention.inputs import use_torch_allocator  # descriptors need launch-time scratch
+
+        use_torch_allocator()
+        programs = 10**9 if _INTERPRETED else _sm_count(x.device)
+        tma_args = (x2, weight, bias, r2, y2, M, N, K, x2.stride(0), weight.stride(0),
+                    0 if r2 is None else r2.stride(0), y2.stride(0), _configs.m_bucket(M))
+
+        def tma_grid(meta_: dict) -> tuple[int]:
+            return (min(programs, triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"])),)
+
+        if config is None:
+            _tuned_tma_kernel[tma_grid](*tma_args, **meta)
+        else:
+            _linear_tma_kernel[tma_grid](*tma_args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                                         BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps,
+                                         num_stages=config.num_stages)
+        return out
+    if config is not None and config.tma:  # operands a descriptor cannot address: the pointer kernel's tiling
+        config = _configs.INTERPRETER if _INTERPRETED else dataclasses.replace(config, tma=False)
     if config is None:
         _tuned_kernel[grid](*args, **meta)
     else:

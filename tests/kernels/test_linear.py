@@ -115,6 +115,44 @@ def test_interpreter_leading_dims_and_strided_operands() -> None:
 
 
 @requires_interpreter
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_tma_kernel(dtype: torch.dtype, activation: str | None) -> None:
+    """The persistent descriptor kernel: M = 37, N = 40 ragged against 16-wide tiles, K = 56 a
+    ragged K step (descriptors zero-fill past the edges); 10 tiles over 3 programs."""
+    monkey_programs = 3
+    import kernels.linear.triton as lt
+
+    inputs = _inputs(37, 56, 40, dtype, bias=True, residual=True, device=torch.device("cpu"),
+                     gen=_gen("tma", dtype, activation))
+    calls = []
+    real = lt._linear_tma_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                calls.append(grid(kwargs))
+                return real[(monkey_programs,)](*args, **kwargs)
+            return launch
+
+    lt._linear_tma_kernel = Spy()
+    try:
+        _assert_close(*_run(*inputs, activation, config=configs.INTERPRETER_TMA), dtype)
+    finally:
+        lt._linear_tma_kernel = real
+    assert len(calls) == 1, "the TMA kernel was not the one launched"
+
+
+@requires_interpreter
+def test_interpreter_tma_config_falls_back_when_rows_are_unaligned() -> None:
+    """K = 50 fp32 rows are 200 B, not a multiple of 16: no descriptor can address them, so the
+    pointer kernel runs (same result)."""
+    inputs = _inputs(37, 50, 40, torch.float32, bias=True, residual=False, device=torch.device("cpu"),
+                     gen=_gen("tma-fallback"))
+    _assert_close(*_run(*inputs, "relu", config=configs.INTERPRETER_TMA), torch.float32)
+
+
+@requires_interpreter
 def test_interpreter_explicit_config_and_empty_input() -> None:
     inputs = _inputs(37, 48, 40, torch.float32, bias=True, residual=False, device=torch.device("cpu"),
                      gen=_gen("config"))
@@ -189,6 +227,19 @@ def test_gpu_autotuned(M: int, K: int, N: int) -> None:
     """The tuned path at benchmark sizes (and a small M, which takes the fixed SMALL_M tiling)."""
     inputs = _inputs(M, K, N, torch.bfloat16, bias=True, residual=False, device=CUDA, gen=_gen("tuned", M, K, N))
     _assert_close(*_run(*inputs, "gelu"), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("M,K,N", [(4096, 1024, 4096), (2053, 256, 1024), (7, 512, 2048)])
+def test_gpu_autotuned_tma(M: int, K: int, N: int, monkeypatch) -> None:
+    """The tuned persistent TMA kernel (NAS_LINEAR_TMA=1) at benchmark sizes."""
+    import kernels.linear.triton as lt
+
+    monkeypatch.setattr(lt, "_USE_TMA", True)
+    inputs = _inputs(M, K, N, torch.bfloat16, bias=True, residual=True, device=CUDA, gen=_gen("tma", M, K, N))
+    _assert_close(*_run(*inputs, "gelu"), torch.bfloat16)
+    assert lt.last_tuned_config() is not None and lt.last_tuned_config().tma
 
 
 @pytest.mark.gpu

@@ -4,7 +4,10 @@ A search measures many candidates whose kernels share shapes; without the disk c
 process re-times every config of every shape it meets (a few hundred ms each), which alone would
 break the ≤ 2 s per-candidate scoring budget. With it, a shape tuned once on this GPU (same
 Triton, kernel source and configs: Triton keys the entry by all of them) is looked up, not timed.
-The interpreter never caches (Triton turns it off there).
+The interpreter never caches (Triton turns it off there). The entry is keyed by the compile
+target (e.g. sm_90), not the GPU model: hosts sharing a cache directory across different GPUs of
+one architecture should set ``TRITON_CACHE_DIR`` per host. A timing taken while the GPU was busy
+stays cached; delete the directory to re-tune.
 """
 
 from __future__ import annotations

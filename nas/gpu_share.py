@@ -19,20 +19,24 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["ENV", "GpuShare", "current", "lock_prefix"]
 
 ENV = "NAS_GPU_SHARE"
+logger = logging.getLogger(__name__)
 
 
 def lock_prefix(gpu: str, directory: str | None = None) -> str:
-    """The lock files' prefix for physical GPU ``gpu`` (its index before CUDA_VISIBLE_DEVICES)."""
+    """The lock files' prefix for GPU ``gpu`` (as ``nas search --gpus`` names it), per user: in a
+    shared temp directory another user's files would be read-only to us."""
     import tempfile
 
-    return str(Path(directory or tempfile.gettempdir()) / f"hybrid-nas-gpu{gpu}")
+    return str(Path(directory or tempfile.gettempdir()) / f"hybrid-nas-{os.getuid()}-gpu{gpu}")
 
 
 class GpuShare:
@@ -43,19 +47,26 @@ class GpuShare:
         self.enabled = bool(prefix)
         self._holding = False
         if self.enabled:
-            self._gate = os.open(f"{prefix}.gate", os.O_RDWR | os.O_CREAT, 0o666)
-            self._gpu = os.open(f"{prefix}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                self._gate = os.open(f"{prefix}.gate", os.O_RDWR | os.O_CREAT, 0o600)
+                self._gpu = os.open(f"{prefix}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as e:  # an unusable lock must not stop the search: it only costs accuracy of timing
+                logger.warning("GPU turn-taking off (%s): latency may be measured while neighbours train", e)
+                self.enabled = False
 
-    def acquire_shared(self) -> None:
-        """Before a training window: wait out any measurement that is running or waiting."""
+    def acquire_shared(self) -> float:
+        """Before a training window: wait out any measurement that is running or waiting.
+        Returns the seconds spent waiting (the trainer does not count them as training time)."""
         if not self.enabled or self._holding:
-            return
+            return 0.0
+        start = time.perf_counter()
         fcntl.flock(self._gate, fcntl.LOCK_SH)
         try:
             fcntl.flock(self._gpu, fcntl.LOCK_SH)
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
         self._holding = True
+        return time.perf_counter() - start
 
     def release_shared(self, sync: bool = True) -> None:
         """After a training window: finish this process's GPU work, then let a measurement in."""
@@ -64,23 +75,28 @@ class GpuShare:
         if sync:
             import torch
 
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.synchronize()
+            try:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 — a broken context: the caller's own error says why
+                pass
         fcntl.flock(self._gpu, fcntl.LOCK_UN)
         self._holding = False
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """The GPU to this process alone (the other workers' windows drained and paused)."""
+    def exclusive(self) -> Iterator[float]:
+        """The GPU to this process alone (the other workers' windows drained and paused); yields
+        the seconds it waited for that."""
         if not self.enabled:
-            yield
+            yield 0.0
             return
         self.release_shared()
+        start = time.perf_counter()
         fcntl.flock(self._gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(self._gpu, fcntl.LOCK_EX)
             try:
-                yield
+                yield time.perf_counter() - start
             finally:
                 fcntl.flock(self._gpu, fcntl.LOCK_UN)
         finally:

@@ -67,15 +67,16 @@ def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> 
     return out
 
 
-def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> Latency:
+def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> tuple[Latency, float]:
     """Latency of ``arch``: measured on this GPU (its kernels checked against the torch model
-    first), or predicted from the profile. Latency does not depend on the weights, so the
-    candidate is timed before training, on a freshly initialised model."""
+    first), or predicted from the profile; and the seconds spent waiting for the GPU first.
+    Latency does not depend on the weights, so the candidate is timed before training, on a
+    freshly initialised model."""
     faults.check_scoring(fault)
     if ctx.measure:
-        with gpu_share.current().exclusive():  # workers sharing this GPU pause their training meanwhile
-            return measure(build(arch, seed=0), ctx.shape)
-    return predict(arch, ctx.shape, ctx.profile)
+        with gpu_share.current().exclusive() as waited:  # workers sharing this GPU pause their training
+            return measure(build(arch, seed=0), ctx.shape), waited
+    return predict(arch, ctx.shape, ctx.profile), 0.0
 
 
 def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[float] | None]:
@@ -90,7 +91,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     params = count_params(arch)
     scoring_start = time.perf_counter()
     try:
-        lat = _score_latency(ctx, arch, fault)
+        lat, waited = _score_latency(ctx, arch, fault)
     except KernelError as e:
         trial.set_user_attr("failure", f"{type(e).__name__}: {e}")
         return TrialState.FAIL, None
@@ -98,8 +99,10 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     for key, value in {"arch": arch.to_dict(), "train": cand.train.to_dict(), "arch_summary": arch.summary(),
                        "params": params, "latency": lat.to_dict(), "latency_source": lat.source,
                        "latency_device": lat.device, "memory": mem.to_dict(),
-                       # seconds spent scoring latency (build, compile/autotune, capture, timing; ~0 when predicted)
-                       "latency_seconds": round(time.perf_counter() - scoring_start, 3)}.items():
+                       # seconds spent scoring latency (build, compile/autotune, capture, timing; ~0 when
+                       # predicted), and before it waiting for this GPU's other workers to pause
+                       "latency_seconds": round(time.perf_counter() - scoring_start - waited, 3),
+                       "latency_wait_seconds": round(waited, 3)}.items():
         trial.set_user_attr(key, value)
     cons = _constraints(ctx.budgets, lat, mem.total_mb, params)
     for key, value in cons.items():
@@ -145,7 +148,8 @@ def _release_memory(device: torch.device) -> None:
 
 def _upload_weights(ctx: TrialContext, trial: optuna.Trial, model: torch.nn.Module) -> str:
     """Store the trained weights as a safetensors artifact of ``trial``; returns the artifact id."""
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with gpu_share.current().shared():  # device → host copies: not during a neighbour's measurement
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"trial{trial.number}.safetensors")
         save_file(state, path, metadata={"arch_hash": arch_hash(model.arch)})

@@ -134,6 +134,15 @@ def resolve_measure(measure: bool | None, target: str, profile: HardwareProfile,
     return measure
 
 
+def _recorded_setup(name: str, storage: str) -> dict | None:
+    """The ``search`` setup study ``name`` recorded, or None (no such study yet: nothing is created)."""
+    try:
+        existing = open_study(name, storage, create=False)
+    except ValueError:
+        return None
+    return existing.user_attrs.get("search")
+
+
 def study_name(config: SearchConfig, space: SearchSpace, task_spec: str) -> str:
     if config.study:
         return config.study
@@ -231,16 +240,27 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     task = load_task(task_spec, seed=config.seed)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
-    measure = resolve_measure(config.measure, config.target, profile, device)
-    sampler = make_sampler(config.sampler, config.seed + config.worker)
     name = study_name(config, space, task_spec)
+    stored = _recorded_setup(name, config.storage)
+    requested = config.measure
+    if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency
+        requested = bool(stored.get("measure", False))
+        if requested and device.type != "cuda":
+            raise SearchError(f"study {name!r} measures latency on a GPU ({stored.get('profile')}); run this on a "
+                              f"CUDA device (--device cuda), or start another study with --predict")
+    measure = resolve_measure(requested, config.target, profile, device)
+    if measure:
+        space.check_measurable()
+        if stored is not None and stored.get("measure") and stored.get("profile") != profile.name:
+            raise SearchError(f"study {name!r} holds latencies measured on {stored.get('profile')}; this GPU is "
+                              f"{profile.name}: join it from that kind of GPU, or use another --study name")
+    sampler = make_sampler(config.sampler, config.seed + config.worker)
     study = open_study(name, config.storage, sampler=sampler)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
     setup = {"space": space.name, "space_source": space.source, "space_yaml": space_yaml, "task": task_spec,
              "task_config": task.config, "target": config.target, "profile": profile.name,
              "latency_shape": str(shape), "sampler": config.sampler, "seed": config.seed,
              "measure": measure}
-    stored = study.user_attrs.get("search")
     if stored is not None:
         for key in ("space", "task", "target", "latency_shape"):
             if stored.get(key) != setup[key]:

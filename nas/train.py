@@ -111,40 +111,54 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
     """
     device = torch.device(device)
     budget = budget or Budget()
-    task = task.to(device)
-    model.to(device).train()
-    opt = make_optimizer(spec, model.parameters())
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
-    gen = torch.Generator(device=device).manual_seed(spec.seed)
-    window = max(1, spec.steps // CURVE_POINTS)
-
-    losses = torch.zeros(spec.steps, device=device)
-    norms = torch.zeros(spec.steps, device=device)
-    stopped, start, step = "completed", time.perf_counter(), 0
     share = gpu_share.current() if device.type == "cuda" else gpu_share.GpuShare("")
-    if compile_model is None:
-        compile_model = os.environ.get(COMPILE_ENV) == "1"
-    forward = torch.compile(model) if compile_model else model
+    clock = _Clock(time.perf_counter(), share.acquire_shared())  # the copies below are GPU work too
     try:
-        accuracy, test_loss, step, stopped, curve = _loop(model, forward, task, spec, opt, sched, gen, losses, norms,
-                                                          budget, step_hook, share, window, start)
+        task = task.to(device)
+        model.to(device).train()
+        opt = make_optimizer(spec, model.parameters())
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
+        gen = torch.Generator(device=device).manual_seed(spec.seed)
+        if compile_model is None:
+            compile_model = os.environ.get(COMPILE_ENV) == "1"
+        forward = torch.compile(model) if compile_model else model
+        accuracy, test_loss, step, stopped, curve = _loop(model, forward, task, spec, opt, sched, gen, budget,
+                                                          step_hook, share, clock)
     finally:
-        share.release_shared(sync=False)
+        share.release_shared()  # after an exception too: queued steps must not overlap a measurement
     if not math.isfinite(test_loss):
         raise TrainingDiverged("test loss is not finite", step)
-    seconds = time.perf_counter() - start
+    seconds = clock.elapsed()
     logger.debug("trained %d steps in %.1fs: acc=%.3f (%s)", step, seconds, accuracy, stopped)
     return TrainResult(accuracy, test_loss, step, seconds, stopped, tuple(curve))
 
 
-def _loop(model, forward, task, spec, opt, sched, gen, losses, norms, budget, step_hook, share, window, start):
+@dataclass
+class _Clock:
+    """Training time, less the seconds spent paused while a neighbour on the GPU measured
+    latency (``gpu_share``): those must not eat the candidate's time budget or trial deadline."""
+
+    start: float
+    paused: float = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start - self.paused
+
+    def past(self, deadline: float | None) -> bool:
+        return deadline is not None and time.monotonic() - self.paused > deadline
+
+
+def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, share, clock):
     """The training steps and the final evaluation of ``train``; returns (accuracy, test loss,
     steps, how it stopped, curve). GPU work runs while holding ``share`` (windows of steps)."""
-    device, n_train = losses.device, task.x_train.shape[0]
+    device, n_train = task.x_train.device, task.x_train.shape[0]
+    window = max(1, spec.steps // CURVE_POINTS)
+    losses = torch.zeros(spec.steps, device=device)
+    norms = torch.zeros(spec.steps, device=device)
     curve: list[tuple[int, float]] = []
     stopped, step = "completed", 0
     while step < spec.steps:
-        share.acquire_shared()
+        clock.paused += share.acquire_shared()
         try:
             if step_hook is not None:
                 step_hook(step + 1)
@@ -163,9 +177,9 @@ def _loop(model, forward, task, spec, opt, sched, gen, losses, norms, budget, st
             step += 1
         except torch.cuda.OutOfMemoryError:
             raise TrainingOOM(f"out of memory at batch {spec.batch_size} (step {step + 1})") from None
-        if budget.deadline is not None and time.monotonic() > budget.deadline:
+        if clock.past(budget.deadline):
             raise TrialTimeout(f"stopped at step {step} of {spec.steps}")
-        out_of_time = budget.max_seconds is not None and time.perf_counter() - start > budget.max_seconds
+        out_of_time = budget.max_seconds is not None and clock.elapsed() > budget.max_seconds
         if step % CHECK_EVERY == 0 or step == spec.steps or out_of_time:
             _check_finite(losses, norms, step)
             while (len(curve) + 1) * window <= step:  # each window that has completed since the last check
@@ -175,8 +189,8 @@ def _loop(model, forward, task, spec, opt, sched, gen, losses, norms, budget, st
         if out_of_time and step < spec.steps:
             stopped = "time budget"
             break
-    with share.shared():
-        accuracy, test_loss = evaluate(model, task, device)
+    clock.paused += share.acquire_shared()
+    accuracy, test_loss = evaluate(model, task, device)
     return accuracy, test_loss, step, stopped, curve
 
 

@@ -74,10 +74,11 @@ def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot
     procs = []
     for slot in slots:
         env = dict(os.environ)
+        env.pop(gpu_share.ENV, None)  # only workers that share a GPU take turns, and only with each other
         if slot.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.gpu
             if sum(s.gpu == slot.gpu for s in slots) > 1:  # measurements pause the GPU's other workers
-                env.setdefault(gpu_share.ENV, gpu_share.lock_prefix(slot.gpu))
+                env[gpu_share.ENV] = gpu_share.lock_prefix(slot.gpu)
         # Share the cores: every worker's intra-op pool defaults to all of them, and several pools
         # spinning on the same cores slow each other down many times over (GPU workers too: their
         # host-side work is small, launch-bound CPU ops).

@@ -182,6 +182,20 @@ class SearchSpace:
             fields[field] = choice.suggest(trial, f"train.{field}")
         return Candidate(arch, TrainSpec(**fields, seed=trial.number))
 
+    def check_measurable(self) -> None:
+        """SpaceError unless every (d_model, heads) gives a head dim the GPU kernels run (even,
+        ≤ MAX_HEAD_DIM): asked only where latency is measured, so a space (or a study recorded
+        with one) that predicts latency stays usable on any machine."""
+        if set(self.layer["mixer"].values()) == {"none"}:
+            return
+        for heads in self.layer["heads"].values():
+            for d in self.d_model.values():
+                head_dim = d // heads
+                if head_dim > MAX_HEAD_DIM or head_dim % 2:
+                    raise SpaceError(f"{self.source}: layer.heads: {heads} heads on d_model={d} give head dim "
+                                     f"{head_dim}; the Triton kernels that measure latency on a GPU run even head "
+                                     f"dims up to {MAX_HEAD_DIM}: use more heads or narrower widths, or --predict")
+
     def _sample_layer(self, trial: optuna.Trial, i: int) -> LayerSpec:
         def pick(field: str) -> Any:
             return self.layer[field].suggest(trial, f"layer{i}.{field}")
@@ -226,12 +240,7 @@ def parse_space(raw: Any, source: str) -> SearchSpace:
             if bad:
                 raise r.fail("layer.heads", f"{heads} heads do not divide d_model={bad[0]}; every choice must "
                              f"divide every width in {list(d_model.values())}")
-            for d in d_model.values():
-                head_dim = d // heads
-                if head_dim > MAX_HEAD_DIM or head_dim % 2:
-                    raise r.fail("layer.heads", f"{heads} heads on d_model={d} give head dim {head_dim}; the "
-                                 f"Triton kernels that measure latency on a GPU run even head dims up to "
-                                 f"{MAX_HEAD_DIM}: use more heads or narrower widths")
+
     if "linear_attention" in mixers and "feature_map" not in layer:
         raise r.fail("layer.feature_map", f"is required when linear_attention is a choice; allowed {list(FEATURE_MAPS)}")
     if "short_conv" in layer and max(layer["short_conv"].values()) > 16:

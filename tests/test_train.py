@@ -256,7 +256,12 @@ def test_compiled_training_matches_eager(monkeypatch):
     calls = []
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda m, **kw: calls.append(m) or real_compile(m, **kw))
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
     compiled = train(build(arch, task, seed=0), task, spec, device="cpu")
     assert len(calls) == 1
+    assert counters["stats"]["unique_graphs"] > 0, "the training forward never ran through the compiled model"
     assert compiled.steps == eager.steps
     assert compiled.test_loss == pytest.approx(eager.test_loss, rel=1e-4)

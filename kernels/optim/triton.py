@@ -360,10 +360,15 @@ def _buckets(params: Sequence[Tensor], grads: Sequence[Tensor], steps: Sequence[
                 raise ValueError(f"tensor {i} ({p.dtype}, {tuple(p.shape)}, {p.device}) is not supported by the "
                                  f"fused kernel: params must be {PARAM_DTYPES}, contiguous, with a grad of the same "
                                  "dtype")
+    if len(params) != len(grads):
+        raise ValueError(f"{len(params)} params but {len(grads)} grads")
+    if not params:
+        return []
     p0, g0 = params[0], grads[0]
     device, p_dtype, g_dtype = p0.get_device(), p0.dtype, g0.dtype
     step0 = None if steps is None else steps[0]
-    if (all(p.dtype is p_dtype and g.dtype is g_dtype and p.get_device() == device for p, g in zip(params, grads))
+    if (all(p.dtype is p_dtype and g.dtype is g_dtype and p.get_device() == device
+            for p, g in zip(params, grads, strict=True))
             and (steps is None or all(s == step0 for s in steps))):
         return [list(range(len(params)))]  # the common case: one launch over everything
     groups: dict[tuple, list[int]] = {}

@@ -67,6 +67,24 @@ class LatencyCache:
         os.replace(tmp, self.path)
 
 
+def _triton_errors() -> tuple[type[Exception], ...]:
+    """Triton's own exception types (CompilationError and those in triton.runtime.errors), for
+    the Triton versions this project supports."""
+    import triton
+
+    found = {triton.CompilationError}
+    found.update(c for c in vars(triton.runtime.errors).values() if isinstance(c, type) and issubclass(c, Exception))
+    return tuple(found)
+
+
+def _fatal(e: BaseException) -> bool:
+    """A sticky CUDA error or out-of-memory: no later trial in this process could succeed."""
+    accelerator = getattr(torch, "AcceleratorError", ())
+    text = str(e)
+    return (isinstance(e, (torch.OutOfMemoryError, accelerator) if accelerator else torch.OutOfMemoryError)
+            or "CUDA error" in text or "illegal memory access" in text or "misaligned address" in text)
+
+
 def _first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0][:300] if lines else ""
@@ -116,11 +134,11 @@ def measure(model: torch.nn.Module, shape: LatencyShape, *, reps: int = 30, cach
         got = tm(inputs[0]).float()
     except KernelError:
         raise
-    except (triton.CompilationError, triton.runtime.errors.OutOfResources) as e:
+    except _triton_errors() as e:  # compile, ptxas, out of shared memory/registers, autotuner
         raise KernelCompileError(f"{type(e).__name__}: {_first_line(e)}") from None
     except (ValueError, TypeError, RuntimeError, AssertionError) as e:
-        if isinstance(e, torch.OutOfMemoryError):
-            raise
+        if _fatal(e):
+            raise  # the CUDA context is gone (or memory is): this worker must stop, its trial is re-queued
         # a kernel wrapper refusing this candidate's shapes: fail the trial, keep the search going
         raise KernelLaunchError(f"{type(e).__name__}: {_first_line(e)}") from None
     with torch.no_grad(), torch.autocast("cuda", dtype=dtype):

@@ -111,6 +111,7 @@ class TritonModel:
         self.final_norm = _norm(model.norm, dtype)
         self.head = _linear(model.head, dtype)
         self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (D, padded D) → cos, sin
+        self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown tables, kept alive for old graphs
 
     def _rope_tables(self, T: int, D: int, P: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[≥ T, P/2]`` for head dim D run as P (see ``_pad_heads``): the model's
@@ -122,6 +123,8 @@ class TritonModel:
             if P != D:
                 cos = F.pad(cos, (0, (P - D) // 2), value=1.0)
                 sin = F.pad(sin, (0, (P - D) // 2), value=0.0)
+            if (D, P) in self._rope:  # graphs captured at a shorter T still read the old tables
+                self._retired.append(self._rope[(D, P)])
             cached = self._rope[(D, P)] = (cos.contiguous(), sin.contiguous())
         return cached
 

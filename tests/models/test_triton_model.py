@@ -49,14 +49,16 @@ def test_interpreted_kernels_match_the_torch_model(name):
 @requires_interpreter
 @pytest.mark.parametrize("name", [n for n in ARCHS if "hd8" in n])
 def test_padded_head_dims_give_the_mixers_output(name):
-    """Head dim 8 runs zero-padded to 16. A fresh model's mixer adds little to the logits, so
-    its out projection is scaled up here: a wrong padding (e.g. φ(0) = 1 leaking into the
-    elu+1 normaliser, or rotary pairs split across the pad) then moves the logits by O(1)."""
+    """Head dim 8 runs zero-padded to 16. A fresh model's mixer adds little to the logits and
+    its softmax is nearly uniform, so the out projection and the q/k rows are scaled up here: a
+    wrong padding (φ(0) = 1 leaking into the elu+1 normaliser, rotary pairs split across the
+    pad, the padded head dim's softmax scale) then moves the logits by O(1)."""
     model = build(_arch(ARCHS[name]), seed=4).eval()
     with torch.no_grad():
         for block in model.blocks:
             if block.mixer is not None:
                 block.mixer.out.weight.mul_(30.0)
+                block.mixer.qkv.weight[: 2 * model.arch.d_model].mul_(6.0)  # peaked softmax: scale and rotary matter
     tokens = torch.randint(0, 29, (2, 37), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         expected = model(tokens)

@@ -187,3 +187,35 @@ def test_a_study_keeps_one_kind_of_latency(tmp_path, tiny_space, monkeypatch):
     with pytest.raises(SearchError, match="holds predicted latencies and this run would record measured"):
         prepare(_config(tmp_path, tiny_space, trials=2))
     assert (tmp_path / "s.journal").read_bytes() == before
+
+
+def test_a_measured_study_resumes_measured_or_not_at_all(tmp_path, tiny_space):
+    """No flag: a resumed study keeps the kind of latency it recorded; on a CPU a measured study
+    is refused with a line that says why (no --measure flag to drop), and --predict is refused too."""
+    run_search(_config(tmp_path, tiny_space, trials=1))
+    from nas.storage import open_storage
+
+    study = optuna.load_study(study_name="t", storage=open_storage(str(tmp_path / "s.journal")))
+    study.set_user_attr("search", {**study.user_attrs["search"], "measure": True})  # as a GPU run records it
+    before = (tmp_path / "s.journal").read_bytes()
+    with pytest.raises(SearchError, match="measures latency on a GPU .*--device cuda"):
+        prepare(_config(tmp_path, tiny_space, trials=2))
+    with pytest.raises(SearchError, match="holds measured latencies and this run would record predicted"):
+        prepare(_config(tmp_path, tiny_space, trials=2, measure=False))
+    assert (tmp_path / "s.journal").read_bytes() == before
+
+
+def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
+    """A space with head dim 256 predicts fine, but is refused (one line naming the field) when
+    latency would be measured."""
+    from search_spaces import SpaceError
+
+    from tests.conftest import TINY_SPACE
+
+    space = tmp_path / "wide.yaml"
+    space.write_text(TINY_SPACE.replace("STEPS", "2").replace("d_model: [16]", "d_model: [512]")
+                     .replace("heads: [1, 2]", "heads: [2]"))
+    run_search(_config(tmp_path, space, trials=1, study="wide"))
+    monkeypatch.setattr("nas.study.resolve_measure", lambda *a: True)
+    with pytest.raises(SpaceError, match="layer.heads: 2 heads on d_model=512 give head dim 256"):
+        prepare(_config(tmp_path, space, trials=1, study="wide2"))

@@ -301,13 +301,17 @@ def _interrupt_once(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupt_once) if in_main_thread else None
+    interrupted = False
     try:
         return _main(argv)
     except KeyboardInterrupt:
+        interrupted = True
         err.print("nas: interrupted; finished trials are kept in the study", markup=False)
         return 130
     finally:
-        if in_main_thread:
+        # after an interrupt, further Ctrl-Cs stay ignored: one landing during the interpreter's
+        # shutdown would otherwise kill the process by SIGINT (exit -2) instead of exiting 130
+        if in_main_thread and not interrupted:
             signal.signal(signal.SIGINT, previous)
 
 

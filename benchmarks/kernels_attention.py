@@ -9,11 +9,14 @@ layout; SDPA's flash kernel takes such views as they are). SDPA runs under
 ``sdpa_kernel(FLASH_ATTENTION)``; the kernels the profiler saw for the forced and the default
 call are recorded. With RoPE: ours rotates in-kernel, the peer is ``apply_rope`` + SDPA.
 
-Linear attention: causal, bf16, B = 8, H = 16, D = 64, L ∈ {256, 512, 1024, 4096}. Identity map
-(unnormalized, q·D^-1/2) is exactly fla's ``chunk_linear_attn(scale=D^-1/2, normalize=False)``;
-fla gets contiguous ``[B, L, H, D]`` tensors (its native layout), ours the projection views.
-elu+1 (normalized) compares with torch ``elu+1`` then fla ``normalize=True``. Without fla the peer
-is the torch chunked form the model trains with (``nas.models.mixers``), and the JSON says why.
+Linear attention: causal, bf16, B = 8, H = 16, D = 64, L ∈ {256, 512, 1024, 4096}, and the
+mixers of the whole-model benchmark's candidates (``model_latency.py``: B1×256 d128 with 4 heads,
+B8×512 d256 with 8 heads, B32×1024 d512 with 8 heads). Identity map (unnormalized, q·D^-1/2) is
+exactly fla's ``chunk_linear_attn(scale=D^-1/2, normalize=False)``; fla gets contiguous
+``[B, L, H, D]`` tensors (its native layout), ours the projection views. elu+1 (normalized)
+compares with torch ``elu+1`` then fla ``normalize=True``, the way a model would use fla for it.
+Without fla the peer is the torch chunked form the model trains with (``nas.models.mixers``), and
+the JSON says why. ``--sweep`` also times every launch config of ours per case (``linear_sweep``).
 
 Every implementation's output is checked against the peer's before its time counts. Times are
 CUDA-graph replays over input copies rotated past L2 (``benchmarks/_timing.py``): median and IQR
@@ -47,7 +50,8 @@ from nas.models.mixers import FEATURE_MAP_FNS, apply_rope, causal_linear_attenti
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPE = torch.bfloat16
 ATTN_LENGTHS, ATTN_HEAD_DIMS, ATTN_TOKENS, ATTN_WIDTH = (1024, 2048, 4096), (64, 128), 16384, 2048
-LIN_LENGTHS, LIN_B, LIN_H, LIN_D = (256, 512, 1024, 4096), 8, 16, 64
+# (B, H, D, L): the fla-style sweep over lengths, then the model benchmark's linear-attention mixers.
+LIN_CASES = tuple((8, 16, 64, L) for L in (256, 512, 1024, 4096)) + ((1, 4, 32, 256), (8, 8, 32, 512), (32, 8, 64, 1024))
 ATTN_TARGET = 0.9  # ours ≥ 0.9× SDPA throughput at L ≥ 1024
 LIN_TARGET_SHORT, LIN_TARGET_LONG = 3.0, 1.0  # ≥ 3× fla at L ≤ 1024, not slower at 4096
 TOLERANCE = 2e-2  # bf16 outputs of two implementations: relative Frobenius distance
@@ -201,11 +205,27 @@ def _fla_call(chunk_linear_attn: Callable, q: torch.Tensor, k: torch.Tensor, v: 
     return chunk_linear_attn(phi(q), phi(k), v, scale=1.0, normalize=True)[0]
 
 
-def linear_attention_rows(warm: bool) -> tuple[list[Row], str]:
+def _sweep(copies: list[torch.Tensor], H: int, feature_map: str) -> dict[str, float]:
+    """Median µs of ours under each launch config offered to the autotuner at this head dim."""
+    D = copies[0].shape[-1] // (3 * H)
+    out: dict[str, float] = {}
+    seen = dict.fromkeys(la.ChunkConfig(c.chunk, min(c.block_v, D), c.num_warps, c.num_stages, split=c.split)
+                         for c in la.chunk_configs(copies[0].device, D))
+    for cfg in seen:
+        name = f"{cfg.chunk}x{cfg.block_v} w{cfg.num_warps} s{cfg.num_stages} split{cfg.split}"
+        try:
+            out[name] = time_graph([partial(la.linear_attention_qkv, c, H, feature_map=feature_map, config=cfg)
+                                    for c in copies], reps=20).median_us
+        except Exception as err:  # noqa: BLE001 - one failing config is a finding, not the end of the sweep
+            out[name] = f"{type(err).__name__}: {err}"[:200]
+    return out
+
+
+def linear_attention_rows(warm: bool, sweep: bool = False) -> tuple[list[Row], str, list[dict]]:
     chunk_linear_attn, fla_note = _fla()
     rows: list[Row] = []
-    B, H, D = LIN_B, LIN_H, LIN_D
-    for L in LIN_LENGTHS:
+    sweeps: list[dict] = []
+    for B, H, D, L in LIN_CASES:
         copies = _inputs(B, L, H, D)
         views = [_views(c, H) for c in copies]
         natives = [tuple(t.transpose(1, 2).contiguous() for t in v) for v in views]  # fla's [B, L, H, D]
@@ -221,7 +241,7 @@ def linear_attention_rows(warm: bool) -> tuple[list[Row], str]:
                     fns[0]()
                 continue
             case = f"causal {feature_map} D={D} L={L} B={B} H={H}"
-            target = (LIN_TARGET_SHORT if L <= 1024 else LIN_TARGET_LONG) if feature_map == "identity" else None
+            target = LIN_TARGET_SHORT if L <= 1024 else LIN_TARGET_LONG
             mine = ours[0]()
             peer_rows = []
             for name, fns in peers:
@@ -233,8 +253,10 @@ def linear_attention_rows(warm: bool) -> tuple[list[Row], str]:
             peer, expected = peer_rows[0]  # fla when it ran, else the torch chunked form
             rows.append(_row("linear_attention", case, "triton", ours, None, peer, target, _rel_err(mine, expected),
                              la.last_tuned_config(copies[0].device, D)))
+            if sweep:
+                sweeps.append({"case": case, "median_us": _sweep(copies, H, feature_map)})
         del copies, views, natives
-    return rows, fla_note
+    return rows, fla_note, sweeps
 
 
 def _print(rows: list[Row]) -> None:
@@ -253,21 +275,25 @@ def _fmt(x: float | None, spec: str) -> str:
     return "" if x is None else format(x, spec)
 
 
-def main(out_dir: str | Path = RESULTS, *, warm: bool = False) -> Path | None:
-    """Run every case; print the table and write ``out_dir/kernels_attention.json`` (None with ``warm``)."""
+def main(out_dir: str | Path = RESULTS, *, warm: bool = False, only: str | None = None,
+         sweep: bool = False) -> Path | None:
+    """Run every case (of ``only`` the one op when given); print the table and write
+    ``out_dir/kernels_attention.json`` (None with ``warm``)."""
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/kernels_attention.py needs a CUDA device")
     torch.manual_seed(0)
     errors: list[str] = []
-    attn, backends, lin, fla_note = [], {}, [], ""
-    try:
-        attn, backends = attention_rows(warm)
-    except Exception as err:  # noqa: BLE001 - report it and still time the other op
-        errors.append(f"attention: {type(err).__name__}: {err}"[:500])
-    try:
-        lin, fla_note = linear_attention_rows(warm)
-    except Exception as err:  # noqa: BLE001
-        errors.append(f"linear_attention: {type(err).__name__}: {err}"[:500])
+    attn, backends, lin, fla_note, sweeps = [], {}, [], "", []
+    if only in (None, "attention"):
+        try:
+            attn, backends = attention_rows(warm)
+        except Exception as err:  # noqa: BLE001 - report it and still time the other op
+            errors.append(f"attention: {type(err).__name__}: {err}"[:500])
+    if only in (None, "linear_attention"):
+        try:
+            lin, fla_note, sweeps = linear_attention_rows(warm, sweep)
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"linear_attention: {type(err).__name__}: {err}"[:500])
     if errors:
         print("\n".join(errors))
     if warm:
@@ -278,17 +304,31 @@ def main(out_dir: str | Path = RESULTS, *, warm: bool = False) -> Path | None:
     print(f"targets met: {sum(bool(r.met) for r in targets)}/{len(targets)}; SDPA kernels: {backends}; peer: {fla_note}")
     return write_results(
         Path(out_dir) / "kernels_attention.json", rows, dtype=str(DTYPE), sdpa_kernels=backends, fla=fla_note,
-        errors=errors,
+        errors=errors, only=only, linear_sweep=sweeps,
         targets={"attention": f"triton >= {ATTN_TARGET}x torch-sdpa-flash throughput, L >= 1024",
-                 "linear_attention": f"identity map: triton >= {LIN_TARGET_SHORT}x the peer at L <= 1024, "
-                                     f">= {LIN_TARGET_LONG}x at L = 4096"},
+                 "linear_attention": f"triton >= {LIN_TARGET_SHORT}x the peer at L <= 1024, "
+                                     f">= {LIN_TARGET_LONG}x at L = 4096 (both maps; identity is fla's op "
+                                     "exactly, elu+1 is torch φ then fla normalize=True)"},
         targets_met=f"{sum(bool(r.met) for r in targets)}/{len(targets)}",
+        summary=_summary(targets),
     )
+
+
+def _summary(targets: list[Row]) -> dict:
+    """Per op and (linear attention) feature map: cases, met, worst speedup."""
+    groups: dict[str, list[Row]] = {}
+    for r in targets:
+        key = r.op if r.op == "attention" else f"{r.op} {r.case.split()[1]}"
+        groups.setdefault(key, []).append(r)
+    return {k: {"cases": len(v), "met": sum(bool(r.met) for r in v), "worst_speedup": min(r.speedup for r in v)}
+            for k, v in groups.items()}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(RESULTS), help="folder for kernels_attention.json")
     parser.add_argument("--warm", action="store_true", help="only compile and autotune every case")
+    parser.add_argument("--only", choices=("attention", "linear_attention"), help="time one op only")
+    parser.add_argument("--sweep", action="store_true", help="also time every linear-attention launch config")
     args = parser.parse_args()
-    main(args.out, warm=args.warm)
+    main(args.out, warm=args.warm, only=args.only, sweep=args.sweep)

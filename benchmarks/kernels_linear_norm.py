@@ -103,7 +103,8 @@ def _linear_inputs(tokens: int, d: int) -> list[dict[str, torch.Tensor]]:
 def _cfg_name(config: LinearConfig | None) -> str:
     if config is None:
         return ""
-    return f"{config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
+    extra = "".join(f" {name}" for name in ("tma", "flatten", "warp_specialize") if getattr(config, name))
+    return f"{config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}{extra}"
 
 
 def _bench_linear(tokens: int, d: int) -> Row:

@@ -9,11 +9,12 @@ tile height fits the M bucket and whose pipelined operand tiles fit in shared me
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["LinearConfig", "HOPPER", "HOPPER_SHORT_K", "HOPPER_TMA", "DEFAULT", "SMALL_M", "INTERPRETER",
            "INTERPRETER_TMA", "ALL", "SWEEP",
-           "SHORT_K_MAX", "SMALL_M_MAX", "m_bucket", "candidates"]
+           "SHORT_K_MAX", "SMALL_M_MAX", "m_bucket", "candidates", "prefers_tma"]
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,12 @@ class LinearConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # the persistent kernel reading tiles through tensor descriptors (Hopper TMA)
+    flatten: bool = False  # tma only: Triton flattens the tile and K loops into one pipelined loop
+    warp_specialize: bool = False  # tma only: Triton splits loads and math into warp groups
 
     def __post_init__(self) -> None:
+        if (self.flatten or self.warp_specialize) and not self.tma:
+            raise ValueError("LinearConfig.flatten and warp_specialize apply to the TMA kernel only (tma=True)")
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
@@ -83,10 +88,17 @@ SMALL_M = LinearConfig(64, 64, 64, 1, 4, 4)
 # with ragged edges in M, N and K, and a group of 2 exercises the grouped tile order.
 INTERPRETER = LinearConfig(16, 16, 16, 2, 4, 1)
 # The persistent TMA kernel (one program per SM walks the output tiles; x and W tiles arrive by
-# bulk tensor copies, no per-element addresses). NOT validated on a GPU yet, so it is opt-in:
-# ``NAS_LINEAR_TMA=1`` hands these to the tuner instead of HOPPER, and ``--sweep`` times them.
-# Tilings: the Hopper tiles of the pointer kernel, one more pipeline stage (TMA frees registers).
+# bulk tensor copies, no per-element addresses). `--sweep` on an H200 (bf16 linear + bias + GELU,
+# triton 3.6): at K = 1024 the flattened 128×128 w8 s4 tiling ran 40.9 µs at M = 2048 and 307.7 µs
+# at M = 16384 against 43.4 and 338.6 for the pointer kernel's best; at K = 128 every TMA tiling
+# lost (the main loop is two K steps, nothing to pipeline). Hence ``prefers_tma``: long K only.
+# 128×256 flattened needs 278 KB of shared memory (over the 227 KB limit) and is not offered.
 HOPPER_TMA = (
+    LinearConfig(128, 128, 64, 8, 8, 4, tma=True, flatten=True),
+    LinearConfig(128, 256, 64, 8, 8, 3, tma=True),
+    LinearConfig(64, 128, 64, 8, 4, 4, tma=True, flatten=True),
+)
+_TMA_SWEEP = (
     LinearConfig(128, 256, 64, 8, 8, 3, tma=True),
     LinearConfig(128, 128, 64, 8, 8, 4, tma=True),
     LinearConfig(128, 128, 64, 8, 4, 4, tma=True),
@@ -107,6 +119,9 @@ SWEEP = tuple(dict.fromkeys((
     LinearConfig(128, 128, 64, 8, 4, 2),
     LinearConfig(64, 256, 64, 8, 4, 3),
     *HOPPER_TMA,
+    *_TMA_SWEEP,
+    *(dataclasses.replace(c, flatten=True) for c in _TMA_SWEEP if c.block_n < 256),
+    *(dataclasses.replace(c, warp_specialize=True) for c in _TMA_SWEEP),
 )))
 
 # Per compute capability: (candidates for K ≤ SHORT_K_MAX, candidates for longer K).
@@ -119,6 +134,12 @@ _SMEM_BUDGET = 200 * 1024  # bytes: below every sm_80+ opt-in limit (163-227 KB)
 def m_bucket(m: int) -> int:
     """M rounded up to a power of two (≥ 16): the tuner's key, so one tuning serves a range of M."""
     return max(16, 1 << max(0, m - 1).bit_length())
+
+
+def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
+    """Whether the tuner should be handed the TMA kernel's tilings rather than the pointer
+    kernel's: Hopper or later, a long K loop to pipeline, and more rows than the small-M tile."""
+    return capability >= (9, 0) and k > SHORT_K_MAX and m_bucket_ > SMALL_M_MAX
 
 
 def candidates(capability: tuple[int, int], m_bucket_: int, k: int, element_size: int,

@@ -9,13 +9,13 @@ Tiles are autotuned per (M bucket, N, K) from ``configs.candidates`` (a handful 
 when M is small), so a new shape costs a few short timings, once per process. Call the kernel
 once outside CUDA-graph capture before capturing it: tuning launches and synchronizes.
 
-Two kernels compute it. ``_linear_kernel`` (the default) loads tiles through pointers, one
-program per output tile. ``_linear_tma_kernel`` is persistent (≤ one program per SM) and moves
-tiles by tensor descriptor (Hopper TMA); on an H200 the pointer kernel's main loop ran ~1.1× the
-time of cuBLAS at NAS shapes (benchmarks/results/kernels_linear_norm.json), and bulk copies plus
-a persistent grid are the standard cure. The TMA kernel passes the interpreter tests but has
-not run on a GPU yet, so it is opt-in (``NAS_LINEAR_TMA=1``, or a ``tma=True`` config) until
-``benchmarks/kernels_linear_norm.py --sweep`` and the GPU tests have validated it.
+Two kernels compute it. ``_linear_kernel`` loads tiles through pointers, one program per output
+tile. ``_linear_tma_kernel`` is persistent (≤ one program per SM) and moves tiles by tensor
+descriptor (Hopper TMA), with the tile and K loops flattened into one software pipeline so a
+tile's epilogue overlaps the next tile's loads. ``configs.prefers_tma`` picks between them per
+call (TMA on sm_90+ for K > 256 and M > 64, where it measured faster on an H200); the environment
+variable ``NAS_LINEAR_TMA=1`` / ``=0`` forces one or the other (where descriptors can address the
+operands), and an explicit config names its kernel.
 """
 
 from __future__ import annotations
@@ -44,10 +44,28 @@ _AUTOTUNE_CALLS, _AUTOTUNE_REPLAYS = 20, 10  # per candidate: ~7 ms at the large
 
 
 @triton.jit
+def _gelu(v):
+    """x·Φ(x), the erf form of ``torch.nn.GELU()``, in about a dozen fp32 operations.
+
+    Φ(−|x|) = erfc(|x|/√2)/2 from Abramowitz & Stegun 7.1.26 (|erf error| ≤ 1.5e-7):
+    erfc(a) ≈ t·(a1 + t(a2 + t(a3 + t(a4 + t·a5))))·e^(−a²), t = 1/(1 + p·a). Forming Φ(x) as
+    1 − Φ(−|x|) for x ≥ 0 and Φ(−|x|) below avoids the cancellation in 1 + erf(x) for negative x.
+    Max |error| over [−10, 10] is 4e-7 (torch's own fp32 GELU: 1.2e-6, both against float64).
+    libdevice's erff costs ~3× the instructions, and at short K the epilogue is the kernel: on an
+    H200 it doubled linear + GELU at K = 128 against the same kernel without the activation.
+    """
+    a = tl.abs(v) * 0.7071067811865476
+    t = tl.math.fdiv(1.0, 1.0 + 0.3275911 * a)  # approximate reciprocal (2 ulp): far inside the 1.5e-7
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    tail = 0.5 * poly * tl.exp(-a * a)  # Φ(−|x|)
+    return v * tl.where(v >= 0, 1.0 - tail, tail)
+
+
+@triton.jit
 def _activate(v, ACTIVATION: tl.constexpr):
     """The activation on an fp32 tile; "gelu" is the erf form of ``torch.nn.GELU()``."""
     if ACTIVATION == "gelu":
-        return 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+        return _gelu(v)
     elif ACTIVATION == "relu":
         return tl.maximum(v, 0.0)
     elif ACTIVATION == "silu":
@@ -129,6 +147,7 @@ def _linear_tma_kernel(
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
 ):
     # The same math as _linear_kernel. Persistent: the grid is at most one program per SM, and
     # each walks output tiles tl.num_programs(0) apart in the grouped order. Every tile moves by
@@ -142,7 +161,8 @@ def _linear_tma_kernel(
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
         group = tile // (GROUP_M * tiles_n)
         first_m = group * GROUP_M
         group_rows = min(tiles_m - first_m, GROUP_M)
@@ -170,13 +190,15 @@ def _linear_tma_kernel(
 _even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 _fixed_kernel = _even_k(_linear_kernel)  # launched with an explicit config
 _TRITON_CONFIGS = {
-    c: triton.Config(dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m),
+    c: triton.Config(dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                          **(dict(FLATTEN=c.flatten, WARP_SPECIALIZE=c.warp_specialize) if c.tma else {})),
                      num_warps=c.num_warps, num_stages=c.num_stages)
     for c in _configs.ALL
 }
 _POINTER_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if not c.tma]
 _TMA_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if c.tma]
-_USE_TMA = os.environ.get("NAS_LINEAR_TMA") == "1"  # opt-in until the TMA kernel is validated on a GPU
+_USE_TMA: bool | None = {"1": True, "0": False}.get(os.environ.get("NAS_LINEAR_TMA", ""))  # None: configs.prefers_tma
+_last_tuner: list = []  # the tuner of the latest autotuned call, for last_tuned_config
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
@@ -228,7 +250,7 @@ _tuned_tma_kernel = autotune(
 
 def last_tuned_config() -> LinearConfig | None:
     """The tiling the tuner chose for the latest autotuned call (None before the first)."""
-    chosen = getattr(_tuned_tma_kernel if _USE_TMA else _tuned_kernel, "best_config", None)
+    chosen = getattr(_last_tuner[-1], "best_config", None) if _last_tuner else None
     return next((c for c, t in _TRITON_CONFIGS.items() if t is chosen), None)
 
 
@@ -323,7 +345,12 @@ def linear(
 
     if config is None and _INTERPRETED:
         config = _configs.INTERPRETER_TMA if _USE_TMA else _configs.INTERPRETER  # timing interpreted candidates would measure numpy
-    tma = (config.tma if config is not None else _USE_TMA and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    if config is not None:
+        tma = config.tma
+    else:
+        capability = torch.cuda.get_device_capability(x.device)
+        tma = capability >= (9, 0) and (_USE_TMA if _USE_TMA is not None
+                                        else _configs.prefers_tma(capability, _configs.m_bucket(M), K))
     if tma and _tma_ready(x2, weight, r2, y2):
         from kernels.attention.inputs import use_torch_allocator  # descriptors need launch-time scratch
 
@@ -336,15 +363,18 @@ def linear(
             return (min(programs, triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"])),)
 
         if config is None:
+            _last_tuner[:] = [_tuned_tma_kernel]
             _tuned_tma_kernel[tma_grid](*tma_args, **meta)
         else:
             _linear_tma_kernel[tma_grid](*tma_args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                                         BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps,
+                                         BLOCK_K=config.block_k, GROUP_M=config.group_m, FLATTEN=config.flatten,
+                                         WARP_SPECIALIZE=config.warp_specialize, num_warps=config.num_warps,
                                          num_stages=config.num_stages)
         return out
     if config is not None and config.tma:  # operands a descriptor cannot address: the pointer kernel's tiling
-        config = _configs.INTERPRETER if _INTERPRETED else dataclasses.replace(config, tma=False)
+        config = _configs.INTERPRETER if _INTERPRETED else dataclasses.replace(config, tma=False, flatten=False, warp_specialize=False)
     if config is None:
+        _last_tuner[:] = [_tuned_kernel]
         _tuned_kernel[grid](*args, **meta)
     else:
         _fixed_kernel[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

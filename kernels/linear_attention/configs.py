@@ -1,10 +1,14 @@
 """Launch configs for the linear-attention kernels (``kernels/linear_attention/triton.py``).
 
-The chunked forward runs one program per (batch·head, block of ``block_v`` value channels) that
-walks the sequence in chunks of ``chunk`` tokens, carrying its ``[D, block_v]`` fp32 slice of the
-state in registers. Splitting V multiplies the programs by ``D / block_v`` (B·H alone rarely fills
-132 SMs) at the price of recomputing the ``[chunk, chunk]`` intra-chunk scores in each program.
-Longer chunks mean fewer sequential steps but ``chunk²·D`` intra-chunk work per ``chunk`` tokens.
+The chunked forward runs one program per (batch·head, segment, block of ``block_v`` value
+channels): it sums the state of the chunks before its segment (an accumulate-only matmul loop),
+then walks its segment in chunks of ``chunk`` tokens, carrying its ``[D, block_v]`` fp32 slice of
+the state in registers. Splitting V multiplies the programs by ``D / block_v`` (B·H alone rarely
+fills 132 SMs) at the price of recomputing the ``[chunk, chunk]`` intra-chunk scores in each
+program; splitting the sequence into ``split`` segments multiplies them again and divides the
+serial walk (the kernel's latency) by ``split``, at the price of the prefix sums: segment s
+re-reads s/split of the sequence's k and v. Longer chunks mean fewer sequential steps but
+``chunk²·D`` intra-chunk work per ``chunk`` tokens.
 
 The decode step is one program per (batch, head) reading and writing its ``D × D`` fp32 state
 once (memory-bound: 8·D² bytes); ``block_v`` bounds the state tile held at a time.
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["ChunkConfig", "StepConfig", "HOPPER", "DEFAULT", "INTERPRETER", "STEP", "INTERPRETER_STEP",
-           "SUPPORTED_HEAD_DIMS", "chunk_configs", "step_config"]
+           "SPLITS", "SUPPORTED_HEAD_DIMS", "chunk_configs", "step_config"]
 
 # tl.dot needs every matmul dim ≥ 16; the [D, block_v] fp32 state tile must fit in registers.
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -31,16 +35,20 @@ def _power_of_two(owner: str, name: str, value: int) -> None:
 @dataclass(frozen=True)
 class ChunkConfig:
     """chunk: tokens per sequential step; block_v: value channels per program (capped at D);
-    num_warps, num_stages: as in ``triton.Config``."""
+    num_warps, num_stages: as in ``triton.Config``; split: segments of the sequence walked in
+    parallel (fewer when the sequence has fewer chunks)."""
 
     chunk: int
     block_v: int
     num_warps: int
     num_stages: int
+    split: int = 1
 
     def __post_init__(self) -> None:
         _power_of_two("ChunkConfig", "chunk", self.chunk)
         _power_of_two("ChunkConfig", "block_v", self.block_v)
+        if self.split < 1:
+            raise ValueError(f"ChunkConfig.split must be >= 1, got {self.split}")
 
 
 @dataclass(frozen=True)
@@ -55,21 +63,27 @@ class StepConfig:
 
 
 # sm_90, per head dim: 64-token chunks as fla's chunk kernels use; V split 2-4 ways so B·H = 64
-# gives 128-256 programs; 8 warps at D = 128, where 4 spill (the fp32 φq and state tiles); the
-# autotuner picks per length and feature map. Measured on an H200 (torch 2.11, triton 3.6, bf16,
-# B = 8, H = 16, D = 64, L = 256-4096; benchmarks/results/kernels_attention.json): 64/32/4w/2s won
-# at every length for both identity and elu+1.
+# gives 128-256 programs; 8 warps at D = 128, where 4 spill (the fp32 φq and state tiles). Without
+# the sequence split, 64/32/4w/2s won at every length for identity and elu+1 on an H200 (torch
+# 2.11, triton 3.6, bf16, B = 8, H = 16, D = 64, L = 256-4096); each tiling is offered with every
+# split and the autotuner picks per length, batch·heads and feature map (segments longer than the
+# sequence's chunk count are pruned).
+SPLITS = (1, 2, 4, 8, 16)
+_TILINGS: dict[int, tuple[tuple[int, int, int, int], ...]] = {
+    16: ((64, 16, 4, 2), (32, 16, 4, 2)),
+    32: ((64, 32, 4, 2), (64, 16, 4, 2)),
+    64: ((64, 32, 4, 2), (64, 16, 4, 2), (64, 64, 8, 2)),
+    128: ((64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 2)),
+}
 HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
-    16: (ChunkConfig(64, 16, 4, 2), ChunkConfig(32, 16, 4, 2)),
-    32: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2)),
-    64: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 64, 8, 2)),
-    128: (ChunkConfig(64, 32, 8, 2), ChunkConfig(64, 16, 8, 2), ChunkConfig(64, 64, 8, 2)),
+    d: tuple(ChunkConfig(*t, split=s) for t in tilings for s in SPLITS) for d, tilings in _TILINGS.items()
 }
 # Other CUDA GPUs until measured (block_v is capped at D).
-DEFAULT = (ChunkConfig(64, 32, 4, 2),)
+DEFAULT = tuple(ChunkConfig(64, 32, 4, 2, split=s) for s in SPLITS)
 # TRITON_INTERPRET on CPU (tests): 16-token chunks so odd lengths cross several chunks and a
-# masked tail; 16 value channels so D = 32 splits across two programs.
-INTERPRETER = (ChunkConfig(16, 16, 4, 1),)
+# masked tail; 16 value channels so D = 32 splits across two programs; two segments so the second
+# starts from a prefix sum (and is empty at one chunk).
+INTERPRETER = (ChunkConfig(16, 16, 4, 1, split=2),)
 STEP = StepConfig(block_v=32, num_warps=4)
 INTERPRETER_STEP = StepConfig(block_v=16, num_warps=4)
 

@@ -42,7 +42,7 @@ from kernels._autotune import autotune
 from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
 from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, chunk_configs, step_config
 
-__all__ = ["DTYPES", "FEATURE_MAPS", "SUPPORTED_HEAD_DIMS", "linear_attention", "linear_attention_qkv",
+__all__ = ["ChunkConfig", "DTYPES", "FEATURE_MAPS", "SUPPORTED_HEAD_DIMS", "linear_attention", "linear_attention_qkv",
            "linear_attention_step", "last_tuned_config"]
 
 FEATURE_MAPS = ("identity", "elu+1", "relu")  # the keys of nas.models.mixers.FEATURE_MAP_FNS
@@ -62,7 +62,8 @@ def _feature(x, FEATURE: tl.constexpr):
 
 @triton.jit
 def _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, t0, o_col, T, q_scale,
-           MASKED: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, CHUNK: tl.constexpr):
+           MASKED: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, SUM_Z: tl.constexpr,
+           CHUNK: tl.constexpr):
     """One chunk of CHUNK tokens from t0: writes its outputs and returns the state after it.
 
     The normalizer rides on the tensor cores too: Z ``[D, 16]`` holds z in column 0 (zeros
@@ -89,9 +90,28 @@ def _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, t0, o_col, T, q_scale,
     if NORMALIZE:
         denom = tl.dot(qf, Z, tl.dot(scores, ones))  # column 0: Σ_s≤t in chunk q·k + φq·z
         o = o / (tl.sum(denom, 1) + _EPS)[:, None]
-    Z = tl.dot(tl.trans(kc), ones, Z)  # z += Σ φ(k)
+    if SUM_Z:
+        Z = tl.dot(tl.trans(kc), ones, Z)  # z += Σ φ(k)
     S = tl.dot(tl.trans(kc), v, S)  # S += φ(k)ᵀ·v
     o_desc.store([t0, o_col], o.to(v.dtype))  # o has v's dtype; rows past T are dropped
+    return S, Z
+
+
+@triton.jit
+def _state_of(S, Z, k_desc, v_desc, t0, FEATURE: tl.constexpr, SUM_Z: tl.constexpr, CHUNK: tl.constexpr):
+    """S += φ(k)ᵀ·v and z += Σ φ(k) over the full chunk at t0: the prefix loop's step, a plain
+    accumulating matmul (no output, no scores), so consecutive chunks pipeline like a GEMM's K loop."""
+    k = k_desc.load([t0, 0])  # [CHUNK, D]
+    v = v_desc.load([t0, 0])  # [CHUNK, BLOCK_V]
+    if FEATURE == "identity":
+        kc = k
+    else:
+        kc = _feature(k.to(tl.float32), FEATURE).to(v.dtype)
+    if SUM_Z:
+        first = (tl.arange(0, 16) == 0)[None, :]
+        ones = tl.where(first, 1.0, 0.0).to(v.dtype) + tl.zeros([CHUNK, 16], v.dtype)
+        Z = tl.dot(tl.trans(kc), ones, Z)
+    S = tl.dot(tl.trans(kc), v, S)
     return S, Z
 
 
@@ -99,12 +119,24 @@ def _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, t0, o_col, T, q_scale,
 def _chunked_fwd_kernel(
     Q, K, V, O, S_OUT, Z_OUT,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; S_OUT [B, H, D, D], Z_OUT [B, H, D] fp32
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
-    H, T, q_scale,
+    H, T, BH, q_scale, SPLIT,
     HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, FEATURE: tl.constexpr,
     NORMALIZE: tl.constexpr, STORE_STATE: tl.constexpr,
 ):
-    bh = tl.program_id(0)
-    v0 = tl.program_id(1) * BLOCK_V
+    # One program per (batch·head, segment of the sequence, block of value channels), flattened
+    # so the programs of one head are adjacent (its k, v stay in L2 for the prefix loops) and,
+    # within a head, the last segment (the longest prefix) starts first.
+    NV: tl.constexpr = HEAD_DIM // BLOCK_V
+    pid = tl.program_id(0)
+    v0 = (pid % NV) * BLOCK_V
+    seg = SPLIT - 1 - (pid // NV) % SPLIT
+    bh = pid // (NV * SPLIT)
+    n_chunks = tl.cdiv(T, CHUNK)
+    per_seg = tl.cdiv(n_chunks, SPLIT)
+    c_lo = seg * per_seg
+    c_hi = tl.minimum(c_lo + per_seg, n_chunks)
+    if c_lo >= c_hi:  # more segments than chunks at this length
+        return
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     # Descriptors over this head's [T, D] rows (v and o: this program's BLOCK_V columns of them).
@@ -120,21 +152,27 @@ def _chunked_fwd_kernel(
 
     S = tl.zeros([HEAD_DIM, BLOCK_V], tl.float32)
     Z = tl.zeros([HEAD_DIM, 16], tl.float32)  # z in column 0
-    full = T // CHUNK
-    for c in range(0, full):
+    SUM_Z: tl.constexpr = NORMALIZE or STORE_STATE  # the identity map needs z only to hand it on
+    # The state at the segment's start, from the chunks before it (all full: c_lo ≤ T // CHUNK).
+    for c in range(0, c_lo):
+        S, Z = _state_of(S, Z, k_desc, v_desc, c * CHUNK, FEATURE, SUM_Z, CHUNK)
+    # Then the segment's own chunks in order, carrying the state.
+    full = tl.minimum(T // CHUNK, c_hi)
+    for c in range(c_lo, full):
         S, Z = _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, False, FEATURE, NORMALIZE,
-                      CHUNK)
-    for c in range(full, tl.cdiv(T, CHUNK)):  # the partial last chunk, if any
+                      SUM_Z, CHUNK)
+    for c in range(tl.maximum(full, c_lo), c_hi):  # the partial last chunk, if any
         S, Z = _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, True, FEATURE, NORMALIZE,
-                      CHUNK)
+                      SUM_Z, CHUNK)
 
-    if STORE_STATE:  # writes 4·D·BLOCK_V (+ 4·D) bytes once
-        d = tl.arange(0, HEAD_DIM)
-        dv = tl.arange(0, BLOCK_V)
-        state = S_OUT + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM + v0
-        tl.store(state + d[:, None] * HEAD_DIM + dv[None, :], S)
-        if v0 == 0:  # every V block computed the same z; one writes it
-            tl.store(Z_OUT + bh.to(tl.int64) * HEAD_DIM + d, tl.sum(Z, 1))
+    if STORE_STATE:  # the last segment ends with the whole sequence's state; 4·D·BLOCK_V (+ 4·D) bytes
+        if c_hi == n_chunks:
+            d = tl.arange(0, HEAD_DIM)
+            dv = tl.arange(0, BLOCK_V)
+            state = S_OUT + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM + v0
+            tl.store(state + d[:, None] * HEAD_DIM + dv[None, :], S)
+            if v0 == 0:  # every V block computed the same z; one writes it
+                tl.store(Z_OUT + bh.to(tl.int64) * HEAD_DIM + d, tl.sum(Z, 1))
 
 
 @triton.jit
@@ -186,22 +224,37 @@ def last_tuned_config(device: torch.device, head_dim: int) -> ChunkConfig | None
     best = getattr(_tuned(device, head_dim), "best_config", None)
     if best is None:
         return None
-    return ChunkConfig(best.kwargs["CHUNK"], best.kwargs["BLOCK_V"], best.num_warps, best.num_stages)
+    return ChunkConfig(best.kwargs["CHUNK"], best.kwargs["BLOCK_V"], best.num_warps, best.num_stages,
+                       split=best.kwargs["SPLIT"])
+
+
+def _useful_splits(configs: list, nargs: dict, **_: object) -> list:
+    """Drop configs with more segments than the sequence has chunks (a smaller split of the same
+    tiling covers them), keeping at least the unsplit ones."""
+    T = nargs["T"]
+    kept = [c for c in configs if c.kwargs["SPLIT"] == 1 or c.kwargs["SPLIT"] <= triton.cdiv(T, c.kwargs["CHUNK"])]
+    return kept or list(configs)
+
+
+def _launch_config(cfg: ChunkConfig, head_dim: int) -> triton.Config:
+    return triton.Config({"CHUNK": cfg.chunk, "BLOCK_V": min(cfg.block_v, head_dim), "SPLIT": cfg.split},
+                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 @cache
 def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
     """The chunked kernel autotuned over ``configs.chunk_configs`` (block_v capped at D), cached
-    per length, feature map, state output and dtypes."""
-    seen = dict.fromkeys((c.chunk, min(c.block_v, head_dim), c.num_warps, c.num_stages)
+    per length, batch·heads, feature map, state output and dtypes."""
+    seen = dict.fromkeys((c.chunk, min(c.block_v, head_dim), c.num_warps, c.num_stages, c.split)
                          for c in chunk_configs(device, head_dim))
-    configs = [triton.Config({"CHUNK": chunk, "BLOCK_V": block_v}, num_warps=warps, num_stages=stages)
-               for chunk, block_v, warps, stages in seen]
-    return autotune(configs, key=["T", "FEATURE", "STORE_STATE"])(_chunked_fwd_kernel)
+    configs = [_launch_config(ChunkConfig(chunk, block_v, warps, stages, split=split), head_dim)
+               for chunk, block_v, warps, stages, split in seen]
+    return autotune(configs, key=["T", "BH", "FEATURE", "STORE_STATE"],
+                    prune_configs_by={"early_config_prune": _useful_splits})(_chunked_fwd_kernel)
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, return_state: bool = False,
-                     out: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+                     out: Tensor | None = None, config: ChunkConfig | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Causal linear attention of the raw projections, feature map applied in-kernel; one launch.
 
     q, k, v: ``[B, H, T, D]`` bf16/fp16 (fp32: tf32 on GPU), any strides (read in place when rows
@@ -210,6 +263,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, retur
     Returns o ``[B, T, H·D]`` in q's dtype; with ``return_state`` also the state after the last
     token, S ``[B, H, D, D]`` and z ``[B, H, D]`` fp32, ready for ``linear_attention_step``.
     out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write o into.
+    config: run this launch config instead of the autotuned one (tests, benchmark sweeps).
     """
     check_heads("linear_attention", q, k, v, layout="BHTD", head_dims=SUPPORTED_HEAD_DIMS)
     normalize, q_scale = _feature_args(feature_map, q.shape[-1])
@@ -221,15 +275,19 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, retur
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         use_torch_allocator()
 
-        def grid(meta: dict) -> tuple[int, int]:
-            return B * H, D // meta["BLOCK_V"]
+        def grid(meta: dict) -> tuple[int]:
+            return (B * H * meta["SPLIT"] * (D // meta["BLOCK_V"]),)
 
-        _tuned(q.device, D)[grid](
-            q, k, v, o, state, z,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), H, T, q_scale,
-            HEAD_DIM=D, FEATURE=feature_map, NORMALIZE=normalize, STORE_STATE=return_state,
-        )
+        args = (q, k, v, o, state, z,
+                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2), H, T, B * H, q_scale)
+        meta = dict(HEAD_DIM=D, FEATURE=feature_map, NORMALIZE=normalize, STORE_STATE=return_state)
+        if config is None:
+            _tuned(q.device, D)[grid](*args, **meta)
+        else:
+            launch = _launch_config(config, D)
+            _chunked_fwd_kernel[grid(launch.kwargs)](*args, **launch.kwargs, **meta, num_warps=launch.num_warps,
+                                                     num_stages=launch.num_stages)
     return (o, state, z) if return_state else o
 
 

@@ -105,6 +105,26 @@ def test_decode_steps_equal_chunked_forward(feature_map: str) -> None:
 
 
 @requires_interpreter
+@pytest.mark.parametrize("feature_map", FEATURES)
+@pytest.mark.parametrize("split", [1, 2, 3, 8])
+def test_sequence_split_matches_reference(split: int, feature_map: str) -> None:
+    """Segments walked in parallel from their prefix sums give the unsplit result and the final
+    state: T = 53 is three full 16-token chunks and a 5-token tail; split 3 puts the tail alone in
+    the last segment, split 8 leaves segments with no chunk (they must write nothing)."""
+    B, T, H, D = 2, 53, 2, 32
+    q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
+    config = la.ChunkConfig(16, 16, 4, 1, split=split)
+    out, state, z = la.linear_attention(q, k, v, feature_map=feature_map, return_state=True, config=config,
+                                        out=poisoned(B, T, H, D, torch.float32, CPU))
+    _assert_close(out, ref.linear_attention(q, k, v, feature_map=feature_map), torch.float32)
+    state_ref, z_ref = torch.zeros(B, H, D, D), torch.zeros(B, H, D)
+    for t in range(T):  # the recurrence's state after the last token
+        ref.step(q[:, :, t], k[:, :, t], v[:, :, t], state_ref, z_ref, feature_map=feature_map)
+    torch.testing.assert_close(state, state_ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(z, z_ref, rtol=1e-5, atol=1e-4)
+
+
+@requires_interpreter
 def test_step_matches_reference_step() -> None:
     B, H, D = 2, 3, 32
     state, z = torch.randn(B, H, D, D), torch.rand(B, H, D) * 5

@@ -209,8 +209,9 @@ def _sweep(copies: list[torch.Tensor], H: int, feature_map: str) -> dict[str, fl
     """Median µs of ours under each launch config offered to the autotuner at this head dim."""
     D = copies[0].shape[-1] // (3 * H)
     out: dict[str, float] = {}
-    seen = dict.fromkeys(la.ChunkConfig(c.chunk, min(c.block_v, D), c.num_warps, c.num_stages, split=c.split)
-                         for c in la.chunk_configs(copies[0].device, D))
+    chunks = -(-copies[0].shape[1] // 64)
+    seen = dict.fromkeys(la.ChunkConfig(c.chunk, min(c.block_v, D), c.num_warps, c.num_stages, split=s)
+                         for c in la.chunk_configs(copies[0].device, D) for s in (1, 2, 4, 8, 16) if s <= chunks)
     for cfg in seen:
         name = f"{cfg.chunk}x{cfg.block_v} w{cfg.num_warps} s{cfg.num_stages} split{cfg.split}"
         try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["ChunkConfig", "StepConfig", "HOPPER", "DEFAULT", "INTERPRETER", "STEP", "INTERPRETER_STEP",
-           "SPLITS", "SUPPORTED_HEAD_DIMS", "chunk_configs", "step_config"]
+           "SUPPORTED_HEAD_DIMS", "MAX_SPLIT", "SPLIT_PROGRAMS_PER_SM", "chunk_configs", "split_for", "step_config"]
 
 # tl.dot needs every matmul dim ≥ 16; the [D, block_v] fp32 state tile must fit in registers.
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -36,7 +36,8 @@ def _power_of_two(owner: str, name: str, value: int) -> None:
 class ChunkConfig:
     """chunk: tokens per sequential step; block_v: value channels per program (capped at D);
     num_warps, num_stages: as in ``triton.Config``; split: segments of the sequence walked in
-    parallel (fewer when the sequence has fewer chunks)."""
+    parallel (empty segments exit at once); autotuned launches take it from ``split_for`` and the
+    interpreter's config instead."""
 
     chunk: int
     block_v: int
@@ -65,21 +66,38 @@ class StepConfig:
 # sm_90, per head dim: 64-token chunks as fla's chunk kernels use; V split 2-4 ways so B·H = 64
 # gives 128-256 programs; 8 warps at D = 128, where 4 spill (the fp32 φq and state tiles). Without
 # the sequence split, 64/32/4w/2s won at every length for identity and elu+1 on an H200 (torch
-# 2.11, triton 3.6, bf16, B = 8, H = 16, D = 64, L = 256-4096); each tiling is offered with every
-# split and the autotuner picks per length, batch·heads and feature map (segments longer than the
-# sequence's chunk count are pruned).
-SPLITS = (1, 2, 4, 8, 16)
-_TILINGS: dict[int, tuple[tuple[int, int, int, int], ...]] = {
-    16: ((64, 16, 4, 2), (32, 16, 4, 2)),
-    32: ((64, 32, 4, 2), (64, 16, 4, 2)),
-    64: ((64, 32, 4, 2), (64, 16, 4, 2), (64, 64, 8, 2)),
-    128: ((64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 2)),
-}
+# 2.11, triton 3.6, bf16, B = 8, H = 16, D = 64, L = 256-4096). The autotuner picks the tiling;
+# the sequence split comes from ``split_for``.
 HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
-    d: tuple(ChunkConfig(*t, split=s) for t in tilings for s in SPLITS) for d, tilings in _TILINGS.items()
+    16: (ChunkConfig(64, 16, 4, 2), ChunkConfig(32, 16, 4, 2)),
+    32: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2)),
+    64: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 64, 8, 2)),
+    128: (ChunkConfig(64, 32, 8, 2), ChunkConfig(64, 16, 8, 2), ChunkConfig(64, 64, 8, 2)),
 }
+# Sequence split: split s costs the prefix sums (segment i re-reads i/s of k and v: ~+40% time at
+# s = 2 once the SMs are full) and pays only when the unsplit grid leaves SMs idle. Measured on an
+# H200 (bf16, chunk 64, block_v 32; identity / elu+1 µs, s = 1 → best):
+#   B1 H4 D32 L256 (4 programs):      11.2 → 8.8 (s4) / 17.8 → 11.3 (s4)
+#   B8 H8 D32 L512 (64 programs):     17.8 → 14.1 (s4) / 31.2 → 19.1 (s4)
+#   B8 H16 D64 L256-4096 (256):       s1 best at every length, s2 +35-50%
+#   B32 H8 D64 L1024 (512):           s1 best (81.7 vs 108.4 at s2)
+# hence: the largest power of two that keeps the grid within SPLIT_PROGRAMS_PER_SM programs per SM.
+SPLIT_PROGRAMS_PER_SM = 2
+MAX_SPLIT = 16
+
+
+def split_for(programs: int, chunks: int, sms: int) -> int:
+    """Segments for a grid of ``programs`` (batch·heads·value blocks) over ``chunks`` chunks on
+    ``sms`` SMs: doubled while the grid stays within SPLIT_PROGRAMS_PER_SM per SM and every
+    segment keeps at least one chunk."""
+    split = 1
+    while split * 2 <= min(chunks, MAX_SPLIT) and programs * split * 2 <= SPLIT_PROGRAMS_PER_SM * sms:
+        split *= 2
+    return split
+
+
 # Other CUDA GPUs until measured (block_v is capped at D).
-DEFAULT = tuple(ChunkConfig(64, 32, 4, 2, split=s) for s in SPLITS)
+DEFAULT = (ChunkConfig(64, 32, 4, 2),)
 # TRITON_INTERPRET on CPU (tests): 16-token chunks so odd lengths cross several chunks and a
 # masked tail; 16 value channels so D = 32 splits across two programs; two segments so the second
 # starts from a prefix sum (and is empty at one chunk).

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from kernels._autotune import autotune
 from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
-from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, chunk_configs, step_config
+from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, chunk_configs, split_for, step_config
 
 __all__ = ["ChunkConfig", "DTYPES", "FEATURE_MAPS", "SUPPORTED_HEAD_DIMS", "linear_attention", "linear_attention_qkv",
            "linear_attention_step", "last_tuned_config"]
@@ -115,7 +115,7 @@ def _state_of(S, Z, k_desc, v_desc, t0, FEATURE: tl.constexpr, SUM_Z: tl.constex
     return S, Z
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["BH", "SPLIT"])
 def _chunked_fwd_kernel(
     Q, K, V, O, S_OUT, Z_OUT,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; S_OUT [B, H, D, D], Z_OUT [B, H, D] fp32
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
@@ -225,15 +225,7 @@ def last_tuned_config(device: torch.device, head_dim: int) -> ChunkConfig | None
     if best is None:
         return None
     return ChunkConfig(best.kwargs["CHUNK"], best.kwargs["BLOCK_V"], best.num_warps, best.num_stages,
-                       split=best.kwargs["SPLIT"])
-
-
-def _useful_splits(configs: list, nargs: dict, **_: object) -> list:
-    """Drop configs with more segments than the sequence has chunks (a smaller split of the same
-    tiling covers them), keeping at least the unsplit ones."""
-    T = nargs["T"]
-    kept = [c for c in configs if c.kwargs["SPLIT"] == 1 or c.kwargs["SPLIT"] <= triton.cdiv(T, c.kwargs["CHUNK"])]
-    return kept or list(configs)
+                       split=_last_split.get((device, head_dim), 1))
 
 
 def _launch_config(cfg: ChunkConfig, head_dim: int) -> triton.Config:
@@ -241,16 +233,31 @@ def _launch_config(cfg: ChunkConfig, head_dim: int) -> triton.Config:
                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+_last_split: dict[tuple[torch.device, int], int] = {}  # the split of the latest autotuned launch, for reports
+
+
+@cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split(device: torch.device, batch_heads: int, head_dim: int, T: int) -> int:
+    """The sequence split of an autotuned launch: ``configs.split_for`` with 64-token chunks and
+    32-wide value blocks (the common tiling), or the interpreter config's split on CPU."""
+    if device.type != "cuda":
+        return chunk_configs(device, head_dim)[0].split
+    return split_for(batch_heads * max(1, head_dim // 32), triton.cdiv(T, 64), _sm_count(device))
+
+
 @cache
 def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
     """The chunked kernel autotuned over ``configs.chunk_configs`` (block_v capped at D), cached
     per length, batch·heads, feature map, state output and dtypes."""
-    seen = dict.fromkeys((c.chunk, min(c.block_v, head_dim), c.num_warps, c.num_stages, c.split)
+    seen = dict.fromkeys((c.chunk, min(c.block_v, head_dim), c.num_warps, c.num_stages)
                          for c in chunk_configs(device, head_dim))
-    configs = [_launch_config(ChunkConfig(chunk, block_v, warps, stages, split=split), head_dim)
-               for chunk, block_v, warps, stages, split in seen]
-    return autotune(configs, key=["T", "BH", "FEATURE", "STORE_STATE"],
-                    prune_configs_by={"early_config_prune": _useful_splits})(_chunked_fwd_kernel)
+    configs = [triton.Config({"CHUNK": chunk, "BLOCK_V": block_v}, num_warps=warps, num_stages=stages)
+               for chunk, block_v, warps, stages in seen]
+    return autotune(configs, key=["T", "BH", "SPLIT", "FEATURE", "STORE_STATE"])(_chunked_fwd_kernel)
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, return_state: bool = False,
@@ -283,7 +290,8 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, retur
                 v.stride(0), v.stride(1), v.stride(2), H, T, B * H, q_scale)
         meta = dict(HEAD_DIM=D, FEATURE=feature_map, NORMALIZE=normalize, STORE_STATE=return_state)
         if config is None:
-            _tuned(q.device, D)[grid](*args, **meta)
+            split = _last_split[(q.device, D)] = _split(q.device, B * H, D, T)
+            _tuned(q.device, D)[grid](*args, SPLIT=split, **meta)
         else:
             launch = _launch_config(config, D)
             _chunked_fwd_kernel[grid(launch.kwargs)](*args, **launch.kwargs, **meta, num_warps=launch.num_warps,
@@ -291,13 +299,14 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, retur
     return (o, state, z) if return_state else o
 
 
-def linear_attention_qkv(qkv: Tensor, heads: int, *, feature_map: str, out: Tensor | None = None) -> Tensor:
+def linear_attention_qkv(qkv: Tensor, heads: int, *, feature_map: str, out: Tensor | None = None,
+                         config: ChunkConfig | None = None) -> Tensor:
     """``linear_attention`` on the fused projection ``qkv [B, T, 3·H·D]``, read in place → ``[B, T, H·D]``."""
     if qkv.dim() != 3 or qkv.shape[-1] % (3 * heads):
         raise ValueError(f"qkv must be [B, T, 3·H·D] with H={heads}, got {tuple(qkv.shape)}")
     B, T, _ = qkv.shape
     q, k, v = qkv.view(B, T, 3, heads, -1).permute(2, 0, 3, 1, 4)  # each [B, H, T, D], strided
-    return linear_attention(q, k, v, feature_map=feature_map, out=out)
+    return linear_attention(q, k, v, feature_map=feature_map, out=out, config=config)
 
 
 def linear_attention_step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor | None, *,

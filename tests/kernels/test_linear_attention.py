@@ -206,3 +206,20 @@ def test_gpu_prefill_then_decode(feature_map: str) -> None:
                                       return_state=True)
     decoded = _decode(q[:, :, prefix:], k[:, :, prefix:], v[:, :, prefix:], state, z, feature_map)
     _assert_close(decoded, full[:, prefix:], torch.bfloat16)
+
+
+def test_split_fills_idle_sms_only() -> None:
+    """The sequence split doubles while the grid stays within SPLIT_PROGRAMS_PER_SM programs per
+    SM, never gives a segment no chunk, and stops at MAX_SPLIT."""
+    from kernels.linear_attention.configs import MAX_SPLIT, SPLIT_PROGRAMS_PER_SM, split_for
+
+    sms = 132
+    assert split_for(4, 4, sms) == 4  # B1 H4 D32 L256: four programs, four chunks
+    assert split_for(64, 8, sms) == 4  # B8 H8 D32 L512
+    assert split_for(256, 64, sms) == 1  # B8 H16 D64: the grid already fills the SMs
+    assert split_for(1, 1000, sms) == MAX_SPLIT
+    for programs in (1, 3, 50, 131, 264, 265):
+        for chunks in (1, 2, 5, 64):
+            s = split_for(programs, chunks, sms)
+            assert s >= 1 and s & (s - 1) == 0 and s <= max(1, chunks)
+            assert s == 1 or programs * s <= SPLIT_PROGRAMS_PER_SM * sms

@@ -138,10 +138,13 @@ def _row(op: str, case: str, impl: str, fns: Sequence[Callable[[], object]], flo
          config: object = "") -> Row:
     timing, how = _time(fns)
     speedup = peer.timing.median_us / timing.median_us if peer else None
-    return Row(op, case, impl, timing, how, flop / timing.median_us / 1e6 if flop else None,
-               peer.impl if peer else None, speedup, target,
-               None if target is None else bool(speedup >= target and rel_err is not None and rel_err <= TOLERANCE),
-               rel_err, str(config or ""))
+    row = Row(op, case, impl, timing, how, flop / timing.median_us / 1e6 if flop else None,
+              peer.impl if peer else None, speedup, target,
+              None if target is None else bool(speedup >= target and rel_err is not None and rel_err <= TOLERANCE),
+              rel_err, str(config or ""))
+    print(f"{case} {impl}: {timing.median_us:.1f} µs (IQR {timing.iqr_us:.1f})"
+          + (f", {speedup:.2f}x {peer.impl}" if peer else ""), flush=True)  # a run cut short still shows its rows
+    return row
 
 
 def attention_rows(warm: bool) -> tuple[list[Row], dict]:

@@ -74,12 +74,12 @@ HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
     64: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 64, 8, 2)),
     128: (ChunkConfig(64, 32, 8, 2), ChunkConfig(64, 16, 8, 2), ChunkConfig(64, 64, 8, 2)),
 }
-# Sequence split: split s costs the prefix sums (segment i re-reads i/s of k and v: ~+40% time at
+# Sequence split: split s costs the prefix sums (segment i re-reads i/s of k and v: +19-52% time at
 # s = 2 once the SMs are full) and pays only when the unsplit grid leaves SMs idle. Measured on an
 # H200 (bf16, chunk 64, block_v 32; identity / elu+1 µs, s = 1 → best):
 #   B1 H4 D32 L256 (4 programs):      11.2 → 8.8 (s4) / 17.8 → 11.3 (s4)
 #   B8 H8 D32 L512 (64 programs):     17.8 → 14.1 (s4) / 31.2 → 19.1 (s4)
-#   B8 H16 D64 L256-4096 (256):       s1 best at every length, s2 +35-50%
+#   B8 H16 D64 L256-4096 (256):       s1 best at every length, s2 +22-52%
 #   B32 H8 D64 L1024 (512):           s1 best (81.7 vs 108.4 at s2)
 # hence: the largest power of two that keeps the grid within SPLIT_PROGRAMS_PER_SM programs per SM.
 SPLIT_PROGRAMS_PER_SM = 2

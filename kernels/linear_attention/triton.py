@@ -10,19 +10,24 @@ fused ``[B, T, 3, H, D]`` projection are read in place through per-head tensor d
 (``kernels/attention/inputs.py``); out ``[B, T, H·D]``. The raw projections go in: φ (and the
 identity map's scale) is applied in-kernel.
 
-Launches: one. A program owns one (batch, head) and BLOCK_V of its D value channels, and walks
-the T/CHUNK chunks in order, carrying its fp32 state slice S[:, block] ``[D, BLOCK_V]`` and z
-``[D]`` in registers: per chunk it reads q, k ``[CHUNK, D]`` and v ``[CHUNK, BLOCK_V]``, writes
-o ``[CHUNK, BLOCK_V]``, and does three matmuls — intra-chunk scores φq·φkᵀ (2·C²·D FLOPs), their
-masked product with v (2·C²·BV) and the inter-chunk φq·S (2·C·D·BV) — plus the state update
-φkᵀ·v (2·C·D·BV). No state ever goes to memory, so the whole forward moves only q, k, v once per
-V block and o once. The alternative (fla's chunk kernels: states per chunk to memory, then a
-parallel output pass) buys parallelism over T with two launches and 2·D²·T/C state bytes; here
-the V split supplies the parallelism instead, and each program's serial walk is the cost: on an
-H200 (bf16, B·H = 128, D = 64) one chunk step takes ~2.3 µs (identity) to ~5.5 µs (elu+1) of
-dependent tensor-core round trips, so the unnormalized map runs at 0.76-0.90× fla-core 0.6's
-two kernels from L = 256 to 4096, while the normalized maps, which fla leaves to extra torch
-launches, run ~2× faster (benchmarks/results/kernels_attention.json).
+Launches: one. A program owns one (batch, head), one segment of the sequence and BLOCK_V of its
+D value channels. It first sums the state of the chunks before its segment (S = Σ φ(k)ᵀv, z =
+Σ φ(k): accumulate-only matmuls, no outputs), then walks its segment's T/CHUNK chunks in order,
+carrying its fp32 state slice S[:, block] ``[D, BLOCK_V]`` and z ``[D]`` in registers: per chunk
+it reads q, k ``[CHUNK, D]`` and v ``[CHUNK, BLOCK_V]``, writes o ``[CHUNK, BLOCK_V]``, and does
+three matmuls — intra-chunk scores φq·φkᵀ (2·C²·D FLOPs), their masked product with v (2·C²·BV)
+and the inter-chunk φq·S (2·C·D·BV) — plus the state update φkᵀ·v (2·C·D·BV). No state ever goes
+to memory. The alternative (fla's chunk kernels: states per chunk to memory, then a parallel
+output pass) buys parallelism over T with two launches and 2·D²·T/C state bytes; here the V split
+and, when B·H·D/BV programs leave SMs idle, the sequence split (``configs.split_for``) supply it.
+
+Measured on an H200 (bf16, benchmarks/results/linear_attention_split_h200.json): the split takes
+the model benchmark's small mixers from 11.2 to 8.8 µs (B1 H4 D32 L256, identity) and 17.8 to
+11.3 µs (elu+1), B8 H8 D32 L512 from 17.8 to 14.1 / 31.2 to 19.1 µs; once the grid fills the
+SMs (B·H·D/32 ≥ 2 per SM) two segments cost 19-52% more and it stays unsplit. Against fla-core 0.6
+``chunk_linear_attn`` the unnormalized identity map runs at 0.67-0.98× fla's speed (fla's two
+kernels are the faster design for it), while the normalized maps, which fla leaves to extra torch
+launches, run 1.75-2.6× faster.
 
 Precision: φq·φkᵀ, scores·v and φkᵀ·v take input-dtype operands with fp32 accumulation (the
 tensor-core path); φq·S keeps S in fp32 (tf32 operands on GPU) because S sums T terms and

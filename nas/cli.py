@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from nas import interrupt
+
 __all__ = ["main"]
 
 console = Console()
@@ -295,6 +297,7 @@ def _interrupt_once(signum: int, frame: object) -> None:
     """First Ctrl-C: stop with KeyboardInterrupt; later ones are ignored, so the running trial
     can still be recorded as interrupted."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupt.request()
     raise KeyboardInterrupt
 
 
@@ -304,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupted = False
     try:
         return _main(argv)
-    except KeyboardInterrupt:
+    except BaseException as exc:  # noqa: BLE001 - Ctrl-C, possibly wrapped; anything else re-raised
+        if not interrupt.is_interrupt(exc):
+            raise
         interrupted = True
         err.print("nas: interrupted; finished trials are kept in the study", markup=False)
         return 130

@@ -28,6 +28,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from hardware_profiles import HardwareProfile, load_profile
+from nas import interrupt
 from nas.objective import Budgets, TrialContext, evaluate
 from nas.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
 from nas.tasks import load_task
@@ -370,10 +371,14 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
         try:
             with _heartbeat(study, trial):
                 state, values = evaluate(ctx, trial)
-        except KeyboardInterrupt:
+        except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
+            if not interrupt.is_interrupt(exc):
+                raise
             trial.set_user_attr("failure", "interrupted")
             study.tell(trial, state=TrialState.FAIL)
-            raise
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
         frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
         failures = failures + 1 if state == TrialState.FAIL else 0
         if on_trial is not None:

@@ -140,3 +140,27 @@ def test_nas_storage_env_is_the_default_storage(existing, capsys, monkeypatch):
     monkeypatch.setenv("NAS_STORAGE", storage)
     assert main(["studies", "--study", "keep"]) == 0
     assert "keep" in capsys.readouterr().out
+
+
+def test_wrapped_ctrl_c_exits_130_and_other_errors_propagate(monkeypatch, capsys):
+    """A KeyboardInterrupt that reaches main wrapped in another exception (Python wraps one raised
+    inside a class body's __set_name__) still ends the run as interrupted: exit 130."""
+    import signal
+
+    from tests.nas.test_study import _wrapped_interrupt
+
+    handler = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr("nas.interrupt._requested", False)
+    try:
+        monkeypatch.setattr("nas.cli._main", _wrapped_interrupt)
+        assert main(["spaces"]) == 130
+        assert "interrupted" in capsys.readouterr().err
+
+        def bug(_argv):
+            raise ValueError("a bug")
+
+        monkeypatch.setattr("nas.cli._main", bug)
+        with pytest.raises(ValueError, match="a bug"):
+            main(["spaces"])
+    finally:
+        signal.signal(signal.SIGINT, handler)

@@ -219,3 +219,46 @@ def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
     monkeypatch.setattr("nas.study.resolve_measure", lambda *a: True)
     with pytest.raises(SpaceError, match="layer.heads: 2 heads on d_model=512 give head dim 256"):
         prepare(_config(tmp_path, space, trials=1, study="wide2"))
+
+
+def _wrapped_interrupt(*_args, **_kwargs):
+    """What a Ctrl-C inside a class body looks like to the caller: a RuntimeError caused by it."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as ki:
+        raise RuntimeError("Error calling __set_name__ on 'Field' instance") from ki
+
+
+@pytest.mark.parametrize("raised", ["plain", "wrapped", "flag only"])
+def test_ctrl_c_in_any_form_records_the_trial_interrupted(tmp_path, tiny_space, monkeypatch, raised):
+    """A Ctrl-C during a trial fails it as "interrupted" and leaves the loop by KeyboardInterrupt,
+    whether it arrives as KeyboardInterrupt, wrapped by the import machinery, or only as the
+    handler's record with some other error on top; an error without Ctrl-C is not swallowed."""
+    from nas import interrupt
+
+    def plain(*_a, **_k):
+        raise KeyboardInterrupt
+
+    def flag_only(*_a, **_k):
+        interrupt.request()
+        raise ValueError("raised while stopping")
+
+    fake = {"plain": plain, "wrapped": _wrapped_interrupt, "flag only": flag_only}[raised]
+    monkeypatch.setattr("nas.study.evaluate", fake)
+    monkeypatch.setattr("nas.interrupt._requested", False)
+    config = _config(tmp_path, tiny_space, trials=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(config)
+    trials = open_study(config.study, config.storage).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL]
+    assert trials[0].user_attrs["failure"] == "interrupted"
+
+
+def test_an_error_without_ctrl_c_is_not_an_interrupt(tmp_path, tiny_space, monkeypatch):
+    def boom(*_a, **_k):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr("nas.study.evaluate", boom)
+    monkeypatch.setattr("nas.interrupt._requested", False)
+    with pytest.raises(ValueError, match="a bug"):
+        run_search(_config(tmp_path, tiny_space, trials=1))

@@ -208,16 +208,22 @@ def _fla_call(chunk_linear_attn: Callable, q: torch.Tensor, k: torch.Tensor, v: 
     return chunk_linear_attn(phi(q), phi(k), v, scale=1.0, normalize=True)[0]
 
 
-def _sweep(copies: list[torch.Tensor], H: int, feature_map: str) -> dict[str, float]:
-    """Median µs of ours under each launch config offered to the autotuner at this head dim."""
+def _sweep(copies: list[torch.Tensor], H: int, feature_map: str) -> dict[str, float | str]:
+    """Median µs of ours under each tiling offered to the autotuner at this head dim and each
+    sequence split; a config whose output strays from the autotuned launch's is reported, not timed."""
     D = copies[0].shape[-1] // (3 * H)
     out: dict[str, float] = {}
     chunks = -(-copies[0].shape[1] // 64)
     seen = dict.fromkeys(la.ChunkConfig(c.chunk, min(c.block_v, D), c.num_warps, c.num_stages, split=s)
                          for c in la.chunk_configs(copies[0].device, D) for s in (1, 2, 4, 8, 16) if s <= chunks)
+    expected = la.linear_attention_qkv(copies[0], H, feature_map=feature_map).float()  # the autotuned launch
     for cfg in seen:
         name = f"{cfg.chunk}x{cfg.block_v} w{cfg.num_warps} s{cfg.num_stages} split{cfg.split}"
         try:
+            err = _rel_err(la.linear_attention_qkv(copies[0], H, feature_map=feature_map, config=cfg), expected)
+            if not err <= TOLERANCE:
+                out[name] = f"wrong result: relative error {err:.2e} against the autotuned launch"
+                continue
             out[name] = time_graph([partial(la.linear_attention_qkv, c, H, feature_map=feature_map, config=cfg)
                                     for c in copies], reps=20).median_us
         except Exception as err:  # noqa: BLE001 - one failing config is a finding, not the end of the sweep

@@ -7,8 +7,8 @@ cases of ``kernels_attention.py`` (``LIN_CASES``), identity and elu+1 maps, bf16
 The data behind ``kernels/linear_attention/configs.split_for``. Times are CUDA-graph replays over
 input copies rotated past L2 (``benchmarks/_timing.py``, 20 timed replays): median µs per call.
 Each entry is ``[median, IQR]`` µs. Every config's output is checked against the fp32 reference
-(relative error > 2e-2 is recorded as ``<config> ERR``). Writes ``linear_attention_split.json`` into ``--out`` (default
-benchmarks/results).
+(relative error > 2e-2 is recorded as ``<config> ERR``). Writes ``linear_attention_split_<gpu>.json``
+(e.g. ``_h200``) into ``--out`` (default benchmarks/results), rewritten after every case.
 """
 
 from __future__ import annotations
@@ -30,9 +30,15 @@ from kernels.linear_attention import reference as ref  # noqa: E402
 from kernels.linear_attention import triton as la  # noqa: E402
 
 
+def _gpu_slug() -> str:
+    """"NVIDIA H200" → "h200": the results file's suffix."""
+    return torch.cuda.get_device_name(0).split()[-1].lower().replace("-", "_")
+
+
 def main(out_dir: str | Path = RESULTS) -> Path:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/linear_attention_split.py needs a CUDA device")
+    path = Path(out_dir) / f"linear_attention_split_{_gpu_slug()}.json"
     torch.manual_seed(0)
     cla, note = _fla()
     rows = []
@@ -62,12 +68,12 @@ def main(out_dir: str | Path = RESULTS) -> Path:
             rows.append(row)  # written after every case: a run cut short keeps what it measured
             best = min((v[0], k) for k, v in row.items() if k.startswith("bv") and not k.endswith("ERR"))
             print(row["case"], "fla", row.get("fla"), "best", best, f"{time.time() - t0:.0f}s", flush=True)
-            write_results(Path(out_dir) / "linear_attention_split.json", rows, dtype="torch.bfloat16", fla=note)
+            write_results(path, rows, dtype="torch.bfloat16", fla=note)
         del copies, views, natives
-    return Path(out_dir) / "linear_attention_split.json"
+    return path
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(RESULTS), help="folder for linear_attention_split.json")
+    parser.add_argument("--out", default=str(RESULTS), help="folder for linear_attention_split_<gpu>.json")
     main(parser.parse_args().out)

@@ -51,8 +51,10 @@ def _gelu(v):
     erfc(a) ≈ t·(a1 + t(a2 + t(a3 + t(a4 + t·a5))))·e^(−a²), t = 1/(1 + p·a). Forming Φ(x) as
     1 − Φ(−|x|) for x ≥ 0 and Φ(−|x|) below avoids the cancellation in 1 + erf(x) for negative x.
     Max |error| over [−10, 10] is 4e-7 (torch's own fp32 GELU: 1.2e-6, both against float64).
-    libdevice's erff costs ~3× the instructions, and at short K the epilogue is the kernel: on an
-    H200 it doubled linear + GELU at K = 128 against the same kernel without the activation.
+    It replaced libdevice's erff, which takes more instructions; on an H200 that made no
+    measurable difference at short K (16384×128→512: 21.8 vs 22.5 µs, 2048×128→512: 5.0 both),
+    where linear + GELU still takes about twice the kernel without the activation, so the
+    epilogue's cost there lies elsewhere (not yet found; kernels_linear_norm.json).
     """
     a = tl.abs(v) * 0.7071067811865476
     t = tl.math.fdiv(1.0, 1.0 + 0.3275911 * a)  # approximate reciprocal (2 ulp): far inside the 1.5e-7
@@ -372,7 +374,7 @@ def linear(
                                          num_stages=config.num_stages)
         return out
     if config is not None and config.tma:  # operands a descriptor cannot address: the pointer kernel's tiling
-        config = _configs.INTERPRETER if _INTERPRETED else dataclasses.replace(config, tma=False, flatten=False, warp_specialize=False)
+        config = dataclasses.replace(config, tma=False, flatten=False, warp_specialize=False)
     if config is None:
         _last_tuner[:] = [_tuned_kernel]
         _tuned_kernel[grid](*args, **meta)

@@ -136,11 +136,12 @@ def _chunked_fwd_kernel(
     v0 = (pid % NV) * BLOCK_V
     seg = SPLIT - 1 - (pid // NV) % SPLIT
     bh = pid // (NV * SPLIT)
+    # Balanced segments: [seg·n/SPLIT, (seg+1)·n/SPLIT) chunks, so none is empty while SPLIT ≤ n
+    # (split_for keeps it so) and the chunks before any segment are full (c_lo ≤ n − 1).
     n_chunks = tl.cdiv(T, CHUNK)
-    per_seg = tl.cdiv(n_chunks, SPLIT)
-    c_lo = seg * per_seg
-    c_hi = tl.minimum(c_lo + per_seg, n_chunks)
-    if c_lo >= c_hi:  # more segments than chunks at this length
+    c_lo = seg * n_chunks // SPLIT
+    c_hi = (seg + 1) * n_chunks // SPLIT
+    if c_lo >= c_hi:  # an explicit split with more segments than chunks
         return
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -158,7 +159,7 @@ def _chunked_fwd_kernel(
     S = tl.zeros([HEAD_DIM, BLOCK_V], tl.float32)
     Z = tl.zeros([HEAD_DIM, 16], tl.float32)  # z in column 0
     SUM_Z: tl.constexpr = NORMALIZE or STORE_STATE  # the identity map needs z only to hand it on
-    # The state at the segment's start, from the chunks before it (all full: c_lo ≤ T // CHUNK).
+    # The state at the segment's start, from the chunks before it (all full).
     for c in range(0, c_lo):
         S, Z = _state_of(S, Z, k_desc, v_desc, c * CHUNK, FEATURE, SUM_Z, CHUNK)
     # Then the segment's own chunks in order, carrying the state.
@@ -171,7 +172,7 @@ def _chunked_fwd_kernel(
                       SUM_Z, CHUNK)
 
     if STORE_STATE:  # the last segment ends with the whole sequence's state; 4·D·BLOCK_V (+ 4·D) bytes
-        if c_hi == n_chunks:
+        if c_hi == n_chunks:  # only the last segment (never empty) ends there
             d = tl.arange(0, HEAD_DIM)
             dv = tl.arange(0, BLOCK_V)
             state = S_OUT + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM + v0

@@ -109,8 +109,8 @@ def test_decode_steps_equal_chunked_forward(feature_map: str) -> None:
 @pytest.mark.parametrize("split", [1, 2, 3, 8])
 def test_sequence_split_matches_reference(split: int, feature_map: str) -> None:
     """Segments walked in parallel from their prefix sums give the unsplit result and the final
-    state: T = 53 is three full 16-token chunks and a 5-token tail; split 3 puts the tail alone in
-    the last segment, split 8 leaves segments with no chunk (they must write nothing)."""
+    state: T = 53 is three full 16-token chunks and a 5-token tail; split 3 gives segments of 1, 1
+    and 2 chunks (the tail in the last), split 8 more segments than chunks (the empty ones exit)."""
     B, T, H, D = 2, 53, 2, 32
     q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
     config = la.ChunkConfig(16, 16, 4, 1, split=split)
@@ -223,3 +223,5 @@ def test_split_fills_idle_sms_only() -> None:
             s = split_for(programs, chunks, sms)
             assert s >= 1 and s & (s - 1) == 0 and s <= max(1, chunks)
             assert s == 1 or programs * s <= SPLIT_PROGRAMS_PER_SM * sms
+            # the kernel's balanced partition then leaves no segment without a chunk
+            assert all((i + 1) * chunks // s > i * chunks // s for i in range(s))

@@ -50,11 +50,17 @@ class LinearConfig:
             raise ValueError(f"LinearConfig.num_stages must be >= 1, got {self.num_stages}")
 
     def smem_bytes(self, element_size: int) -> int:
-        """Shared memory held by the pipelined x and weight tiles, (BM + BN)·BK·size·stages, plus
-        with ``flatten`` the output and residual tiles (2·BM·BN·size), which the flattened loop
-        keeps beside the pipeline (128×256×64, 3 stages: 275 KB; Triton reported 278 KB)."""
+        """Shared memory held by the pipelined x and weight tiles, (BM + BN)·BK·size·stages; the
+        TMA kernel adds its output staging tile (BM·BN·size) and, flattened, a residual tile too.
+        Against Triton 3.6's sm_90 compile of the TMA kernel with a residual epilogue (bf16) this
+        is within 40 bytes for every ``SWEEP`` tiling without warp specialization, which adds up
+        to 16 KB (e.g. 128×128×64 s4 flattened: 196608 vs 196648; 128×256×64 s3: 212992 vs
+        213016; 128×256×64 s3 flattened: 278528, over the limit); test_linear.py checks it for
+        ``HOPPER_TMA`` with the installed Triton."""
         pipeline = (self.block_m + self.block_n) * self.block_k * element_size * self.num_stages
-        return pipeline + (2 * self.block_m * self.block_n * element_size if self.flatten else 0)
+        if not self.tma:
+            return pipeline
+        return pipeline + self.block_m * self.block_n * element_size * (2 if self.flatten else 1)
 
 
 # H100/H200 (sm_90): tl.dot lowers to wgmma, one 64-row instruction per warpgroup (4 warps).
@@ -133,6 +139,7 @@ _BY_CAPABILITY: dict[tuple[int, int], tuple[tuple[LinearConfig, ...], tuple[Line
     (9, 0): (HOPPER_SHORT_K, HOPPER),
 }
 _SMEM_BUDGET = 200 * 1024  # bytes: below every sm_80+ opt-in limit (163-227 KB) with epilogue room
+_TMA_SMEM_BUDGET = 227 * 1024  # sm_90's opt-in limit: the TMA estimate already counts the epilogue tiles
 
 
 def m_bucket(m: int) -> int:
@@ -152,7 +159,8 @@ def candidates(capability: tuple[int, int], m_bucket_: int, k: int, element_size
     """The configs worth timing for this GPU, M bucket, K and operand size (bytes). Never empty.
     ``tma``: the persistent TMA kernel's tilings (Hopper and later only)."""
     if tma:
-        fitting = tuple(c for c in HOPPER_TMA if c.block_m <= m_bucket_ and c.smem_bytes(element_size) <= _SMEM_BUDGET)
+        fitting = tuple(c for c in HOPPER_TMA
+                        if c.block_m <= m_bucket_ and c.smem_bytes(element_size) <= _TMA_SMEM_BUDGET)
         return fitting or (min(HOPPER_TMA, key=lambda c: (c.block_m, c.smem_bytes(element_size))),)
     if m_bucket_ <= SMALL_M_MAX:
         return (SMALL_M,)

@@ -250,6 +250,31 @@ def test_tma_is_preferred_for_long_k_only() -> None:
     assert LinearConfig(128, 256, 64, 8, 8, 3, tma=True, flatten=True).smem_bytes(2) > 227 * 1024
 
 
+def test_tma_smem_estimate_matches_an_offline_sm90_compile() -> None:
+    """``smem_bytes`` of every Hopper TMA tiling agrees with what Triton's sm_90 compile of the
+    kernel (full epilogue: bias, GELU, residual) reports, within 1 KB, and fits the 227 KB limit:
+    a tiling that would fail to compile on the GPU fails here first. No GPU needed; the compile
+    runs in a subprocess without the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_sm90_smem.py"))], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(rows) == len(configs.HOPPER_TMA)
+    for row in rows:
+        assert abs(row["shared"] - row["estimate"]) <= 1024, row
+        assert row["shared"] <= 227 * 1024, row
+
+
 def test_candidates_are_few_and_fit() -> None:
     hopper = (9, 0)
     assert configs.candidates(hopper, configs.m_bucket(7), 1024, 2) == (configs.SMALL_M,)

@@ -34,10 +34,12 @@ class LinearConfig:
     tma: bool = False  # the persistent kernel reading tiles through tensor descriptors (Hopper TMA)
     flatten: bool = False  # tma only: Triton flattens the tile and K loops into one pipelined loop
     warp_specialize: bool = False  # tma only: Triton splits loads and math into warp groups
+    persistent: bool = True  # tma only: ≤ one program per SM walking the tiles; False: one program per tile
 
     def __post_init__(self) -> None:
-        if (self.flatten or self.warp_specialize) and not self.tma:
-            raise ValueError("LinearConfig.flatten and warp_specialize apply to the TMA kernel only (tma=True)")
+        if (self.flatten or self.warp_specialize or not self.persistent) and not self.tma:
+            raise ValueError("LinearConfig.flatten, warp_specialize and persistent apply to the TMA kernel only "
+                             "(tma=True)")
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
@@ -108,6 +110,16 @@ HOPPER_TMA = (
     LinearConfig(128, 256, 64, 8, 8, 3, tma=True),
     LinearConfig(64, 128, 64, 8, 4, 4, tma=True, flatten=True),
 )
+# One program per tile through descriptors, for short K, where the pointer kernel's per-element
+# addresses cost it 254-255 registers (spilling at 64×128 and 128×128 with 4 warps) and so 2
+# programs per SM, while these tilings compile to 72-133 registers (Triton 3.6 → ptxas for sm_90a,
+# GELU epilogue): several programs per SM, one's epilogue overlapping another's loads. Offline
+# numbers only; in SWEEP until an H200 sweep says whether they win.
+_TMA_PER_TILE = (
+    LinearConfig(64, 64, 64, 1, 4, 2, tma=True, persistent=False),
+    LinearConfig(64, 128, 64, 8, 4, 2, tma=True, persistent=False),
+    LinearConfig(128, 64, 64, 8, 4, 3, tma=True, persistent=False),
+)
 _TMA_SWEEP = (
     LinearConfig(128, 256, 64, 8, 8, 3, tma=True),
     LinearConfig(128, 128, 64, 8, 8, 4, tma=True),
@@ -132,6 +144,7 @@ SWEEP = tuple(dict.fromkeys((
     *_TMA_SWEEP,
     *(dataclasses.replace(c, flatten=True) for c in _TMA_SWEEP if c.block_n < 256),
     *(dataclasses.replace(c, warp_specialize=True) for c in _TMA_SWEEP),
+    *_TMA_PER_TILE,
 )))
 
 # Per compute capability: (candidates for K ≤ SHORT_K_MAX, candidates for longer K).

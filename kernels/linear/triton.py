@@ -150,6 +150,7 @@ def _linear_tma_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+    PERSISTENT: tl.constexpr = True,  # read by the launch grid only (≤ one program per SM, or one per tile)
 ):
     # The same math as _linear_kernel. Persistent: the grid is at most one program per SM, and
     # each walks output tiles tl.num_programs(0) apart in the grouped order. Every tile moves by
@@ -193,7 +194,8 @@ _even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] 
 _fixed_kernel = _even_k(_linear_kernel)  # launched with an explicit config
 _TRITON_CONFIGS = {
     c: triton.Config(dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-                          **(dict(FLATTEN=c.flatten, WARP_SPECIALIZE=c.warp_specialize) if c.tma else {})),
+                          **(dict(FLATTEN=c.flatten, WARP_SPECIALIZE=c.warp_specialize, PERSISTENT=c.persistent)
+                             if c.tma else {})),
                      num_warps=c.num_warps, num_stages=c.num_stages)
     for c in _configs.ALL
 }
@@ -261,6 +263,16 @@ def _tma_ready(*tensors: Tensor | None) -> bool:
     row strides, unit stride along n (tensor-descriptor rules)."""
     return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0)
                for t in tensors)
+
+
+_INTERPRETER_SMS = 10**9  # the interpreter's "SM count" for the persistent grid: one program per tile
+
+
+def tma_programs(M: int, N: int, block_m: int, block_n: int, persistent: bool, sms: int) -> int:
+    """The TMA kernel's grid: one program per output tile, capped at one per SM when persistent
+    (each then walks tiles ``sms`` apart)."""
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    return min(sms, tiles) if persistent else tiles
 
 
 @functools.cache
@@ -357,12 +369,12 @@ def linear(
         from kernels.attention.inputs import use_torch_allocator  # descriptors need launch-time scratch
 
         use_torch_allocator()
-        programs = 10**9 if _INTERPRETED else _sm_count(x.device)
+        sms = _INTERPRETER_SMS if _INTERPRETED else _sm_count(x.device)
         tma_args = (x2, weight, bias, r2, y2, M, N, K, x2.stride(0), weight.stride(0),
                     0 if r2 is None else r2.stride(0), y2.stride(0), _configs.m_bucket(M))
 
         def tma_grid(meta_: dict) -> tuple[int]:
-            return (min(programs, triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"])),)
+            return (tma_programs(M, N, meta_["BLOCK_M"], meta_["BLOCK_N"], meta_.get("PERSISTENT", True), sms),)
 
         if config is None:
             _last_tuner[:] = [_tuned_tma_kernel]
@@ -370,11 +382,12 @@ def linear(
         else:
             _linear_tma_kernel[tma_grid](*tma_args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                                          BLOCK_K=config.block_k, GROUP_M=config.group_m, FLATTEN=config.flatten,
-                                         WARP_SPECIALIZE=config.warp_specialize, num_warps=config.num_warps,
+                                         WARP_SPECIALIZE=config.warp_specialize, PERSISTENT=config.persistent,
+                                         num_warps=config.num_warps,
                                          num_stages=config.num_stages)
         return out
     if config is not None and config.tma:  # operands a descriptor cannot address: the pointer kernel's tiling
-        config = dataclasses.replace(config, tma=False, flatten=False, warp_specialize=False)
+        config = dataclasses.replace(config, tma=False, flatten=False, warp_specialize=False, persistent=True)
     if config is None:
         _last_tuner[:] = [_tuned_kernel]
         _tuned_kernel[grid](*args, **meta)

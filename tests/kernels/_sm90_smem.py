@@ -20,7 +20,7 @@ rows = []
 for c in configs.HOPPER_TMA:
     const = dict(ACTIVATION="gelu", HAS_BIAS=True, HAS_RESIDUAL=True, PRECISION="tf32", UPCAST=False,
                  BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, FLATTEN=c.flatten,
-                 WARP_SPECIALIZE=c.warp_specialize)
+                 WARP_SPECIALIZE=c.warp_specialize, PERSISTENT=c.persistent)
     src = ASTSource(kernel, {**TYPES, **dict.fromkeys(const, "constexpr")},
                     {(kernel.arg_names.index(k),): v for k, v in const.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),

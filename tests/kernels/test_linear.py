@@ -181,6 +181,36 @@ def test_interpreter_tma_loop_options(monkeypatch) -> None:
                 assert launched == [], "unaligned rows must not reach the TMA kernel"
     with pytest.raises(ValueError, match="TMA kernel only"):
         LinearConfig(16, 16, 16, 2, 4, 1, flatten=True)
+    with pytest.raises(ValueError, match="TMA kernel only"):
+        LinearConfig(16, 16, 16, 2, 4, 1, persistent=False)
+
+
+@requires_interpreter
+def test_interpreter_tma_one_program_per_tile(monkeypatch) -> None:
+    """persistent=False: the grid is one program per output tile (here 3 × 3 for 37 × 40 with
+    16-wide tiles), each doing one tile, with the same result; persistent grids stop at the SMs."""
+    import kernels.linear.triton as lt
+
+    assert lt.tma_programs(37, 40, 16, 16, persistent=False, sms=4) == 9
+    assert lt.tma_programs(37, 40, 16, 16, persistent=True, sms=4) == 4
+    assert lt.tma_programs(37, 40, 16, 16, persistent=True, sms=132) == 9
+    grids: list[tuple] = []
+    real = lt._linear_tma_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                grids.append(grid(kwargs))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(lt, "_linear_tma_kernel", Spy())
+    monkeypatch.setattr(lt, "_INTERPRETER_SMS", 4)  # a persistent grid would stop at 4 programs
+    config = dataclasses.replace(configs.INTERPRETER_TMA, persistent=False)
+    inputs = _inputs(37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
+                     gen=_gen("per-tile"))
+    _assert_close(*_run(*inputs, "gelu", config=config), torch.float32)
+    assert grids == [(9,)]
 
 
 @requires_interpreter
@@ -302,7 +332,8 @@ GPU_PINNED = configs.HOPPER[2]  # one tiling for the epilogue cross product (eac
 @requires_cuda
 @pytest.mark.parametrize("config", [
     pytest.param(c, id=f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
-                       + "".join(f"-{f}" for f in ("tma", "flatten", "warp_specialize") if getattr(c, f)))
+                       + "".join(f"-{f}" for f in ("tma", "flatten", "warp_specialize") if getattr(c, f))
+                       + ("" if c.persistent else "-per_tile"))
     for c in dict.fromkeys((*configs.ALL, *configs.SWEEP))])
 def test_gpu_every_config(config: LinearConfig) -> None:
     """Ragged M, N and K (1000, 808, 200) in bf16 with the full epilogue, on each tiling."""

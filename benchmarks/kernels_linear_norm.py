@@ -104,6 +104,7 @@ def _cfg_name(config: LinearConfig | None) -> str:
     if config is None:
         return ""
     extra = "".join(f" {name}" for name in ("tma", "flatten", "warp_specialize") if getattr(config, name))
+    extra += "" if config.persistent else " per-tile"
     return f"{config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}{extra}"
 
 

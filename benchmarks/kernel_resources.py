@@ -1,0 +1,123 @@
+"""Registers, spills and shared memory of the Triton kernels' launch configs, compiled offline for
+sm_90 (H100/H200) — no GPU needed, so config ideas can be screened before device time is spent.
+
+    PYTHONPATH=$PWD python benchmarks/kernel_resources.py [--out DIR] [--arch 90]
+
+Compiles (Triton → PTX → ptxas, the ptxas Triton itself uses for that arch) every linear tiling in
+``kernels.linear.configs.SWEEP`` (bf16, bias + GELU epilogue, with and without a residual) and
+every linear-attention tiling of ``configs.HOPPER`` (bf16, each feature map), and reads
+``ptxas -v``. Registers per thread bound the programs an SM can hold (65536 / (regs · threads));
+spills mean local-memory traffic in the main loop. Not a timing: a compiler report, deterministic
+for a Triton/ptxas version. Writes ``kernel_resources_sm<arch>.json`` into ``--out`` (default
+benchmarks/results). Must run without TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+
+from kernels.linear import configs as linear_configs
+from kernels.linear import triton as linear_kernels
+from kernels.linear_attention import configs as la_configs
+from kernels.linear_attention import triton as la_kernels
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _compile(fn, types: dict[str, str], const: dict, arch: int, num_warps: int, num_stages: int) -> dict:
+    src = ASTSource(fn, {**types, **dict.fromkeys(const, "constexpr")},
+                    {(fn.arg_names.index(k),): v for k, v in const.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        out = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    return {"registers": int(regs.group(1)) if regs else None, "spill_store_bytes": int(spills.group(1)) if spills else 0,
+            "shared_bytes": compiled.metadata.shared, "threads": 32 * num_warps}
+
+
+def linear_rows(arch: int) -> list[dict]:
+    rows = []
+    for c in linear_configs.SWEEP:
+        for residual in (False, True):
+            const = dict(ACTIVATION="gelu", HAS_BIAS=True, HAS_RESIDUAL=residual, PRECISION="tf32", UPCAST=False,
+                         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
+            names = ["M", "N", "K", "stride_xm", "stride_wn", "stride_rm", "stride_ym", "M_BUCKET"]
+            if c.tma:
+                fn = linear_kernels._linear_tma_kernel
+                const.update(FLATTEN=c.flatten, WARP_SPECIALIZE=c.warp_specialize, PERSISTENT=c.persistent)
+            else:
+                fn = linear_kernels._linear_kernel
+                const.update(EVEN_K=True)
+                names = ["M", "N", "K", "stride_xm", "stride_xk", "stride_wn", "stride_wk", "stride_rm", "stride_ym",
+                         "M_BUCKET"]
+            types = {**dict.fromkeys(("x", "w", "b", "r", "y"), "*bf16"), **dict.fromkeys(names, "i32")}
+            row = {"kernel": "linear", "config": repr(c), "residual": residual}
+            try:
+                row.update(_compile(fn, types, const, arch, c.num_warps, c.num_stages))
+            except Exception as err:  # noqa: BLE001 - a config that does not compile is a finding
+                row["error"] = f"{type(err).__name__}: {err}"[:300]
+            rows.append(row)
+    return rows
+
+
+def linear_attention_rows(arch: int) -> list[dict]:
+    rows = []
+    names = ["stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kt", "stride_vb", "stride_vh",
+             "stride_vt", "H", "T", "BH", "SPLIT"]
+    types = {**dict.fromkeys(("Q", "K", "V", "O"), "*bf16"), "S_OUT": "*fp32", "Z_OUT": "*fp32",
+             **dict.fromkeys(names, "i32"), "q_scale": "fp32"}
+    for head_dim, tilings in la_configs.HOPPER.items():
+        for c in tilings:
+            for feature in la_kernels.FEATURE_MAPS:
+                const = dict(HEAD_DIM=head_dim, BLOCK_V=min(c.block_v, head_dim), CHUNK=c.chunk, FEATURE=feature,
+                             NORMALIZE=feature != "identity", STORE_STATE=False)
+                row = {"kernel": "linear_attention", "config": repr(c), "head_dim": head_dim, "feature_map": feature}
+                try:
+                    row.update(_compile(la_kernels._chunked_fwd_kernel, types, const, arch, c.num_warps, c.num_stages))
+                except Exception as err:  # noqa: BLE001
+                    row["error"] = f"{type(err).__name__}: {err}"[:300]
+                rows.append(row)
+    return rows
+
+
+def main(out_dir: str | Path = RESULTS, arch: int = 90) -> Path:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("benchmarks/kernel_resources.py compiles kernels: run it without TRITON_INTERPRET=1")
+    rows = linear_rows(arch) + linear_attention_rows(arch)
+    for r in rows:
+        what = r["config"] + (f" residual={r['residual']}" if "residual" in r else f" D={r['head_dim']} {r['feature_map']}")
+        print(f"{r['kernel']:<17}{what:<110}" + (r["error"] if "error" in r else
+              f"{r['registers']:>4} regs {r['spill_store_bytes']:>5} B spilled {r['shared_bytes'] // 1024:>4} KB smem"))
+    import json
+    import platform
+
+    path = Path(out_dir) / f"kernel_resources_sm{arch}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"what": "offline compile report (no GPU): ptxas -v of each launch config",
+                                "arch": f"sm_{arch}a", "triton": triton.__version__,
+                                "ptxas": get_ptxas(arch).version if hasattr(get_ptxas(arch), "version") else None,
+                                "python": platform.python_version(), "results": rows}, indent=2, default=str) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(RESULTS), help="folder for kernel_resources_sm<arch>.json")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = sm_90)")
+    args = parser.parse_args()
+    print(main(args.out, args.arch))

@@ -67,11 +67,15 @@ class StepConfig:
 # gives 128-256 programs; 8 warps at D = 128, where 4 spill (the fp32 φq and state tiles). Without
 # the sequence split, 64/32/4w/2s won at every length for identity and elu+1 on an H200 (torch
 # 2.11, triton 3.6, bf16, B = 8, H = 16, D = 64, L = 256-4096). The autotuner picks the tiling;
-# the sequence split comes from ``split_for``.
+# the sequence split comes from ``split_for``. The single-stage tilings come from the offline
+# compile report (benchmarks/kernel_resources.py, Triton 3.6, sm_90): at D = 64, block_v 32, the
+# identity map needs 76 KB of shared memory with 2 stages (2 programs per SM) and 52 KB with 1
+# (3 per SM, by registers); they are offered to the autotuner but have not yet been timed on a GPU.
 HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
     16: (ChunkConfig(64, 16, 4, 2), ChunkConfig(32, 16, 4, 2)),
-    32: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2)),
-    64: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 64, 8, 2)),
+    32: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 32, 4, 1)),
+    64: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 64, 8, 2), ChunkConfig(64, 32, 4, 1),
+         ChunkConfig(64, 16, 4, 1)),
     128: (ChunkConfig(64, 32, 8, 2), ChunkConfig(64, 16, 8, 2), ChunkConfig(64, 64, 8, 2)),
 }
 # Sequence split: split s costs the prefix sums (segment i re-reads i/s of k and v: +19-52% time at

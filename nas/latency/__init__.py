@@ -3,7 +3,7 @@ on a CUDA machine, measured on the Triton model (a ``measure`` entry point, adde
 ``predict`` and returning the same ``Latency``).
 """
 
-from ._measure import LatencyCache, cache_key, measure
+from ._measure import LatencyCache, cache_key, kernels_fingerprint, measure
 from ._errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
 from ._memory import STATE_BYTES, MemoryEstimate, memory
@@ -28,6 +28,7 @@ __all__ = [
     "MemoryEstimate",
     "OpCost",
     "cache_key",
+    "kernels_fingerprint",
     "count_params",
     "measure",
     "memory",

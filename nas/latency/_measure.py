@@ -6,15 +6,21 @@ warm-up, then ≥ 20 timed replays, median and IQR; if the spread (IQR / median)
 whole measurement is taken once more and the note records it. For a small model one replay runs
 the forward over several input copies whose activations together exceed the L2, so each forward
 starts cold, and the time is divided by the copies. Results are cached on disk by what
-determines them: (arch_hash, shape, dtype, GPU name, torch, triton) — tinygrad's rule.
+determines them: (arch_hash, shape, dtype, GPU name, torch, triton) — tinygrad's rule — and
+the kernels' own code: a fingerprint of the sources under ``kernels/`` (kernels and their
+configs) and of ``nas/models/triton_model.py``, so upgrading this library re-measures instead
+of serving latencies of kernels that no longer exist.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import statistics
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -25,7 +31,7 @@ from nas.latency._result import Latency
 from nas.latency._shape import LatencyShape
 from nas.spec import arch_hash
 
-__all__ = ["LatencyCache", "SPREAD_LIMIT", "cache_key", "measure"]
+__all__ = ["LatencyCache", "SPREAD_LIMIT", "cache_key", "kernels_fingerprint", "measure", "source_fingerprint"]
 
 SPREAD_LIMIT = 0.02  # IQR / median above this → measure again once
 MISMATCH_LIMIT = 3e-2  # relative Frobenius error of bf16 kernels vs the torch model under autocast
@@ -33,8 +39,28 @@ MAX_COPIES = 16
 
 
 def cache_key(arch_hash_: str, shape: LatencyShape, dtype: str, gpu: str, torch_version: str,
-              triton_version: str) -> str:
-    return "|".join((arch_hash_, str(shape), dtype, gpu, torch_version, triton_version))
+              triton_version: str, kernels: str = "") -> str:
+    return "|".join((arch_hash_, str(shape), dtype, gpu, torch_version, triton_version, kernels))
+
+
+def source_fingerprint(files: Iterable[Path], root: Path) -> str:
+    """12 hex digits of SHA-256 over the files' paths (relative to ``root``) and bytes, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+@functools.cache
+def kernels_fingerprint() -> str:
+    """The fingerprint of the code a measured latency times: ``kernels/**/*.py`` and
+    ``nas/models/triton_model.py`` (computed once per process)."""
+    import kernels
+    import nas.models.triton_model as triton_model
+
+    root = Path(kernels.__file__).resolve().parent.parent
+    files = [*Path(kernels.__file__).resolve().parent.rglob("*.py"), Path(triton_model.__file__).resolve()]
+    return source_fingerprint(files, root)
 
 
 class LatencyCache:
@@ -117,7 +143,8 @@ def measure(model: torch.nn.Module, shape: LatencyShape, *, reps: int = 30, cach
     reps = max(20, reps)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     gpu = torch.cuda.get_device_name()
-    key = cache_key(arch_hash(model.arch), shape, dtype_name, gpu, torch.__version__, triton.__version__)
+    key = cache_key(arch_hash(model.arch), shape, dtype_name, gpu, torch.__version__, triton.__version__,
+                    kernels_fingerprint())
     cache = cache or LatencyCache()
     if (hit := cache.get(key)) is not None:
         return hit
@@ -165,7 +192,8 @@ def measure(model: torch.nn.Module, shape: LatencyShape, *, reps: int = 30, cach
     if notes:
         notes.append(("remeasured", "yes"))
     latency = Latency(median, q3 - q1, "measured", gpu, dtype_name, shape,
-                      versions=(("torch", torch.__version__), ("triton", triton.__version__)),
+                      versions=(("torch", torch.__version__), ("triton", triton.__version__),
+                                ("kernels", kernels_fingerprint())),
                       notes=(("input_copies", str(copies)), ("replays", str(reps)), *notes))
     cache.put(key, latency)
     return latency

@@ -29,10 +29,35 @@ def test_cache_round_trip_and_keys(tmp_path):
                   cache_key("abc", shape, "fp16", "NVIDIA H200", "2.11", "3.6"),
                   cache_key("abc", shape, "bf16", "NVIDIA H100", "2.11", "3.6"),
                   cache_key("abc", shape, "bf16", "NVIDIA H200", "2.12", "3.6"),
-                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.7")):
+                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.7"),
+                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.6", "0123456789ab")):
         assert cache.get(other) is None
     cache.put(key, _latency(0.2))
     assert LatencyCache(tmp_path / "lat.json").get(key).median_ms == 0.2  # a new reader sees the update
+
+
+def test_kernel_code_is_part_of_the_key(tmp_path):
+    """The fingerprint changes with any kernel file's bytes or name and with a new file; it is
+    stable otherwise; the real one covers kernels/ and the Triton model's forward."""
+    from nas.latency._measure import kernels_fingerprint, source_fingerprint
+
+    (tmp_path / "kernels" / "linear").mkdir(parents=True)
+    a, b = tmp_path / "kernels" / "linear" / "configs.py", tmp_path / "kernels" / "triton.py"
+    a.write_text("HOPPER = (1, 2)\n")
+    b.write_text("def f(): pass\n")
+    base = source_fingerprint([a, b], tmp_path)
+    assert source_fingerprint([b, a], tmp_path) == base  # order-free
+    a.write_text("HOPPER = (1, 3)\n")
+    assert source_fingerprint([a, b], tmp_path) != base
+    a.write_text("HOPPER = (1, 2)\n")
+    assert source_fingerprint([a, b], tmp_path) == base
+    c = tmp_path / "kernels" / "extra.py"
+    c.write_text("")
+    assert source_fingerprint([a, b, c], tmp_path) != base
+    b.rename(tmp_path / "kernels" / "triton2.py")
+    assert source_fingerprint([a, tmp_path / "kernels" / "triton2.py"], tmp_path) != base
+    real = kernels_fingerprint()
+    assert len(real) == 12 and int(real, 16) >= 0
 
 
 def test_cache_survives_a_corrupt_file(tmp_path, monkeypatch):

@@ -120,33 +120,36 @@ def test_interpreter_leading_dims_and_strided_operands() -> None:
     _assert_close(y, expected, torch.float32)
 
 
-@requires_interpreter
-@pytest.mark.parametrize("activation", ACTS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_interpreter_tma_kernel(dtype: torch.dtype, activation: str | None) -> None:
-    """The persistent descriptor kernel: M = 37, N = 40 ragged against 16-wide tiles, K = 56 a
-    ragged K step (descriptors zero-fill past the edges); 10 tiles over 3 programs."""
-    monkey_programs = 3
+def _spy_tma_launches(monkeypatch, grid: tuple[int] | None = None) -> list[tuple[tuple, dict]]:
+    """Replace the TMA kernel with a recorder of each launch's (grid, kwargs) that still runs it,
+    on ``grid`` when given (else on the wrapper's own grid)."""
     import kernels.linear.triton as lt
 
-    inputs = _inputs(37, 56, 40, dtype, bias=True, residual=True, device=torch.device("cpu"),
-                     gen=_gen("tma", dtype, activation))
-    calls = []
+    launches: list[tuple[tuple, dict]] = []
     real = lt._linear_tma_kernel
 
     class Spy:
-        def __getitem__(self, grid):
+        def __getitem__(self, grid_fn):
             def launch(*args, **kwargs):
-                calls.append(grid(kwargs))
-                return real[(monkey_programs,)](*args, **kwargs)
+                launches.append((grid_fn(kwargs), kwargs))
+                return real[grid or grid_fn](*args, **kwargs)
             return launch
 
-    lt._linear_tma_kernel = Spy()
-    try:
-        _assert_close(*_run(*inputs, activation, config=configs.INTERPRETER_TMA), dtype)
-    finally:
-        lt._linear_tma_kernel = real
-    assert len(calls) == 1, "the TMA kernel was not the one launched"
+    monkeypatch.setattr(lt, "_linear_tma_kernel", Spy())
+    return launches
+
+
+@requires_interpreter
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpreter_tma_kernel(dtype: torch.dtype, activation: str | None, monkeypatch) -> None:
+    """The persistent descriptor kernel: M = 37, N = 40 ragged against 16-wide tiles, K = 56 a
+    ragged K step (descriptors zero-fill past the edges); 10 tiles over 3 programs."""
+    inputs = _inputs(37, 56, 40, dtype, bias=True, residual=True, device=torch.device("cpu"),
+                     gen=_gen("tma", dtype, activation))
+    launches = _spy_tma_launches(monkeypatch, grid=(3,))
+    _assert_close(*_run(*inputs, activation, config=configs.INTERPRETER_TMA), dtype)
+    assert len(launches) == 1, "the TMA kernel was not the one launched"
 
 
 @requires_interpreter
@@ -154,31 +157,19 @@ def test_interpreter_tma_loop_options(monkeypatch) -> None:
     """flatten / warp_specialize reach the TMA kernel as its FLATTEN / WARP_SPECIALIZE constexprs
     (the interpreter runs the loop as written), and fall away with the TMA kernel when a
     descriptor cannot address the operands (the pointer kernel runs the same tiles)."""
-    import kernels.linear.triton as lt
-
-    launched: list[dict] = []
-    real = lt._linear_tma_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launched.append(kwargs)
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(lt, "_linear_tma_kernel", Spy())
+    launches = _spy_tma_launches(monkeypatch)
     for option in ("flatten", "warp_specialize"):
         config = dataclasses.replace(configs.INTERPRETER_TMA, **{option: True})
         for k in (56, 50):  # 50 fp32 = 200-B rows: the pointer kernel's fallback
-            launched.clear()
+            launches.clear()
             inputs = _inputs(37, k, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
                              gen=_gen(option, k))
             _assert_close(*_run(*inputs, "gelu", config=config), torch.float32)
             if k == 56:
-                assert [(c["FLATTEN"], c["WARP_SPECIALIZE"]) for c in launched] == [
+                assert [(c["FLATTEN"], c["WARP_SPECIALIZE"]) for _, c in launches] == [
                     (option == "flatten", option == "warp_specialize")]
             else:
-                assert launched == [], "unaligned rows must not reach the TMA kernel"
+                assert launches == [], "unaligned rows must not reach the TMA kernel"
     with pytest.raises(ValueError, match="TMA kernel only"):
         LinearConfig(16, 16, 16, 2, 4, 1, flatten=True)
     with pytest.raises(ValueError, match="TMA kernel only"):
@@ -194,23 +185,13 @@ def test_interpreter_tma_one_program_per_tile(monkeypatch) -> None:
     assert lt.tma_programs(37, 40, 16, 16, persistent=False, sms=4) == 9
     assert lt.tma_programs(37, 40, 16, 16, persistent=True, sms=4) == 4
     assert lt.tma_programs(37, 40, 16, 16, persistent=True, sms=132) == 9
-    grids: list[tuple] = []
-    real = lt._linear_tma_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                grids.append(grid(kwargs))
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(lt, "_linear_tma_kernel", Spy())
+    launches = _spy_tma_launches(monkeypatch)
     monkeypatch.setattr(lt, "_INTERPRETER_SMS", 4)  # a persistent grid would stop at 4 programs
     config = dataclasses.replace(configs.INTERPRETER_TMA, persistent=False)
     inputs = _inputs(37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
                      gen=_gen("per-tile"))
     _assert_close(*_run(*inputs, "gelu", config=config), torch.float32)
-    assert grids == [(9,)]
+    assert [grid for grid, _ in launches] == [(9,)]
 
 
 @requires_interpreter

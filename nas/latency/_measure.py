@@ -89,7 +89,7 @@ class LatencyCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".latency-")
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            json.dump(data, f, indent=1)  # key order kept: a latency's breakdown is in execution order
         os.replace(tmp, self.path)
 
 

@@ -21,7 +21,9 @@ class Latency:
     ``iqr_ms`` is 0 for a prediction. ``device`` is the profile name (predicted) or the GPU
     name (measured). ``breakdown`` holds ``(op name, ms)`` pairs in execution order and
     ``versions`` ``(package, version)`` pairs of a measurement; tuples keep the value
-    hashable, ``to_dict`` turns them into dicts.
+    hashable, ``to_dict`` turns them into dicts. ``versions`` and ``notes`` are mappings, so
+    they are kept sorted by key: a latency read back from JSON (which may reorder keys) is
+    equal to the one written. ``breakdown`` keeps its execution order.
     """
 
     median_ms: float
@@ -43,8 +45,8 @@ class Latency:
             raise ValueError(f"Latency median_ms and iqr_ms must be >= 0, got "
                              f"{self.median_ms!r} and {self.iqr_ms!r}")
         object.__setattr__(self, "breakdown", tuple((str(k), float(v)) for k, v in self.breakdown))
-        object.__setattr__(self, "versions", tuple((str(k), str(v)) for k, v in self.versions))
-        object.__setattr__(self, "notes", tuple((str(k), str(v)) for k, v in self.notes))
+        object.__setattr__(self, "versions", tuple(sorted((str(k), str(v)) for k, v in self.versions)))
+        object.__setattr__(self, "notes", tuple(sorted((str(k), str(v)) for k, v in self.notes)))
 
     @property
     def predicted(self) -> bool:

@@ -36,6 +36,25 @@ def test_cache_round_trip_and_keys(tmp_path):
     assert LatencyCache(tmp_path / "lat.json").get(key).median_ms == 0.2  # a new reader sees the update
 
 
+def test_latency_read_back_from_the_cache_equals_the_one_written(tmp_path):
+    """A latency's identity does not depend on the order its versions and notes were written
+    in: ``measure`` builds versions as (torch, triton, kernels), JSON may hand them back in
+    another order. The breakdown keeps its execution order through the file."""
+    shape = parse_shape("8x1024")
+    written = Latency(0.5, 0.002, "measured", "NVIDIA H200", "bf16", shape,
+                      breakdown=(("embed", 0.1), ("attention", 0.3), ("head", 0.1)),
+                      versions=(("torch", "2.11.0"), ("triton", "3.6.0"), ("kernels", "0123456789ab")),
+                      notes=(("replays", "30"), ("input_copies", "4")))
+    cache = LatencyCache(tmp_path / "lat.json")
+    key = cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11.0", "3.6.0", "0123456789ab")
+    cache.put(key, written)
+    read = LatencyCache(tmp_path / "lat.json").get(key)
+    assert read == written
+    assert hash(read) == hash(written)
+    assert [op for op, _ in read.breakdown] == ["embed", "attention", "head"]
+    assert Latency.from_dict(written.to_dict()) == written
+
+
 def test_kernel_code_is_part_of_the_key(tmp_path):
     """The fingerprint changes with any kernel file's bytes or name and with a new file; it is
     stable otherwise; the real one covers kernels/ and the Triton model's forward."""

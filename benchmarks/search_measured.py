@@ -31,7 +31,7 @@ from benchmarks._timing import environment, write_results  # noqa: E402
 def run(label: str, trials: int, workdir: Path, triton_cache: Path) -> dict:
     import optuna
 
-    from nas.storage import open_storage
+    from nas.search.storage import open_storage
 
     storage, name = str(workdir / f"{label}.journal"), f"measured-{label}"
     env = {**os.environ, "TRITON_CACHE_DIR": str(triton_cache), "NAS_LATENCY_CACHE": str(workdir / f"{label}.json")}

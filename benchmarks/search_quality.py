@@ -28,8 +28,8 @@ from optuna._hypervolume import compute_hypervolume  # Optuna's own WFG implemen
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nas.pareto import completed, front  # noqa: E402
-from nas.study import SAMPLERS, SearchConfig, run_search  # noqa: E402
+from nas.results.pareto import completed, front  # noqa: E402
+from nas.search.study import SAMPLERS, SearchConfig, run_search  # noqa: E402
 
 TASK = "mqar:vocab_size=32,seq_len=24,num_kv_pairs=3,n_train=2048,n_test=256"
 SPACE = """\

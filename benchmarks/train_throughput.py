@@ -89,7 +89,7 @@ def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
 
 
 def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extra: list[str]) -> dict:
-    from nas.storage import open_storage
+    from nas.search.storage import open_storage
     import optuna
 
     storage, name = str(workdir / f"{gpus.replace(',', '_')}-{per_gpu}.journal"), f"tp-{gpus}-{per_gpu}"

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from nas import interrupt
+from nas.search import interrupt
 
 __all__ = ["main"]
 
@@ -54,8 +54,8 @@ def _positive_float(text: str) -> float:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from nas.pareto import PICKS
-    from nas.study import SAMPLERS
+    from nas.results.pareto import PICKS
+    from nas.search.study import SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress of the engine")
@@ -131,10 +131,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _search(args: argparse.Namespace) -> None:
-    from nas.pareto import front
-    from nas.storage import resolve_storage
-    from nas.study import SearchConfig, n_complete, prepare, run_search
-    from nas.workers import parse_gpus, plan_slots, run_workers
+    from nas.results.pareto import front
+    from nas.search.storage import resolve_storage
+    from nas.search.study import SearchConfig, n_complete, prepare, run_search
+    from nas.search.workers import parse_gpus, plan_slots, run_workers
 
     gpus = parse_gpus(args.gpus) if args.gpus else None
     slots = plan_slots(gpus, args.trials_per_gpu, args.workers)
@@ -179,8 +179,8 @@ def _search(args: argparse.Namespace) -> None:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from nas.storage import resolve_storage
-    from nas.study import run_search, worker_config
+    from nas.search.storage import resolve_storage
+    from nas.search.study import run_search, worker_config
 
     config = worker_config(args.study, resolve_storage(args.storage), trials=args.trials, device=args.device,
                            worker=args.worker_index, timeout=args.timeout)
@@ -190,7 +190,7 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _print_front(study: optuna.Study) -> None:
-    from nas.pareto import front
+    from nas.results.pareto import front
 
     trials = front(study)
     sources = sorted({f"{t.user_attrs.get('latency_source', '?')} on {t.user_attrs.get('latency_device', '?')}"
@@ -210,7 +210,7 @@ def _print_front(study: optuna.Study) -> None:
 def _studies(args: argparse.Namespace) -> None:
     from optuna.trial import TrialState
 
-    from nas.storage import open_storage, resolve_storage
+    from nas.search.storage import open_storage, resolve_storage
 
     storage = resolve_storage(args.storage)
     store = open_storage(storage)
@@ -231,15 +231,15 @@ def _studies(args: argparse.Namespace) -> None:
 
 
 def _open_existing(args: argparse.Namespace) -> tuple[optuna.Study, str]:
-    from nas.storage import resolve_storage
-    from nas.study import open_study
+    from nas.search.storage import resolve_storage
+    from nas.search.study import open_study
 
     storage = resolve_storage(args.storage)
     return open_study(args.study, storage, create=False), storage
 
 
 def _report(args: argparse.Namespace) -> None:
-    from nas.report import write_html, write_pngs
+    from nas.results.report import write_html, write_pngs
 
     study, _ = _open_existing(args)
     out = write_html(study, args.out or f"runs/{study.study_name}-report.html")
@@ -250,9 +250,9 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from nas.export import export
-    from nas.pareto import pick
-    from nas.study import resolve_device
+    from nas.results.export import export
+    from nas.results.pareto import pick
+    from nas.search.study import resolve_device
 
     study, storage = _open_existing(args)
     chosen = pick(study, args.pick, trial=args.trial, max_latency_ms=args.max_latency_ms,
@@ -283,7 +283,7 @@ def _profiles(args: argparse.Namespace) -> None:
 
 
 def _spaces(args: argparse.Namespace) -> None:
-    from search_spaces import list_spaces, load_space
+    from nas.space import list_spaces, load_space
 
     if args.name:
         console.print(Path(load_space(args.name).source).read_text(), markup=False)
@@ -322,15 +322,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     from hardware_profiles import ProfileError
-    from nas.export import ExportError
-    from nas.faults import FaultError
-    from nas.pareto import PickError
-    from nas.report import ReportError
-    from nas.storage import StorageError
-    from nas.study import SearchError
+    from nas.results.export import ExportError
+    from nas.search.faults import FaultError
+    from nas.results.pareto import PickError
+    from nas.results.report import ReportError
+    from nas.search.storage import StorageError
+    from nas.search.study import SearchError
     from nas.tasks import TaskError
-    from nas.workers import WorkerError
-    from search_spaces import SpaceError
+    from nas.search.workers import WorkerError
+    from nas.space import SpaceError
 
     user_errors = (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError, ExportError,
                    PickError, ReportError, WorkerError, FaultError)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from nas import gpu_share
+from nas import settings
 from nas.optim import make_optimizer
 from nas.spec import TrainSpec
 from nas.tasks.base import Task
@@ -95,9 +95,28 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[
     return (hits.float() / total.clamp(min=1)).item(), (loss_sum / total.clamp(min=1)).item()
 
 
+class Share(Protocol):
+    """Turn-taking with neighbours on one GPU (``nas.search.gpu_share.GpuShare`` is one): training
+    holds it shared one window of steps at a time; each method returns/does nothing when off."""
+
+    def acquire_shared(self) -> float: ...
+
+    def release_shared(self) -> None: ...
+
+
+class _Alone:
+    """No neighbours: nothing to wait for."""
+
+    def acquire_shared(self) -> float:
+        return 0.0
+
+    def release_shared(self) -> None:
+        return None
+
+
 def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.device | str,
           budget: Budget | None = None, step_hook: Callable[[int], None] | None = None,
-          compile_model: bool | None = None) -> TrainResult:
+          compile_model: bool | None = None, share: Share | None = None) -> TrainResult:
     """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad,
     TrainingOOM when the device runs out of memory, TrialTimeout past ``budget.deadline``.
     ``step_hook(n)`` runs before the n-th step (1-based); fault injection uses it.
@@ -108,10 +127,13 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
     ``compile_model``: run the training forward/backward through ``torch.compile`` (None: when
     ``$NAS_TRAIN_COMPILE`` is 1). It pays only for long trainings: compiling costs tens of
     seconds per candidate (``benchmarks/train_throughput.py --compile`` measures both sides).
+
+    ``share``: the GPU's turn-taking with neighbour workers (the search passes its ``GpuShare``);
+    seconds spent waiting for a neighbour's measurement do not count as training time.
     """
     device = torch.device(device)
     budget = budget or Budget()
-    share = gpu_share.current() if device.type == "cuda" else gpu_share.GpuShare("")
+    share = share or _Alone()
     clock = _Clock(time.perf_counter(), share.acquire_shared())  # the copies below are GPU work too
     try:
         task = task.to(device)
@@ -120,7 +142,7 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
         gen = torch.Generator(device=device).manual_seed(spec.seed)
         if compile_model is None:
-            compile_model = os.environ.get(COMPILE_ENV) == "1"
+            compile_model = settings.get().train_compile
         forward = torch.compile(model) if compile_model else model
         accuracy, test_loss, step, stopped, curve = _loop(model, forward, task, spec, opt, sched, gen, budget,
                                                           step_hook, share, clock)

@@ -52,7 +52,7 @@ def tiny_space(tmp_path: Path) -> Path:
 
 def study_checksum(storage: str, name: str) -> str:
     """Digest of every trial's number, state, values, params and user attrs."""
-    from nas.storage import open_storage
+    from nas.search.storage import open_storage
 
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     rows = [(t.number, t.state.name, t.values, t.params, t.user_attrs) for t in study.get_trials(deepcopy=False)]

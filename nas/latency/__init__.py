@@ -4,7 +4,7 @@ on a CUDA machine, measured on the Triton model (a ``measure`` entry point, adde
 """
 
 from ._measure import LatencyCache, cache_key, kernels_fingerprint, measure
-from ._errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
+from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
 from ._memory import STATE_BYTES, MemoryEstimate, memory
 from ._predict import DEFAULT_BANDWIDTH_FRACTION, DEFAULT_FLOPS_FRACTION, predict

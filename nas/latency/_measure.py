@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from nas.latency._errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
+from nas import settings
+from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 from nas.latency._memory import memory
 from nas.latency._result import Latency
 from nas.latency._shape import LatencyShape
@@ -70,7 +71,7 @@ class LatencyCache:
 
     def __init__(self, path: str | Path | None = None) -> None:
         default = Path.home() / ".cache" / "hybrid-nas" / "latency.json"
-        self.path = Path(path or os.environ.get("NAS_LATENCY_CACHE") or default)
+        self.path = Path(path or settings.get().latency_cache or default)
 
     def _read(self) -> dict:
         try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nas.latency import KernelCompileError
+from kernels.errors import KernelCompileError
 from nas.models.hybrid import HybridModel
 from nas.models.mixers import rope_tables
 

@@ -17,7 +17,6 @@ state dict is exact on both paths.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -28,6 +27,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
+from nas import settings
 from kernels.optim.reference import clip_scale, compute_dtype, effective_grad, global_grad_norm, grad_noise_std
 
 __all__ = ["GradOptions", "GradTransform", "OptimizerBase"]
@@ -148,7 +148,7 @@ class OptimizerBase(torch.optim.Optimizer):
 
     def _runs_fused(self, params: Sequence[Tensor]) -> bool:
         """Whether these params (each with a grad) go through the fused kernel on this step."""
-        if self.fused is False or (self.fused is None and os.environ.get(FUSED_ENV) == "0"):
+        if self.fused is False or (self.fused is None and settings.get().optim_fused is False):
             return False
         if self.fused is None and not all(p.is_cuda for p in params):
             return False

@@ -21,7 +21,7 @@ def existing(tmp_path_factory) -> tuple[Path, Path, str]:
     storage = tmp / "studies.journal"
     assert main(["search", "--space", str(space), "--trials", "2", "--storage", str(storage), "--study", "keep",
                  "--device", "cpu"]) == 0
-    from nas.storage import open_storage
+    from nas.search.storage import open_storage
 
     optuna.create_study(study_name="foreign", storage=open_storage(str(storage)), directions=["maximize"] * 3)
     return tmp, space, str(storage)
@@ -150,7 +150,7 @@ def test_wrapped_ctrl_c_exits_130_and_other_errors_propagate(monkeypatch, capsys
     from tests.nas.test_study import _wrapped_interrupt
 
     handler = signal.getsignal(signal.SIGINT)
-    monkeypatch.setattr("nas.interrupt._requested", False)
+    monkeypatch.setattr("nas.search.interrupt._requested", False)
     try:
         monkeypatch.setattr("nas.cli._main", _wrapped_interrupt)
         assert main(["spaces"]) == 130

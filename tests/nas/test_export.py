@@ -12,9 +12,9 @@ import torch
 
 import nas
 from nas.cli import main
-from nas.export import trial_model
-from nas.pareto import front, pick
-from nas.storage import open_storage
+from nas.results.export import trial_model
+from nas.results.pareto import front, pick
+from nas.search.storage import open_storage
 from tests.conftest import write_space
 
 
@@ -120,7 +120,7 @@ def test_retrain_steps_retrains(study):
 ], ids=["no-completed-trial", "unknown-trial", "infeasible-budget", "non-empty-out", "unknown-study", "trial-and-pick"])
 def test_export_errors_one_line_exit_2(study, capsys, argv, words):
     st, storage, tmp = study
-    from nas.study import open_study
+    from nas.search.study import open_study
 
     open_study("none-done", storage)
     (tmp / "nonempty").mkdir(exist_ok=True)

@@ -12,9 +12,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from nas.faults import FaultError, planned
-from nas.storage import open_storage
-from nas.study import SearchConfig, run_search
+from nas.search.faults import FaultError, planned
+from nas.search.storage import open_storage
+from nas.search.study import SearchConfig, run_search
 from tests.conftest import write_space
 
 FAULTS = [

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from nas.gpu_share import GpuShare, lock_prefix
+from nas.search.gpu_share import GpuShare, lock_prefix
 
 
 def _run(*targets, timeout: float = 10) -> None:
@@ -111,26 +111,25 @@ class _RecordingShare(GpuShare):
             self.holding, self.released = False, self.released + 1
 
 
-def _train(share, monkeypatch, **budget):
+def _train(share, **budget):
     from nas.models import build
     from nas.spec import ArchSpec, LayerSpec, TrainSpec
     from nas.tasks import load_task
     from nas.train import Budget, train
 
-    monkeypatch.setattr("nas.train.gpu_share.GpuShare", lambda prefix="": share)
     task = load_task("mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=64,n_test=32")
     arch = ArchSpec(16, [LayerSpec("attention", 1, None, 0, 2.0)], task.vocab_size, task.vocab_size)
     return train(build(arch, task, seed=0), task, TrainSpec("adamw", 3e-3, 0.0, 0.0, 48, 8), device="cpu",
-                 budget=Budget(**budget))
+                 budget=Budget(**budget), share=share)
 
 
 def test_training_takes_windows_and_does_not_count_pauses(monkeypatch):
     """48 steps = 3 windows of 16 (+ the set-up and the evaluation): every acquire is released,
     and 0.5 s pauses (2 s in all) do not eat a 2 s training budget."""
-    _train(_RecordingShare(pause=0.0), monkeypatch)  # one-time costs (first backward, allocator) first
+    _train(_RecordingShare(pause=0.0))  # one-time costs (first backward, allocator) first
     share = _RecordingShare(pause=0.5)
     start = time.perf_counter()
-    result = _train(share, monkeypatch, max_seconds=2.0)
+    result = _train(share, max_seconds=2.0)
     wall = time.perf_counter() - start
     assert result.steps == 48 and result.stopped == "completed"
     assert share.acquired == share.released == 4 and not share.holding  # set-up + window 1, 2 more, evaluation
@@ -142,7 +141,7 @@ def test_training_releases_the_gpu_when_it_fails(monkeypatch):
 
     share = _RecordingShare(pause=0.0)
     with pytest.raises(TrialTimeout):
-        _train(share, monkeypatch, deadline=time.monotonic() - 1)
+        _train(share, deadline=time.monotonic() - 1)
     assert share.acquired == share.released >= 1 and not share.holding
 
 

@@ -11,7 +11,7 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from nas.storage import open_storage
+from nas.search.storage import open_storage
 from tests.conftest import write_space
 
 

@@ -12,8 +12,8 @@ import optuna
 import pytest
 
 from nas.cli import main
-from nas.report import hover_text
-from nas.storage import open_storage
+from nas.results.report import hover_text
+from nas.search.storage import open_storage
 from tests.conftest import write_space
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -127,7 +127,7 @@ def test_report_unknown_study_and_empty_study(study_with_report, capsys):
     storage = str(tmp / "s.journal")
     assert main(["report", "--study", "ghost", "--storage", storage]) == 2
     assert "no study named 'ghost'" in capsys.readouterr().err
-    from nas.study import open_study
+    from nas.search.study import open_study
 
     open_study("empty", storage)
     assert main(["report", "--study", "empty", "--storage", storage]) == 2
@@ -136,7 +136,7 @@ def test_report_unknown_study_and_empty_study(study_with_report, capsys):
 
 def test_png_without_a_browser_says_so(study_with_report, capsys, monkeypatch):
     _, _, tmp = study_with_report
-    monkeypatch.setattr("nas.report.find_chrome", lambda: None)
+    monkeypatch.setattr("nas.results.report.find_chrome", lambda: None)
     assert main(["report", "--study", "r", "--storage", str(tmp / "s.journal"), "--out", str(tmp / "r2.html"),
                  "--png", str(tmp / "png")]) == 2
     err = capsys.readouterr().err.strip()

@@ -11,9 +11,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from nas.pareto import front
+from nas.results.pareto import front
 from nas.spec import ArchSpec, TrainSpec
-from nas.study import DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, open_study, prepare, run_search
+from nas.search.study import DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, open_study, prepare, run_search
 from tests.conftest import write_space
 
 
@@ -71,7 +71,7 @@ def test_divergence_fails_the_trial_and_the_study_goes_on(tmp_path, monkeypatch)
     path.write_text(space)
     config = _config(tmp_path, path, trials=1)
     ctx, study = prepare(config)
-    monkeypatch.setattr("nas.study.MAX_FAILURES_IN_A_ROW", 3)
+    monkeypatch.setattr("nas.search.study.MAX_FAILURES_IN_A_ROW", 3)
     with pytest.raises(SearchError, match="3 trials in a row failed"):
         run_search(config, ctx_study=(ctx, study))
     failed = study.get_trials(states=(TrialState.FAIL,))
@@ -147,7 +147,7 @@ def test_measured_latency_is_recorded_as_measured(tmp_path, tiny_space, monkeypa
             raise KernelMismatchError("triton forward differs from the torch model: relative error 1e-01")
         return Latency(0.123, 0.002, "measured", "NVIDIA H200", "bf16", shape, versions=(("triton", "3.6"),))
 
-    monkeypatch.setattr("nas.objective.measure", fake_measure)
+    monkeypatch.setattr("nas.search.objective.measure", fake_measure)
     config = _config(tmp_path, tiny_space, trials=2)
     ctx, study = prepare(config)
     run_search(config, ctx_study=(dataclasses.replace(ctx, measure=True), study))
@@ -164,7 +164,7 @@ def test_latency_is_measured_by_default_only_on_the_gpu_it_targets(monkeypatch):
     import torch
 
     from hardware_profiles import load_profile
-    from nas.study import resolve_measure
+    from nas.search.study import resolve_measure
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     h200, h100 = load_profile("h200"), load_profile("h100_sxm")
@@ -183,7 +183,7 @@ def test_a_study_keeps_one_kind_of_latency(tmp_path, tiny_space, monkeypatch):
     measurement on is refused with one line, and the study is left as it was."""
     run_search(_config(tmp_path, tiny_space, trials=1))
     before = (tmp_path / "s.journal").read_bytes()
-    monkeypatch.setattr("nas.study.resolve_measure", lambda *a: True)
+    monkeypatch.setattr("nas.search.study.resolve_measure", lambda *a: True)
     with pytest.raises(SearchError, match="holds predicted latencies and this run would record measured"):
         prepare(_config(tmp_path, tiny_space, trials=2))
     assert (tmp_path / "s.journal").read_bytes() == before
@@ -193,7 +193,7 @@ def test_a_measured_study_resumes_measured_or_not_at_all(tmp_path, tiny_space):
     """No flag: a resumed study keeps the kind of latency it recorded; on a CPU a measured study
     is refused with a line that says why (no --measure flag to drop), and --predict is refused too."""
     run_search(_config(tmp_path, tiny_space, trials=1))
-    from nas.storage import open_storage
+    from nas.search.storage import open_storage
 
     study = optuna.load_study(study_name="t", storage=open_storage(str(tmp_path / "s.journal")))
     study.set_user_attr("search", {**study.user_attrs["search"], "measure": True})  # as a GPU run records it
@@ -208,7 +208,7 @@ def test_a_measured_study_resumes_measured_or_not_at_all(tmp_path, tiny_space):
 def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
     """A space with head dim 256 predicts fine, but is refused (one line naming the field) when
     latency would be measured."""
-    from search_spaces import SpaceError
+    from nas.space import SpaceError
 
     from tests.conftest import TINY_SPACE
 
@@ -216,7 +216,7 @@ def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
     space.write_text(TINY_SPACE.replace("STEPS", "2").replace("d_model: [16]", "d_model: [512]")
                      .replace("heads: [1, 2]", "heads: [2]"))
     run_search(_config(tmp_path, space, trials=1, study="wide"))
-    monkeypatch.setattr("nas.study.resolve_measure", lambda *a: True)
+    monkeypatch.setattr("nas.search.study.resolve_measure", lambda *a: True)
     with pytest.raises(SpaceError, match="layer.heads: 2 heads on d_model=512 give head dim 256"):
         prepare(_config(tmp_path, space, trials=1, study="wide2"))
 
@@ -234,7 +234,7 @@ def test_ctrl_c_in_any_form_records_the_trial_interrupted(tmp_path, tiny_space, 
     """A Ctrl-C during a trial fails it as "interrupted" and leaves the loop by KeyboardInterrupt,
     whether it arrives as KeyboardInterrupt, wrapped by the import machinery, or only as the
     handler's record with some other error on top; an error without Ctrl-C is not swallowed."""
-    from nas import interrupt
+    from nas.search import interrupt
 
     def plain(*_a, **_k):
         raise KeyboardInterrupt
@@ -244,8 +244,8 @@ def test_ctrl_c_in_any_form_records_the_trial_interrupted(tmp_path, tiny_space, 
         raise ValueError("raised while stopping")
 
     fake = {"plain": plain, "wrapped": _wrapped_interrupt, "flag only": flag_only}[raised]
-    monkeypatch.setattr("nas.study.evaluate", fake)
-    monkeypatch.setattr("nas.interrupt._requested", False)
+    monkeypatch.setattr("nas.search.study.evaluate", fake)
+    monkeypatch.setattr("nas.search.interrupt._requested", False)
     config = _config(tmp_path, tiny_space, trials=2)
     with pytest.raises(KeyboardInterrupt):
         run_search(config)
@@ -258,7 +258,7 @@ def test_an_error_without_ctrl_c_is_not_an_interrupt(tmp_path, tiny_space, monke
     def boom(*_a, **_k):
         raise ValueError("a bug")
 
-    monkeypatch.setattr("nas.study.evaluate", boom)
-    monkeypatch.setattr("nas.interrupt._requested", False)
+    monkeypatch.setattr("nas.search.study.evaluate", boom)
+    monkeypatch.setattr("nas.search.interrupt._requested", False)
     with pytest.raises(ValueError, match="a bug"):
         run_search(_config(tmp_path, tiny_space, trials=1))

@@ -12,8 +12,8 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from nas.storage import open_storage
-from nas.study import SearchConfig, prepare
+from nas.search.storage import open_storage
+from nas.search.study import SearchConfig, prepare
 from tests.conftest import unique_name, write_space
 
 
@@ -92,7 +92,7 @@ def test_heartbeat_requeues_a_trial_of_a_dead_remote_worker(tmp_path, postgres_u
     remote.set_user_attr("pid", 1)
     study._storage.record_heartbeat(remote._trial_id)  # noqa: SLF001 — then that worker goes silent
     time.sleep(5)  # > grace period (4 heartbeats of 1 s)
-    from nas.study import run_search
+    from nas.search.study import run_search
 
     run_search(config, ctx_study=(ctx, study))
     trials = study.get_trials()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nas.workers import Slot, WorkerError, plan_slots
+from nas.search.workers import Slot, WorkerError, plan_slots
 
 
 def test_slots_per_gpu_and_cpu():

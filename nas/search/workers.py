@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from nas import gpu_share
+from nas.search import gpu_share
 
 __all__ = ["Slot", "WorkerError", "parse_gpus", "plan_slots", "run_workers"]
 

@@ -16,6 +16,8 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 
+from nas import settings
+
 __all__ = ["DEFAULT_STORAGE", "FlockLock", "StorageError", "artifact_dir", "open_artifact_store", "open_storage", "resolve_storage"]
 
 DEFAULT_STORAGE = "runs/studies.journal"
@@ -56,15 +58,12 @@ class FlockLock:
 
 def _heartbeat_seconds() -> int:
     """RDB heartbeat interval: ``$NAS_HEARTBEAT_SECONDS`` (tests use 1), default 30."""
-    text = os.environ.get("NAS_HEARTBEAT_SECONDS", "30")
-    if not text.isdigit() or int(text) < 1:
-        raise StorageError(f"NAS_HEARTBEAT_SECONDS={text!r} must be a whole number of seconds >= 1")
-    return int(text)
+    return settings.get().heartbeat_seconds
 
 
 def resolve_storage(storage: str | None) -> str:
     """``--storage`` if given, else ``$NAS_STORAGE``, else the embedded default journal file."""
-    return storage or os.environ.get("NAS_STORAGE") or DEFAULT_STORAGE
+    return storage or settings.get().storage or DEFAULT_STORAGE
 
 
 def open_storage(storage: str) -> BaseStorage:
@@ -106,8 +105,8 @@ def artifact_dir(storage: str) -> Path:
     """Where per-trial files (trained weights) live: ``$NAS_ARTIFACTS``, else beside the study —
     ``runs/studies.journal`` → ``runs/studies.artifacts/``, ``sqlite:///x.db`` → ``x.artifacts/``;
     for a server database, ``runs/artifacts/`` (point every worker at a shared path with $NAS_ARTIFACTS)."""
-    if os.environ.get("NAS_ARTIFACTS"):
-        return Path(os.environ["NAS_ARTIFACTS"])
+    if (artifacts := settings.get().artifacts) is not None:
+        return Path(artifacts)
     if storage.startswith("sqlite:///"):
         return Path(storage.removeprefix("sqlite:///")).with_suffix(".artifacts")
     if "://" in storage:

@@ -12,11 +12,12 @@ no number is given). Kinds:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 import torch
+
+from nas import settings
 
 __all__ = ["ENV", "KINDS", "FaultError", "planned", "step_hook", "check_scoring"]
 
@@ -30,7 +31,7 @@ class FaultError(ValueError):
 
 def planned(trial_number: int) -> str | None:
     """The fault to inject into this trial, if any."""
-    spec = os.environ.get(ENV, "").strip()
+    spec = settings.get().fault
     if not spec:
         return None
     kind, _, numbers = spec.partition("@")

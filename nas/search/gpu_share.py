@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from nas import settings
+
 __all__ = ["ENV", "GpuShare", "current", "lock_prefix"]
 
 ENV = "NAS_GPU_SHARE"
@@ -43,7 +45,7 @@ class GpuShare:
     """The turn-taking of the workers on this process's GPU (see the module docstring)."""
 
     def __init__(self, prefix: str | None = None) -> None:
-        prefix = prefix if prefix is not None else os.environ.get(ENV)
+        prefix = prefix if prefix is not None else settings.get().gpu_share
         self.enabled = bool(prefix)
         self._holding = False
         if self.enabled:

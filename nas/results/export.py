@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from nas.models import HybridModel, TritonModel, build, to_triton
 from nas.spec import ArchSpec, TrainSpec, arch_hash
-from nas.storage import open_artifact_store
+from nas.search.storage import open_artifact_store
 from nas.tasks import Task, task_from_config
 
 __all__ = ["ONNX_OPSET", "ExportError", "export", "load", "trial_model"]

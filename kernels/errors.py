@@ -1,4 +1,5 @@
-"""Why a candidate's kernels could not be timed: these fail the trial with their message."""
+"""Why a candidate's kernels could not be used: raised by the model's kernel wrappers and by
+latency measurement, these fail the trial with their message (`nas.latency` re-exports them)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial
 
-from nas.pareto import completed, feasible, front, reference_point
+from nas.results.pareto import completed, feasible, front, reference_point
 
 __all__ = ["PLOT_CONFIG", "ReportError", "figures", "hover_text", "write_html", "write_pngs", "find_chrome"]
 

@@ -18,13 +18,13 @@ from optuna.trial import TrialState
 from safetensors.torch import save_file
 
 from hardware_profiles import HardwareProfile
-from nas import faults, gpu_share
+from nas.search import faults, gpu_share
 from nas.latency import KernelError, Latency, LatencyShape, count_params, measure, memory, predict
 from nas.models import build
 from nas.spec import ArchSpec, arch_hash
 from nas.tasks import Task
 from nas.train import Budget, TrainingDiverged, TrainingOOM, TrialTimeout, train
-from search_spaces import SearchSpace
+from nas.space import SearchSpace
 
 __all__ = ["Budgets", "TrialContext", "evaluate"]
 
@@ -118,6 +118,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     reason = None
     try:
         result = train(model, ctx.task, cand.train, device=ctx.device, budget=budget,
+                       share=gpu_share.current() if ctx.device.type == "cuda" else None,
                        step_hook=faults.step_hook(fault, model))
     except TrainingDiverged as e:
         reason = f"diverged: {e}"

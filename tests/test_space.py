@@ -17,7 +17,7 @@ import yaml
 import search_spaces
 from nas.spec import Candidate
 from nas.tasks import Task
-from search_spaces import Choice, SearchSpace, SpaceError, list_spaces, load_space
+from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -306,6 +306,6 @@ def test_max_head_dim_is_the_kernels():
     """The space rule and the kernels agree on the largest head dim a GPU can measure."""
     from kernels.attention import SUPPORTED_HEAD_DIMS as ATTENTION
     from kernels.linear_attention import SUPPORTED_HEAD_DIMS as LINEAR
-    from search_spaces._space import MAX_HEAD_DIM
+    from nas.space import MAX_HEAD_DIM
 
     assert max(ATTENTION) == max(LINEAR) == MAX_HEAD_DIM

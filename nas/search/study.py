@@ -2,7 +2,7 @@
 
 Objectives: maximize accuracy, minimize latency_ms, minimize memory_mb. Hard budgets become
 Optuna constraints (feasible when ≤ 0); latency is scored before training so a candidate that
-breaks a budget is recorded without being trained (``nas.objective``). Several workers may share
+breaks a budget is recorded without being trained (``nas.search.objective``). Several workers may share
 a study: the trial budget is counted in storage. A trial left RUNNING by a dead process is failed
 and its parameters are queued again (same host: by pid; RDB: by Optuna's heartbeat), so a killed
 search resumes where it stopped.
@@ -28,11 +28,11 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from hardware_profiles import HardwareProfile, load_profile
-from nas import interrupt
-from nas.objective import Budgets, TrialContext, evaluate
-from nas.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
+from nas.search import interrupt
+from nas.search.objective import Budgets, TrialContext, evaluate
+from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
 from nas.tasks import load_task
-from search_spaces import SearchSpace, load_space, parse_space
+from nas.space import SearchSpace, load_space, parse_space
 
 __all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "make_sampler", "n_complete",
            "open_study", "prepare", "recover_stale_trials", "run_search", "worker_config"]

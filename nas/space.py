@@ -1,6 +1,9 @@
 """Search-space YAML → a validated ``SearchSpace`` whose ``sample(trial, task)`` yields a Candidate.
 
-A space is data (see ``hybrid_small.yaml``). Each searched field is either a list of choices
+A space is data: the shipped YAML files live in the ``search_spaces`` package (see
+``search_spaces/hybrid_small.yaml``); ``load_space("hybrid_small")`` or
+``load_space("my_space.yaml")`` returns a validated ``SearchSpace``, ``list_spaces()`` names
+the shipped ones. Each searched field is either a list of choices
 (a categorical) or a range mapping ``{low, high[, log][, step]}``; a scalar fixes the value.
 Conditional choices are explicit: ``heads`` and ``short_conv`` are drawn only for layers with a
 mixer, ``feature_map`` only for linear attention, ``momentum``/``nesterov`` only for SGD.
@@ -9,6 +12,7 @@ mixer, ``feature_map`` only for linear attention, ``momentum``/``nesterov`` only
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from nas.spec import (ACTIVATIONS, FEATURE_MAPS, MIXERS, NORMS, OPTIMIZERS, Arch
                       TrainSpec)
 from nas.tasks.base import Task
 
-__all__ = ["SpaceError", "Choice", "SearchSpace", "parse_space"]
+__all__ = ["Choice", "SearchSpace", "SpaceError", "list_spaces", "load_space", "parse_space", "read_space_file"]
 
 
 class SpaceError(ValueError):
@@ -274,3 +278,26 @@ def read_space_file(path: Path) -> SearchSpace:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpaceError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
     return parse_space(raw, str(path))
+
+
+def _shipped() -> Path:
+    return Path(str(resources.files("search_spaces")))
+
+
+def list_spaces() -> list[str]:
+    """Names of the spaces shipped with the package (``search_spaces/*.yaml``)."""
+    return sorted(p.stem for p in _shipped().glob("*.yaml"))
+
+
+def load_space(name_or_path: str | Path) -> SearchSpace:
+    """A shipped space by name, or a YAML file by path. Raises SpaceError naming the problem."""
+    text = str(name_or_path)
+    path = Path(text)
+    if text.endswith((".yaml", ".yml")) or path.exists():
+        if not path.is_file():
+            raise SpaceError(f"{path}: no such search-space file")
+        return read_space_file(path)
+    shipped = _shipped() / f"{text}.yaml"
+    if not shipped.is_file():
+        raise SpaceError(f"unknown search space {text!r}; shipped spaces are {list_spaces()} (or pass a .yaml path)")
+    return read_space_file(shipped)

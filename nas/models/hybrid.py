@@ -39,6 +39,22 @@ class Block(nn.Module):
                                      nn.Linear(hidden, d_model))
         self.norm2 = _norm(spec.norm, d_model) if self.mlp is not None else None
 
+    # The block's layout, named in one place: the torch init and ``to_triton`` address the
+    # sub-modules through these (the state-dict names "mlp.0" / "mlp.2" stay, so stored weights load).
+    @property
+    def mlp_up(self) -> nn.Linear | None:
+        """``[.., d] -> [.., hidden]``, followed by the activation."""
+        return self.mlp[0] if self.mlp is not None else None
+
+    @property
+    def mlp_down(self) -> nn.Linear | None:
+        """``[.., hidden] -> [.., d]``, added into the residual stream."""
+        return self.mlp[2] if self.mlp is not None else None
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The projections whose output is added into the residual stream (mixer out, MLP down)."""
+        return [m for m in (self.mixer.out if self.mixer is not None else None, self.mlp_down) if m is not None]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mixer is not None:
             x = x + self.mixer(self.norm1(x))
@@ -61,9 +77,10 @@ class HybridModel(nn.Module):
 
     def _init_weights(self) -> None:
         # GPT-2 style: N(0, 0.02) for projections, residual outputs scaled by 1/sqrt(2·depth).
+        residual = {id(m.weight) for block in self.blocks for m in block.residual_projections()}
         for name, p in self.named_parameters():
             if p.dim() == 2 and not name.startswith("embed"):
-                std = 0.02 / math.sqrt(2 * len(self.blocks)) if name.endswith(("out.weight", "mlp.2.weight")) else 0.02
+                std = 0.02 / math.sqrt(2 * len(self.blocks)) if id(p) in residual else 0.02
                 nn.init.normal_(p, std=std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)

@@ -105,8 +105,8 @@ class TritonModel:
                 spec.mixer, spec.heads, padded, spec.feature_map, _norm(block.norm1, dtype),
                 _linear(mixer.qkv, dtype) if mixer is not None else None, conv,
                 _linear(mixer.out, dtype) if mixer is not None else None, _norm(block.norm2, dtype),
-                _linear(mlp[0], dtype) if mlp is not None else None, spec.activation,
-                _linear(mlp[2], dtype) if mlp is not None else None))
+                _linear(block.mlp_up, dtype) if mlp is not None else None, spec.activation,
+                _linear(block.mlp_down, dtype) if mlp is not None else None))
         self.blocks = tuple(blocks)
         self.final_norm = _norm(model.norm, dtype)
         self.head = _linear(model.head, dtype)

@@ -165,3 +165,19 @@ def test_gradient_reaches_every_parameter(layers):
     for name, p in model.named_parameters():
         assert p.grad is not None, f"{name} gets no gradient"
         assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, f"{name} has a zero/non-finite gradient"
+
+
+def test_residual_projections_get_the_scaled_init():
+    """GPT-2 init: the projections that add into the residual stream (mixer out, MLP down) draw
+    N(0, 0.02/sqrt(2·depth)), every other matrix N(0, 0.02); the layout is named by the block."""
+    torch.manual_seed(0)
+    depth, d = 4, 256
+    model = HybridModel(ArchSpec(d, [LayerSpec("attention", heads=4, mlp_ratio=4.0)] * depth, V, V))
+    residual = {id(m.weight) for b in model.blocks for m in b.residual_projections()}
+    assert len(residual) == 2 * depth
+    for block in model.blocks:
+        assert block.mlp_up.out_features == 4 * d and block.mlp_down.in_features == 4 * d
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and not name.startswith("embed"):
+            expected = 0.02 / (2 * depth) ** 0.5 if id(p) in residual else 0.02
+            assert p.std().item() == pytest.approx(expected, rel=0.05), name

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from nas import settings
+from kernels.device import CUDA, cuda_available, gpu_name, is_cuda, l2_bytes, resolve
 from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 from nas.latency._memory import memory
 from nas.latency._result import Latency
@@ -132,30 +133,39 @@ def _time(replay, copies: int, reps: int, warmup: int = 5) -> list[float]:
     return samples
 
 
-def measure(model: torch.nn.Module, shape: LatencyShape, *, reps: int = 30, cache: LatencyCache | None = None,
-            dtype: torch.dtype = torch.bfloat16) -> Latency:
-    """Latency of ``model``'s TritonModel forward at ``shape`` on the current CUDA device."""
+def measure(model: torch.nn.Module, shape: LatencyShape, *, device: torch.device | str | None = None,
+            reps: int = 30, cache: LatencyCache | None = None, dtype: torch.dtype = torch.bfloat16) -> Latency:
+    """Latency of ``model``'s TritonModel forward at ``shape`` on ``device`` (a CUDA device; None:
+    the current one). The search passes the device it was given (``--device cuda:N``)."""
     import triton
 
-    from nas.models.triton_model import to_triton
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure needs a CUDA device; use predict elsewhere")
+    if not (cuda_available() and (device is None or is_cuda(device))):
+        raise RuntimeError(f"measure needs a CUDA device, got {device!r}; use predict elsewhere")
+    device = resolve(device if device is not None else CUDA)
     reps = max(20, reps)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    gpu = torch.cuda.get_device_name()
+    gpu = gpu_name(device)
     key = cache_key(arch_hash(model.arch), shape, dtype_name, gpu, torch.__version__, triton.__version__,
                     kernels_fingerprint())
     cache = cache or LatencyCache()
     if (hit := cache.get(key)) is not None:
         return hit
 
-    model = model.to("cuda").eval()
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size or 50 * 2**20
+    with torch.cuda.device(device):
+        return _measure(model.to(device).eval(), shape, device, reps, dtype, dtype_name, gpu, key, cache)
+
+
+def _measure(model: torch.nn.Module, shape: LatencyShape, device: torch.device, reps: int, dtype: torch.dtype,
+             dtype_name: str, gpu: str, key: str, cache: LatencyCache) -> Latency:
+    import triton
+
+    from nas.models.triton_model import to_triton
+
+    l2 = l2_bytes(device)
     mem = memory(model.arch, shape, dtype=dtype_name)
     copies = min(MAX_COPIES, max(1, -(-2 * l2 // max(1, mem.peak_activation_bytes))))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    inputs = [torch.randint(0, model.arch.vocab_size, (shape.batch, shape.seq_len), device="cuda", generator=gen)
+    gen = torch.Generator(device=device).manual_seed(0)
+    inputs = [torch.randint(0, model.arch.vocab_size, (shape.batch, shape.seq_len), device=device, generator=gen)
               for _ in range(copies)]
     try:
         tm = to_triton(model, dtype=dtype)
@@ -169,7 +179,7 @@ def measure(model: torch.nn.Module, shape: LatencyShape, *, reps: int = 30, cach
             raise  # the CUDA context is gone (or memory is): this worker must stop, its trial is re-queued
         # a kernel wrapper refusing this candidate's shapes: fail the trial, keep the search going
         raise KernelLaunchError(f"{type(e).__name__}: {_first_line(e)}") from None
-    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+    with torch.no_grad(), torch.autocast(CUDA, dtype=dtype):
         expected = model(inputs[0]).float()
     err = ((got - expected).norm() / expected.norm().clamp(min=1e-12)).item()
     if not err <= MISMATCH_LIMIT:

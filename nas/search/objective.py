@@ -75,7 +75,7 @@ def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> tupl
     faults.check_scoring(fault)
     if ctx.measure:
         with gpu_share.current().exclusive() as waited:  # workers sharing this GPU pause their training
-            return measure(build(arch, seed=0), ctx.shape), waited
+            return measure(build(arch, seed=0), ctx.shape, device=ctx.device), waited
     return predict(arch, ctx.shape, ctx.profile), 0.0
 
 

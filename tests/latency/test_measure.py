@@ -99,3 +99,42 @@ def test_measure_on_gpu_is_measured_cached_and_stable(tmp_path):
     assert lat.source == "measured" and lat.device == torch.cuda.get_device_name() and lat.median_ms > 0
     assert lat.iqr_ms <= 0.05 * lat.median_ms or dict(lat.notes).get("remeasured") == "yes"
     assert measure(build(arch, seed=1), parse_shape("1x256"), cache=cache) == lat  # cached by arch, not weights
+
+
+def test_measure_follows_the_device_it_is_given(tmp_path, monkeypatch):
+    """CPU stand-in for two GPUs: ``measure(..., device="cuda:1")`` names, keys and times the GPU
+    it was given, not the current one (the search passes ``--device cuda:N``)."""
+    import kernels.device as dev
+    import nas.latency._measure as m
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: asked.append(d) or f"GPU{torch.device(d).index}")
+    monkeypatch.setattr(m, "kernels_fingerprint", lambda: "f" * 12)
+    import triton
+
+    arch = ArchSpec(32, [LayerSpec("attention", 2)], 16, 16)
+    shape = parse_shape("1x8")
+    cache = LatencyCache(tmp_path / "lat.json")
+    stored = Latency(0.25, 0.0, "measured", "GPU1", "bf16", shape)
+    cache.put(cache_key(m.arch_hash(arch), shape, "bf16", "GPU1", torch.__version__, triton.__version__, "f" * 12),
+              stored)
+    assert measure(build(arch, seed=0), shape, device="cuda:1", cache=cache) == stored
+    assert asked == [torch.device("cuda", 1)]
+    assert dev.resolve("cuda") == torch.device("cuda", 0)  # a bare "cuda" is the current GPU, by index
+    with pytest.raises(dev.DeviceError, match="2 CUDA device"):
+        dev.resolve("cuda:2")
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        measure(build(arch, seed=0), shape, device="cpu", cache=cache)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_measure_on_gpu_follows_an_explicit_device(tmp_path):
+    arch = ArchSpec(64, [LayerSpec("attention", 2), LayerSpec("linear_attention", 2, "elu+1")], 64, 64)
+    index = torch.cuda.device_count() - 1
+    lat = measure(build(arch, seed=0), parse_shape("1x64"), device=f"cuda:{index}",
+                  cache=LatencyCache(tmp_path / "lat.json"))
+    assert lat.source == "measured" and lat.device == torch.cuda.get_device_name(index)

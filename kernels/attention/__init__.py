@@ -1,7 +1,10 @@
-"""Softmax attention forward: ``triton`` holds the fused kernel (import it where Triton can run),
-``reference`` the fp32 torch contract, ``configs`` the launch configs per GPU."""
+"""Softmax attention forward (prefill): ``triton`` holds the fused kernel, ``reference`` the fp32
+torch contract it meets, ``configs`` the launch configs per GPU. The kernels load on first use."""
 
-from kernels.attention.configs import SUPPORTED_HEAD_DIMS, AttentionConfig, attention_configs
-from kernels.attention.reference import attention, rope
+from kernels._common import lazy_exports
+from kernels.attention import configs, reference
+from kernels.attention.configs import SUPPORTED_HEAD_DIMS, AttentionConfig, padded_head_dim
 
-__all__ = ["SUPPORTED_HEAD_DIMS", "AttentionConfig", "attention_configs", "attention", "rope"]
+_KERNELS = ("flash_attention", "flash_attention_qkv", "flops", "last_tuned_config")
+__all__ = [*_KERNELS, "AttentionConfig", "SUPPORTED_HEAD_DIMS", "padded_head_dim", "configs", "reference"]
+__getattr__ = lazy_exports(__name__, _KERNELS)

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AttentionConfig", "HOPPER", "DEFAULT", "INTERPRETER", "SUPPORTED_HEAD_DIMS", "attention_configs"]
+from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
 
-# tl.dot needs every matmul dim ≥ 16 and tl.arange a power of two; 256 would spill the fp32
-# accumulator at 128-row tiles. A NAS trial with another head dim must fail with a clear error.
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+__all__ = ["AttentionConfig", "HOPPER", "DEFAULT", "INTERPRETER", "SUPPORTED_HEAD_DIMS", "attention_configs",
+           "padded_head_dim"]
 
 
 @dataclass(frozen=True)

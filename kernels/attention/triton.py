@@ -9,7 +9,7 @@ the output projection consumes, so the model's ``transpose(1, 2).reshape`` copy 
 ``flash_attention_qkv`` takes the projection ``[B, T, 3·H·D]`` itself. (A ``[B, T, H, D]``-only
 API would force the same views; a ``[B, H, T, D]``-contiguous one would force a copy.)
 
-Loads. Each program builds tensor descriptors over its head's ``[T, D]`` rows (``inputs.py``):
+Loads. Each program builds tensor descriptors over its head's ``[T, D]`` rows (``kernels/_common.py``):
 a tile is one bulk copy into shared memory, software-pipelined ``num_stages`` deep, with no
 per-element addresses held in registers and zeros for rows past T.
 
@@ -42,10 +42,10 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels.attention.configs import SUPPORTED_HEAD_DIMS, AttentionConfig, attention_configs
-from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
+from kernels._common import check_heads, output_buffer, tma_ready, use_torch_allocator
+from kernels.attention.configs import AttentionConfig, attention_configs
 
-__all__ = ["DTYPES", "SUPPORTED_HEAD_DIMS", "flash_attention", "flash_attention_qkv", "flops", "last_tuned_config"]
+__all__ = ["flash_attention", "flash_attention_qkv", "flops", "last_tuned_config"]
 
 _LOG2E = 1.4426950408889634
 # Mask modes of one key-block walk.
@@ -196,7 +196,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tupl
     out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write into.
     Returns ``[B, T, H·D]`` in q's dtype, contiguous.
     """
-    check_heads("flash_attention", q, k, v, layout="BHTD", head_dims=SUPPORTED_HEAD_DIMS)
+    check_heads("flash_attention", q, k, v, layout="BHTD")
     if rope is not None:
         _check_rope(rope, q)
     B, H, T, D = q.shape

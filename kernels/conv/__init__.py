@@ -1,10 +1,11 @@
-"""Short causal depthwise convolution over time (the model's conv over projected qkv).
+"""Short causal depthwise convolution over time (the model's conv over projected qkv):
+``triton`` holds the kernel, ``reference`` the fp32 torch contract it meets, ``configs`` the tile
+shapes. The kernel loads on first use."""
 
-``causal_depthwise_conv`` is the kernel (``triton.py``); ``reference`` the fp32 torch contract
-it meets; ``configs`` the tile shapes.
-"""
-
+from kernels._common import lazy_exports
+from kernels.conv import configs, reference
 from kernels.conv.configs import ConvConfig
-from kernels.conv.triton import DTYPES, causal_depthwise_conv
 
-__all__ = ["causal_depthwise_conv", "ConvConfig", "DTYPES"]
+_KERNELS = ("causal_depthwise_conv",)
+__all__ = [*_KERNELS, "ConvConfig", "configs", "reference"]
+__getattr__ = lazy_exports(__name__, _KERNELS)

@@ -12,13 +12,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels._common import INT32_MAX, INTERPRETED, check_operands, check_runnable, output_buffer
 from kernels.conv.configs import ConvConfig, conv_config
 
-__all__ = ["DTYPES", "causal_depthwise_conv"]
-
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_INTERPRETED = triton.knobs.runtime.interpret  # read when the kernel below is decorated, as Triton does
-_INT32_MAX = 2**31 - 1  # offsets are int32 products
+__all__ = ["causal_depthwise_conv"]
 
 
 @triton.jit
@@ -69,33 +66,20 @@ def causal_depthwise_conv(
                          f"got {list(x.shape)} and {list(weight.shape)}")
     B, T, C = x.shape
     K = weight.shape[1]
-    if not (x.is_cuda or _INTERPRETED):
-        raise ValueError(f"causal_depthwise_conv: x is on {x.device}; the kernel needs CUDA tensors "
-                         "(or TRITON_INTERPRET=1)")
-    for name, t, shape in (("x", x, (B, T, C)), ("weight", weight, (C, K)), ("bias", bias, (C,))):
-        if t is None:
-            continue
-        if tuple(t.shape) != shape:
-            raise ValueError(f"causal_depthwise_conv: {name} must have shape {list(shape)}, got {list(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise ValueError(f"causal_depthwise_conv: {name}.dtype must be one of {DTYPES}, got {t.dtype}")
-        if t.device != x.device:
-            raise ValueError(f"causal_depthwise_conv: {name} is on {t.device}, x on {x.device}")
+    check_runnable("causal_depthwise_conv", x)
+    check_operands("causal_depthwise_conv", x.device, ("x", x, (B, T, C)), ("weight", weight, (C, K)),
+                   ("bias", bias, (C,)))
     if K < 1:
         raise ValueError(f"causal_depthwise_conv: the filter length K must be >= 1, got {K}")
-    if T * x.stride(1) > _INT32_MAX or x.numel() > _INT32_MAX:
+    if T * x.stride(1) > INT32_MAX or x.numel() > INT32_MAX:
         raise ValueError(f"causal_depthwise_conv: x of shape {list(x.shape)} is too large for int32 offsets")
     if x.stride(2) != 1:
         x = x.contiguous()
-    if out is None:
-        out = torch.empty((B, T, C), dtype=x.dtype, device=x.device)
-    elif tuple(out.shape) != (B, T, C) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
-        raise ValueError(f"causal_depthwise_conv: out must be a contiguous {x.dtype} [{B}, {T}, {C}] tensor on "
-                         f"{x.device}, got {out.dtype} {list(out.shape)} on {out.device}")
+    out = output_buffer("causal_depthwise_conv", out, (B, T, C), x)
     if out.numel() == 0:
         return out
     if config is None:
-        config = conv_config(None if _INTERPRETED else torch.cuda.get_device_capability(x.device))
+        config = conv_config(None if INTERPRETED else torch.cuda.get_device_capability(x.device))
     grid = (triton.cdiv(T, config.block_t), triton.cdiv(C, config.block_c), B)
     _causal_conv_kernel[grid](
         x, weight.contiguous(), None if bias is None else bias.contiguous(), out, T, C,

@@ -1,10 +1,12 @@
 """Fused linear layer: matmul + bias + activation [+ residual] in one Triton launch.
+``triton`` holds the kernels, ``reference`` the fp32 torch contract they meet, ``configs`` the
+tilings they are tuned over. The kernels load on first use."""
 
-``linear`` is the kernel (``triton.py``); ``reference.linear`` the fp32 torch contract it meets;
-``configs`` the tilings it is tuned over.
-"""
-
+from kernels._common import lazy_exports
+from kernels.linear import configs, reference
 from kernels.linear.configs import LinearConfig
-from kernels.linear.triton import ACTIVATIONS, DTYPES, last_tuned_config, linear
+from kernels.linear.reference import ACTIVATIONS
 
-__all__ = ["linear", "last_tuned_config", "LinearConfig", "ACTIVATIONS", "DTYPES"]
+_KERNELS = ("linear", "last_tuned_config", "set_tma")
+__all__ = [*_KERNELS, "ACTIVATIONS", "LinearConfig", "configs", "reference"]
+__getattr__ = lazy_exports(__name__, _KERNELS)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["linear"]
+__all__ = ["ACTIVATIONS", "linear"]
 
-_ACTIVATIONS = {None: lambda v: v, "gelu": F.gelu, "relu": F.relu, "silu": F.silu}  # gelu: erf form
+_ACTIVATION_FNS = {None: lambda v: v, "gelu": F.gelu, "relu": F.relu, "silu": F.silu}  # gelu: erf form
+ACTIVATIONS = tuple(_ACTIVATION_FNS)  # None: no activation
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, activation: str | None = None,
@@ -17,5 +18,5 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, activation:
     x: ``[*, K]``; weight: ``[N, K]``; bias: ``[N]`` or None; residual: ``[*, N]`` or None.
     """
     y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    y = _ACTIVATIONS[activation](y)
+    y = _ACTIVATION_FNS[activation](y)
     return y if residual is None else y + residual.float()

@@ -13,16 +13,14 @@ Two kernels compute it. ``_linear_kernel`` loads tiles through pointers, one pro
 tile. ``_linear_tma_kernel`` is persistent (≤ one program per SM) and moves tiles by tensor
 descriptor (Hopper TMA), with the tile and K loops flattened into one software pipeline so a
 tile's epilogue overlaps the next tile's loads. ``configs.prefers_tma`` picks between them per
-call (TMA on sm_90+ for K > 256 and M > 64, where it measured faster on an H200); the environment
-variable ``NAS_LINEAR_TMA=1`` / ``=0`` forces one or the other (where descriptors can address the
-operands), and an explicit config names its kernel.
+call (TMA on sm_90+ for K > 256 and M > 64, where it measured faster on an H200); ``set_tma``
+forces one or the other for the process (where descriptors can address the operands: the app
+calls it from its settings), and an explicit config names its kernel.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -31,15 +29,14 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
+from kernels._common import (ALIGN, INTERPRETED, as_rows, check_int32, check_operands, check_runnable, output_buffer,
+                             sm_count, use_torch_allocator)
 from kernels.linear import configs as _configs
 from kernels.linear.configs import LinearConfig
+from kernels.linear.reference import ACTIVATIONS
 
-__all__ = ["ACTIVATIONS", "DTYPES", "linear", "last_tuned_config"]
+__all__ = ["linear", "last_tuned_config", "set_tma", "tma_programs"]
 
-ACTIVATIONS = (None, "gelu", "relu", "silu")
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_INTERPRETED = triton.knobs.runtime.interpret  # read when the kernels below are decorated, as Triton does
-_INT32_MAX = 2**31 - 1  # offsets are int32 products: every tensor must index below this
 _AUTOTUNE_CALLS, _AUTOTUNE_REPLAYS = 20, 10  # per candidate: ~7 ms at the largest NAS shape
 
 
@@ -201,7 +198,7 @@ _TRITON_CONFIGS = {
 }
 _POINTER_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if not c.tma]
 _TMA_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if c.tma]
-_USE_TMA: bool | None = {"1": True, "0": False}.get(os.environ.get("NAS_LINEAR_TMA", ""))  # None: configs.prefers_tma
+_USE_TMA: bool | None = None  # set_tma's choice; None: configs.prefers_tma
 _last_tuner: list = []  # the tuner of the latest autotuned call, for last_tuned_config
 
 
@@ -252,6 +249,15 @@ _tuned_tma_kernel = autotune(
 )(_linear_tma_kernel)
 
 
+def set_tma(use: bool | None) -> None:
+    """For every later call of this process without an explicit config: True runs the persistent
+    TMA kernel, False the pointer kernel, None (the default) lets ``configs.prefers_tma`` pick per
+    shape. The TMA kernel needs sm_90+ and operands a descriptor can address; otherwise the
+    pointer kernel runs. The app calls it once at start (its ``NAS_LINEAR_TMA`` setting)."""
+    global _USE_TMA
+    _USE_TMA = use
+
+
 def last_tuned_config() -> LinearConfig | None:
     """The tiling the tuner chose for the latest autotuned call (None before the first)."""
     chosen = getattr(_last_tuner[-1], "best_config", None) if _last_tuner else None
@@ -261,7 +267,8 @@ def last_tuned_config() -> LinearConfig | None:
 def _tma_ready(*tensors: Tensor | None) -> bool:
     """Whether the TMA kernel can read/write these ``[rows, n]`` tensors: 16-B aligned bases and
     row strides, unit stride along n (tensor-descriptor rules)."""
-    return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0)
+    return all(t is None or (t.data_ptr() % ALIGN == 0 and t.stride(1) == 1
+                             and (t.stride(0) * t.element_size()) % ALIGN == 0)
                for t in tensors)
 
 
@@ -273,28 +280,6 @@ def tma_programs(M: int, N: int, block_m: int, block_n: int, persistent: bool, s
     (each then walks tiles ``sms`` apart)."""
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     return min(sms, tiles) if persistent else tiles
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _check(name: str, t: Tensor, shape: tuple[int, ...], device: torch.device) -> None:
-    if tuple(t.shape) != shape:
-        raise ValueError(f"linear: {name} must have shape {list(shape)}, got {list(t.shape)}")
-    if t.dtype not in DTYPES:
-        raise ValueError(f"linear: {name}.dtype must be one of {DTYPES}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"linear: {name} is on {t.device}, x on {device}")
-    if t.numel() > _INT32_MAX:
-        raise ValueError(f"linear: {name} has {t.numel()} elements; the kernel indexes with int32 (< 2**31)")
-
-
-def _rows(t: Tensor, n: int) -> Tensor:
-    """``t`` as ``[rows, n]`` with unit stride along n (a view when it already is)."""
-    t = t.reshape(-1, n)
-    return t if t.stride(1) == 1 else t.contiguous()
 
 
 def linear(
@@ -320,31 +305,26 @@ def linear(
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if x.dim() < 1 or weight.dim() != 2:
         raise ValueError(f"linear: x must be [*, K] and weight [N, K], got {list(x.shape)} and {list(weight.shape)}")
-    if not (x.is_cuda or _INTERPRETED):
-        raise ValueError(f"linear: x is on {x.device}; the kernel needs CUDA tensors (or TRITON_INTERPRET=1)")
+    check_runnable("linear", x)
     N, K = weight.shape
     if x.shape[-1] != K:
         raise ValueError(f"linear: x's last dim must equal weight's K = {K}, got x {list(x.shape)}")
     lead = tuple(x.shape[:-1])
-    x2 = _rows(x, K)
+    x2 = as_rows(x, K)
     M = x2.shape[0]
-    _check("x", x2, (M, K), x.device)
-    _check("weight", weight, (N, K), x.device)
+    operands = (("x", x2, (M, K)), ("weight", weight, (N, K)), ("bias", bias, (N,)), ("residual", residual, (*lead, N)))
+    check_operands("linear", x.device, *operands)
+    for name, t, _ in operands:
+        if t is not None:
+            check_int32("linear", name, t)
     if weight.dtype != x.dtype:
         raise ValueError(f"linear: weight.dtype must equal x.dtype ({x.dtype}), got {weight.dtype}")
     if bias is not None:
-        _check("bias", bias, (N,), x.device)
         bias = bias.contiguous()
-    r2 = None
-    if residual is not None:
-        _check("residual", residual, (*lead, N), x.device)
-        r2 = _rows(residual, N)
-    if out is None:
-        out = torch.empty((*lead, N), dtype=x.dtype, device=x.device)
-    else:
-        _check("out", out, (*lead, N), x.device)
-        if out.dtype != x.dtype or not out.is_contiguous():
-            raise ValueError(f"linear: out must be contiguous {x.dtype}, got {out.dtype} with strides {out.stride()}")
+    r2 = None if residual is None else as_rows(residual, N)
+    if out is not None:
+        check_int32("linear", "out", out)
+    out = output_buffer("linear", out, (*lead, N), x)
     y2 = out.view(-1, N)
     if M == 0 or N == 0:
         return out
@@ -352,12 +332,12 @@ def linear(
     args = (x2, weight, bias, r2, y2, M, N, K, x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
             0 if r2 is None else r2.stride(0), y2.stride(0), _configs.m_bucket(M))
     meta = dict(ACTIVATION=activation or "none", HAS_BIAS=bias is not None, HAS_RESIDUAL=r2 is not None,
-                PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST=_INTERPRETED)
+                PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST=INTERPRETED)
 
     def grid(meta_: dict) -> tuple[int]:
         return (triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"]),)
 
-    if config is None and _INTERPRETED:
+    if config is None and INTERPRETED:
         config = _configs.INTERPRETER_TMA if _USE_TMA else _configs.INTERPRETER  # timing interpreted candidates would measure numpy
     if config is not None:
         tma = config.tma
@@ -366,10 +346,8 @@ def linear(
         tma = capability >= (9, 0) and (_USE_TMA if _USE_TMA is not None
                                         else _configs.prefers_tma(capability, _configs.m_bucket(M), K))
     if tma and _tma_ready(x2, weight, r2, y2):
-        from kernels.attention.inputs import use_torch_allocator  # descriptors need launch-time scratch
-
-        use_torch_allocator()
-        sms = _INTERPRETER_SMS if _INTERPRETED else _sm_count(x.device)
+        use_torch_allocator()  # descriptors need launch-time scratch
+        sms = _INTERPRETER_SMS if INTERPRETED else sm_count(x.device)
         tma_args = (x2, weight, bias, r2, y2, M, N, K, x2.stride(0), weight.stride(0),
                     0 if r2 is None else r2.stride(0), y2.stride(0), _configs.m_bucket(M))
 

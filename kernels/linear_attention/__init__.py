@@ -1,8 +1,13 @@
-"""Causal linear attention: ``triton`` holds the chunked forward and the decode step (import it
-where Triton can run), ``reference`` the fp32 torch contract, ``configs`` the launch configs."""
+"""Causal linear attention: ``triton`` holds the chunked forward and the decode step,
+``reference`` the fp32 torch contract (and the op's feature maps and constants), ``configs`` the
+launch configs. The kernels load on first use."""
 
-from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, StepConfig, chunk_configs, step_config
-from kernels.linear_attention.reference import EPS, FEATURE_MAPS, feature, linear_attention, step
+from kernels._common import lazy_exports
+from kernels.linear_attention import configs, reference
+from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, StepConfig, padded_head_dim
+from kernels.linear_attention.reference import FEATURE_MAPS
 
-__all__ = ["SUPPORTED_HEAD_DIMS", "ChunkConfig", "StepConfig", "chunk_configs", "step_config", "EPS", "FEATURE_MAPS",
-           "feature", "linear_attention", "step"]
+_KERNELS = ("linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config")
+__all__ = [*_KERNELS, "FEATURE_MAPS", "SUPPORTED_HEAD_DIMS", "ChunkConfig", "StepConfig", "padded_head_dim", "configs",
+           "reference"]
+__getattr__ = lazy_exports(__name__, _KERNELS)

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ChunkConfig", "StepConfig", "HOPPER", "DEFAULT", "INTERPRETER", "STEP", "INTERPRETER_STEP",
-           "SUPPORTED_HEAD_DIMS", "MAX_SPLIT", "SPLIT_PROGRAMS_PER_SM", "chunk_configs", "split_for", "step_config"]
+from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
 
-# tl.dot needs every matmul dim ≥ 16; the [D, block_v] fp32 state tile must fit in registers.
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+__all__ = ["ChunkConfig", "StepConfig", "HOPPER", "DEFAULT", "INTERPRETER", "STEP", "INTERPRETER_STEP",
+           "SUPPORTED_HEAD_DIMS", "MAX_SPLIT", "SPLIT_PROGRAMS_PER_SM", "chunk_configs", "padded_head_dim", "split_for",
+           "step_config"]
 
 
 def _power_of_two(owner: str, name: str, value: int) -> None:

@@ -2,6 +2,8 @@
 
 ``linear_attention`` is the quadratic form (masked φ(q)·φ(k)ᵀ scores times v), ``step`` the
 recurrence one token at a time; both equal the chunked form ``nas.models.mixers`` trains with.
+The op's constants live here, once: the feature maps φ, the normalizer's EPS and the chunk
+length CHUNK of the chunked forms (the model's and the GPU tilings').
 """
 
 from __future__ import annotations
@@ -10,16 +12,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["FEATURE_MAPS", "EPS", "feature", "linear_attention", "step"]
+__all__ = ["CHUNK", "EPS", "FEATURE_MAPS", "FEATURE_MAP_FNS", "feature", "normalizes", "linear_attention", "step"]
 
-FEATURE_MAPS = ("identity", "elu+1", "relu")
-EPS = 1e-6
+FEATURE_MAP_FNS = {  # φ by name, in x's dtype
+    "identity": lambda x: x,
+    "elu+1": lambda x: F.elu(x) + 1.0,
+    "relu": F.relu,
+}
+FEATURE_MAPS = tuple(FEATURE_MAP_FNS)
+EPS = 1e-6  # added to the normalizer φ(q)·z
+CHUNK = 64  # tokens per chunk of the chunked forms, as fla's chunk kernels
 
 
 def feature(x: Tensor, feature_map: str) -> Tensor:
     """φ(x) in fp32; the identity map also takes q's D^-1/2 scale where it is applied (see below)."""
-    x = x.float()
-    return {"identity": lambda: x, "elu+1": lambda: F.elu(x) + 1.0, "relu": lambda: F.relu(x)}[feature_map]()
+    return FEATURE_MAP_FNS[feature_map](x.float())
+
+
+def normalizes(feature_map: str) -> bool:
+    """Whether outputs are divided by φ(q)·z + EPS: yes for the positive maps (elu+1, relu); the
+    identity map can make that normalizer vanish, so it is left unnormalized and q is scaled by
+    D^-1/2 instead, as in fla's ``chunk_linear_attn``."""
+    return feature_map != "identity"
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str) -> Tensor:
@@ -30,12 +44,12 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str) -> Te
     """
     B, H, T, D = q.shape
     qf, kf = feature(q, feature_map), feature(k, feature_map)
-    if feature_map == "identity":
+    if not normalizes(feature_map):
         qf = qf * D ** -0.5
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     scores = (qf @ kf.transpose(-1, -2)).masked_fill(~causal, 0.0)  # [B, H, T, T]
     out = scores @ v.float()
-    if feature_map != "identity":
+    if normalizes(feature_map):
         out = out / (scores.sum(-1, keepdim=True) + EPS)
     return out.transpose(1, 2).reshape(B, T, H * D)
 
@@ -45,11 +59,11 @@ def step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor, *, feature_m
     in place (S += φ(k)vᵀ, z += φ(k)); returns o ``[B, H·D]`` fp32 = φ(q)·S [/ (φ(q)·z + EPS)]."""
     B, H, D = q.shape
     qf, kf = feature(q, feature_map), feature(k, feature_map)
-    if feature_map == "identity":
+    if not normalizes(feature_map):
         qf = qf * D ** -0.5
     state += kf.unsqueeze(-1) * v.float().unsqueeze(-2)
     z += kf
     out = (qf.unsqueeze(-1) * state).sum(-2)  # [B, H, D]
-    if feature_map != "identity":
+    if normalizes(feature_map):
         out = out / ((qf * z).sum(-1, keepdim=True) + EPS)
     return out.reshape(B, H * D)

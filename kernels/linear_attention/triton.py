@@ -1,13 +1,13 @@
 """Causal linear attention (Katharopoulos et al. 2020): chunked forward in ONE Triton launch, and
 the recurrent single-token step for decoding.
 
-Math, as ``nas.models.mixers.LinearAttention``: φ is the feature map; with S_t = Σ_{s≤t} φ(k_s)v_sᵀ
-and z_t = Σ_{s≤t} φ(k_s), o_t = φ(q_t)·S_t / (φ(q_t)·z_t + 1e-6) for the positive maps (elu+1,
-relu); the identity map is unnormalized with q scaled by D^-1/2: o_t = D^-1/2·q_t·S_t.
+Math, as ``reference`` and ``nas.models.mixers.LinearAttention``: φ is the feature map; with S_t =
+Σ_{s≤t} φ(k_s)v_sᵀ and z_t = Σ_{s≤t} φ(k_s), o_t = φ(q_t)·S_t / (φ(q_t)·z_t + EPS) for the positive
+maps (elu+1, relu); the identity map is unnormalized with q scaled by D^-1/2: o_t = D^-1/2·q_t·S_t.
 
 Layout: as ``kernels.attention``: q, k, v ``[B, H, T, D]`` with any strides, so views of the
 fused ``[B, T, 3, H, D]`` projection are read in place through per-head tensor descriptors
-(``kernels/attention/inputs.py``); out ``[B, T, H·D]``. The raw projections go in: φ (and the
+(``kernels/_common.py``); out ``[B, T, H·D]``. The raw projections go in: φ (and the
 identity map's scale) is applied in-kernel.
 
 Launches: one. A program owns one (batch, head), one segment of the sequence and BLOCK_V of its
@@ -44,14 +44,13 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels.attention.inputs import DTYPES, check_heads, output_buffer, tma_ready, use_torch_allocator
-from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, chunk_configs, split_for, step_config
+from kernels._common import check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
+from kernels.linear_attention.configs import ChunkConfig, chunk_configs, split_for, step_config
+from kernels.linear_attention.reference import CHUNK, EPS, FEATURE_MAPS, normalizes
 
-__all__ = ["ChunkConfig", "DTYPES", "FEATURE_MAPS", "SUPPORTED_HEAD_DIMS", "linear_attention", "linear_attention_qkv",
-           "linear_attention_step", "last_tuned_config"]
+__all__ = ["linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config"]
 
-FEATURE_MAPS = ("identity", "elu+1", "relu")  # the keys of nas.models.mixers.FEATURE_MAP_FNS
-_EPS = tl.constexpr(1e-6)  # nas.models.mixers.NORMALIZER_EPS
+_EPS = tl.constexpr(EPS)
 
 
 @triton.jit
@@ -215,10 +214,10 @@ def _step_kernel(
 
 
 def _feature_args(feature_map: str, head_dim: int) -> tuple[bool, float]:
-    """(normalize, q scale) of a feature map, as ``nas.models.mixers.LinearAttention``."""
+    """(normalize, q scale) of a feature map, as ``reference``."""
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {feature_map!r}")
-    normalize = feature_map != "identity"
+    normalize = normalizes(feature_map)
     return normalize, 1.0 if normalize else head_dim ** -0.5
 
 
@@ -242,17 +241,12 @@ def _launch_config(cfg: ChunkConfig, head_dim: int) -> triton.Config:
 _last_split: dict[tuple[torch.device, int], int] = {}  # the split of the latest autotuned launch, for reports
 
 
-@cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _split(device: torch.device, batch_heads: int, head_dim: int, T: int) -> int:
-    """The sequence split of an autotuned launch: ``configs.split_for`` with 64-token chunks and
+    """The sequence split of an autotuned launch: ``configs.split_for`` with CHUNK-token chunks and
     32-wide value blocks (the common tiling), or the interpreter config's split on CPU."""
     if device.type != "cuda":
         return chunk_configs(device, head_dim)[0].split
-    return split_for(batch_heads * max(1, head_dim // 32), triton.cdiv(T, 64), _sm_count(device))
+    return split_for(batch_heads * max(1, head_dim // 32), triton.cdiv(T, CHUNK), sm_count(device))
 
 
 @cache
@@ -278,7 +272,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, retur
     out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write o into.
     config: run this launch config instead of the autotuned one (tests, benchmark sweeps).
     """
-    check_heads("linear_attention", q, k, v, layout="BHTD", head_dims=SUPPORTED_HEAD_DIMS)
+    check_heads("linear_attention", q, k, v, layout="BHTD")
     normalize, q_scale = _feature_args(feature_map, q.shape[-1])
     B, H, T, D = q.shape
     o = output_buffer("linear_attention", out, (B, T, H * D), q)
@@ -317,14 +311,14 @@ def linear_attention_qkv(qkv: Tensor, heads: int, *, feature_map: str, out: Tens
 
 def linear_attention_step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor | None, *,
                           feature_map: str) -> Tensor:
-    """One decoding step: S += φ(k)vᵀ, z += φ(k) in place, then o = φ(q)·S [/ (φ(q)·z + 1e-6)].
+    """One decoding step: S += φ(k)vᵀ, z += φ(k) in place, then o = φ(q)·S [/ (φ(q)·z + EPS)].
 
     q, k, v: ``[B, H, D]`` one token (any strides; ``qkv[:, t].view(B, 3, H, D).unbind(1)``
     gives them in place); state: ``[B, H, D, D]`` fp32 contiguous; z: ``[B, H, D]`` fp32
     contiguous, updated whenever given (may be None for the unnormalized identity map).
     Returns o ``[B, H·D]`` in q's dtype.
     """
-    check_heads("linear_attention_step", q, k, v, layout="BHD", head_dims=SUPPORTED_HEAD_DIMS)
+    check_heads("linear_attention_step", q, k, v, layout="BHD")
     normalize, q_scale = _feature_args(feature_map, q.shape[-1])
     B, H, D = q.shape
     if state.shape != (B, H, D, D) or state.dtype != torch.float32 or not state.is_contiguous():

@@ -9,14 +9,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["EPS", "layer_norm", "rms_norm"]
+
+EPS = 1e-5  # nn.LayerNorm's default; the model builds its nn.RMSNorm with it too (nas.models.hybrid)
 
 
 def _residual_stream(x: Tensor, residual: Tensor | None) -> Tensor:
     return x if residual is None else (x.float() + residual.float()).to(x.dtype)
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5, *,
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = EPS, *,
                residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """``(h − mean) / √(var + eps) · weight + bias`` over the last dim, biased variance.
 
@@ -32,7 +34,7 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5
     return y if residual is None else (y, h)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, *,
+def rms_norm(x: Tensor, weight: Tensor, eps: float = EPS, *,
              residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """``h / √(mean(h²) + eps) · weight`` over the last dim.
 

@@ -13,18 +13,15 @@ registers, two-pass over registers for the variance; RMSNorm uses mean(h²) as `
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels._common import INTERPRETED, as_rows, check_int32, check_operands, check_runnable, output_buffer
 from kernels.norm.configs import INTERPRETER, MAX_N, NormConfig, norm_config
+from kernels.norm.reference import EPS
 
-__all__ = ["DTYPES", "layer_norm", "rms_norm"]
-
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_INTERPRETED = triton.knobs.runtime.interpret  # read when the kernels below are decorated, as Triton does
-_INT32_MAX = 2**31 - 1  # offsets are int32 products
+__all__ = ["layer_norm", "rms_norm"]
 
 
 @triton.jit
@@ -63,21 +60,6 @@ def _norm_kernel(
     tl.store(y + rows[:, None] * stride_ym + cols[None, :], v.to(y.dtype.element_ty), mask=mask)
 
 
-def _as_rows(t: Tensor, n: int) -> Tensor:
-    """``t`` as ``[M, n]`` with unit stride along n (a view when it already is)."""
-    t = t.reshape(-1, n)
-    return t if t.stride(1) == 1 else t.contiguous()
-
-
-def _output(name: str, out: Tensor | None, x: Tensor) -> Tensor:
-    if out is None:
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
-    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous {x.dtype} tensor of shape {list(x.shape)} on {x.device}, "
-                         f"got {out.dtype} {list(out.shape)} on {out.device}")
-    return out
-
-
 def _norm(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, residual: Tensor | None,
           out: Tensor | None, residual_out: Tensor | None, config: NormConfig | None) -> Tensor | tuple[Tensor, Tensor]:
     if x.dim() < 1:
@@ -85,34 +67,24 @@ def _norm(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, r
     N = x.shape[-1]
     if not 1 <= N <= MAX_N:
         raise ValueError(f"{op}: the normalized dim must be in [1, {MAX_N}], got N = {N}")
-    if not (x.is_cuda or _INTERPRETED):
-        raise ValueError(f"{op}: x is on {x.device}; the kernel needs CUDA tensors (or TRITON_INTERPRET=1)")
-    if x.numel() > _INT32_MAX:
-        raise ValueError(f"{op}: x has {x.numel()} elements; the kernel indexes with int32 (< 2**31)")
-    for name, t, shape in (("x", x, x.shape), ("weight", weight, (N,)), ("bias", bias, (N,)),
-                           ("residual", residual, x.shape)):
-        if t is None:
-            continue
-        if t.shape != shape:
-            raise ValueError(f"{op}: {name} must have shape {list(shape)}, got {list(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise ValueError(f"{op}: {name}.dtype must be one of {DTYPES}, got {t.dtype}")
-        if t.device != x.device:
-            raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
+    check_runnable(op, x)
+    check_int32(op, "x", x)
+    check_operands(op, x.device, ("x", x, x.shape), ("weight", weight, (N,)), ("bias", bias, (N,)),
+                   ("residual", residual, x.shape))
     if residual is not None and residual.dtype != x.dtype:
         raise ValueError(f"{op}: residual.dtype must equal x.dtype ({x.dtype}), got {residual.dtype}")
     if residual is None and residual_out is not None:
         raise ValueError(f"{op}: residual_out is written only when residual is given")
 
-    y = _output("out", out, x)
-    h = _output("residual_out", residual_out, x) if residual is not None else None
-    x2 = _as_rows(x, N)
+    y = output_buffer(op, out, x.shape, x)
+    h = output_buffer(op, residual_out, x.shape, x, "residual_out") if residual is not None else None
+    x2 = as_rows(x, N)
     M = x2.shape[0]
     if M:
-        r2 = None if residual is None else _as_rows(residual, N)
+        r2 = None if residual is None else as_rows(residual, N)
         y2, h2 = y.view(M, N), None if h is None else h.view(M, N)
         if config is None:
-            config = INTERPRETER if _INTERPRETED else norm_config(N)
+            config = INTERPRETER if INTERPRETED else norm_config(N)
         _norm_kernel[(triton.cdiv(M, config.rows),)](
             x2, r2, weight.contiguous(), None if bias is None else bias.contiguous(), y2, h2, M, N, float(eps),
             x2.stride(0), 0 if r2 is None else r2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0),
@@ -126,7 +98,7 @@ def layer_norm(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
-    eps: float = 1e-5,
+    eps: float = EPS,
     *,
     residual: Tensor | None = None,
     out: Tensor | None = None,
@@ -146,7 +118,7 @@ def layer_norm(
 def rms_norm(
     x: Tensor,
     weight: Tensor,
-    eps: float = 1e-5,
+    eps: float = EPS,
     *,
     residual: Tensor | None = None,
     out: Tensor | None = None,

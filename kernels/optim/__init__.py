@@ -1,30 +1,12 @@
-"""Optimizer steps: ``reference`` holds the per-tensor math (fp32 torch) that every path matches.
+"""Optimizer steps: ``triton`` holds the fused multi-tensor kernels, ``reference`` the per-tensor
+math (fp32 torch) that every path matches, ``configs`` the launch configs. The kernels load on
+first use (importing them decorates them, which in tests must happen after TRITON_INTERPRET is
+set; the reference path never needs Triton)."""
 
-``kernels.optim.triton`` holds the fused multi-tensor kernels and ``configs`` their launch
-configs; import ``triton`` explicitly (it is not re-exported here): importing it decorates the
-kernels, which in tests must happen after TRITON_INTERPRET is set.
-"""
+from kernels._common import lazy_exports
+from kernels.optim import configs, reference
+from kernels.optim.configs import StepConfig
 
-from kernels.optim.reference import (
-    adamw_step_,
-    clip_scale,
-    compute_dtype,
-    effective_grad,
-    global_grad_norm,
-    grad_noise_std,
-    lion_step_,
-    radam_step_,
-    sgd_step_,
-)
-
-__all__ = [
-    "compute_dtype",
-    "global_grad_norm",
-    "clip_scale",
-    "grad_noise_std",
-    "effective_grad",
-    "sgd_step_",
-    "adamw_step_",
-    "radam_step_",
-    "lion_step_",
-]
+_KERNELS = ("PARAM_DTYPES", "supports", "grad_norm", "sgd_step_", "adamw_step_", "radam_step_", "lion_step_")
+__all__ = [*_KERNELS, "StepConfig", "configs", "reference"]
+__getattr__ = lazy_exports(__name__, _KERNELS)

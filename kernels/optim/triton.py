@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels._common import INTERPRETED
 from kernels.optim.configs import StepConfig, norm_config, step_config
 
 __all__ = [
@@ -61,7 +62,6 @@ __all__ = [
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
-_INTERPRETED = triton.knobs.runtime.interpret  # read when the kernels below are decorated, as Triton does
 # The tensor table: _ROW int64s per tensor, these columns (constexprs: the kernels read them too).
 _ROW = tl.constexpr(6)
 _P, _G, _STATE1, _STATE2, _NUMEL, _NOISE = (tl.constexpr(i) for i in range(6))
@@ -294,7 +294,7 @@ def supports(p: Tensor, g: Tensor) -> bool:
     dtype, both contiguous and dense, on one CUDA device (or anywhere under TRITON_INTERPRET).
     Called per tensor per step, so it sticks to cheap attribute reads."""
     return (
-        (p.is_cuda or _INTERPRETED)
+        (p.is_cuda or INTERPRETED)
         and p.dtype in _TL_DTYPES
         and g.dtype is p.dtype
         and not g.is_sparse

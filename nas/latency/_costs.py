@@ -36,7 +36,7 @@ from ._shape import LatencyShape
 __all__ = ["DTYPE_BYTES", "LINEAR_ATTENTION_CHUNK", "OpCost", "count_params", "mlp_hidden", "op_costs"]
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
-LINEAR_ATTENTION_CHUNK = 64  # chunk length of the chunked causal linear-attention kernel
+from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK  # noqa: E402 (the kernel's chunk length)
 _ID_BYTES = 8  # int64 token ids
 _NORM_FLOPS = {"layernorm": 8, "rmsnorm": 5}  # per element: reduce, centre/scale, affine
 

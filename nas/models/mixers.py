@@ -6,16 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK, EPS as NORMALIZER_EPS, FEATURE_MAP_FNS
+
 __all__ = ["FEATURE_MAP_FNS", "causal_linear_attention", "SelfAttention", "LinearAttention"]
-
-FEATURE_MAP_FNS = {
-    "identity": lambda x: x,
-    "elu+1": lambda x: F.elu(x) + 1.0,
-    "relu": F.relu,
-}
-
-LINEAR_ATTENTION_CHUNK = 64
-NORMALIZER_EPS = 1e-6
 
 
 def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, normalize: bool,

@@ -184,7 +184,8 @@ def _check_rope(rope: tuple[Tensor, Tensor], q: Tensor) -> None:
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tuple[Tensor, Tensor] | None = None,
-                    scale: float | None = None, out: Tensor | None = None) -> Tensor:
+                    scale: float | None = None, out: Tensor | None = None,
+                    config: AttentionConfig | None = None) -> Tensor:
     """Softmax attention ``softmax(q·kᵀ·scale [+ causal mask])·v``, one launch.
 
     q, k, v: ``[B, H, T, D]`` bf16/fp16 (fp32: tf32 on GPU), any strides (read in place when rows
@@ -194,6 +195,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tupl
     traffic), applied to q and k in-kernel as ``nas.models.mixers.apply_rope`` does (half-split pairs).
     scale: defaults to D^-1/2, as ``F.scaled_dot_product_attention``.
     out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write into.
+    config: run this launch config instead of the autotuned one (tests, benchmark sweeps).
     Returns ``[B, T, H·D]`` in q's dtype, contiguous.
     """
     check_heads("flash_attention", q, k, v, layout="BHTD")
@@ -213,17 +215,21 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tupl
     def grid(meta: dict) -> tuple[int, int]:
         return B * H, triton.cdiv(T, meta["BLOCK_M"])
 
-    _tuned(q.device, D)[grid](
-        q, k, v, o, cos, sin,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), cos.stride(0), H, T, scale * _LOG2E,
-        HEAD_DIM=D, CAUSAL=causal, ROPE=rope is not None,
-    )
+    args = (q, k, v, o, cos, sin, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), cos.stride(0), H, T, scale * _LOG2E)
+    meta = dict(HEAD_DIM=D, CAUSAL=causal, ROPE=rope is not None)
+    if config is None:
+        _tuned(q.device, D)[grid](*args, **meta)
+    else:
+        _flash_fwd_kernel[grid({"BLOCK_M": config.block_m})](*args, **meta, BLOCK_M=config.block_m,
+                                                             BLOCK_N=config.block_n, num_warps=config.num_warps,
+                                                             num_stages=config.num_stages)
     return o
 
 
 def flash_attention_qkv(qkv: Tensor, heads: int, *, causal: bool, rope: tuple[Tensor, Tensor] | None = None,
-                        scale: float | None = None, out: Tensor | None = None) -> Tensor:
+                        scale: float | None = None, out: Tensor | None = None,
+                        config: AttentionConfig | None = None) -> Tensor:
     """``flash_attention`` on the fused projection ``qkv [B, T, 3·H·D]`` (q, k, v blocks of H·D
     channels, head-major inside each, as ``nn.Linear(d, 3d)`` of the model emits); reads it in place.
     Returns ``[B, T, H·D]``."""
@@ -231,7 +237,7 @@ def flash_attention_qkv(qkv: Tensor, heads: int, *, causal: bool, rope: tuple[Te
         raise ValueError(f"qkv must be [B, T, 3·H·D] with H={heads}, got {tuple(qkv.shape)}")
     B, T, _ = qkv.shape
     q, k, v = qkv.view(B, T, 3, heads, -1).permute(2, 0, 3, 1, 4)  # each [B, H, T, D], strided
-    return flash_attention(q, k, v, causal=causal, rope=rope, scale=scale, out=out)
+    return flash_attention(q, k, v, causal=causal, rope=rope, scale=scale, out=out, config=config)
 
 
 def flops(B: int, H: int, T: int, D: int, *, causal: bool) -> float:

@@ -1,5 +1,6 @@
 """What the kernel test modules share: where kernels run here, skip markers, seeded inputs, and
-the fused-qkv layout helpers of the attention-style kernels.
+the fused-qkv machinery of the attention-style kernels (softmax and linear attention run the
+same checks: a kernel on a fresh projection into a NaN buffer against its reference).
 
 Where CUDA is absent, ``tests/conftest.py`` sets TRITON_INTERPRET before any kernel module is
 imported, so every ``@triton.jit`` kernel runs under Triton's interpreter on CPU tensors.
@@ -8,12 +9,13 @@ imported, so every ``@triton.jit`` kernel runs under Triton's interpreter on CPU
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Iterable
 
 import pytest
 import torch
-import triton
 
-INTERPRETED = bool(triton.knobs.runtime.interpret)
+from kernels._common import INTERPRETED
+
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 DEVICE = CUDA if torch.cuda.is_available() else CPU  # where the kernels run here
 requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter tests run where CUDA is absent")
@@ -44,3 +46,22 @@ def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, bound: float)
     assert not actual.isnan().any(), "output has NaN: an element was not written"
     err = ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
     assert err <= bound, f"relative error {err:.2e} > {bound:.0e}"
+
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def qkv_cases(rows: Iterable[tuple[int, int, torch.dtype]]) -> list:
+    """``(D, T, dtype)`` rows as parameters ``D,T,dtype`` with ids like ``D64-T1000-bf16``."""
+    return [pytest.param(D, T, dtype, id=f"D{D}-T{T}-{DTYPE_NAMES[dtype]}") for D, T, dtype in rows]
+
+
+def check_qkv_kernel(kernel: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor],
+                     shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device, bound: float) -> None:
+    """``kernel(qkv, H, out=…)`` on a fresh fused projection ``qkv [B, T, 3·H·D]`` (``shape`` is
+    ``(B, T, H, D)``), written into a NaN buffer, against ``reference(q, k, v)`` of its head views
+    ``[B, H, T, D]``: relative Frobenius error ≤ ``bound``."""
+    B, T, H, D = shape
+    qkv = random_qkv(B, T, H, D, dtype, device)
+    out = kernel(qkv, H, out=poisoned(B, T, H, D, dtype, device))
+    assert_rel_close(out, reference(*head_views(qkv, H)), bound)

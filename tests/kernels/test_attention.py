@@ -9,17 +9,18 @@ Every run writes into a NaN-filled buffer from fresh random inputs.
 
 from __future__ import annotations
 
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-
+from kernels.attention import AttentionConfig, configs
 from kernels.attention import reference as ref
 from kernels.attention import triton as fa
 from nas.models.mixers import SelfAttention, apply_rope, rope_tables
-from tests.kernels._support import (CPU, CUDA, assert_rel_close, head_views, poisoned, random_qkv,
-                                    requires_cuda, requires_interpreter)
+from tests.kernels._support import (CPU, CUDA, assert_rel_close, check_qkv_kernel, head_views, poisoned, qkv_cases,
+                                    random_qkv, requires_cuda, requires_interpreter)
 
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
@@ -33,6 +34,26 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
     assert_rel_close(actual, expected, TOLERANCES[dtype])
 
 
+def _check(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device, *, causal: bool, rope: bool,
+           config: AttentionConfig | None = None) -> None:
+    """``flash_attention_qkv`` on a fresh projection against the reference; with ``rope`` the
+    model's tables in q's dtype."""
+    tables = rope_tables(T, D, device=device, dtype=dtype) if rope else None
+    check_qkv_kernel(partial(fa.flash_attention_qkv, causal=causal, rope=tables, config=config),
+                     partial(ref.attention, causal=causal, rope_tables=tables), (B, T, H, D), dtype, device,
+                     TOLERANCES[dtype])
+
+
+# Every config the autotuner may be handed, with its head dim: the per-GPU tables, and the
+# interpreter's at each supported head dim.
+EVERY_CONFIG = [
+    pytest.param(D, c, id=f"D{D}-{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}")
+    for D, c in dict.fromkeys([*((D, c) for table in (configs.HOPPER, configs.DEFAULT) for D, cs in table.items()
+                                 for c in cs),
+                               *((D, configs.INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS)])
+]
+
+
 # ---------------------------------------------------------------------------------------------
 # Interpreter: odd shapes (T = 37 spans two 32-row query blocks, diagonal and off-diagonal key
 # blocks of 16 and a 5-key tail), every flag, both layouts.
@@ -44,11 +65,7 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D", [16, 32])
 def test_matches_reference_on_qkv_views(D: int, causal: bool, rope: bool) -> None:
-    B, T, H = 2, 37, 3
-    qkv = random_qkv(B, T, H, D, torch.float32, CPU)
-    tables = rope_tables(T, D, device=CPU, dtype=torch.float32) if rope else None
-    out = fa.flash_attention_qkv(qkv, H, causal=causal, rope=tables, out=poisoned(B, T, H, D, torch.float32, CPU))
-    _assert_close(out, ref.attention(*head_views(qkv, H), causal=causal, rope_tables=tables), torch.float32)
+    _check(2, 37, 3, D, torch.float32, CPU, causal=causal, rope=rope)
 
 
 @requires_interpreter
@@ -67,11 +84,15 @@ def test_lengths_contiguous_layout(T: int, causal: bool) -> None:
 def test_fp16_in_interpreter(causal: bool) -> None:
     """Half precision through the same code path. (bf16 is left to the GPU tests: the Triton 3.9
     interpreter's bf16 ``tl.dot`` multiplies raw bit patterns.)"""
-    B, T, H, D = 2, 37, 3, 32
-    qkv = random_qkv(B, T, H, D, torch.float16, CPU)
-    tables = rope_tables(T, D, device=CPU, dtype=torch.float16)
-    out = fa.flash_attention_qkv(qkv, H, causal=causal, rope=tables, out=poisoned(B, T, H, D, torch.float16, CPU))
-    _assert_close(out, ref.attention(*head_views(qkv, H), causal=causal, rope_tables=tables), torch.float16)
+    _check(2, 37, 3, 32, torch.float16, CPU, causal=causal, rope=True)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("D,config", EVERY_CONFIG)
+def test_every_config(D: int, config: AttentionConfig) -> None:
+    """The contract over every config: each tiling, run as given, with RoPE, causal, at an odd
+    length (T = 150: a ragged query block and a masked key tail at every tile size)."""
+    _check(1, 150, 2, D, torch.float32, CPU, causal=True, rope=True, config=config)
 
 
 @requires_interpreter
@@ -143,11 +164,8 @@ def test_bad_inputs_raise() -> None:
 # (D, T, dtype): H = 16 and lengths that are multiples of 16 share compiled kernels with the
 # benchmark; 1000 has a partial query block and a masked key tail; fp16 at one length keeps the
 # compile count down.
-GPU_CASES = [
-    pytest.param(D, T, dtype, id=f"D{D}-T{T}-{name}")
-    for D in (64, 128)
-    for T, dtype, name in [(1000, torch.bfloat16, "bf16"), (4096, torch.bfloat16, "bf16"), (4096, torch.float16, "fp16")]
-]
+GPU_CASES = qkv_cases((D, T, dtype) for D in (64, 128)
+                      for T, dtype in [(1000, torch.bfloat16), (4096, torch.bfloat16), (4096, torch.float16)])
 
 
 @pytest.mark.gpu
@@ -155,18 +173,21 @@ GPU_CASES = [
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D,T,dtype", GPU_CASES)
 def test_gpu_matches_reference(D: int, T: int, dtype: torch.dtype, causal: bool) -> None:
-    B, H = 1, 16
-    qkv = random_qkv(B, T, H, D, dtype, CUDA)
-    out = fa.flash_attention_qkv(qkv, H, causal=causal, out=poisoned(B, T, H, D, dtype, CUDA))
-    _assert_close(out, ref.attention(*head_views(qkv, H), causal=causal), dtype)
+    _check(1, T, 16, D, dtype, CUDA, causal=causal, rope=False)
 
 
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("D,T", [(16, 1000), (32, 1000), (64, 4096), (128, 4096)])
 def test_gpu_rope_and_small_heads(D: int, T: int) -> None:
-    B, H = 1, 16
-    qkv = random_qkv(B, T, H, D, torch.bfloat16, CUDA)
-    tables = rope_tables(T, D, device=CUDA, dtype=torch.bfloat16)  # the model's tables: q's dtype
-    out = fa.flash_attention_qkv(qkv, H, causal=True, rope=tables, out=poisoned(B, T, H, D, torch.bfloat16, CUDA))
-    _assert_close(out, ref.attention(*head_views(qkv, H), causal=True, rope_tables=tables), torch.bfloat16)
+    _check(1, T, 16, D, torch.bfloat16, CUDA, causal=True, rope=True)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("D,config", EVERY_CONFIG)
+def test_gpu_every_config(D: int, config: AttentionConfig, causal: bool) -> None:
+    """Each tiling compiled and run in bf16 at a ragged length (without RoPE: at D = 128 the
+    128×128 tile with RoPE needs more shared memory than sm_90 has; the autotuner skips it)."""
+    _check(1, 1000, 16, D, torch.bfloat16, CUDA, causal=causal, rope=False, config=config)

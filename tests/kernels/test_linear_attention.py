@@ -2,33 +2,54 @@
 kernels.linear_attention.reference, each other, and the torch model's LinearAttention.
 
 Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET must be
-set before ``kernels.linear_attention.triton`` decorates them; importing the shared helpers from
-test_attention.py first does that. With CUDA the interpreter tests are skipped and the ``gpu``
+set before ``kernels.linear_attention.triton`` decorates them (tests/conftest.py does). With CUDA the interpreter tests are skipped and the ``gpu``
 tests run real sizes in bf16/fp16. Every forward writes into a NaN-filled buffer from fresh
 random inputs.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
-
+from kernels.linear_attention import ChunkConfig, configs
 from kernels.linear_attention import reference as ref
 from kernels.linear_attention import triton as la
 from nas.models.mixers import FEATURE_MAP_FNS, LinearAttention, causal_linear_attention
-from tests.kernels._support import (CPU, CUDA, assert_rel_close, head_views, poisoned, random_qkv,
-                                    requires_cuda, requires_interpreter)
+from nas.spec import FEATURE_MAPS as SPEC_FEATURE_MAPS
+from tests.kernels._support import (CPU, CUDA, assert_rel_close, check_qkv_kernel, head_views, poisoned, qkv_cases,
+                                    random_qkv, requires_cuda, requires_interpreter)
 
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
 # on the GPU φ(q), φ(k), the scores and v enter the matmuls rounded to bf16/fp16, φ(q)·S is tf32.
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-FEATURES = [pytest.param(name, id=name) for name in la.FEATURE_MAPS]
+FEATURES = [pytest.param(name, id=name) for name in ref.FEATURE_MAPS]
+CONTRACT_FEATURES = ["identity", "elu+1"]  # the unnormalized and a normalized map (relu differs only in φ)
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     assert_rel_close(actual, expected, TOLERANCES[dtype])
+
+
+def _check(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device, *, feature_map: str,
+           config: ChunkConfig | None = None) -> None:
+    """``linear_attention_qkv`` on a fresh projection against the reference."""
+    check_qkv_kernel(partial(la.linear_attention_qkv, feature_map=feature_map, config=config),
+                     partial(ref.linear_attention, feature_map=feature_map), (B, T, H, D), dtype, device,
+                     TOLERANCES[dtype])
+
+
+# Every config the autotuner may be handed, with its head dim: the per-GPU tables and the
+# interpreter's (split 2) at each supported head dim.
+EVERY_CONFIG = [
+    pytest.param(D, c, id=f"D{D}-c{c.chunk}v{c.block_v}w{c.num_warps}s{c.num_stages}x{c.split}")
+    for D, c in dict.fromkeys([*((D, c) for D, cs in configs.HOPPER.items() for c in cs),
+                               *((D, c) for D in configs.SUPPORTED_HEAD_DIMS for c in (*configs.DEFAULT,
+                                                                                       *configs.INTERPRETER))])
+]
 
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, z: torch.Tensor,
@@ -49,10 +70,7 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tens
 @pytest.mark.parametrize("feature_map", FEATURES)
 @pytest.mark.parametrize("D", [16, 32])
 def test_matches_reference_on_qkv_views(D: int, feature_map: str) -> None:
-    B, T, H = 2, 37, 3
-    qkv = random_qkv(B, T, H, D, torch.float32, CPU)
-    out = la.linear_attention_qkv(qkv, H, feature_map=feature_map, out=poisoned(B, T, H, D, torch.float32, CPU))
-    _assert_close(out, ref.linear_attention(*head_views(qkv, H), feature_map=feature_map), torch.float32)
+    _check(2, 37, 3, D, torch.float32, CPU, feature_map=feature_map)
 
 
 @requires_interpreter
@@ -140,10 +158,21 @@ def test_step_matches_reference_step() -> None:
 def test_fp16_in_interpreter() -> None:
     """Half precision through the same code path. (bf16 is left to the GPU tests: the Triton 3.9
     interpreter's bf16 ``tl.dot`` multiplies raw bit patterns.)"""
-    B, T, H, D = 2, 37, 3, 32
-    qkv = random_qkv(B, T, H, D, torch.float16, CPU)
-    out = la.linear_attention_qkv(qkv, H, feature_map="elu+1", out=poisoned(B, T, H, D, torch.float16, CPU))
-    _assert_close(out, ref.linear_attention(*head_views(qkv, H), feature_map="elu+1"), torch.float16)
+    _check(2, 37, 3, 32, torch.float16, CPU, feature_map="elu+1")
+
+
+@requires_interpreter
+@pytest.mark.parametrize("feature_map", CONTRACT_FEATURES)
+@pytest.mark.parametrize("D,config", EVERY_CONFIG)
+def test_every_config(D: int, config: ChunkConfig, feature_map: str) -> None:
+    """The contract over every config: each tiling, run as given, at an odd length (T = 150: two
+    full 64-token chunks and a tail; nine 16-token chunks and a tail), unnormalized and normalized."""
+    _check(1, 150, 2, D, torch.float32, CPU, feature_map=feature_map, config=config)
+
+
+def test_feature_maps_agree_with_the_spec() -> None:
+    """nas.spec keeps its own names (it must import no torch): they are this op's feature maps."""
+    assert SPEC_FEATURE_MAPS == ref.FEATURE_MAPS == tuple(FEATURE_MAP_FNS)
 
 
 @pytest.mark.parametrize("D", [8, 24, 48, 256])
@@ -174,12 +203,8 @@ def test_bad_inputs_raise() -> None:
 
 # (D, T, dtype): H = 16 and lengths that are multiples of 16 share compiled kernels with the
 # benchmark; 1000 ends in a partial chunk; fp16 at one length keeps the compile count down.
-GPU_CASES = [
-    pytest.param(D, T, dtype, id=f"D{D}-T{T}-{name}")
-    for D, T, dtype, name in [(64, 4096, torch.bfloat16, "bf16"), (128, 4096, torch.bfloat16, "bf16"),
-                              (64, 1000, torch.bfloat16, "bf16"), (64, 4096, torch.float16, "fp16"),
-                              (16, 1000, torch.bfloat16, "bf16"), (32, 1000, torch.bfloat16, "bf16")]
-]
+GPU_CASES = qkv_cases([(64, 4096, torch.bfloat16), (128, 4096, torch.bfloat16), (64, 1000, torch.bfloat16),
+                       (64, 4096, torch.float16), (16, 1000, torch.bfloat16), (32, 1000, torch.bfloat16)])
 
 
 @pytest.mark.gpu
@@ -187,10 +212,16 @@ GPU_CASES = [
 @pytest.mark.parametrize("feature_map", FEATURES)
 @pytest.mark.parametrize("D,T,dtype", GPU_CASES)
 def test_gpu_matches_reference(D: int, T: int, dtype: torch.dtype, feature_map: str) -> None:
-    B, H = 1, 16
-    qkv = random_qkv(B, T, H, D, dtype, CUDA)
-    out = la.linear_attention_qkv(qkv, H, feature_map=feature_map, out=poisoned(B, T, H, D, dtype, CUDA))
-    _assert_close(out, ref.linear_attention(*head_views(qkv, H), feature_map=feature_map), dtype)
+    _check(1, T, 16, D, dtype, CUDA, feature_map=feature_map)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("feature_map", CONTRACT_FEATURES)
+@pytest.mark.parametrize("D,config", EVERY_CONFIG)
+def test_gpu_every_config(D: int, config: ChunkConfig, feature_map: str) -> None:
+    """Each tiling compiled and run in bf16 at a ragged length."""
+    _check(1, 1000, 16, D, torch.bfloat16, CUDA, feature_map=feature_map, config=config)
 
 
 @pytest.mark.gpu

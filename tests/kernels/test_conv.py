@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 
-from kernels.conv import causal_depthwise_conv
+from kernels.conv import ConvConfig, causal_depthwise_conv, configs
 from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter, seeded as _gen
 from kernels.conv import reference as ref
 
@@ -48,10 +48,11 @@ def _model_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> tor
         return conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> None:
+def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
+           config: ConvConfig | None = None) -> None:
     """The kernel into a NaN-poisoned buffer vs the fp32 reference on the same inputs."""
     out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
-    y = causal_depthwise_conv(x, w, b, out=out)
+    y = causal_depthwise_conv(x, w, b, out=out, config=config)
     assert y.data_ptr() == out.data_ptr()
     assert torch.isfinite(y).all(), "an output element was not written (NaN poison left)"
     rtol, atol = TOLERANCES[dtype]
@@ -101,6 +102,19 @@ def test_interpreter_strided_inputs() -> None:
     _check(torch.randn(2, 40, 37, generator=gen).transpose(1, 2), w, b, torch.float32)
 
 
+# Every tile the kernel may be launched with.
+EVERY_CONFIG = [pytest.param(c, id=f"{c.block_t}x{c.block_c}w{c.num_warps}")
+                for c in dict.fromkeys((configs.HOPPER, configs.DEFAULT, configs.INTERPRETER))]
+
+
+@requires_interpreter
+@pytest.mark.parametrize("config", EVERY_CONFIG)
+def test_every_config(config: ConvConfig) -> None:
+    """The contract over every config, run as given: T = 150 and C = 200 ragged against every tile."""
+    x, w, b = _inputs(2, 150, 200, 4, torch.float32, bias=True, device=DEVICE, gen=_gen("every", config))
+    _check(x, w, b, torch.float32, config)
+
+
 def test_bad_arguments_name_the_field() -> None:
     x = torch.randn(2, 5, 8, device=DEVICE)
     with pytest.raises(ValueError, match=r"x must be \[B, T, C\]"):
@@ -129,3 +143,11 @@ def test_gpu_matches_reference_and_model(B: int, T: int, C: int, K: int, dtype: 
     tol = max(2 * TOLERANCES[dtype][0], 2e-3 if dtype == torch.float32 else 0.0)
     torch.testing.assert_close(causal_depthwise_conv(x, w, b).float(), _model_conv(x, w, b).float(),
                                rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("config", EVERY_CONFIG)
+def test_gpu_every_config(config: ConvConfig) -> None:
+    x, w, b = _inputs(3, 1000, 1000, 4, torch.bfloat16, bias=True, device=CUDA, gen=_gen("gpu-every", config))
+    _check(x, w, b, torch.bfloat16, config)

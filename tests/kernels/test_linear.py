@@ -194,6 +194,51 @@ def test_interpreter_tma_one_program_per_tile(monkeypatch) -> None:
     assert [grid for grid, _ in launches] == [(9,)]
 
 
+@pytest.fixture
+def tma_forced():
+    """``set_tma(True)`` for one test (the app's NAS_LINEAR_TMA=1), undone after it."""
+    import kernels.linear.triton as lt
+
+    lt.set_tma(True)
+    yield lt
+    lt.set_tma(None)
+
+
+@requires_interpreter
+def test_interpreter_set_tma_picks_the_tma_kernel(tma_forced, monkeypatch) -> None:
+    """Without a config, ``set_tma(True)`` runs the TMA kernel (INTERPRETER_TMA here); ``None``
+    leaves the choice to the configs (the pointer kernel's INTERPRETER under the interpreter)."""
+    launches = _spy_tma_launches(monkeypatch)
+    inputs = _inputs(37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
+                     gen=_gen("set_tma"))
+    _assert_close(*_run(*inputs, "gelu"), torch.float32)
+    assert len(launches) == 1, "set_tma(True) did not run the TMA kernel"
+    tma_forced.set_tma(None)
+    _assert_close(*_run(*inputs, "gelu"), torch.float32)
+    assert len(launches) == 1, "set_tma(None) ran the TMA kernel under the interpreter"
+
+
+def _config_id(c: LinearConfig) -> str:
+    return (f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
+            + "".join(f"-{f}" for f in ("tma", "flatten", "warp_specialize") if getattr(c, f))
+            + ("" if c.persistent else "-per_tile"))
+
+
+# Every tiling a tuner may be handed or a sweep may pick, and the interpreter's.
+EVERY_CONFIG = [pytest.param(c, id=_config_id(c)) for c in dict.fromkeys(
+    (*configs.ALL, *configs.SWEEP, configs.INTERPRETER, configs.INTERPRETER_TMA))]
+
+
+@requires_interpreter
+@pytest.mark.parametrize("config", EVERY_CONFIG)
+def test_every_config(config: LinearConfig) -> None:
+    """The contract over every config, run as given: M = 37, N = 40 and K = 56 ragged against
+    every tile, the full epilogue (K = 56 fp32 rows are 16-B aligned: TMA tilings run their kernel)."""
+    inputs = _inputs(37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
+                     gen=_gen("every", config))
+    _assert_close(*_run(*inputs, "gelu", config=config), torch.float32)
+
+
 @requires_interpreter
 def test_interpreter_tma_config_falls_back_when_rows_are_unaligned() -> None:
     """K = 50 fp32 rows are 200 B, not a multiple of 16: no descriptor can address them, so the
@@ -311,11 +356,7 @@ GPU_PINNED = configs.HOPPER[2]  # one tiling for the epilogue cross product (eac
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("config", [
-    pytest.param(c, id=f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
-                       + "".join(f"-{f}" for f in ("tma", "flatten", "warp_specialize") if getattr(c, f))
-                       + ("" if c.persistent else "-per_tile"))
-    for c in dict.fromkeys((*configs.ALL, *configs.SWEEP))])
+@pytest.mark.parametrize("config", EVERY_CONFIG)
 def test_gpu_every_config(config: LinearConfig) -> None:
     """Ragged M, N and K (1000, 808, 200) in bf16 with the full epilogue, on each tiling."""
     inputs = _inputs(1000, 200, 808, torch.bfloat16, bias=True, residual=True, device=CUDA, gen=_gen("cfg", config))
@@ -344,11 +385,9 @@ def test_gpu_autotuned(M: int, K: int, N: int) -> None:
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("M,K,N", [(4096, 1024, 4096), (2053, 256, 1024), (7, 512, 2048)])
-def test_gpu_autotuned_tma(M: int, K: int, N: int, monkeypatch) -> None:
-    """The tuned persistent TMA kernel (NAS_LINEAR_TMA=1) at benchmark sizes."""
-    import kernels.linear.triton as lt
-
-    monkeypatch.setattr(lt, "_USE_TMA", True)
+def test_gpu_autotuned_tma(M: int, K: int, N: int, tma_forced) -> None:
+    """The tuned persistent TMA kernel (``set_tma(True)``: the app's NAS_LINEAR_TMA=1) at benchmark sizes."""
+    lt = tma_forced
     inputs = _inputs(M, K, N, torch.bfloat16, bias=True, residual=True, device=CUDA, gen=_gen("tma", M, K, N))
     _assert_close(*_run(*inputs, "gelu"), torch.bfloat16)
     assert lt.last_tuned_config() is not None and lt.last_tuned_config().tma

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 
-from kernels.norm import NormConfig, layer_norm, rms_norm
+from kernels.norm import NormConfig, configs, layer_norm, rms_norm
 from tests.kernels._support import CUDA, DEVICE, INTERPRETED, requires_cuda, requires_interpreter, seeded as _gen
 from kernels.norm import reference as ref
 
@@ -111,6 +111,21 @@ def test_interpreter_leading_dims_no_bias_other_eps_and_config() -> None:
     assert layer_norm(x[:0], inputs[2], None).shape == (0, 13, 50)
 
 
+# The config is a function of the row width: one width per power-of-two bucket of BLOCK_N (1 to
+# MAX_N), each one past a power of two so the row is masked.
+EVERY_WIDTH = [pytest.param(n, id=f"N{n}-rows{configs.norm_config(n).rows}w{configs.norm_config(n).num_warps}")
+               for n in (1, *(2**i + 1 for i in range(14)))]
+
+
+@requires_interpreter
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("N", EVERY_WIDTH)
+def test_every_config(N: int, kind: str) -> None:
+    """The contract over every config a GPU run picks (``norm_config(N)``), run as given on 5 rows."""
+    inputs = _inputs((5, N), torch.float32, residual=True, bias=True, device=torch.device("cpu"), gen=_gen("every", N))
+    _assert_close(*_run(kind, *inputs, config=configs.norm_config(N)), torch.float32)
+
+
 def test_bad_arguments_name_the_field() -> None:
     x, w = torch.randn(4, 8, device=DEVICE), torch.randn(8, device=DEVICE)
     with pytest.raises(ValueError, match=r"weight must have shape \[8\]"):
@@ -163,3 +178,12 @@ def test_gpu_fused_equals_unfused_model_step() -> None:
         y, h = layer_norm(x, ln.weight, ln.bias, residual=r)
         assert torch.equal(h, x + r)
         torch.testing.assert_close(y.float(), ln((x + r).float()), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("N", EVERY_WIDTH)
+def test_gpu_every_config(N: int, kind: str) -> None:
+    inputs = _inputs((1000, N), torch.bfloat16, residual=True, bias=True, device=CUDA, gen=_gen("gpu-every", N))
+    _assert_close(*_run(kind, *inputs), torch.bfloat16)

@@ -23,6 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from kernels.optim import reference as ref  # noqa: E402
 from kernels.optim import triton as fused  # noqa: E402
+from kernels.optim import configs  # noqa: E402
 from kernels.optim.configs import StepConfig  # noqa: E402
 from nas.optim import SGD, AdamW, GradOptions, Lion, OptimizerBase, RAdam  # noqa: E402
 from tests.optim.problems import run_pair  # noqa: E402
@@ -207,6 +208,43 @@ def test_grad_norm_matches_reference() -> None:
     assert fused.grad_norm([]).item() == 0.0
     grads[2][1, 2, 3] = math.inf
     assert not torch.isfinite(fused.grad_norm(grads))
+
+
+# Every launch config of the step and the norm: per GPU, the interpreter's, and the sweeps'.
+STEP_CONFIGS = [pytest.param(c, id=f"{c.block}w{c.num_warps}")
+                for c in dict.fromkeys((configs.HOPPER, configs.DEFAULT, configs.INTERPRETER, *configs.SWEEP))]
+NORM_CONFIGS = [pytest.param(c, id=f"{c.block}w{c.num_warps}") for c in dict.fromkeys(
+    (configs.HOPPER_NORM, configs.DEFAULT_NORM, configs.INTERPRETER, *configs.NORM_SWEEP))]
+_ADAMW_HP = dict(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
+
+
+def _check_step_config(config: StepConfig, shapes: list[tuple[int, ...]], device: torch.device) -> None:
+    """One fused AdamW step with ``config`` vs the reference per tensor (fp32)."""
+    gen = torch.Generator().manual_seed(config.block + config.num_warps)
+    params, grads = ([torch.randn(s, generator=gen) for s in shapes] for _ in range(2))
+    moments = [[torch.zeros(s) for s in shapes] for _ in range(2)]
+    expected = [p.clone() for p in params]
+    on = [[t.to(device, copy=True) for t in column] for column in (params, grads, *moments)]
+    fused.adamw_step_(*on, [1] * len(shapes), config=config, **_ADAMW_HP)
+    for i, (p, g) in enumerate(zip(expected, grads, strict=True)):
+        ref.adamw_step_(p, g, moments[0][i], moments[1][i], step=1, **_ADAMW_HP)
+    for p, want in zip(on[0], expected, strict=True):
+        _assert_close(p, want, TOLERANCES[torch.float32])
+
+
+@requires_interpreter
+@pytest.mark.parametrize("config", STEP_CONFIGS)
+def test_every_step_config(config: StepConfig) -> None:
+    """The contract over every step config, run as given on odd-sized tensors."""
+    _check_step_config(config, SHAPES, torch.device("cpu"))
+
+
+@requires_interpreter
+@pytest.mark.parametrize("config", NORM_CONFIGS)
+def test_every_norm_config(config: StepConfig) -> None:
+    gen = torch.Generator().manual_seed(config.block)
+    grads = [torch.randn(s, generator=gen) for s in SHAPES]
+    torch.testing.assert_close(fused.grad_norm(grads, config), ref.global_grad_norm(grads), rtol=1e-6, atol=0)
 
 
 def test_unsupported_tensors_are_refused() -> None:
@@ -414,3 +452,20 @@ def test_gpu_reference_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NAS_OPTIM_FUSED")
     with pytest.raises(AssertionError, match="fused kernel ran"):
         AdamW([p]).step()
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("config", STEP_CONFIGS)
+def test_gpu_every_step_config(config: StepConfig) -> None:
+    _check_step_config(config, GPU_SHAPES, CUDA)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("config", NORM_CONFIGS)
+def test_gpu_every_norm_config(config: StepConfig) -> None:
+    gen = torch.Generator().manual_seed(config.block)
+    grads = [torch.randn(s, generator=gen) for s in GPU_SHAPES]
+    torch.testing.assert_close(fused.grad_norm([g.to(CUDA) for g in grads], config).cpu(), ref.global_grad_norm(grads),
+                               rtol=1e-5, atol=0)

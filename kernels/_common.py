@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
+from kernels import device
+
 __all__ = ["ALIGN", "DTYPES", "INT32_MAX", "INTERPRETED", "SUPPORTED_HEAD_DIMS", "as_rows", "check_heads",
            "check_int32", "check_operands", "check_runnable", "lazy_exports", "output_buffer", "padded_head_dim", "sm_count",
            "tma_ready", "use_torch_allocator"]
@@ -140,16 +142,13 @@ def as_rows(t: Tensor, n: int) -> Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA ``device`` (persistent and split grids are sized by it)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
+sm_count = functools.cache(device.sm_count)  # per launch (persistent and split grids): asked once per GPU
 
 
 def _torch_scratch(size: int, alignment: int, stream: int | None) -> Tensor:
     """Triton's launch-time scratch (the descriptors), from torch's caching allocator, so it is
     also graph-safe under CUDA-graph capture. torch's blocks are 512-B aligned ≥ ``alignment``."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    return torch.empty(size, dtype=torch.int8, device=device.CUDA)
 
 
 def use_torch_allocator() -> None:

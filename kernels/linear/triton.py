@@ -264,7 +264,7 @@ def last_tuned_config() -> LinearConfig | None:
     return next((c for c, t in _TRITON_CONFIGS.items() if t is chosen), None)
 
 
-def _tma_ready(*tensors: Tensor | None) -> bool:
+def _tma_addressable(*tensors: Tensor | None) -> bool:
     """Whether the TMA kernel can read/write these ``[rows, n]`` tensors: 16-B aligned bases and
     row strides, unit stride along n (tensor-descriptor rules)."""
     return all(t is None or (t.data_ptr() % ALIGN == 0 and t.stride(1) == 1
@@ -345,7 +345,7 @@ def linear(
         capability = torch.cuda.get_device_capability(x.device)
         tma = capability >= (9, 0) and (_USE_TMA if _USE_TMA is not None
                                         else _configs.prefers_tma(capability, _configs.m_bucket(M), K))
-    if tma and _tma_ready(x2, weight, r2, y2):
+    if tma and _tma_addressable(x2, weight, r2, y2):
         use_torch_allocator()  # descriptors need launch-time scratch
         sms = _INTERPRETER_SMS if INTERPRETED else sm_count(x.device)
         tma_args = (x2, weight, bias, r2, y2, M, N, K, x2.stride(0), weight.stride(0),

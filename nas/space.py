@@ -77,9 +77,6 @@ _TRAIN_FIELDS: dict[str, tuple[Any, bool]] = {
     "grad_clip": (float, False),
     "grad_noise": (float, False),
 }
-# The largest head dim of kernels/attention and kernels/linear_attention (SUPPORTED_HEAD_DIMS; a
-# test keeps them equal). Smaller even head dims run zero-padded to the next supported one.
-MAX_HEAD_DIM = 128
 _TOP_FIELDS = {"name", "description", "task", "depth", "d_model", "layer", "train", "max_train_seconds"}
 
 
@@ -187,18 +184,21 @@ class SearchSpace:
         return Candidate(arch, TrainSpec(**fields, seed=trial.number))
 
     def check_measurable(self) -> None:
-        """SpaceError unless every (d_model, heads) gives a head dim the GPU kernels run (even,
-        ≤ MAX_HEAD_DIM): asked only where latency is measured, so a space (or a study recorded
-        with one) that predicts latency stays usable on any machine."""
+        """SpaceError unless every (d_model, heads) gives a head dim the GPU kernels run (the
+        kernels' rule, ``padded_head_dim``): asked only where latency is measured, so a space (or a
+        study recorded with one) that predicts latency stays usable on any machine."""
+        from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim  # loads torch: only when measuring
+
         if set(self.layer["mixer"].values()) == {"none"}:
             return
         for heads in self.layer["heads"].values():
             for d in self.d_model.values():
                 head_dim = d // heads
-                if head_dim > MAX_HEAD_DIM or head_dim % 2:
+                if padded_head_dim(head_dim) is None:
                     raise SpaceError(f"{self.source}: layer.heads: {heads} heads on d_model={d} give head dim "
                                      f"{head_dim}; the Triton kernels that measure latency on a GPU run even head "
-                                     f"dims up to {MAX_HEAD_DIM}: use more heads or narrower widths, or --predict")
+                                     f"dims up to {max(SUPPORTED_HEAD_DIMS)}: use more heads or narrower widths, "
+                                     f"or --predict")
 
     def _sample_layer(self, trial: optuna.Trial, i: int) -> LayerSpec:
         def pick(field: str) -> Any:

@@ -302,10 +302,19 @@ def test_shipped_spaces_are_measurable():
         load_space(name).check_measurable()
 
 
-def test_max_head_dim_is_the_kernels():
-    """The space rule and the kernels agree on the largest head dim a GPU can measure."""
-    from kernels.attention import SUPPORTED_HEAD_DIMS as ATTENTION
-    from kernels.linear_attention import SUPPORTED_HEAD_DIMS as LINEAR
-    from nas.space import MAX_HEAD_DIM
+def test_head_dim_rule_is_the_kernels(tmp_path):
+    """The space asks the kernels' padded_head_dim: a head dim it refuses (odd, or above the
+    largest supported) makes a measured space invalid, one it pads is fine."""
+    from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
 
-    assert max(ATTENTION) == max(LINEAR) == MAX_HEAD_DIM
+    top = max(SUPPORTED_HEAD_DIMS)
+    assert padded_head_dim(top) == top and padded_head_dim(top + 2) is None and padded_head_dim(7) is None
+    assert padded_head_dim(6) == min(SUPPORTED_HEAD_DIMS)
+    for d, ok in ((2 * top, True), (4 * top, False), (14, False)):
+        path = tmp_path / f"d{d}.yaml"
+        path.write_text(RANGES.replace("d_model: [24, 48]", f"d_model: [{d}]").replace("heads: [1, 2, 3, 6]", "heads: [2]"))
+        if ok:
+            load_space(path).check_measurable()
+        else:
+            with pytest.raises(SpaceError, match="head dim"):
+                load_space(path).check_measurable()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.errors import KernelCompileError
+from nas import settings
 from nas.models.hybrid import HybridModel
 from nas.models.mixers import rope_tables
 
@@ -78,9 +79,10 @@ class TritonModel:
     """tokens ``[B, T]`` int64 → logits, computed by ``kernels/``; see the module docstring."""
 
     def __init__(self, model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> None:
-        from kernels.attention import SUPPORTED_HEAD_DIMS as ATTN_DIMS
-        from kernels.linear_attention import SUPPORTED_HEAD_DIMS as LIN_DIMS
+        from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
+        from kernels.linear import set_tma
 
+        set_tma(settings.get().linear_tma)  # NAS_LINEAR_TMA: the app's choice, handed to the kernels
         self.arch, self.dtype = model.arch, dtype
         d = model.arch.d_model
         self.embed = model.embed.weight.detach().to(dtype)
@@ -89,14 +91,12 @@ class TritonModel:
             spec = block.spec
             padded = None
             if spec.heads:
-                supported = ATTN_DIMS if spec.mixer == "attention" else LIN_DIMS
                 head_dim = d // spec.heads
-                fits = [s for s in supported if s >= head_dim]
-                if not fits or head_dim % 2:
+                padded = padded_head_dim(head_dim)
+                if padded is None:
                     raise KernelCompileError(f"layer {i}: head dim {head_dim} has no {spec.mixer} kernel "
-                                             f"(supported: {list(supported)}, or an even head dim below "
-                                             f"{max(supported)}, zero-padded)")
-                padded = fits[0]
+                                             f"(supported: {list(SUPPORTED_HEAD_DIMS)}, or an even head dim below "
+                                             f"{max(SUPPORTED_HEAD_DIMS)}, zero-padded)")
             mixer, mlp = block.mixer, block.mlp
             conv = None
             if mixer is not None and mixer.conv is not None:

@@ -15,6 +15,7 @@ from nas import settings
 from nas.optim import make_optimizer
 from nas.spec import TrainSpec
 from nas.tasks.base import Task
+from kernels.device import is_cuda
 
 __all__ = ["Budget", "TrainResult", "TrainingDiverged", "TrainingOOM", "TrialTimeout", "lr_factor", "evaluate", "train"]
 
@@ -72,7 +73,7 @@ def lr_factor(step: int, spec: TrainSpec) -> float:
 
 def _autocast(device: torch.device) -> torch.autocast:
     # bf16 on GPU (no loss scaling needed); fp32 on CPU, where bf16 matmuls are slow
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=is_cuda(device))
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
+from kernels.device import is_cuda
 
 __all__ = ["AttentionConfig", "HOPPER", "DEFAULT", "INTERPRETER", "SUPPORTED_HEAD_DIMS", "attention_configs",
            "padded_head_dim"]
@@ -71,6 +72,6 @@ _BY_CAPABILITY = {(9, 0): HOPPER}
 
 def attention_configs(device: torch.device, head_dim: int) -> tuple[AttentionConfig, ...]:
     """Autotune candidates on ``device`` for ``head_dim`` (one of SUPPORTED_HEAD_DIMS)."""
-    if device.type != "cuda":
+    if not is_cuda(device):
         return (INTERPRETER,)
     return _BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DEFAULT)[head_dim]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
+from kernels.device import is_cuda
 
 __all__ = ["ChunkConfig", "StepConfig", "HOPPER", "DEFAULT", "INTERPRETER", "STEP", "INTERPRETER_STEP",
            "SUPPORTED_HEAD_DIMS", "MAX_SPLIT", "SPLIT_PROGRAMS_PER_SM", "chunk_configs", "padded_head_dim", "split_for",
@@ -115,7 +116,7 @@ _BY_CAPABILITY = {(9, 0): HOPPER}
 def chunk_configs(device: torch.device, head_dim: int) -> tuple[ChunkConfig, ...]:
     """Autotune candidates for the chunked forward on ``device`` at ``head_dim`` (block_v ≤ D
     once the caller caps it)."""
-    if device.type != "cuda":
+    if not is_cuda(device):
         return INTERPRETER
     by_dim = _BY_CAPABILITY.get(torch.cuda.get_device_capability(device))
     return by_dim[head_dim] if by_dim is not None else DEFAULT
@@ -123,4 +124,4 @@ def chunk_configs(device: torch.device, head_dim: int) -> tuple[ChunkConfig, ...
 
 def step_config(device: torch.device) -> StepConfig:
     """The decode kernel's config (fixed: it updates the state in place, so it cannot be autotuned by rerunning)."""
-    return STEP if device.type == "cuda" else INTERPRETER_STEP
+    return STEP if is_cuda(device) else INTERPRETER_STEP

@@ -47,6 +47,7 @@ from kernels._autotune import autotune
 from kernels._common import check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
 from kernels.linear_attention.configs import ChunkConfig, chunk_configs, split_for, step_config
 from kernels.linear_attention.reference import CHUNK, EPS, FEATURE_MAPS, normalizes
+from kernels.device import is_cuda
 
 __all__ = ["linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config"]
 
@@ -244,7 +245,7 @@ _last_split: dict[tuple[torch.device, int], int] = {}  # the split of the latest
 def _split(device: torch.device, batch_heads: int, head_dim: int, T: int) -> int:
     """The sequence split of an autotuned launch: ``configs.split_for`` with CHUNK-token chunks and
     32-wide value blocks (the common tiling), or the interpreter config's split on CPU."""
-    if device.type != "cuda":
+    if not is_cuda(device):
         return chunk_configs(device, head_dim)[0].split
     return split_for(batch_heads * max(1, head_dim // 32), triton.cdiv(T, CHUNK), sm_count(device))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kernels.device import is_cuda
 
 __all__ = ["StepConfig", "HOPPER", "HOPPER_NORM", "DEFAULT", "DEFAULT_NORM", "INTERPRETER", "SWEEP",
            "NORM_SWEEP", "step_config", "norm_config"]
@@ -56,13 +57,13 @@ _NORM_BY_CAPABILITY: dict[tuple[int, int], StepConfig] = {(9, 0): HOPPER_NORM}
 
 def step_config(device: torch.device) -> StepConfig:
     """The update kernel's config on ``device``: per compute capability on CUDA, INTERPRETER elsewhere."""
-    if device.type != "cuda":
+    if not is_cuda(device):
         return INTERPRETER
     return _STEP_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DEFAULT)
 
 
 def norm_config(device: torch.device) -> StepConfig:
     """The grad-norm kernel's config on ``device``."""
-    if device.type != "cuda":
+    if not is_cuda(device):
         return INTERPRETER
     return _NORM_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DEFAULT_NORM)

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from kernels._common import INTERPRETED
 from kernels.optim.configs import StepConfig, norm_config, step_config
+from kernels.device import is_cuda
 
 __all__ = [
     "PARAM_DTYPES",
@@ -273,7 +274,7 @@ def _tables(columns: Sequence[Sequence[Tensor | None]], numels: Sequence[int], n
     first = torch.repeat_interleave(torch.cumsum(n_blocks, 0) - n_blocks, n_blocks)
     entries = (tensor_index << 32) | (torch.arange(len(tensor_index)) - first)
     host = torch.cat([rows.flatten(), entries])
-    if device.type == "cuda":
+    if is_cuda(device):
         host = host.pin_memory()  # the caching host allocator keeps it until the async copy lands
     table = host.to(device, non_blocking=True)
     aligned = all(a % _ALIGN == 0 for column in addresses for a in column)

@@ -25,6 +25,7 @@ from kernels.errors import KernelCompileError
 from nas import settings
 from nas.models.hybrid import HybridModel
 from nas.models.mixers import rope_tables
+from kernels.device import is_cuda
 
 __all__ = ["TritonModel", "to_triton"]
 
@@ -169,7 +170,7 @@ class TritonModel:
         """Record the forward on the static buffer ``tokens`` (CUDA) into a CUDA graph; returns a
         function that replays it and gives the static output. Refill ``tokens`` in place between
         replays. Kernels are compiled and autotuned by a warm-up call outside the graph."""
-        if tokens.device.type != "cuda":
+        if not is_cuda(tokens.device):
             raise ValueError("capture needs tokens on a CUDA device")
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

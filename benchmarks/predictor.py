@@ -150,6 +150,7 @@ def report(rows_path: Path, profile_arg: str, out: Path) -> Path:
                 "held_out_rows": len(held), "held_out_errors": errors, "fit_rows": len(fit_rows),
                 "check_rows": sum("ms" in r for r in data["check_rows"]),
                 "kernel_rows": sum("us" in r for r in data["kernel_rows"]), "results": results}
+    out.mkdir(parents=True, exist_ok=True)
     path = out / f"predictor_{gpu}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{data.get('gpu')}  torch {data.get('torch')}  triton {data.get('triton')}  {len(held)} held-out rows "

@@ -394,10 +394,13 @@ def fit(kernel_rows: Sequence[dict], model_rows: Sequence[dict], check_rows: Seq
     ``check_summary``, the interval (95th percentile of |relative error|) under ``interval``."""
     model = fit_kernels((KernelCase(r["family"], tuple(sorted(r["args"].items()))).launch(sm_count), r["us"])
                         for r in kernel_rows if "us" in r)
-    good = [r for r in model_rows if "ms" in r]
+    good = [r for r in model_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
+    if len(good) < sum("ms" in r for r in model_rows):
+        log.warning("%d whole-model rows launch kernel classes the kernel grid did not time; left out of the fit",
+                    sum("ms" in r for r in model_rows) - len(good))
     if good:
         model = fit_whole(model, ((_model_launches(r, sm_count), r["ms"] * 1e3) for r in good))
-    check = [r for r in check_rows if "ms" in r]
+    check = [r for r in check_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
     report: dict[str, Any] = {"fit_models": len(good), "kernel_rows": sum("us" in r for r in kernel_rows)}
     if check:
         pred = [model.forward_us(_model_launches(r, sm_count)) / 1e3 for r in check]

@@ -12,6 +12,7 @@ Units are in the field names: ``memory_bandwidth_gb_s`` is 1e9 bytes/s, ``peak_t
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -60,9 +61,31 @@ class Calibration:
     flops_fractions: tuple[tuple[str, float], ...] = ()
     launch_overhead_us: float | None = None
     measured_with: str | None = None
+    # Written by `nas profiles calibrate` (nas.latency.calibrate): where and from what the kernel
+    # cost model was fitted, its interval (relative half-width: the 95th percentile of |error| on
+    # architectures the fit never saw), the check behind it and the model itself. The nested
+    # mappings are kept as canonical JSON text so the profile stays hashable; nas.latency reads them.
+    provenance: tuple[tuple[str, str], ...] = ()  # gpu, driver, torch, triton, kernels_fingerprint, date
+    sm_count: int | None = None
+    interval: float | None = None
+    check_json: str | None = None
+    kernel_model_json: str | None = None
 
     def flops_fraction(self, dtype: str) -> float | None:
         return dict(self.flops_fractions).get(dtype)
+
+    def get(self, key: str) -> str | None:
+        """One provenance entry (``gpu``, ``driver``, ``torch``, ``triton``, ``kernels_fingerprint``, ``date``)."""
+        return dict(self.provenance).get(key)
+
+    @property
+    def kernel_model(self) -> dict[str, Any] | None:
+        """The fitted kernel model as a plain mapping, or None when never calibrated."""
+        return None if self.kernel_model_json is None else json.loads(self.kernel_model_json)
+
+    @property
+    def check(self) -> dict[str, Any]:
+        return {} if self.check_json is None else json.loads(self.check_json)
 
 
 @dataclass(frozen=True)
@@ -102,7 +125,10 @@ _REQUIRED = ("name", "device_names", "sm_count", "l2_bytes", "smem_per_sm_bytes"
 _OPTIONAL = ("description", "source", "calibrated")
 _NUMBERS = ("sm_count", "l2_bytes", "smem_per_sm_bytes", "memory_bandwidth_gb_s",
             "peak_tflops", "launch_overhead_us")  # the fields a `source:` note may describe
-_CALIBRATION_KEYS = ("bandwidth_fraction", "flops_fraction", "launch_overhead_us", "measured_with")
+_PROVENANCE_KEYS = ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")
+_CALIBRATION_KEYS = ("bandwidth_fraction", "flops_fraction", "launch_overhead_us", "measured_with",
+                     *_PROVENANCE_KEYS, "sm_count", "interval", "check", "kernel_model")
+_KERNEL_MODEL_KEYS = ("coefficients", "scales", "gap_us", "intercept_us")
 
 
 def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> float:
@@ -149,6 +175,24 @@ def _calibration(where: str, raw: Any) -> Calibration:
     overhead = data.get("launch_overhead_us")
     flops = _mapping(where, "calibrated.flops_fraction", data.get("flops_fraction") or {}, DTYPES)
     measured_with = data.get("measured_with")
+    model = data.get("kernel_model")
+    if model is not None:
+        model = _mapping(where, "calibrated.kernel_model", model, _KERNEL_MODEL_KEYS)
+        coefficients = _mapping(where, "calibrated.kernel_model.coefficients", model.get("coefficients") or {},
+                                tuple(str(k) for k in (model.get("coefficients") or {})))
+        for cls, coef in coefficients.items():
+            if not isinstance(coef, list) or not all(
+                    isinstance(c, int | float) and not isinstance(c, bool) and c >= 0 for c in coef):
+                raise ProfileError(f"{where}: field 'calibrated.kernel_model.coefficients.{cls}' must be a list of "
+                                   f"non-negative numbers, got {coef!r}")
+        for key in ("gap_us", "intercept_us"):
+            if key in model:
+                _positive(where, f"calibrated.kernel_model.{key}", model[key] + 1)  # >= 0
+    check = data.get("check")
+    if check is not None and not isinstance(check, dict):
+        raise ProfileError(f"{where}: field 'calibrated.check' must be a mapping, got {type(check).__name__}")
+    sm_count = data.get("sm_count")
+    interval = data.get("interval")
     return Calibration(
         bandwidth_fraction=None if bandwidth is None else _fraction(
             where, "calibrated.bandwidth_fraction", bandwidth),
@@ -158,6 +202,11 @@ def _calibration(where: str, raw: Any) -> Calibration:
         launch_overhead_us=None if overhead is None else _positive(
             where, "calibrated.launch_overhead_us", overhead),
         measured_with=None if measured_with is None else str(measured_with),
+        provenance=tuple((k, str(data[k])) for k in _PROVENANCE_KEYS if data.get(k) is not None),
+        sm_count=None if sm_count is None else _positive(where, "calibrated.sm_count", sm_count, integer=True),
+        interval=None if interval is None else _positive(where, "calibrated.interval", interval),
+        check_json=None if check is None else json.dumps(check, sort_keys=True),
+        kernel_model_json=None if model is None else json.dumps(model, sort_keys=True),
     )
 
 

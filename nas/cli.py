@@ -105,6 +105,9 @@ def _build_parser() -> argparse.ArgumentParser:
     psub.add_parser("list", help="list shipped profiles")
     show = psub.add_parser("show", help="show one profile")
     show.add_argument("name")
+    cal = psub.add_parser("calibrate", help="fit the latency model on this GPU and write it into the profile")
+    cal.add_argument("--profile", default=None, help="profile name or YAML path (default: the one listing this GPU)")
+    cal.add_argument("--out", default=None, help="where to write the calibrated profile (default: over the profile)")
 
     r = sub.add_parser("report", help="write the study's offline HTML report (and optionally PNGs)")
     r.add_argument("--study", required=True)
@@ -277,6 +280,15 @@ def _profiles(args: argparse.Namespace) -> None:
             p = load_profile(name)
             table.add_row(name, p.description, f"{p.peak_tflops.bf16:g}", f"{p.memory_bandwidth_gb_s:g}", str(p.sm_count))
         console.print(table)
+    elif args.action == "calibrate":
+        from nas.latency.calibrate import calibrate
+
+        path, report = calibrate(args.profile, args.out, on_progress=console.print)
+        for shape, s in report.get("check", {}).items():
+            console.print(f"check {shape:7s}: {s['within_10pct']:.1%} within ±10 %, Spearman {s['spearman']:.4f}, "
+                          f"median ratio {s['median_ratio']:.3f}, 95th pct |error| {s['p95_abs_error']:.1%} "
+                          f"({s['n']} forwards the fit never saw)")
+        console.print(f"wrote {path}")
     else:
         p = load_profile(args.name)
         console.print(p.path.read_text() if p.path else p)

@@ -1,13 +1,17 @@
-"""Latency and memory of a candidate: predicted from a hardware profile (``predict``), or,
-on a CUDA machine, measured on the Triton model (a ``measure`` entry point, added next to
-``predict`` and returning the same ``Latency``).
+"""Latency and memory of a candidate: predicted from a hardware profile (``predict``, with an
+interval from the profile's calibration), or, on a CUDA machine, measured on the Triton model
+(``measure``, returning the same ``Latency``); ``nas.latency.calibrate`` fits the prediction's
+per-kernel cost model on a GPU.
 """
 
 from ._measure import LatencyCache, cache_key, kernels_fingerprint, measure
 from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
+from ._launches import Launch, launches
 from ._memory import STATE_BYTES, MemoryEstimate, memory
-from ._predict import DEFAULT_BANDWIDTH_FRACTION, DEFAULT_FLOPS_FRACTION, predict
+from ._model import KernelModel
+from ._predict import (DEFAULT_BANDWIDTH_FRACTION, DEFAULT_FLOPS_FRACTION, CalibrationWarning, predict,
+                       transfer_ratios)
 from ._result import SOURCES, Latency
 from ._shape import LatencyShape, parse_shape
 
@@ -15,11 +19,14 @@ __all__ = [
     "DEFAULT_BANDWIDTH_FRACTION",
     "DEFAULT_FLOPS_FRACTION",
     "DTYPE_BYTES",
+    "CalibrationWarning",
     "KernelCompileError",
     "KernelError",
     "KernelLaunchError",
     "KernelMismatchError",
+    "KernelModel",
     "LINEAR_ATTENTION_CHUNK",
+    "Launch",
     "SOURCES",
     "STATE_BYTES",
     "Latency",
@@ -30,10 +37,12 @@ __all__ = [
     "cache_key",
     "kernels_fingerprint",
     "count_params",
+    "launches",
     "measure",
     "memory",
     "mlp_hidden",
     "op_costs",
     "parse_shape",
     "predict",
+    "transfer_ratios",
 ]

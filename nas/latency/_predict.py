@@ -1,27 +1,68 @@
-"""Roofline latency prediction: per-op max(compute, memory) time plus kernel launches.
+"""Latency prediction: the calibrated per-kernel cost model, with an interval; roofline without one.
 
-Each op of ``op_costs`` takes ``max(flops / (peak · f_flops), bytes / (bandwidth · f_bw))
-+ kernels · launch_overhead``. Matmul ops use the dtype's tensor-core peak, the others the
-fp32 vector peak. The achieved fractions come from the profile's ``calibrated:`` section;
-without one they default to ``DEFAULT_FLOPS_FRACTION`` and ``DEFAULT_BANDWIDTH_FRACTION``,
-and the launch overhead to the profile's nominal ``launch_overhead_us``.
+``predict`` picks, in order:
+
+1. **calibrated** — the profile's own ``calibrated.kernel_model`` (written by ``nas profiles
+   calibrate`` on that GPU, ``nas.latency.calibrate``): the forward's kernel launches
+   (``_launches``) costed by the fitted model (``_model``). Interval: the calibration's own,
+   the 95th percentile of |relative error| on architectures the fit never saw. Label
+   ``predicted (h200, calibrated 2026-12-01, ±N %)``.
+2. **transferred** — a profile never calibrated on its own GPU borrows the model of a calibrated
+   shipped profile (h200), rescaled by datasheet ratios (``KernelModel.transfer``: launch
+   overhead, SM count, bf16 and fp32 peaks, bandwidth) with features recomputed for its SM
+   count. Tile choices, occupancy and achieved fractions differ between GPU generations in ways
+   ratios do not capture, so the interval is widened (``TRANSFER_WIDENING``, at least
+   ``TRANSFER_MIN_INTERVAL``); it has not been checked against a measurement on those GPUs.
+   Label ``predicted (transferred from h200, ±N %)``.
+3. **uncalibrated** — no model anywhere, or a dtype the model was not fitted for (it is fitted
+   for 16-bit activations): per-op roofline ``max(compute, memory) + launches`` with the
+   profile's fractions (below), interval ``UNCALIBRATED_INTERVAL``.
+
+A calibration whose ``kernels_fingerprint`` differs from the current kernels' is still used, with
+a warning naming both fingerprints and the interval multiplied by ``FINGERPRINT_WIDENING``.
+
+Roofline details: each op of ``op_costs`` takes ``max(flops / (peak · f_flops), bytes /
+(bandwidth · f_bw)) + kernels · launch_overhead``; matmul ops use the dtype's tensor-core peak,
+the others the fp32 vector peak; the fractions come from the profile's ``calibrated:`` section
+or default to ``DEFAULT_FLOPS_FRACTION`` / ``DEFAULT_BANDWIDTH_FRACTION``.
 """
 
 from __future__ import annotations
 
-from hardware_profiles import HardwareProfile
+import functools
+import json
+import logging
+import warnings
+
+from hardware_profiles import HardwareProfile, list_profiles, load_profile
 from nas.spec import ArchSpec
 
 from ._costs import op_costs
+from ._launches import launches
+from ._model import KernelModel
 from ._result import Latency
 from ._shape import LatencyShape
 
-__all__ = ["DEFAULT_BANDWIDTH_FRACTION", "DEFAULT_FLOPS_FRACTION", "predict"]
+__all__ = ["DEFAULT_BANDWIDTH_FRACTION", "DEFAULT_FLOPS_FRACTION", "FINGERPRINT_WIDENING", "TRANSFER_MIN_INTERVAL",
+           "TRANSFER_WIDENING", "UNCALIBRATED_INTERVAL", "CalibrationWarning", "predict", "transfer_ratios"]
+
+log = logging.getLogger(__name__)
 
 # Uncalibrated guesses: large well-tuned GEMMs reach roughly 60-75 % of datasheet tensor peak,
 # streaming kernels roughly 80-90 % of datasheet bandwidth. Replaced by measured fractions.
 DEFAULT_FLOPS_FRACTION = 0.6
 DEFAULT_BANDWIDTH_FRACTION = 0.8
+# The roofline's error on the H200 (benchmarks/results/predictor_h200.json, "uncalibrated"
+# baseline: 95th percentile of |predicted / measured - 1| over the held-out architectures).
+UNCALIBRATED_INTERVAL = 0.75
+TRANSFER_WIDENING = 3.0  # a guess, not checked on another GPU: see the module docstring
+TRANSFER_MIN_INTERVAL = 0.25
+FINGERPRINT_WIDENING = 2.0
+_MODEL_DTYPES = ("bf16", "fp16")
+
+
+class CalibrationWarning(UserWarning):
+    """A calibration is used for kernels other than the ones it was fitted on."""
 
 
 def _flops_per_s(profile: HardwareProfile, dtype: str) -> float:
@@ -29,12 +70,7 @@ def _flops_per_s(profile: HardwareProfile, dtype: str) -> float:
     return profile.peak_flops(dtype) * (DEFAULT_FLOPS_FRACTION if fraction is None else fraction)
 
 
-def predict(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, *,
-            dtype: str = "bf16") -> Latency:
-    """Predicted inference-forward latency of ``arch`` at ``shape`` on ``profile``.
-
-    The breakdown gives each op's ms in execution order; they sum to ``median_ms``.
-    """
+def _roofline(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, dtype: str) -> list[tuple[str, float]]:
     ops = op_costs(arch, shape, dtype=dtype)  # validates dtype
     matmul_rate = _flops_per_s(profile, dtype)
     vector_rate = _flops_per_s(profile, "fp32")
@@ -47,12 +83,92 @@ def predict(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, *,
         compute = op.flops / (matmul_rate if op.matmul else vector_rate)
         seconds = max(compute, op.bytes / bandwidth) + op.kernels * launch_us * 1e-6
         breakdown.append((op.name, seconds * 1e3))
-    return Latency(
-        median_ms=sum(ms for _, ms in breakdown),
-        iqr_ms=0.0,
-        source="predicted",
-        device=profile.name,
-        dtype=dtype,
-        shape=shape,
-        breakdown=tuple(breakdown),
-    )
+    return breakdown
+
+
+@functools.lru_cache(maxsize=16)
+def _model(kernel_model_json: str) -> KernelModel:
+    return KernelModel.from_dict(json.loads(kernel_model_json))
+
+
+@functools.cache
+def _calibrated_reference() -> HardwareProfile | None:
+    """The first shipped profile (by name) with a kernel model: what others are transferred from."""
+    for name in list_profiles():
+        profile = load_profile(name)
+        if profile.calibrated.kernel_model_json is not None:
+            return profile
+    return None
+
+
+def transfer_ratios(source: HardwareProfile, target: HardwareProfile) -> dict[str, float]:
+    """Per feature kind (``_launches.KINDS``), the factor from ``source``'s coefficients to
+    ``target``'s: launch and per-wave latency by the nominal launch overheads; per-SM tensor and
+    vector work by SMs / peak (bf16, fp32); bytes by bandwidth."""
+    per_sm = {dtype: (target.sm_count / target.peak_flops(dtype)) / (source.sm_count / source.peak_flops(dtype))
+              for dtype in ("bf16", "fp32")}
+    launch = target.launch_overhead_us / source.launch_overhead_us
+    return {"launch": launch, "wave": launch, "tensor": per_sm["bf16"], "vector": per_sm["fp32"],
+            "bytes": source.bandwidth_bytes_per_s / target.bandwidth_bytes_per_s}
+
+
+@functools.cache
+def _warn_fingerprint(profile: str, calibrated: str, current: str) -> None:
+    message = (f"the {profile} latency calibration was fitted on kernels {calibrated}, these are {current}: "
+               f"predictions use it with a {FINGERPRINT_WIDENING:g}x wider interval; run `nas profiles calibrate` "
+               f"on that GPU to refit")
+    warnings.warn(message, CalibrationWarning, stacklevel=3)
+    log.warning(message)
+
+
+def _fingerprint_check(source: HardwareProfile) -> tuple[float, tuple[tuple[str, str], ...]]:
+    from ._measure import kernels_fingerprint
+
+    calibrated = source.calibrated.get("kernels_fingerprint")
+    current = kernels_fingerprint()
+    if calibrated is None or calibrated == current:
+        return 1.0, ()
+    _warn_fingerprint(source.name, calibrated, current)
+    return FINGERPRINT_WIDENING, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
+
+
+def predict(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, *, dtype: str = "bf16",
+            reference: HardwareProfile | None | str = "auto") -> Latency:
+    """Predicted inference-forward latency of ``arch`` at ``shape`` on ``profile``, with an interval.
+
+    ``reference``: the calibrated profile an uncalibrated one is transferred from — ``"auto"``
+    (the shipped calibrated profile), a profile, or None (no transfer: roofline). The breakdown
+    gives each kernel's (or, uncalibrated, each op's) ms in execution order; they sum to
+    ``median_ms``.
+    """
+    op_costs(arch, shape, dtype=dtype)  # validates dtype
+    source = profile if profile.calibrated.kernel_model_json is not None else (
+        _calibrated_reference() if reference == "auto" else reference)
+    if isinstance(source, str):
+        raise ValueError(f"reference must be 'auto', a HardwareProfile or None, got {source!r}")
+    if source is not None and source.calibrated.kernel_model_json is not None and dtype in _MODEL_DTYPES:
+        model = _model(source.calibrated.kernel_model_json)
+        try:
+            work = launches(arch, shape, profile.sm_count)
+        except ValueError:  # a head dim no kernel runs: only the roofline can say anything
+            work = []
+        if work and model.covers(work):
+            widen, notes = _fingerprint_check(source)
+            interval = source.calibrated.interval or 0.0
+            if source is profile:
+                date = source.calibrated.get("date")
+                basis = f"{profile.name}, calibrated {date}" if date else f"{profile.name}, calibrated"
+            else:
+                model = model.transfer(transfer_ratios(source, profile))
+                interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
+                basis = f"transferred from {source.name}"
+            breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
+            if model.intercept_us:
+                breakdown.append(("graph", model.intercept_us * 1e-3))
+            return Latency(median_ms=sum(ms for _, ms in breakdown), iqr_ms=0.0, source="predicted",
+                           device=profile.name, dtype=dtype, shape=shape, breakdown=tuple(breakdown),
+                           notes=notes, interval=interval * widen, basis=basis)
+    breakdown = _roofline(arch, shape, profile, dtype)
+    return Latency(median_ms=sum(ms for _, ms in breakdown), iqr_ms=0.0, source="predicted", device=profile.name,
+                   dtype=dtype, shape=shape, breakdown=tuple(breakdown), interval=UNCALIBRATED_INTERVAL,
+                   basis="uncalibrated")

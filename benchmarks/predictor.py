@@ -1,0 +1,197 @@
+"""How well does the calibrated latency predictor match measurements on architectures it never saw?
+
+    PYTHONPATH=$PWD python benchmarks/predictor.py --gpu [--calibrate] [--out DIR]     # on the GPU
+    PYTHONPATH=$PWD python benchmarks/predictor.py --rows DIR/predictor_rows.json       # anywhere
+
+On a GPU (``--gpu``): draws its own random architectures over the whole space family
+(``nas.latency.calibrate.random_arch``: depth 1-8, d 32-512, 1-16 heads with even head dims
+≤ 128, every mixer / feature map / short conv / MLP ratio / activation / norm, vocab 64-8192,
+token or last readout) — the held-out set from ``--seed`` (2), disjoint from the calibration's
+fit set (seed 1) and check set (seed 1001) — and measures each at 1×256, 8×1024 and 32×512 with
+``nas.latency.measure``. With ``--calibrate`` it first calibrates this GPU's profile in the same
+process (kernel grid, fit set, check set: ``nas.latency.calibrate``) and writes the profile with
+its new ``calibrated:`` section to ``--out``. Rows are written as they are measured, so a run
+cut short still leaves its data.
+
+Everywhere (``--rows``): predicts every measured row with the profile's calibration (or with the
+one ``--profile`` names) and reports, per shape: share within ±10 %, Spearman, median ratio
+predicted/measured — and the same for two baselines on the same rows: FLOPs only (one
+scale fitted on the calibration's fit set) and the uncalibrated roofline. Writes
+``predictor_<gpu>.json`` with GPU name, versions, date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hardware_profiles import load_profile  # noqa: E402
+from nas.latency import op_costs, parse_shape, predict  # noqa: E402
+from nas.latency._model import nnls_relative  # noqa: E402
+from nas.latency.calibrate import (SHAPES, calibration_section, check_summary, fit, kernel_grid,  # noqa: E402
+                                   measure_models, random_archs, time_kernels, warm, write_calibration)
+from nas.spec import ArchSpec  # noqa: E402
+
+FIT_SEED, CHECK_SEED = 1, 1001
+
+
+def _dump(path: Path, data: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def run_gpu(args: argparse.Namespace) -> Path:
+    import torch
+
+    from nas.latency.calibrate import environment, require_gpu
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    deadline = start + args.budget_s
+    profile = load_profile(args.profile)
+    sms = require_gpu(profile)
+    env = environment()
+    held = [(a, s) for a in random_archs(args.seed, args.archs) for s in SHAPES]
+    fit_set = [(a, s) for a in random_archs(FIT_SEED, args.fit_archs) for s in SHAPES] if args.calibrate else []
+    check_set = [(a, s) for a in random_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if args.calibrate else []
+    cases = kernel_grid() if args.calibrate else []
+    data: dict = {**env, "sm_count": sms, "seeds": {"fit": FIT_SEED, "check": CHECK_SEED, "held_out": args.seed},
+                  "kernel_rows": [], "fit_rows": [], "check_rows": [], "held_out_rows": [], "timeline": {}}
+    rows_path = out / "predictor_rows.json"
+
+    def mark(what: str) -> None:
+        data["timeline"][what] = round(time.monotonic() - start, 1)
+        print(f"[{data['timeline'][what]:7.1f} s] {what}", flush=True)
+        _dump(rows_path, data)
+
+    warm(cases, fit_set + check_set + held, workers=args.workers)
+    mark(f"warm-up: {len(cases)} kernels, {len(fit_set) + len(check_set) + len(held)} forwards compiled")
+
+    def keep(key: str):
+        def on_row(row: dict) -> None:
+            data[key].append(row)
+            if len(data[key]) % 25 == 0:
+                _dump(rows_path, data)
+        return on_row
+
+    if args.calibrate:
+        time_kernels(cases, on_row=keep("kernel_rows"), deadline=deadline)
+        mark("kernel grid timed")
+        measure_models(fit_set, on_row=keep("fit_rows"), deadline=deadline)
+        mark("fit set measured")
+        measure_models(check_set, on_row=keep("check_rows"), deadline=deadline)
+        mark("check set measured")
+        model, report = fit(data["kernel_rows"], data["fit_rows"], data["check_rows"], sm_count=sms)
+        path = write_calibration(profile, calibration_section(model, report, env, sms), out / Path(profile.path).name)
+        mark(f"calibration written to {path}: {json.dumps(report.get('check', {}).get('all'))}")
+    measure_models(held, on_row=keep("held_out_rows"), deadline=deadline)
+    mark("held-out set measured")
+    torch.cuda.synchronize()
+    return rows_path
+
+
+def refit(rows_path: Path, profile_arg: str, out: str | None) -> Path:
+    """Fit the calibration from saved rows (kernel grid, fit set, check set timed on the GPU) and
+    write it into the profile, with the GPU, versions, fingerprint and date of the timing run."""
+    data = json.loads(rows_path.read_text())
+    profile = load_profile(profile_arg)
+    model, rep = fit(data["kernel_rows"], data["fit_rows"], data["check_rows"], sm_count=data["sm_count"])
+    env = {k: data[k] for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")}
+    path = write_calibration(profile, calibration_section(model, rep, env, data["sm_count"]), out or profile.path)
+    print(f"wrote {path}; check: {json.dumps(rep.get('check'), indent=1)}")
+    return path
+
+
+def _flops(arch: ArchSpec, shape: str) -> float:
+    return float(sum(op.flops for op in op_costs(arch, parse_shape(shape))))
+
+
+def report(rows_path: Path, profile_arg: str, out: Path) -> Path:
+    data = json.loads(rows_path.read_text())
+    profile = load_profile(profile_arg)
+    roofline_profile = dataclasses.replace(profile, calibrated=dataclasses.replace(
+        profile.calibrated, kernel_model_json=None, interval=None))
+    fit_rows = [r for r in data["fit_rows"] if "ms" in r]
+    flops_scale = nnls_relative([[_flops(ArchSpec.from_dict(r["arch"]), r["shape"])] for r in fit_rows],
+                                [r["ms"] for r in fit_rows])[0] if fit_rows else None
+    held = [r for r in data["held_out_rows"] if "ms" in r]
+    results: dict = {}
+    shapes = [str(s) for s in SHAPES if any(r["shape"] == str(s) for r in held)]
+    for shape in [*shapes, "all"]:
+        rows = [r for r in held if shape in ("all", r["shape"])]
+        archs = [ArchSpec.from_dict(r["arch"]) for r in rows]
+        measured = [r["ms"] for r in rows]
+        calibrated = [predict(a, parse_shape(r["shape"]), profile) for a, r in zip(archs, rows)]
+        entry = {"calibrated": check_summary([lat.median_ms for lat in calibrated], measured),
+                 "uncalibrated_roofline": check_summary(
+                     [predict(a, parse_shape(r["shape"]), roofline_profile, reference=None).median_ms
+                      for a, r in zip(archs, rows)], measured)}
+        if flops_scale:
+            entry["flops_only"] = check_summary([flops_scale * _flops(a, r["shape"]) for a, r in zip(archs, rows)],
+                                                measured)
+        entry["label"] = calibrated[0].label() if calibrated else None
+        inside = sum(lat.low_ms <= m <= lat.high_ms for lat, m in zip(calibrated, measured))
+        entry["inside_interval"] = inside / len(rows) if rows else None
+        results[shape] = entry
+    errors = sum("error" in r for r in data["held_out_rows"])
+    gpu = (data.get("gpu") or "gpu").lower().replace("nvidia ", "").replace(" ", "_")
+    summary = {k: data.get(k) for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date", "sm_count",
+                                        "seeds", "timeline")}
+    summary |= {"profile": profile.name, "calibration_date": profile.calibrated.get("date"),
+                "held_out_architectures": len({json.dumps(r["arch"], sort_keys=True) for r in held}),
+                "held_out_rows": len(held), "held_out_errors": errors, "fit_rows": len(fit_rows),
+                "check_rows": sum("ms" in r for r in data["check_rows"]),
+                "kernel_rows": sum("us" in r for r in data["kernel_rows"]), "results": results}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"predictor_{gpu}.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"{data.get('gpu')}  torch {data.get('torch')}  triton {data.get('triton')}  {len(held)} held-out rows "
+          f"({summary['held_out_architectures']} architectures, {errors} errors)")
+    print(f"{'shape':8s} {'predictor':22s} {'±10%':>6s} {'spearman':>9s} {'median ratio':>13s} {'p95 |err|':>10s}")
+    for shape, entry in results.items():
+        for name in ("calibrated", "flops_only", "uncalibrated_roofline"):
+            if name in entry:
+                s = entry[name]
+                print(f"{shape:8s} {name:22s} {s['within_10pct']:6.1%} {s['spearman']:9.4f} {s['median_ratio']:13.3f} "
+                      f"{s['p95_abs_error']:10.1%}")
+    print(f"wrote {path}")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="measure (and with --calibrate, calibrate) on this GPU")
+    parser.add_argument("--calibrate", action="store_true", help="calibrate the profile first (with --gpu)")
+    parser.add_argument("--rows", default=None, help="report from saved rows (predictor_rows.json)")
+    parser.add_argument("--refit", default=None, help="fit the calibration from saved rows into --profile")
+    parser.add_argument("--profile", default="h200", help="profile name or YAML path to predict with")
+    parser.add_argument("--archs", type=int, default=160, help="held-out architectures (× 3 shapes)")
+    parser.add_argument("--fit-archs", type=int, default=50)
+    parser.add_argument("--check-archs", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=2, help="seed of the held-out set (fit: 1, check: 1001)")
+    parser.add_argument("--workers", type=int, default=None, help="compile warm-up processes")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this many seconds")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    if args.gpu:
+        rows = run_gpu(args)
+        profile = str(Path(args.out) / Path(load_profile(args.profile).path).name) if args.calibrate else args.profile
+        report(rows, profile, Path(args.out))
+    elif args.refit:
+        refit(Path(args.refit), args.profile, None)
+    elif args.rows:
+        report(Path(args.rows), args.profile, Path(args.out))
+    else:
+        parser.error("pass --gpu (on a CUDA machine) or --rows PATH")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""The kernel launches of one ``TritonModel`` forward, each with the features its cost is fitted on.
+
+``launches(arch, shape, sm_count)`` walks the same path as ``nas.models.triton_model.TritonModel.forward``
+(and the kernel wrappers' own launch choices) without a GPU: embedding gather, then per block
+norm → qkv linear → short conv → [head padding] → attention / linear attention → [unpadding] →
+out linear (+residual); norm → MLP up (+activation) → MLP down (+residual); final norm; head.
+
+Every launch belongs to a *class* (one set of fitted coefficients: ``linear.tma``,
+``attention.D64``, ``norm.rmsnorm``, …) and a *group* (the whole-model correction scales one
+group at a time: the family, except that each linear kernel path is its own group). Its features are the work of the busiest SM, which is where wave
+quantisation enters: a kernel of ``P`` programs (tiles) on ``S`` SMs runs ``⌈P/S⌉`` of them on
+the busiest SM, so 133 tiles on 132 SMs cost two tiles' time, not 133/132. Features per family
+(``FEATURES`` names them; every feature has a ``KIND`` used to transfer a fit to another GPU):
+
+- linear ``y[M, N] = act(x[M, K] Wᵀ + b) (+ r)``: the tile of the configs the wrapper hands the
+  autotuner first (``kernels.linear.configs.candidates``), ``T = ⌈M/BM⌉·⌈N/BN⌉`` tiles,
+  ``w = ⌈T/S⌉`` tiles on the busiest SM: ``[1, w, w·⌈K/BK⌉, w·BM·BN·gelu, w·BM·BN·(relu|silu),
+  w·BM·BN·residual, MB moved]``. The class is the kernel the wrapper picks: persistent TMA
+  (sm_90, K > 256, M > 64, 16-byte rows), small M (one row of tiles), short K, long K.
+- attention (flash, causal, per padded head dim D): ``P = B·H·⌈T/128⌉`` programs; ``[1, ⌈P/S⌉,
+  ⌈P/S⌉·mean key blocks, key blocks of the last query block (the critical path), MB moved]``.
+- linear attention (chunked, per padded head dim D): ``P = B·H·(D/block_v)·split`` programs,
+  each walking ``c`` chunks of 64 tokens: ``[1, ⌈P/S⌉, ⌈P/S⌉·c·identity, ⌈P/S⌉·c·elu+1,
+  ⌈P/S⌉·c·relu, ⌈P/S⌉·prefix chunks, MB moved]``.
+- norm (per kind; a program holds ~4096 elements whatever d is): ``[1, ⌈P/S⌉, MB moved]``;
+  conv: ``[1, ⌈P/S⌉, ⌈P/S⌉·width, MB moved]``; embedding and the torch copies of head padding:
+  ``[1, MB moved]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nas.spec import ArchSpec
+
+from ._costs import mlp_hidden
+from ._shape import LatencyShape
+
+__all__ = ["FEATURES", "KINDS", "Launch", "launches", "family"]
+
+_SIZE = 2  # bytes per element: the kernel model is fitted for bf16 / fp16
+_MB = 1e-6
+# feature names per family; KINDS says how each transfers to another GPU (see nas.latency._model)
+FEATURES: dict[str, tuple[str, ...]] = {
+    "linear": ("launch", "waves", "k_steps", "gelu", "relu_silu", "residual", "mbytes"),
+    "attention": ("launch", "waves", "key_blocks", "critical_blocks", "mbytes"),
+    "linear_attention": ("launch", "waves", "chunks_identity", "chunks_elu", "chunks_relu", "prefix", "mbytes"),
+    "norm": ("launch", "waves", "mbytes"),
+    "conv": ("launch", "waves", "taps", "mbytes"),
+    "embed": ("launch", "mbytes"),
+    "copy": ("launch", "mbytes"),
+}
+# launch: fixed cost per kernel; wave: per program-wave on an SM (latency); tensor: tensor-core
+# work on the busiest SM; vector: CUDA-core work on the busiest SM; bytes: HBM traffic
+KINDS: dict[str, str] = {
+    "launch": "launch", "waves": "wave", "k_steps": "tensor", "key_blocks": "tensor", "critical_blocks": "tensor",
+    "chunks_identity": "tensor", "chunks_elu": "tensor", "chunks_relu": "tensor", "prefix": "tensor",
+    "gelu": "vector", "relu_silu": "vector", "residual": "vector", "taps": "vector",
+    "mbytes": "bytes",
+}
+_ATTN_BLOCK_M = 128  # query rows per flash-attention program (every sm_90 config)
+_CHUNK, _BLOCK_V = 64, 32  # linear attention: chunk length, value block of the common tiling
+_NORM_ELEMENTS = 4096  # kernels.norm.configs.ELEMENTS_PER_PROGRAM
+_CONV_TILE = 64  # kernels.conv.configs.HOPPER: 64 × 64 tiles
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: its op name, coefficient class, correction group and features
+    (``FEATURES[family(cls)]`` order)."""
+
+    name: str
+    cls: str
+    group: str
+    x: tuple[float, ...]
+
+
+def family(cls: str) -> str:
+    return cls.split(".")[0]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _linear(name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None,
+            residual: bool = False) -> Launch:
+    from kernels.linear import configs
+
+    bucket = configs.m_bucket(M)
+    aligned = (K * _SIZE) % 16 == 0 and (N * _SIZE) % 16 == 0  # row strides a tensor descriptor can address
+    tma = configs.prefers_tma((9, 0), bucket, K) and aligned
+    tile = configs.candidates((9, 0), bucket, K, _SIZE, tma=tma)[0]
+    cls = ("linear.tma" if tma else "linear.small_m" if bucket <= configs.SMALL_M_MAX
+           else "linear.short_k" if K <= configs.SHORT_K_MAX else "linear.long_k")
+    tiles = _cdiv(M, tile.block_m) * _cdiv(N, tile.block_n)
+    w = _cdiv(tiles, sms)
+    elems = w * tile.block_m * tile.block_n / 1e4
+    moved = (M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
+    return Launch(name, cls, cls, (1.0, w, w * _cdiv(K, tile.block_k), elems * (activation == "gelu"),
+                                        elems * (activation in ("relu", "silu")), elems * residual, moved))
+
+
+def _attention(name: str, B: int, T: int, H: int, D: int, sms: int) -> Launch:
+    q_blocks = _cdiv(T, _ATTN_BLOCK_M)
+    w = _cdiv(B * H * q_blocks, sms)
+    mean_blocks = (q_blocks + 1) / 2  # causal: query block i reads i + 1 key blocks of 128
+    moved = 4 * B * T * H * D * _SIZE * _MB  # q, k, v read, o written
+    return Launch(name, f"attention.D{D}", "attention", (1.0, w, w * mean_blocks * D / 64, q_blocks * D / 64, moved))
+
+
+def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: str, sms: int) -> Launch:
+    from kernels.linear_attention.configs import split_for
+
+    chunks = _cdiv(T, _CHUNK)
+    block_v = min(_BLOCK_V, D)
+    split = split_for(B * H * max(1, D // 32), chunks, sms)
+    w = _cdiv(B * H * (D // block_v) * split, sms)
+    walk = w * _cdiv(chunks, split) * D / 64
+    prefix = w * chunks * (split - 1) / (2 * split) * D / 64  # segment s sums the states of s/split of the chunks
+    moved = 4 * B * T * H * D * _SIZE * _MB
+    return Launch(name, f"linear_attention.D{D}", "linear_attention",
+                  (1.0, w, walk * (feature_map == "identity"), walk * (feature_map == "elu+1"),
+                   walk * (feature_map == "relu"), prefix, moved))
+
+
+def _norm(name: str, kind: str, rows: int, d: int, sms: int) -> Launch:
+    width = _pow2(d)
+    per_program = max(1, _NORM_ELEMENTS // width)
+    w = _cdiv(_cdiv(rows, per_program), sms)
+    moved = (2 * rows * d + 2 * d) * _SIZE * _MB
+    return Launch(name, f"norm.{kind}", "norm", (1.0, w, moved))  # a program moves ~4096 elements: waves say it
+
+
+def _conv(name: str, B: int, T: int, C: int, width: int, sms: int) -> Launch:
+    w = _cdiv(_cdiv(T, _CONV_TILE) * _cdiv(C, _CONV_TILE) * B, sms)
+    moved = (2 * B * T * C + C * (width + 1)) * _SIZE * _MB
+    return Launch(name, "conv", "conv", (1.0, w, w * width, moved))
+
+
+def _copy(name: str, elements: int, passes: float = 2.0) -> Launch:
+    return Launch(name, "copy", "copy", (1.0, passes * elements * _SIZE * _MB))
+
+
+def _padding(prefix: str, B: int, T: int, H: int, D: int, P: int, mixer: str, feature_map: str | None) -> list[Launch]:
+    """The torch ops of ``triton_model._pad_heads`` / ``_unpad_heads`` for head dim D run as P."""
+    tokens = B * T
+    ops = [_copy(f"{prefix}.pad_zeros", 3 * tokens * H * P, passes=1.0)]
+    if mixer == "attention":  # two half-head copies in, one cat out
+        ops += [_copy(f"{prefix}.pad_lo", 3 * tokens * H * D // 2), _copy(f"{prefix}.pad_hi", 3 * tokens * H * D // 2),
+                _copy(f"{prefix}.unpad", tokens * H * D)]
+    else:
+        ops.append(_copy(f"{prefix}.pad", 3 * tokens * H * D))
+        if feature_map in ("elu+1", "identity"):  # -inf keys / rescaled queries
+            ops.append(_copy(f"{prefix}.pad_fix", tokens * H * (P - D if feature_map == "elu+1" else D)))
+        ops.append(_copy(f"{prefix}.unpad", tokens * H * D))
+    return ops
+
+
+def padded_head_dim(head_dim: int) -> int | None:
+    """The kernels' head dim for a model head dim: itself or the next supported one (zero-padded);
+    None when no kernel runs it (odd, or above the largest)."""
+    supported = (16, 32, 64, 128)  # kernels.attention / kernels.linear_attention SUPPORTED_HEAD_DIMS
+    fits = [s for s in supported if s >= head_dim]
+    return fits[0] if fits and head_dim % 2 == 0 else None
+
+
+def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]:
+    """The kernel launches of ``arch``'s TritonModel forward at ``shape`` in execution order, with
+    their features on a GPU of ``sm_count`` SMs. ValueError for a head dim no kernel runs."""
+    d, B, T = arch.d_model, shape.batch, shape.seq_len
+    M = B * T
+    out = [Launch("embed", "embed", "embed", (1.0, (M * 8 + 2 * M * d) * _SIZE * _MB))]
+    for i, layer in enumerate(arch.layers):
+        prefix = f"layers.{i}"
+        if layer.mixer != "none":
+            D = d // layer.heads
+            P = padded_head_dim(D)
+            if P is None:
+                raise ValueError(f"layer {i}: head dim {D} has no {layer.mixer} kernel")
+            out += [_norm(f"{prefix}.mixer_norm", layer.norm, M, d, sm_count),
+                    _linear(f"{prefix}.qkv", M, 3 * d, d, sm_count)]
+            if layer.short_conv:
+                out.append(_conv(f"{prefix}.short_conv", B, T, 3 * d, layer.short_conv, sm_count))
+            if P != D:
+                out += _padding(prefix, B, T, layer.heads, D, P, layer.mixer, layer.feature_map)
+            if layer.mixer == "attention":
+                out.append(_attention(f"{prefix}.attention", B, T, layer.heads, P, sm_count))
+            else:
+                out.append(_linear_attention(f"{prefix}.linear_attention", B, T, layer.heads, P, layer.feature_map,
+                                             sm_count))
+            if P != D:  # the unpad copy runs after the mixer
+                out.append(out.pop(-2))
+            out.append(_linear(f"{prefix}.out", M, d, d, sm_count, residual=True))
+        if layer.mlp_ratio > 0:
+            hidden = mlp_hidden(layer, d)
+            out += [_norm(f"{prefix}.mlp_norm", layer.norm, M, d, sm_count),
+                    _linear(f"{prefix}.mlp_up", M, hidden, d, sm_count, activation=layer.activation),
+                    _linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True)]
+    rows = M if arch.readout == "token" else B
+    out += [_norm("final_norm", arch.layers[-1].norm, rows, d, sm_count),
+            _linear("head", rows, arch.n_out, d, sm_count)]
+    return out

@@ -1,0 +1,538 @@
+"""Calibration of the per-kernel cost model on a real GPU (``nas profiles calibrate``).
+
+``calibrate(profile)`` on a CUDA machine whose GPU the profile lists:
+
+1. compiles every kernel it will time in parallel worker processes (Triton compiles are seconds
+   each and CPU-bound; the autotuners' timings taken there, under contention, are then deleted
+   from Triton's cache so that the timed process tunes alone);
+2. times every kernel family the ``TritonModel`` launches — fused linear (every epilogue, every
+   kernel path: TMA, small M, short K, long K), flash attention and chunked linear attention per
+   head dim and feature map, both norms, the short conv, the embedding gather and the torch
+   copies of head padding — over ``kernel_grid()``: d 32-512, the three latency shapes, vocab
+   sizes that do and do not fill the last tile, so wave quantisation over the SM count shows;
+   each kernel back to back in a CUDA graph, the per-launch graph gap included;
+3. fits stage 1 of ``nas.latency._model`` on those timings, then stage 2 (group scales, graph
+   gap, intercept) on whole random architectures measured with ``measure`` (``random_arch``);
+4. checks the fit on other random architectures (a different seed): relative errors per shape,
+   the share within ±10 %, Spearman; the 95th percentile of |error| is the interval every
+   calibrated prediction carries;
+5. writes the ``calibrated:`` section of the profile YAML (GPU, driver, torch, triton, kernels
+   fingerprint, date, interval, check, kernel model), keeping the rest of the file as it was.
+
+Fitting (``fit``) and writing are plain CPU functions over the timing rows, so a calibration can
+be refitted from saved rows anywhere.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import logging
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hardware_profiles import HardwareProfile, ProfileError, load_profile
+from nas.spec import ACTIVATIONS, FEATURE_MAPS, NORMS, ArchSpec, LayerSpec
+
+from ._launches import Launch, launches, padded_head_dim
+from ._model import KernelModel, fit_kernels, fit_whole, quantile, relative_errors
+from ._shape import LatencyShape, parse_shape
+
+__all__ = ["CalibrationError", "KernelCase", "SHAPES", "calibrate", "calibration_section", "check_summary", "fit",
+           "kernel_grid",
+           "random_arch", "random_archs", "spearman", "write_calibration"]
+
+log = logging.getLogger(__name__)
+
+SHAPES = tuple(parse_shape(s) for s in ("1x256", "8x1024", "32x512"))
+D_GRID = (32, 48, 64, 96, 128, 192, 256, 384, 512)
+INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of |relative error| on the check set
+
+
+class CalibrationError(ProfileError):
+    """Calibration cannot run here (no GPU, or a GPU the profile does not describe)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Random architectures over the whole space family
+
+
+def _heads_for(d: int) -> list[int]:
+    """Head counts 1-16 the kernels run at ``d``: dividing d, head dim even and ≤ 128."""
+    return [h for h in range(1, 17) if d % h == 0 and padded_head_dim(d // h) is not None]
+
+
+MLP_RATIOS = (0.0, 1.0, 1.5, 2.0, 3.0, 4.0)
+SHORT_CONVS = (0, 2, 3, 4, 8)
+
+
+def random_arch(rng: random.Random) -> ArchSpec:
+    """Depth 1-8; d a multiple of 16 in 32-512; per layer every mixer, 1-16 heads (head dim even,
+    ≤ 128), feature map, short conv, MLP ratio, activation and norm; vocab log-uniform 64-8192;
+    readout token or last."""
+    d = rng.randrange(32, 513, 16)
+    layers = []
+    for _ in range(rng.randint(1, 8)):
+        mixer = rng.choice(("attention", "linear_attention", "none"))
+        ratio = rng.choice(MLP_RATIOS) if mixer != "none" else rng.choice(MLP_RATIOS[1:])
+        layers.append(LayerSpec(
+            mixer=mixer,
+            heads=rng.choice(_heads_for(d)) if mixer != "none" else 0,
+            feature_map=rng.choice(FEATURE_MAPS) if mixer == "linear_attention" else None,
+            short_conv=rng.choice(SHORT_CONVS) if mixer != "none" else 0,
+            mlp_ratio=ratio, activation=rng.choice(ACTIVATIONS), norm=rng.choice(NORMS)))
+    vocab = int(round(math.exp(rng.uniform(math.log(64), math.log(8192)))))
+    return ArchSpec(d, tuple(layers), vocab, vocab, rng.choice(("token", "last")))
+
+
+def random_archs(seed: int, n: int) -> list[ArchSpec]:
+    rng = random.Random(seed)
+    return [random_arch(rng) for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel grid
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One isolated kernel to time: its family and arguments (``run`` builds it on the GPU) and
+    its launch features (``launch``, computed on the CPU)."""
+
+    family: str
+    args: tuple[tuple[str, Any], ...]
+
+    @property
+    def kw(self) -> dict[str, Any]:
+        return dict(self.args)
+
+    def launch(self, sm_count: int) -> Launch:
+        from . import _launches as L
+
+        a = self.kw
+        if self.family == "linear":
+            return L._linear("linear", a["M"], a["N"], a["K"], sm_count, activation=a["activation"],
+                             residual=a["residual"])
+        if self.family == "attention":
+            return L._attention("attention", a["B"], a["T"], a["H"], a["D"], sm_count)
+        if self.family == "linear_attention":
+            return L._linear_attention("linear_attention", a["B"], a["T"], a["H"], a["D"], a["feature_map"],
+                                       sm_count)
+        if self.family == "norm":
+            return L._norm("norm", a["kind"], a["rows"], a["d"], sm_count)
+        if self.family == "conv":
+            return L._conv("conv", a["B"], a["T"], a["C"], a["width"], sm_count)
+        if self.family == "embed":
+            return L.Launch("embed", "embed", "embed", (1.0, (a["M"] * 8 + 2 * a["M"] * a["d"]) * 2e-6))
+        return L._copy("copy", a["n"], passes=1.0 if a["op"] == "zeros" else 2.0)
+
+
+def _case(family: str, **kw: Any) -> KernelCase:
+    return KernelCase(family, tuple(sorted(kw.items())))
+
+
+def kernel_grid() -> list[KernelCase]:
+    """Every kernel family at the shapes it takes in random architectures (see the module docstring)."""
+    cases: list[KernelCase] = []
+    acts = ("gelu", "relu", "silu")
+    for shape in SHAPES:
+        M = shape.tokens
+        for i, d in enumerate(D_GRID):
+            cases += [_case("linear", M=M, N=3 * d, K=d, activation=None, residual=False),
+                      _case("linear", M=M, N=d, K=d, activation=None, residual=True)]
+            for j, ratio in enumerate((1, 2, 4)):
+                cases += [_case("linear", M=M, N=ratio * d, K=d, activation=acts[(i + j) % 3], residual=False),
+                          _case("linear", M=M, N=d, K=ratio * d, activation=None, residual=True)]
+            for vocab in (64, 1001, 8192) + ((3001, 5003) if d > 256 else ()):
+                cases += [_case("linear", M=M, N=vocab, K=d, activation=None, residual=False),
+                          _case("linear", M=shape.batch, N=vocab, K=d, activation=None, residual=False)]
+            cases.append(_case("conv", B=shape.batch, T=shape.seq_len, C=3 * d, width=SHORT_CONVS[1 + i % 4]))
+            cases.append(_case("embed", M=M, d=d, vocab=8192))
+        for D in (16, 32, 64, 128):
+            for H in (1, 2, 4, 8, 16):
+                if H * D > 512:
+                    continue
+                cases.append(_case("attention", B=shape.batch, T=shape.seq_len, H=H, D=D))
+                for fm in FEATURE_MAPS:
+                    cases.append(_case("linear_attention", B=shape.batch, T=shape.seq_len, H=H, D=D, feature_map=fm))
+    for kind in NORMS:
+        for d in D_GRID:
+            for rows in (1, 8, 32, 256, 8192, 16384):
+                cases.append(_case("norm", kind=kind, rows=rows, d=d))
+    for n in (10**4, 10**5, 10**6, 10**7, 5 * 10**7):
+        cases += [_case("copy", op="zeros", n=n), _case("copy", op="copy", n=n)]
+    return cases
+
+
+def _kernel_fn(case: KernelCase, device: str = "cuda") -> Callable[[], object]:
+    """A zero-argument callable launching ``case``'s kernel on fresh random inputs (bf16) on
+    ``device`` (CPU only under ``TRITON_INTERPRET=1``, for tests)."""
+    import torch
+
+    from kernels.attention.triton import flash_attention_qkv
+    from kernels.conv import causal_depthwise_conv
+    from kernels.linear import linear
+    from kernels.linear_attention.triton import linear_attention_qkv
+    from kernels.norm import layer_norm, rms_norm
+    from nas.models.mixers import rope_tables
+
+    a, dev, bf = case.kw, device, torch.bfloat16
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=bf)
+
+    if case.family == "linear":
+        x, w, b = rand(a["M"], a["K"]), rand(a["N"], a["K"]) * a["K"] ** -0.5, rand(a["N"])
+        r = rand(a["M"], a["N"]) if a["residual"] else None
+        return lambda: linear(x, w, b, activation=a["activation"], residual=r)
+    if case.family in ("attention", "linear_attention"):
+        B, T, H, D = a["B"], a["T"], a["H"], a["D"]
+        qkv = rand(B, T, 3 * H * D)
+        if case.family == "attention":
+            cos, sin = rope_tables(max(256, T), D, device=torch.device(dev), dtype=torch.float32)
+            return lambda: flash_attention_qkv(qkv, H, causal=True, scale=D ** -0.5, rope=(cos, sin))
+        return lambda: linear_attention_qkv(qkv, H, feature_map=a["feature_map"])
+    if case.family == "norm":
+        x, w, b = rand(a["rows"], a["d"]), rand(a["d"]), rand(a["d"])
+        return (lambda: layer_norm(x, w, b, 1e-5)) if a["kind"] == "layernorm" else (lambda: rms_norm(x, w, 1e-5))
+    if case.family == "conv":
+        x, w, b = rand(a["B"], a["T"], a["C"]), rand(a["C"], a["width"]), rand(a["C"])
+        return lambda: causal_depthwise_conv(x, w, b)
+    if case.family == "embed":
+        table = rand(a["vocab"], a["d"])
+        ids = torch.randint(0, a["vocab"], (a["M"],), device=dev)
+        return lambda: torch.nn.functional.embedding(ids, table)
+    src = rand(a["n"])
+    if a["op"] == "zeros":
+        return lambda: torch.zeros(a["n"], device=dev, dtype=bf)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def graph_us(fn: Callable[[], object], *, calls: int = 20, reps: int = 15) -> float:
+    """Median µs per call of ``fn`` captured ``calls`` times back to back in one CUDA graph (so the
+    per-launch gap of graph replay is included, as in a captured forward)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile, autotune
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallel compile warm-up
+
+
+def _warm_chunk(tasks: list[tuple[str, Any]]) -> int:
+    """Worker process: run each task once (compiles and autotunes into Triton's disk cache)."""
+    import torch
+
+    failed = 0
+    for kind, payload in tasks:
+        try:
+            if kind == "kernel":
+                _kernel_fn(payload)()
+            else:
+                from nas.models import build, to_triton
+
+                arch, shape = ArchSpec.from_dict(payload[0]), parse_shape(payload[1])
+                tm = to_triton(build(arch, seed=0).cuda())
+                tm(torch.randint(0, arch.vocab_size, (shape.batch, shape.seq_len), device="cuda"))
+        except Exception:  # noqa: BLE001 - the timed pass reports the error for this task
+            failed += 1
+    torch.cuda.synchronize()
+    return failed
+
+
+def warm(kernel_cases: Sequence[KernelCase], models: Sequence[tuple[ArchSpec, LatencyShape]], *,
+         workers: int | None = None) -> None:
+    """Compile everything ``kernel_cases`` and ``models`` launch in ``workers`` processes, then drop
+    the autotuners' cached timings (taken under contention) so the timing process tunes alone."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    tasks: list[tuple[str, Any]] = [("kernel", c) for c in kernel_cases]
+    tasks += [("model", (a.to_dict(), str(s))) for a, s in models]
+    workers = workers or max(1, min(12, (os.cpu_count() or 2) - 2))
+    chunks = [tasks[i::workers] for i in range(workers)]
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        failed = sum(pool.map(_warm_chunk, chunks))
+    log.info("warm-up: %d tasks in %d processes, %d failed", len(tasks), workers, failed)
+    _drop_autotune_cache()
+
+
+def _drop_autotune_cache() -> None:
+    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    for path in glob.glob(os.path.join(root, "*", "*.autotune.json")):
+        os.unlink(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def time_kernels(cases: Iterable[KernelCase], *, on_row: Callable[[dict], None] | None = None,
+                 deadline: float = math.inf) -> list[dict]:
+    """``{"family", "args", "us"}`` (or ``"error"``) per case, timed with ``graph_us``."""
+    import torch
+
+    rows = []
+    for case in cases:
+        if time.monotonic() > deadline:
+            break
+        row: dict[str, Any] = {"family": case.family, "args": dict(case.args)}
+        try:
+            row["us"] = graph_us(_kernel_fn(case))
+        except Exception as e:  # noqa: BLE001 - recorded, the fit uses the others
+            row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+        torch.cuda.empty_cache()
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return rows
+
+
+def measure_models(models: Iterable[tuple[ArchSpec, LatencyShape]], *, on_row: Callable[[dict], None] | None = None,
+                   deadline: float = math.inf, reps: int = 20) -> list[dict]:
+    """``{"arch", "shape", "ms", "iqr_ms"}`` (or ``"error"``) per model, by ``nas.latency.measure``
+    with a private cache (every number here is fresh)."""
+    from nas.models import build
+
+    from ._measure import LatencyCache, measure
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = LatencyCache(Path(tmp) / "latency.json")
+        for arch, shape in models:
+            if time.monotonic() > deadline:
+                break
+            row: dict[str, Any] = {"arch": arch.to_dict(), "shape": str(shape)}
+            try:
+                lat = measure(build(arch, seed=0), shape, reps=reps, cache=cache)
+                row.update(ms=lat.median_ms, iqr_ms=lat.iqr_ms)
+            except Exception as e:  # noqa: BLE001 - a candidate the kernels refuse is recorded, not fatal
+                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting and checking (CPU)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    if len(a) < 2:
+        return math.nan
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var else math.nan
+
+
+def check_summary(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
+    """Share within ±10 %, Spearman, median ratio, 95th percentile of |relative error|."""
+    errors = relative_errors(predicted, measured)
+    return {"n": len(errors),
+            "within_10pct": sum(abs(e) <= 0.10 for e in errors) / len(errors) if errors else math.nan,
+            "spearman": spearman(predicted, measured),
+            "median_ratio": statistics.median(p / m for p, m in zip(predicted, measured)) if errors else math.nan,
+            "p95_abs_error": quantile([abs(e) for e in errors], INTERVAL_QUANTILE)}
+
+
+def _model_launches(row: dict, sm_count: int) -> list[Launch]:
+    return launches(ArchSpec.from_dict(row["arch"]), parse_shape(row["shape"]), sm_count)
+
+
+def fit(kernel_rows: Sequence[dict], model_rows: Sequence[dict], check_rows: Sequence[dict], *,
+        sm_count: int) -> tuple[KernelModel, dict[str, Any]]:
+    """The kernel model from timing rows (``time_kernels`` / ``measure_models`` output; rows with
+    an error are skipped) and its check on ``check_rows``: per shape and overall
+    ``check_summary``, the interval (95th percentile of |relative error|) under ``interval``."""
+    model = fit_kernels((KernelCase(r["family"], tuple(sorted(r["args"].items()))).launch(sm_count), r["us"])
+                        for r in kernel_rows if "us" in r)
+    good = [r for r in model_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
+    if len(good) < sum("ms" in r for r in model_rows):
+        log.warning("%d whole-model rows launch kernel classes the kernel grid did not time; left out of the fit",
+                    sum("ms" in r for r in model_rows) - len(good))
+    if good:
+        model = fit_whole(model, ((_model_launches(r, sm_count), r["ms"] * 1e3) for r in good))
+    check = [r for r in check_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
+    report: dict[str, Any] = {"fit_models": len(good), "kernel_rows": sum("us" in r for r in kernel_rows)}
+    if check:
+        pred = [model.forward_us(_model_launches(r, sm_count)) / 1e3 for r in check]
+        meas = [r["ms"] for r in check]
+        report["check"] = {"all": check_summary(pred, meas)}
+        for shape in sorted({r["shape"] for r in check}, key=lambda s: parse_shape(s).tokens):
+            idx = [i for i, r in enumerate(check) if r["shape"] == shape]
+            report["check"][shape] = check_summary([pred[i] for i in idx], [meas[i] for i in idx])
+        report["interval"] = report["check"]["all"]["p95_abs_error"]
+    return model, report
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing the profile
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    return value
+
+
+def write_calibration(profile: HardwareProfile, section: dict[str, Any], out: str | os.PathLike[str]) -> Path:
+    """The profile's YAML with ``section``'s keys written into its ``calibrated:`` section, to
+    ``out``. Everything else is kept line for line, comments included: the lines before and after
+    the section and, inside it, the entries (with their comments) of keys ``section`` does not set."""
+    import re
+
+    source = Path(profile.path).read_text() if profile.path else ""
+    lines = source.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith("calibrated:")), len(lines))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() and lines[i][0] not in " \t#"),
+               len(lines))
+    kept: list[str] = []
+    keep = False
+    for line in lines[start + 1:end]:
+        key = re.match(r"^  ([A-Za-z_][A-Za-z0-9_]*):", line)
+        if key:
+            keep = key[1] not in section
+        if keep or not (key or line.startswith("   ")):
+            kept.append(line if keep or not line.strip() else "")
+    body = yaml.safe_dump(section, sort_keys=False, default_flow_style=None, width=120)
+    text = ("".join(lines[:start]) + ("" if not lines[:start] or lines[start - 1].endswith("\n") else "\n")
+            + "calibrated:\n" + "".join(kept) + "".join(f"  {line}\n" for line in body.splitlines())
+            + "".join(lines[end:]))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    load_profile(str(out))  # what we wrote must load
+    return out
+
+
+def environment() -> dict[str, str]:
+    """GPU name, driver, torch and triton versions, kernels fingerprint and today's date."""
+    import torch
+    import triton
+
+    from ._measure import kernels_fingerprint
+
+    driver = ""
+    try:
+        import subprocess
+
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, ValueError):  # no nvidia-smi: the CUDA runtime's version instead
+        driver = f"cuda {torch.version.cuda}"
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": str(torch.__version__),
+            "triton": str(triton.__version__), "kernels_fingerprint": kernels_fingerprint(),
+            "date": dt.date.today().isoformat()}  # str(): torch's version is a str subclass yaml cannot write
+
+
+def calibration_section(model: KernelModel, report: dict[str, Any], env: dict[str, str],
+                        sm_count: int) -> dict[str, Any]:
+    return {**env, "sm_count": sm_count, "interval": _round(report.get("interval")),
+            "check": _round(report.get("check", {})), "kernel_model": model.to_dict()}
+
+
+def require_gpu(profile: HardwareProfile) -> int:
+    """The SM count of the current GPU; CalibrationError unless there is one and ``profile`` lists it."""
+    import torch
+
+    from hardware_profiles import detect_profile
+
+    if not torch.cuda.is_available():
+        raise CalibrationError("calibrate needs a CUDA GPU; this machine has none (predictions here use the "
+                               "shipped calibrations)")
+    name = torch.cuda.get_device_name()
+    found = detect_profile(name)
+    listed = any(" ".join(n.split()).casefold() == " ".join(name.split()).casefold() for n in profile.device_names)
+    if not listed:
+        raise CalibrationError(f"this GPU is {name!r}, which profile {profile.name!r} does not list "
+                               f"(device_names {list(profile.device_names)}); use --profile "
+                               f"{found.name if found else 'PATH of a profile listing it'}")
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def calibrate(profile_name: str | None = None, out: str | os.PathLike[str] | None = None, *, fit_archs: int = 60,
+              check_archs: int = 40, seed: int = 1, budget_s: float = 540.0,
+              on_progress: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """Time, fit, check and write (see the module docstring). ``profile_name``: a shipped name or a
+    path; None detects the current GPU's. Returns the written path and the report."""
+    from hardware_profiles import detect_profile
+
+    say = on_progress or log.info
+    if profile_name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CalibrationError("calibrate needs a CUDA GPU; this machine has none")
+        profile = detect_profile()
+        if profile is None:
+            raise CalibrationError(f"no shipped profile lists this GPU ({torch.cuda.get_device_name()!r}); "
+                                   f"pass --profile PATH of one that does")
+    else:
+        profile = load_profile(profile_name)
+    sm_count = require_gpu(profile)
+    deadline = time.monotonic() + budget_s
+    cases = kernel_grid()
+    fit_set = [(a, s) for a in random_archs(seed, fit_archs) for s in SHAPES]
+    check_set = [(a, s) for a in random_archs(seed + 1000, check_archs) for s in SHAPES]
+    say(f"compiling {len(cases)} kernels and {len(fit_set) + len(check_set)} forwards")
+    warm(cases, fit_set + check_set)
+    say("timing kernels")
+    kernel_rows = time_kernels(cases, deadline=deadline)
+    say("measuring the fit set")
+    model_rows = measure_models(fit_set, deadline=deadline)
+    say("measuring the check set")
+    check_rows = measure_models(check_set, deadline=deadline + 60)
+    model, report = fit(kernel_rows, model_rows, check_rows, sm_count=sm_count)
+    section = calibration_section(model, report, environment(), sm_count)
+    path = write_calibration(profile, section, out or profile.path)
+    return path, report

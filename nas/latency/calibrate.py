@@ -289,7 +289,9 @@ def warm(kernel_cases: Sequence[KernelCase], models: Sequence[tuple[ArchSpec, La
 
 
 def _drop_autotune_cache() -> None:
-    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    from triton import knobs  # Triton's own resolution of TRITON_CACHE_DIR (3.4+)
+
+    root = knobs.cache.dir
     for path in glob.glob(os.path.join(root, "*", "*.autotune.json")):
         os.unlink(path)
 

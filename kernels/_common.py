@@ -25,9 +25,24 @@ from torch import Tensor
 
 from kernels import device
 
-__all__ = ["ALIGN", "DTYPES", "INT32_MAX", "INTERPRETED", "SUPPORTED_HEAD_DIMS", "as_rows", "check_heads",
-           "check_int32", "check_operands", "check_runnable", "lazy_exports", "output_buffer", "padded_head_dim", "sm_count",
-           "tma_ready", "use_torch_allocator"]
+__all__ = [
+    "ALIGN",
+    "DTYPES",
+    "INT32_MAX",
+    "INTERPRETED",
+    "SUPPORTED_HEAD_DIMS",
+    "as_rows",
+    "check_heads",
+    "check_int32",
+    "check_operands",
+    "check_runnable",
+    "lazy_exports",
+    "output_buffer",
+    "padded_head_dim",
+    "sm_count",
+    "tma_ready",
+    "use_torch_allocator",
+]
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp32: tf32 matmuls on GPU; for interpreter tests
 INT32_MAX = 2**31 - 1  # the kernels' offsets are int32 products: every tensor must index below this
@@ -113,11 +128,14 @@ def check_heads(op: str, q: Tensor, k: Tensor, v: Tensor, *, layout: str) -> Non
     e.g. ``"BHTD"``), a dtype in DTYPES and a device, with a head dim (last) in SUPPORTED_HEAD_DIMS."""
     shape = f"[{', '.join(layout)}]"
     if q.dim() != len(layout) or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"{op}: q, k, v must share one {shape} shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+        raise ValueError(
+            f"{op}: q, k, v must share one {shape} shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"{op}: head dim D={q.shape[-1]} is not supported by the Triton kernel; "
-                         f"allowed: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+        raise ValueError(
+            f"{op}: head dim D={q.shape[-1]} is not supported by the Triton kernel; "
+            f"allowed: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}"
+        )
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"{op}: q, k, v dtype must be one of {DTYPES} and equal, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.device != k.device or q.device != v.device:
@@ -129,10 +147,16 @@ def output_buffer(op: str, out: Tensor | None, shape: tuple[int, ...], like: Ten
     or a new one (``name`` is the argument's, for the error)."""
     if out is None:
         return torch.empty(shape, device=like.device, dtype=like.dtype)
-    if tuple(out.shape) != tuple(shape) or out.dtype != like.dtype or out.device != like.device \
-            or not out.is_contiguous():
-        raise ValueError(f"{op}: {name} must be a contiguous {like.dtype} tensor of shape {list(shape)} on "
-                         f"{like.device}, got {out.dtype} {list(out.shape)} on {out.device}")
+    if (
+        tuple(out.shape) != tuple(shape)
+        or out.dtype != like.dtype
+        or out.device != like.device
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"{op}: {name} must be a contiguous {like.dtype} tensor of shape {list(shape)} on "
+            f"{like.device}, got {out.dtype} {list(out.shape)} on {out.device}"
+        )
     return out
 
 
@@ -164,8 +188,11 @@ def tma_ready(t: Tensor) -> Tensor:
     ALIGN bytes and the last dim is contiguous (true of the qkv-projection views for D ≥ 16);
     otherwise a contiguous copy, which is."""
     size = t.element_size()
-    aligned = t.data_ptr() % ALIGN == 0 and t.stride(-1) == 1 and all(
-        (stride * size) % ALIGN == 0 for n, stride in zip(t.shape[:-1], t.stride()[:-1]) if n > 1)
+    aligned = (
+        t.data_ptr() % ALIGN == 0
+        and t.stride(-1) == 1
+        and all((stride * size) % ALIGN == 0 for n, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True) if n > 1)
+    )
     if aligned:
         return t
     copy = t.contiguous() if not t.is_contiguous() else t.clone()

@@ -7,8 +7,17 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["CUDA", "DeviceError", "cuda_available", "gpu_name", "is_cuda", "l2_bytes", "resolve", "sm_count",
-           "worker_device"]
+__all__ = [
+    "CUDA",
+    "DeviceError",
+    "cuda_available",
+    "gpu_name",
+    "is_cuda",
+    "l2_bytes",
+    "resolve",
+    "sm_count",
+    "worker_device",
+]
 
 CUDA = "cuda"  # torch's device type of NVIDIA GPUs
 

@@ -21,8 +21,15 @@ import torch
 from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
 from kernels.device import is_cuda
 
-__all__ = ["AttentionConfig", "HOPPER", "DEFAULT", "INTERPRETER", "SUPPORTED_HEAD_DIMS", "attention_configs",
-           "padded_head_dim"]
+__all__ = [
+    "AttentionConfig",
+    "HOPPER",
+    "DEFAULT",
+    "INTERPRETER",
+    "SUPPORTED_HEAD_DIMS",
+    "attention_configs",
+    "padded_head_dim",
+]
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,15 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope_tables: tuple[Tensor, Tensor] | None = None,
-              scale: float | None = None) -> Tensor:
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    rope_tables: tuple[Tensor, Tensor] | None = None,
+    scale: float | None = None,
+) -> Tensor:
     """q, k, v ``[B, H, T, D]`` (any float dtype) → ``[B, T, H·D]`` fp32.
 
     softmax over keys of q·kᵀ·scale, keys after the query masked out when ``causal``.
@@ -26,7 +33,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope_tables: tup
     q, k, v = q.float(), k.float(), v.float()
     if rope_tables is not None:
         q, k = rope(q, *rope_tables), rope(k, *rope_tables)
-    scores = (q @ k.transpose(-1, -2)) * (D ** -0.5 if scale is None else scale)  # [B, H, T, T]
+    scores = (q @ k.transpose(-1, -2)) * (D**-0.5 if scale is None else scale)  # [B, H, T, T]
     if causal:
         future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))

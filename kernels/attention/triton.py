@@ -71,8 +71,24 @@ def _load_rotated(desc, row, cos_desc, sin_desc, ROPE: tl.constexpr, HEAD_DIM: t
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_desc, sin_desc, T, lo, hi,
-            MODE: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+def _attend(
+    acc,
+    l_i,
+    m_i,
+    q,
+    offs_m,
+    k_desc,
+    v_desc,
+    cos_desc,
+    sin_desc,
+    T,
+    lo,
+    hi,
+    MODE: tl.constexpr,
+    ROPE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Online softmax over key blocks [lo, hi): per block reads k, v ``[BLOCK_N, D]`` and does
     2·BLOCK_M·BLOCK_N·D FLOPs twice (q·kᵀ and p·v) on the tensor cores."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -97,10 +113,29 @@ def _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_desc, sin_desc, T, lo,
 
 @triton.jit
 def _flash_fwd_kernel(
-    Q, K, V, O, COS, SIN,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; cos, sin [>= T, D/2]
-    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
-    stride_cs, H, T, qk_scale,  # qk_scale = scale·log2(e)
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    COS,
+    SIN,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; cos, sin [>= T, D/2]
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    stride_cs,
+    H,
+    T,
+    qk_scale,  # qk_scale = scale·log2(e)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
     ROPE: tl.constexpr,
 ):
     bh = tl.program_id(0)
@@ -109,12 +144,15 @@ def _flash_fwd_kernel(
     h = (bh % H).to(tl.int64)
     # One descriptor per operand over this head's [T, D] rows; with ROPE q and k are read as halves.
     PART: tl.constexpr = HEAD_DIM // 2 if ROPE else HEAD_DIM
-    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1],
-                                       [BLOCK_M, PART])
-    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1],
-                                       [BLOCK_N, PART])
-    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], [stride_vt, 1],
-                                       [BLOCK_N, HEAD_DIM])
+    q_desc = tl.make_tensor_descriptor(
+        Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1], [BLOCK_M, PART]
+    )
+    k_desc = tl.make_tensor_descriptor(
+        K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1], [BLOCK_N, PART]
+    )
+    v_desc = tl.make_tensor_descriptor(
+        V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM]
+    )
     if ROPE:
         cos_q = tl.make_tensor_descriptor(COS, [T, PART], [stride_cs, 1], [BLOCK_M, PART])
         sin_q = tl.make_tensor_descriptor(SIN, [T, PART], [stride_cs, 1], [BLOCK_M, PART])
@@ -136,20 +174,40 @@ def _flash_fwd_kernel(
     if CAUSAL:
         # Keys [0, start_m·BLOCK_M) precede every query of this block and all lie inside T.
         diag = start_m * BLOCK_M
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, 0, diag,
-                                _FULL, ROPE, HEAD_DIM, BLOCK_N)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, diag,
-                                tl.minimum(diag + BLOCK_M, T), _DIAG, ROPE, HEAD_DIM, BLOCK_N)
+        acc, l_i, m_i = _attend(
+            acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, 0, diag, _FULL, ROPE, HEAD_DIM, BLOCK_N
+        )
+        acc, l_i, m_i = _attend(
+            acc,
+            l_i,
+            m_i,
+            q,
+            offs_m,
+            k_desc,
+            v_desc,
+            cos_k,
+            sin_k,
+            T,
+            diag,
+            tl.minimum(diag + BLOCK_M, T),
+            _DIAG,
+            ROPE,
+            HEAD_DIM,
+            BLOCK_N,
+        )
     else:
         full = (T // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, 0, full,
-                                _FULL, ROPE, HEAD_DIM, BLOCK_N)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, full, T,
-                                _TAIL, ROPE, HEAD_DIM, BLOCK_N)
+        acc, l_i, m_i = _attend(
+            acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, 0, full, _FULL, ROPE, HEAD_DIM, BLOCK_N
+        )
+        acc, l_i, m_i = _attend(
+            acc, l_i, m_i, q, offs_m, k_desc, v_desc, cos_k, sin_k, T, full, T, _TAIL, ROPE, HEAD_DIM, BLOCK_N
+        )
 
     # Writes BLOCK_M·D: row t of head h lands at o[b, t, h·D : (h+1)·D]; rows past T are dropped.
-    o_desc = tl.make_tensor_descriptor(O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1],
-                                       [BLOCK_M, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(
+        O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]
+    )
     o_desc.store([start_m * BLOCK_M, (h * HEAD_DIM).to(tl.int32)], (acc / l_i[:, None]).to(O.dtype.element_ty))
 
 
@@ -164,8 +222,6 @@ def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
     return autotune(configs, key=["T", "CAUSAL", "ROPE"])(_flash_fwd_kernel)
 
 
-
-
 def last_tuned_config(device: torch.device, head_dim: int) -> AttentionConfig | None:
     """The config the autotuner chose at its latest tuning on ``device`` for ``head_dim`` (None
     before the first call); benchmarks report it."""
@@ -177,15 +233,25 @@ def last_tuned_config(device: torch.device, head_dim: int) -> AttentionConfig | 
 
 def _check_rope(rope: tuple[Tensor, Tensor], q: Tensor) -> None:
     T, D = q.shape[2], q.shape[3]
-    for name, table in zip(("cos", "sin"), rope):
+    for name, table in zip(("cos", "sin"), rope, strict=True):
         if table.dim() != 2 or table.shape[0] < T or table.shape[1] != D // 2 or table.device != q.device:
-            raise ValueError(f"flash_attention: rope {name} must be [>= T, D/2] = [>= {T}, {D // 2}] on {q.device}, "
-                             f"got {tuple(table.shape)} on {table.device}")
+            raise ValueError(
+                f"flash_attention: rope {name} must be [>= T, D/2] = [>= {T}, {D // 2}] on {q.device}, "
+                f"got {tuple(table.shape)} on {table.device}"
+            )
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tuple[Tensor, Tensor] | None = None,
-                    scale: float | None = None, out: Tensor | None = None,
-                    config: AttentionConfig | None = None) -> Tensor:
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    rope: tuple[Tensor, Tensor] | None = None,
+    scale: float | None = None,
+    out: Tensor | None = None,
+    config: AttentionConfig | None = None,
+) -> Tensor:
     """Softmax attention ``softmax(q·kᵀ·scale [+ causal mask])·v``, one launch.
 
     q, k, v: ``[B, H, T, D]`` bf16/fp16 (fp32: tf32 on GPU), any strides (read in place when rows
@@ -205,7 +271,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tupl
     o = output_buffer("flash_attention", out, (B, T, H * D), q)
     if T == 0 or B * H == 0:
         return o
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     cos, sin = (tma_ready(t) for t in rope) if rope is not None else (q, q)  # never read without ROPE
     if cos.stride(0) != sin.stride(0):
@@ -215,21 +281,52 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, rope: tupl
     def grid(meta: dict) -> tuple[int, int]:
         return B * H, triton.cdiv(T, meta["BLOCK_M"])
 
-    args = (q, k, v, o, cos, sin, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), cos.stride(0), H, T, scale * _LOG2E)
+    args = (
+        q,
+        k,
+        v,
+        o,
+        cos,
+        sin,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        cos.stride(0),
+        H,
+        T,
+        scale * _LOG2E,
+    )
     meta = dict(HEAD_DIM=D, CAUSAL=causal, ROPE=rope is not None)
     if config is None:
         _tuned(q.device, D)[grid](*args, **meta)
     else:
-        _flash_fwd_kernel[grid({"BLOCK_M": config.block_m})](*args, **meta, BLOCK_M=config.block_m,
-                                                             BLOCK_N=config.block_n, num_warps=config.num_warps,
-                                                             num_stages=config.num_stages)
+        _flash_fwd_kernel[grid({"BLOCK_M": config.block_m})](
+            *args,
+            **meta,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
     return o
 
 
-def flash_attention_qkv(qkv: Tensor, heads: int, *, causal: bool, rope: tuple[Tensor, Tensor] | None = None,
-                        scale: float | None = None, out: Tensor | None = None,
-                        config: AttentionConfig | None = None) -> Tensor:
+def flash_attention_qkv(
+    qkv: Tensor,
+    heads: int,
+    *,
+    causal: bool,
+    rope: tuple[Tensor, Tensor] | None = None,
+    scale: float | None = None,
+    out: Tensor | None = None,
+    config: AttentionConfig | None = None,
+) -> Tensor:
     """``flash_attention`` on the fused projection ``qkv [B, T, 3·H·D]`` (q, k, v blocks of H·D
     channels, head-major inside each, as ``nn.Linear(d, 3d)`` of the model emits); reads it in place.
     Returns ``[B, T, H·D]``."""
@@ -243,4 +340,3 @@ def flash_attention_qkv(qkv: Tensor, heads: int, *, causal: bool, rope: tuple[Te
 def flops(B: int, H: int, T: int, D: int, *, causal: bool) -> float:
     """Matmul FLOPs of the forward: 4·T²·D per head, half of it causal (the mask's diagonal blocks ignored)."""
     return 4.0 * B * H * T * T * D / (2.0 if causal else 1.0)
-

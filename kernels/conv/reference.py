@@ -15,5 +15,5 @@ def causal_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None)
     """
     T, K = x.shape[1], weight.shape[1]
     padded = F.pad(x.float(), (0, 0, K - 1, 0))  # [B, K − 1 + T, C]: K − 1 zero steps before t = 0
-    y = sum(padded[:, j:j + T] * weight[:, j].float() for j in range(K))
+    y = sum(padded[:, j : j + T] * weight[:, j].float() for j in range(K))
     return y if bias is None else y + bias.float()

@@ -20,12 +20,20 @@ __all__ = ["causal_depthwise_conv"]
 
 @triton.jit
 def _causal_conv_kernel(
-    x, w, b, y,  # x, y [B, T, C]; w [C, K] contiguous; b [C]
-    T, C,
-    stride_xb, stride_xt, stride_yb, stride_yt,
+    x,
+    w,
+    b,
+    y,  # x, y [B, T, C]; w [C, K] contiguous; b [C]
+    T,
+    C,
+    stride_xb,
+    stride_xt,
+    stride_yb,
+    stride_yt,
     KERNEL: tl.constexpr,  # K, the filter length
     HAS_BIAS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     # Reads B·T·C elements once from HBM (the K − 1 halo rows and the K shifted re-reads of a
     # tile come from L1/L2) plus C·K weights, writes B·T·C; FLOPs 2·K·B·T·C.
@@ -62,13 +70,16 @@ def causal_depthwise_conv(
     out: a contiguous ``[B, T, C]`` buffer in x's dtype, or None. Returns ``[B, T, C]``.
     """
     if x.dim() != 3 or weight.dim() != 2:
-        raise ValueError(f"causal_depthwise_conv: x must be [B, T, C] and weight [C, K], "
-                         f"got {list(x.shape)} and {list(weight.shape)}")
+        raise ValueError(
+            f"causal_depthwise_conv: x must be [B, T, C] and weight [C, K], "
+            f"got {list(x.shape)} and {list(weight.shape)}"
+        )
     B, T, C = x.shape
     K = weight.shape[1]
     check_runnable("causal_depthwise_conv", x)
-    check_operands("causal_depthwise_conv", x.device, ("x", x, (B, T, C)), ("weight", weight, (C, K)),
-                   ("bias", bias, (C,)))
+    check_operands(
+        "causal_depthwise_conv", x.device, ("x", x, (B, T, C)), ("weight", weight, (C, K)), ("bias", bias, (C,))
+    )
     if K < 1:
         raise ValueError(f"causal_depthwise_conv: the filter length K must be >= 1, got {K}")
     if T * x.stride(1) > INT32_MAX or x.numel() > INT32_MAX:
@@ -82,9 +93,20 @@ def causal_depthwise_conv(
         config = conv_config(None if INTERPRETED else torch.cuda.get_device_capability(x.device))
     grid = (triton.cdiv(T, config.block_t), triton.cdiv(C, config.block_c), B)
     _causal_conv_kernel[grid](
-        x, weight.contiguous(), None if bias is None else bias.contiguous(), out, T, C,
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        KERNEL=K, HAS_BIAS=bias is not None, BLOCK_T=config.block_t, BLOCK_C=config.block_c,
+        x,
+        weight.contiguous(),
+        None if bias is None else bias.contiguous(),
+        out,
+        T,
+        C,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        KERNEL=K,
+        HAS_BIAS=bias is not None,
+        BLOCK_T=config.block_t,
+        BLOCK_C=config.block_c,
         num_warps=config.num_warps,
     )
     return out

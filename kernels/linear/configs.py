@@ -12,9 +12,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["LinearConfig", "HOPPER", "HOPPER_SHORT_K", "HOPPER_TMA", "DEFAULT", "SMALL_M", "INTERPRETER",
-           "INTERPRETER_TMA", "ALL", "SWEEP",
-           "SHORT_K_MAX", "SMALL_M_MAX", "m_bucket", "candidates", "prefers_tma"]
+__all__ = [
+    "LinearConfig",
+    "HOPPER",
+    "HOPPER_SHORT_K",
+    "HOPPER_TMA",
+    "DEFAULT",
+    "SMALL_M",
+    "INTERPRETER",
+    "INTERPRETER_TMA",
+    "ALL",
+    "SWEEP",
+    "SHORT_K_MAX",
+    "SMALL_M_MAX",
+    "m_bucket",
+    "candidates",
+    "prefers_tma",
+]
 
 
 @dataclass(frozen=True)
@@ -38,8 +52,9 @@ class LinearConfig:
 
     def __post_init__(self) -> None:
         if (self.flatten or self.warp_specialize or not self.persistent) and not self.tma:
-            raise ValueError("LinearConfig.flatten, warp_specialize and persistent apply to the TMA kernel only "
-                             "(tma=True)")
+            raise ValueError(
+                "LinearConfig.flatten, warp_specialize and persistent apply to the TMA kernel only (tma=True)"
+            )
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
@@ -127,25 +142,31 @@ _TMA_SWEEP = (
     LinearConfig(64, 128, 64, 8, 4, 4, tma=True),
 )
 INTERPRETER_TMA = LinearConfig(16, 16, 16, 2, 4, 1, tma=True)
-ALL = tuple(dict.fromkeys((*HOPPER, *HOPPER_SHORT_K, *DEFAULT, SMALL_M, *HOPPER_TMA)))  # everything the tuners may be handed
+ALL = tuple(
+    dict.fromkeys((*HOPPER, *HOPPER_SHORT_K, *DEFAULT, SMALL_M, *HOPPER_TMA))
+)  # everything the tuners may be handed
 # Candidates `benchmarks/kernels_linear_norm.py --sweep` times on the GPU at hand: the Hopper list
 # plus shallower pipelines whose smaller shared-memory footprint lets 2-4 programs share an SM
 # (one program's epilogue overlapping another's main loop), and taller/wider tiles.
-SWEEP = tuple(dict.fromkeys((
-    *HOPPER,
-    *HOPPER_SHORT_K,
-    LinearConfig(128, 128, 64, 8, 8, 4),
-    LinearConfig(128, 128, 64, 8, 4, 4),
-    LinearConfig(64, 128, 64, 8, 4, 4),
-    LinearConfig(128, 128, 64, 8, 8, 3),
-    LinearConfig(128, 128, 64, 8, 4, 2),
-    LinearConfig(64, 256, 64, 8, 4, 3),
-    *HOPPER_TMA,
-    *_TMA_SWEEP,
-    *(dataclasses.replace(c, flatten=True) for c in _TMA_SWEEP if c.block_n < 256),
-    *(dataclasses.replace(c, warp_specialize=True) for c in _TMA_SWEEP),
-    *_TMA_PER_TILE,
-)))
+SWEEP = tuple(
+    dict.fromkeys(
+        (
+            *HOPPER,
+            *HOPPER_SHORT_K,
+            LinearConfig(128, 128, 64, 8, 8, 4),
+            LinearConfig(128, 128, 64, 8, 4, 4),
+            LinearConfig(64, 128, 64, 8, 4, 4),
+            LinearConfig(128, 128, 64, 8, 8, 3),
+            LinearConfig(128, 128, 64, 8, 4, 2),
+            LinearConfig(64, 256, 64, 8, 4, 3),
+            *HOPPER_TMA,
+            *_TMA_SWEEP,
+            *(dataclasses.replace(c, flatten=True) for c in _TMA_SWEEP if c.block_n < 256),
+            *(dataclasses.replace(c, warp_specialize=True) for c in _TMA_SWEEP),
+            *_TMA_PER_TILE,
+        )
+    )
+)
 
 # Per compute capability: (candidates for K ≤ SHORT_K_MAX, candidates for longer K).
 _BY_CAPABILITY: dict[tuple[int, int], tuple[tuple[LinearConfig, ...], tuple[LinearConfig, ...]]] = {
@@ -167,13 +188,15 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
     return capability == (9, 0) and k > SHORT_K_MAX and m_bucket_ > SMALL_M_MAX
 
 
-def candidates(capability: tuple[int, int], m_bucket_: int, k: int, element_size: int,
-               tma: bool = False) -> tuple[LinearConfig, ...]:
+def candidates(
+    capability: tuple[int, int], m_bucket_: int, k: int, element_size: int, tma: bool = False
+) -> tuple[LinearConfig, ...]:
     """The configs worth timing for this GPU, M bucket, K and operand size (bytes). Never empty.
     ``tma``: the persistent TMA kernel's tilings (Hopper and later only)."""
     if tma:
-        fitting = tuple(c for c in HOPPER_TMA
-                        if c.block_m <= m_bucket_ and c.smem_bytes(element_size) <= _TMA_SMEM_BUDGET)
+        fitting = tuple(
+            c for c in HOPPER_TMA if c.block_m <= m_bucket_ and c.smem_bytes(element_size) <= _TMA_SMEM_BUDGET
+        )
         return fitting or (min(HOPPER_TMA, key=lambda c: (c.block_m, c.smem_bytes(element_size))),)
     if m_bucket_ <= SMALL_M_MAX:
         return (SMALL_M,)

@@ -11,8 +11,14 @@ _ACTIVATION_FNS = {None: lambda v: v, "gelu": F.gelu, "relu": F.relu, "silu": F.
 ACTIVATIONS = tuple(_ACTIVATION_FNS)  # None: no activation
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, activation: str | None = None,
-           residual: Tensor | None = None) -> Tensor:
+def linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
     """``act(x Wᵀ + bias) + residual`` computed in fp32 and returned in fp32 (before any rounding).
 
     x: ``[*, K]``; weight: ``[N, K]``; bias: ``[N]`` or None; residual: ``[*, N]`` or None.

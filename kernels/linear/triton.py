@@ -29,8 +29,17 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels._common import (ALIGN, INTERPRETED, as_rows, check_int32, check_operands, check_runnable, output_buffer,
-                             sm_count, use_torch_allocator)
+from kernels._common import (
+    ALIGN,
+    INTERPRETED,
+    as_rows,
+    check_int32,
+    check_operands,
+    check_runnable,
+    output_buffer,
+    sm_count,
+    use_torch_allocator,
+)
 from kernels.linear import configs as _configs
 from kernels.linear.configs import LinearConfig
 from kernels.linear.reference import ACTIVATIONS
@@ -75,16 +84,31 @@ def _activate(v, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def _linear_kernel(
-    x, w, b, r, y,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]
-    M, N, K,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_ym,
+    x,
+    w,
+    b,
+    r,
+    y,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_rm,
+    stride_ym,
     M_BUCKET,  # the autotuner's key for M; unused by the code
     ACTIVATION: tl.constexpr,  # "none" | "gelu" | "relu" | "silu"
-    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" for fp32 operands (torch's default), else "tf32"
     UPCAST: tl.constexpr,  # interpreter only: its tl.dot misreads bf16 operands, so feed it fp32
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask in the K loop
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     # FLOPs: 2·M·N·K. Fewest bytes: read M·K + N·K (+ N bias, + M·N residual), write M·N elements;
     # each program re-reads its K-panels of x and W (L2 absorbs most of it thanks to GROUP_M).
@@ -139,14 +163,30 @@ def _linear_kernel(
 
 @triton.jit
 def _linear_tma_kernel(
-    x, w, b, r, y,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]; rows unit-stride, 16-B aligned
-    M, N, K,
-    stride_xm, stride_wn, stride_rm, stride_ym,
+    x,
+    w,
+    b,
+    r,
+    y,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]; rows unit-stride, 16-B aligned
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_rm,
+    stride_ym,
     M_BUCKET,  # the autotuner's key for M; unused by the code
-    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
     PERSISTENT: tl.constexpr = True,  # read by the launch grid only (≤ one program per SM, or one per tile)
 ):
     # The same math as _linear_kernel. Persistent: the grid is at most one program per SM, and
@@ -161,8 +201,9 @@ def _linear_tma_kernel(
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(
+        tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
+    ):
         group = tile // (GROUP_M * tiles_n)
         first_m = group * GROUP_M
         group_rows = min(tiles_m - first_m, GROUP_M)
@@ -190,10 +231,17 @@ def _linear_tma_kernel(
 _even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 _fixed_kernel = _even_k(_linear_kernel)  # launched with an explicit config
 _TRITON_CONFIGS = {
-    c: triton.Config(dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-                          **(dict(FLATTEN=c.flatten, WARP_SPECIALIZE=c.warp_specialize, PERSISTENT=c.persistent)
-                             if c.tma else {})),
-                     num_warps=c.num_warps, num_stages=c.num_stages)
+    c: triton.Config(
+        dict(
+            BLOCK_M=c.block_m,
+            BLOCK_N=c.block_n,
+            BLOCK_K=c.block_k,
+            GROUP_M=c.group_m,
+            **(dict(FLATTEN=c.flatten, WARP_SPECIALIZE=c.warp_specialize, PERSISTENT=c.persistent) if c.tma else {}),
+        ),
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
+    )
     for c in _configs.ALL
 }
 _POINTER_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if not c.tma]
@@ -205,8 +253,13 @@ _last_tuner: list = []  # the tuner of the latest autotuned call, for last_tuned
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """The tuner's candidates for this call: ``configs.candidates`` for the device, M bucket and dtype."""
     x = named_args["x"]
-    picked = _configs.candidates(torch.cuda.get_device_capability(x.device), named_args["M_BUCKET"],
-                                 named_args["K"], x.element_size(), tma="stride_xk" not in named_args)
+    picked = _configs.candidates(
+        torch.cuda.get_device_capability(x.device),
+        named_args["M_BUCKET"],
+        named_args["K"],
+        x.element_size(),
+        tma="stride_xk" not in named_args,
+    )
     return [_TRITON_CONFIGS[c] for c in picked]
 
 
@@ -240,11 +293,15 @@ def _bench(fn: Callable[[], object], quantiles: Sequence[float]) -> list[float]:
 
 
 _tuned_kernel = autotune(
-    configs=_POINTER_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+    configs=_POINTER_CONFIGS,
+    key=["M_BUCKET", "N", "K"],
+    prune_configs_by={"early_config_prune": _prune},
     do_bench=_bench,
 )(_fixed_kernel)
 _tuned_tma_kernel = autotune(
-    configs=_TMA_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+    configs=_TMA_CONFIGS,
+    key=["M_BUCKET", "N", "K"],
+    prune_configs_by={"early_config_prune": _prune},
     do_bench=_bench,
 )(_linear_tma_kernel)
 
@@ -267,9 +324,10 @@ def last_tuned_config() -> LinearConfig | None:
 def _tma_addressable(*tensors: Tensor | None) -> bool:
     """Whether the TMA kernel can read/write these ``[rows, n]`` tensors: 16-B aligned bases and
     row strides, unit stride along n (tensor-descriptor rules)."""
-    return all(t is None or (t.data_ptr() % ALIGN == 0 and t.stride(1) == 1
-                             and (t.stride(0) * t.element_size()) % ALIGN == 0)
-               for t in tensors)
+    return all(
+        t is None or (t.data_ptr() % ALIGN == 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % ALIGN == 0)
+        for t in tensors
+    )
 
 
 _INTERPRETER_SMS = 10**9  # the interpreter's "SM count" for the persistent grid: one program per tile
@@ -329,27 +387,63 @@ def linear(
     if M == 0 or N == 0:
         return out
 
-    args = (x2, weight, bias, r2, y2, M, N, K, x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
-            0 if r2 is None else r2.stride(0), y2.stride(0), _configs.m_bucket(M))
-    meta = dict(ACTIVATION=activation or "none", HAS_BIAS=bias is not None, HAS_RESIDUAL=r2 is not None,
-                PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST=INTERPRETED)
+    args = (
+        x2,
+        weight,
+        bias,
+        r2,
+        y2,
+        M,
+        N,
+        K,
+        x2.stride(0),
+        x2.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        0 if r2 is None else r2.stride(0),
+        y2.stride(0),
+        _configs.m_bucket(M),
+    )
+    meta = dict(
+        ACTIVATION=activation or "none",
+        HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=r2 is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST=INTERPRETED,
+    )
 
     def grid(meta_: dict) -> tuple[int]:
         return (triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"]),)
 
     if config is None and INTERPRETED:
-        config = _configs.INTERPRETER_TMA if _USE_TMA else _configs.INTERPRETER  # timing interpreted candidates would measure numpy
+        config = (
+            _configs.INTERPRETER_TMA if _USE_TMA else _configs.INTERPRETER
+        )  # timing interpreted candidates would measure numpy
     if config is not None:
         tma = config.tma
     else:
         capability = torch.cuda.get_device_capability(x.device)
-        tma = capability >= (9, 0) and (_USE_TMA if _USE_TMA is not None
-                                        else _configs.prefers_tma(capability, _configs.m_bucket(M), K))
+        tma = capability >= (9, 0) and (
+            _USE_TMA if _USE_TMA is not None else _configs.prefers_tma(capability, _configs.m_bucket(M), K)
+        )
     if tma and _tma_addressable(x2, weight, r2, y2):
         use_torch_allocator()  # descriptors need launch-time scratch
         sms = _INTERPRETER_SMS if INTERPRETED else sm_count(x.device)
-        tma_args = (x2, weight, bias, r2, y2, M, N, K, x2.stride(0), weight.stride(0),
-                    0 if r2 is None else r2.stride(0), y2.stride(0), _configs.m_bucket(M))
+        tma_args = (
+            x2,
+            weight,
+            bias,
+            r2,
+            y2,
+            M,
+            N,
+            K,
+            x2.stride(0),
+            weight.stride(0),
+            0 if r2 is None else r2.stride(0),
+            y2.stride(0),
+            _configs.m_bucket(M),
+        )
 
         def tma_grid(meta_: dict) -> tuple[int]:
             return (tma_programs(M, N, meta_["BLOCK_M"], meta_["BLOCK_N"], meta_.get("PERSISTENT", True), sms),)
@@ -358,11 +452,19 @@ def linear(
             _last_tuner[:] = [_tuned_tma_kernel]
             _tuned_tma_kernel[tma_grid](*tma_args, **meta)
         else:
-            _linear_tma_kernel[tma_grid](*tma_args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                                         BLOCK_K=config.block_k, GROUP_M=config.group_m, FLATTEN=config.flatten,
-                                         WARP_SPECIALIZE=config.warp_specialize, PERSISTENT=config.persistent,
-                                         num_warps=config.num_warps,
-                                         num_stages=config.num_stages)
+            _linear_tma_kernel[tma_grid](
+                *tma_args,
+                **meta,
+                BLOCK_M=config.block_m,
+                BLOCK_N=config.block_n,
+                BLOCK_K=config.block_k,
+                GROUP_M=config.group_m,
+                FLATTEN=config.flatten,
+                WARP_SPECIALIZE=config.warp_specialize,
+                PERSISTENT=config.persistent,
+                num_warps=config.num_warps,
+                num_stages=config.num_stages,
+            )
         return out
     if config is not None and config.tma:  # operands a descriptor cannot address: the pointer kernel's tiling
         config = dataclasses.replace(config, tma=False, flatten=False, warp_specialize=False, persistent=True)
@@ -370,6 +472,14 @@ def linear(
         _last_tuner[:] = [_tuned_kernel]
         _tuned_kernel[grid](*args, **meta)
     else:
-        _fixed_kernel[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                            GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages)
+        _fixed_kernel[grid](
+            *args,
+            **meta,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k,
+            GROUP_M=config.group_m,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
     return out

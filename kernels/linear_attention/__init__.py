@@ -8,6 +8,14 @@ from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, S
 from kernels.linear_attention.reference import FEATURE_MAPS
 
 _KERNELS = ("linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config")
-__all__ = [*_KERNELS, "FEATURE_MAPS", "SUPPORTED_HEAD_DIMS", "ChunkConfig", "StepConfig", "padded_head_dim", "configs",
-           "reference"]
+__all__ = [
+    *_KERNELS,
+    "FEATURE_MAPS",
+    "SUPPORTED_HEAD_DIMS",
+    "ChunkConfig",
+    "StepConfig",
+    "padded_head_dim",
+    "configs",
+    "reference",
+]
 __getattr__ = lazy_exports(__name__, _KERNELS)

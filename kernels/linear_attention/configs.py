@@ -23,9 +23,22 @@ import torch
 from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
 from kernels.device import is_cuda
 
-__all__ = ["ChunkConfig", "StepConfig", "HOPPER", "DEFAULT", "INTERPRETER", "STEP", "INTERPRETER_STEP",
-           "SUPPORTED_HEAD_DIMS", "MAX_SPLIT", "SPLIT_PROGRAMS_PER_SM", "chunk_configs", "padded_head_dim", "split_for",
-           "step_config"]
+__all__ = [
+    "ChunkConfig",
+    "StepConfig",
+    "HOPPER",
+    "DEFAULT",
+    "INTERPRETER",
+    "STEP",
+    "INTERPRETER_STEP",
+    "SUPPORTED_HEAD_DIMS",
+    "MAX_SPLIT",
+    "SPLIT_PROGRAMS_PER_SM",
+    "chunk_configs",
+    "padded_head_dim",
+    "split_for",
+    "step_config",
+]
 
 
 def _power_of_two(owner: str, name: str, value: int) -> None:
@@ -75,8 +88,13 @@ class StepConfig:
 HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
     16: (ChunkConfig(64, 16, 4, 2), ChunkConfig(32, 16, 4, 2)),
     32: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 32, 4, 1)),
-    64: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 64, 8, 2), ChunkConfig(64, 32, 4, 1),
-         ChunkConfig(64, 16, 4, 1)),
+    64: (
+        ChunkConfig(64, 32, 4, 2),
+        ChunkConfig(64, 16, 4, 2),
+        ChunkConfig(64, 64, 8, 2),
+        ChunkConfig(64, 32, 4, 1),
+        ChunkConfig(64, 16, 4, 1),
+    ),
     128: (ChunkConfig(64, 32, 8, 2), ChunkConfig(64, 16, 8, 2), ChunkConfig(64, 64, 8, 2)),
 }
 # Sequence split: split s costs the prefix sums (segment i re-reads i/s of k and v: +19-52% time at

@@ -45,7 +45,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str) -> Te
     B, H, T, D = q.shape
     qf, kf = feature(q, feature_map), feature(k, feature_map)
     if not normalizes(feature_map):
-        qf = qf * D ** -0.5
+        qf = qf * D**-0.5
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     scores = (qf @ kf.transpose(-1, -2)).masked_fill(~causal, 0.0)  # [B, H, T, T]
     out = scores @ v.float()
@@ -60,7 +60,7 @@ def step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor, *, feature_m
     B, H, D = q.shape
     qf, kf = feature(q, feature_map), feature(k, feature_map)
     if not normalizes(feature_map):
-        qf = qf * D ** -0.5
+        qf = qf * D**-0.5
     state += kf.unsqueeze(-1) * v.float().unsqueeze(-2)
     z += kf
     out = (qf.unsqueeze(-1) * state).sum(-2)  # [B, H, D]

@@ -45,9 +45,9 @@ from torch import Tensor
 
 from kernels._autotune import autotune
 from kernels._common import check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
+from kernels.device import is_cuda
 from kernels.linear_attention.configs import ChunkConfig, chunk_configs, split_for, step_config
 from kernels.linear_attention.reference import CHUNK, EPS, FEATURE_MAPS, normalizes
-from kernels.device import is_cuda
 
 __all__ = ["linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config"]
 
@@ -66,9 +66,23 @@ def _feature(x, FEATURE: tl.constexpr):
 
 
 @triton.jit
-def _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, t0, o_col, T, q_scale,
-           MASKED: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr, SUM_Z: tl.constexpr,
-           CHUNK: tl.constexpr):
+def _chunk(
+    S,
+    Z,
+    q_desc,
+    k_desc,
+    v_desc,
+    o_desc,
+    t0,
+    o_col,
+    T,
+    q_scale,
+    MASKED: tl.constexpr,
+    FEATURE: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    SUM_Z: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """One chunk of CHUNK tokens from t0: writes its outputs and returns the state after it.
 
     The normalizer rides on the tensor cores too: Z ``[D, 16]`` holds z in column 0 (zeros
@@ -122,11 +136,32 @@ def _state_of(S, Z, k_desc, v_desc, t0, FEATURE: tl.constexpr, SUM_Z: tl.constex
 
 @triton.jit(do_not_specialize=["BH", "SPLIT"])
 def _chunked_fwd_kernel(
-    Q, K, V, O, S_OUT, Z_OUT,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; S_OUT [B, H, D, D], Z_OUT [B, H, D] fp32
-    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
-    H, T, BH, q_scale, SPLIT,
-    HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, FEATURE: tl.constexpr,
-    NORMALIZE: tl.constexpr, STORE_STATE: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    S_OUT,
+    Z_OUT,  # q, k, v [B, H, T, D] strided; o [B, T, H·D]; S_OUT [B, H, D, D], Z_OUT [B, H, D] fp32
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    H,
+    T,
+    BH,
+    q_scale,
+    SPLIT,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    CHUNK: tl.constexpr,
+    FEATURE: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    STORE_STATE: tl.constexpr,
 ):
     # One program per (batch·head, segment of the sequence, block of value channels), flattened
     # so the programs of one head are adjacent (its k, v stay in L2 for the prefix loops) and,
@@ -146,14 +181,18 @@ def _chunked_fwd_kernel(
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     # Descriptors over this head's [T, D] rows (v and o: this program's BLOCK_V columns of them).
-    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1],
-                                       [CHUNK, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1],
-                                       [CHUNK, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1],
-                                       [CHUNK, BLOCK_V])
-    o_desc = tl.make_tensor_descriptor(O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1],
-                                       [CHUNK, BLOCK_V])
+    q_desc = tl.make_tensor_descriptor(
+        Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1], [CHUNK, HEAD_DIM]
+    )
+    k_desc = tl.make_tensor_descriptor(
+        K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1], [CHUNK, HEAD_DIM]
+    )
+    v_desc = tl.make_tensor_descriptor(
+        V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1], [CHUNK, BLOCK_V]
+    )
+    o_desc = tl.make_tensor_descriptor(
+        O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1], [CHUNK, BLOCK_V]
+    )
     o_col = (h * HEAD_DIM + v0).to(tl.int32)
 
     S = tl.zeros([HEAD_DIM, BLOCK_V], tl.float32)
@@ -165,11 +204,13 @@ def _chunked_fwd_kernel(
     # Then the segment's own chunks in order, carrying the state.
     full = tl.minimum(T // CHUNK, c_hi)
     for c in range(c_lo, full):
-        S, Z = _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, False, FEATURE, NORMALIZE,
-                      SUM_Z, CHUNK)
+        S, Z = _chunk(
+            S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, False, FEATURE, NORMALIZE, SUM_Z, CHUNK
+        )
     for c in range(tl.maximum(full, c_lo), c_hi):  # the partial last chunk, if any
-        S, Z = _chunk(S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, True, FEATURE, NORMALIZE,
-                      SUM_Z, CHUNK)
+        S, Z = _chunk(
+            S, Z, q_desc, k_desc, v_desc, o_desc, c * CHUNK, o_col, T, q_scale, True, FEATURE, NORMALIZE, SUM_Z, CHUNK
+        )
 
     if STORE_STATE:  # the last segment ends with the whole sequence's state; 4·D·BLOCK_V (+ 4·D) bytes
         if c_hi == n_chunks:  # only the last segment (never empty) ends there
@@ -183,9 +224,24 @@ def _chunked_fwd_kernel(
 
 @triton.jit
 def _step_kernel(
-    Q, K, V, S, Z, O,  # q, k, v [B, H, D] strided; S [B, H, D, D], Z [B, H, D] fp32 in place; o [B, H·D]
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, H, q_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
+    Q,
+    K,
+    V,
+    S,
+    Z,
+    O,  # q, k, v [B, H, D] strided; S [B, H, D, D], Z [B, H, D] fp32 in place; o [B, H·D]
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    H,
+    q_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    FEATURE: tl.constexpr,
+    NORMALIZE: tl.constexpr,
     HAS_Z: tl.constexpr,
 ):
     # Reads and writes the 4·D² state bytes once (memory-bound), plus 3·D inputs and D outputs.
@@ -219,9 +275,7 @@ def _feature_args(feature_map: str, head_dim: int) -> tuple[bool, float]:
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {feature_map!r}")
     normalize = normalizes(feature_map)
-    return normalize, 1.0 if normalize else head_dim ** -0.5
-
-
+    return normalize, 1.0 if normalize else head_dim**-0.5
 
 
 def last_tuned_config(device: torch.device, head_dim: int) -> ChunkConfig | None:
@@ -230,13 +284,21 @@ def last_tuned_config(device: torch.device, head_dim: int) -> ChunkConfig | None
     best = getattr(_tuned(device, head_dim), "best_config", None)
     if best is None:
         return None
-    return ChunkConfig(best.kwargs["CHUNK"], best.kwargs["BLOCK_V"], best.num_warps, best.num_stages,
-                       split=_last_split.get((device, head_dim), 1))
+    return ChunkConfig(
+        best.kwargs["CHUNK"],
+        best.kwargs["BLOCK_V"],
+        best.num_warps,
+        best.num_stages,
+        split=_last_split.get((device, head_dim), 1),
+    )
 
 
 def _launch_config(cfg: ChunkConfig, head_dim: int) -> triton.Config:
-    return triton.Config({"CHUNK": cfg.chunk, "BLOCK_V": min(cfg.block_v, head_dim), "SPLIT": cfg.split},
-                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return triton.Config(
+        {"CHUNK": cfg.chunk, "BLOCK_V": min(cfg.block_v, head_dim), "SPLIT": cfg.split},
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
 
 
 _last_split: dict[tuple[torch.device, int], int] = {}  # the split of the latest autotuned launch, for reports
@@ -254,15 +316,26 @@ def _split(device: torch.device, batch_heads: int, head_dim: int, T: int) -> int
 def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
     """The chunked kernel autotuned over ``configs.chunk_configs`` (block_v capped at D), cached
     per length, batch·heads, feature map, state output and dtypes."""
-    seen = dict.fromkeys((c.chunk, min(c.block_v, head_dim), c.num_warps, c.num_stages)
-                         for c in chunk_configs(device, head_dim))
-    configs = [triton.Config({"CHUNK": chunk, "BLOCK_V": block_v}, num_warps=warps, num_stages=stages)
-               for chunk, block_v, warps, stages in seen]
+    seen = dict.fromkeys(
+        (c.chunk, min(c.block_v, head_dim), c.num_warps, c.num_stages) for c in chunk_configs(device, head_dim)
+    )
+    configs = [
+        triton.Config({"CHUNK": chunk, "BLOCK_V": block_v}, num_warps=warps, num_stages=stages)
+        for chunk, block_v, warps, stages in seen
+    ]
     return autotune(configs, key=["T", "BH", "SPLIT", "FEATURE", "STORE_STATE"])(_chunked_fwd_kernel)
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, return_state: bool = False,
-                     out: Tensor | None = None, config: ChunkConfig | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: str,
+    return_state: bool = False,
+    out: Tensor | None = None,
+    config: ChunkConfig | None = None,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Causal linear attention of the raw projections, feature map applied in-kernel; one launch.
 
     q, k, v: ``[B, H, T, D]`` bf16/fp16 (fp32: tf32 on GPU), any strides (read in place when rows
@@ -286,22 +359,42 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, retur
         def grid(meta: dict) -> tuple[int]:
             return (B * H * meta["SPLIT"] * (D // meta["BLOCK_V"]),)
 
-        args = (q, k, v, o, state, z,
-                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                v.stride(0), v.stride(1), v.stride(2), H, T, B * H, q_scale)
+        args = (
+            q,
+            k,
+            v,
+            o,
+            state,
+            z,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k.stride(0),
+            k.stride(1),
+            k.stride(2),
+            v.stride(0),
+            v.stride(1),
+            v.stride(2),
+            H,
+            T,
+            B * H,
+            q_scale,
+        )
         meta = dict(HEAD_DIM=D, FEATURE=feature_map, NORMALIZE=normalize, STORE_STATE=return_state)
         if config is None:
             split = _last_split[(q.device, D)] = _split(q.device, B * H, D, T)
             _tuned(q.device, D)[grid](*args, SPLIT=split, **meta)
         else:
             launch = _launch_config(config, D)
-            _chunked_fwd_kernel[grid(launch.kwargs)](*args, **launch.kwargs, **meta, num_warps=launch.num_warps,
-                                                     num_stages=launch.num_stages)
+            _chunked_fwd_kernel[grid(launch.kwargs)](
+                *args, **launch.kwargs, **meta, num_warps=launch.num_warps, num_stages=launch.num_stages
+            )
     return (o, state, z) if return_state else o
 
 
-def linear_attention_qkv(qkv: Tensor, heads: int, *, feature_map: str, out: Tensor | None = None,
-                         config: ChunkConfig | None = None) -> Tensor:
+def linear_attention_qkv(
+    qkv: Tensor, heads: int, *, feature_map: str, out: Tensor | None = None, config: ChunkConfig | None = None
+) -> Tensor:
     """``linear_attention`` on the fused projection ``qkv [B, T, 3·H·D]``, read in place → ``[B, T, H·D]``."""
     if qkv.dim() != 3 or qkv.shape[-1] % (3 * heads):
         raise ValueError(f"qkv must be [B, T, 3·H·D] with H={heads}, got {tuple(qkv.shape)}")
@@ -310,8 +403,9 @@ def linear_attention_qkv(qkv: Tensor, heads: int, *, feature_map: str, out: Tens
     return linear_attention(q, k, v, feature_map=feature_map, out=out, config=config)
 
 
-def linear_attention_step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor | None, *,
-                          feature_map: str) -> Tensor:
+def linear_attention_step(
+    q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor | None, *, feature_map: str
+) -> Tensor:
     """One decoding step: S += φ(k)vᵀ, z += φ(k) in place, then o = φ(q)·S [/ (φ(q)·z + EPS)].
 
     q, k, v: ``[B, H, D]`` one token (any strides; ``qkv[:, t].view(B, 3, H, D).unbind(1)``
@@ -323,8 +417,9 @@ def linear_attention_step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Ten
     normalize, q_scale = _feature_args(feature_map, q.shape[-1])
     B, H, D = q.shape
     if state.shape != (B, H, D, D) or state.dtype != torch.float32 or not state.is_contiguous():
-        raise ValueError(f"state must be contiguous fp32 [B, H, D, D] = {[B, H, D, D]}, got "
-                         f"{state.dtype} {tuple(state.shape)}")
+        raise ValueError(
+            f"state must be contiguous fp32 [B, H, D, D] = {[B, H, D, D]}, got {state.dtype} {tuple(state.shape)}"
+        )
     if z is None and normalize:
         raise ValueError(f"feature_map {feature_map!r} is normalized: z [B, H, D] is required")
     if z is not None and (z.shape != (B, H, D) or z.dtype != torch.float32 or not z.is_contiguous()):
@@ -333,9 +428,25 @@ def linear_attention_step(q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Ten
     o = torch.empty(B, H * D, device=q.device, dtype=q.dtype)
     cfg = step_config(q.device)
     _step_kernel[(B * H,)](
-        q, k, v, state, z if z is not None else state, o,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), H, q_scale,
-        HEAD_DIM=D, BLOCK_V=min(cfg.block_v, D), FEATURE=feature_map, NORMALIZE=normalize, HAS_Z=z is not None,
+        q,
+        k,
+        v,
+        state,
+        z if z is not None else state,
+        o,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        H,
+        q_scale,
+        HEAD_DIM=D,
+        BLOCK_V=min(cfg.block_v, D),
+        FEATURE=feature_map,
+        NORMALIZE=normalize,
+        HAS_Z=z is not None,
         num_warps=cfg.num_warps,
     )
     return o

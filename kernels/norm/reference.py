@@ -18,8 +18,9 @@ def _residual_stream(x: Tensor, residual: Tensor | None) -> Tensor:
     return x if residual is None else (x.float() + residual.float()).to(x.dtype)
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = EPS, *,
-               residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+def layer_norm(
+    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = EPS, *, residual: Tensor | None = None
+) -> Tensor | tuple[Tensor, Tensor]:
     """``(h − mean) / √(var + eps) · weight + bias`` over the last dim, biased variance.
 
     x, residual: ``[*, N]``; weight, bias: ``[N]``. Returns y (fp32), or ``(y, h)`` with a residual.
@@ -34,8 +35,9 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = EPS,
     return y if residual is None else (y, h)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = EPS, *,
-             residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float = EPS, *, residual: Tensor | None = None
+) -> Tensor | tuple[Tensor, Tensor]:
     """``h / √(mean(h²) + eps) · weight`` over the last dim.
 
     x, residual: ``[*, N]``; weight: ``[N]``. Returns y (fp32), or ``(y, h)`` with a residual.

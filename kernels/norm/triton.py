@@ -26,12 +26,24 @@ __all__ = ["layer_norm", "rms_norm"]
 
 @triton.jit
 def _norm_kernel(
-    x, r, w, b, y, h,  # x, r, y, h [M, N]; w, b [N]
-    M, N, eps,
-    stride_xm, stride_rm, stride_ym, stride_hm,
+    x,
+    r,
+    w,
+    b,
+    y,
+    h,  # x, r, y, h [M, N]; w, b [N]
+    M,
+    N,
+    eps,
+    stride_xm,
+    stride_rm,
+    stride_ym,
+    stride_hm,
     RMS: tl.constexpr,  # RMSNorm (no centring, no bias) instead of LayerNorm
-    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     # Per row: read N (x) [+ N (r)], write N (y) [+ N (h)] elements; w and b (N each) stay in L2.
     # FLOPs ≈ 7·N (LayerNorm) / 4·N (RMSNorm): memory-bound by two orders of magnitude.
@@ -60,8 +72,17 @@ def _norm_kernel(
     tl.store(y + rows[:, None] * stride_ym + cols[None, :], v.to(y.dtype.element_ty), mask=mask)
 
 
-def _norm(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, residual: Tensor | None,
-          out: Tensor | None, residual_out: Tensor | None, config: NormConfig | None) -> Tensor | tuple[Tensor, Tensor]:
+def _norm(
+    op: str,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    residual: Tensor | None,
+    out: Tensor | None,
+    residual_out: Tensor | None,
+    config: NormConfig | None,
+) -> Tensor | tuple[Tensor, Tensor]:
     if x.dim() < 1:
         raise ValueError(f"{op}: x must be [*, N], got a 0-dim tensor")
     N = x.shape[-1]
@@ -69,8 +90,9 @@ def _norm(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, r
         raise ValueError(f"{op}: the normalized dim must be in [1, {MAX_N}], got N = {N}")
     check_runnable(op, x)
     check_int32(op, "x", x)
-    check_operands(op, x.device, ("x", x, x.shape), ("weight", weight, (N,)), ("bias", bias, (N,)),
-                   ("residual", residual, x.shape))
+    check_operands(
+        op, x.device, ("x", x, x.shape), ("weight", weight, (N,)), ("bias", bias, (N,)), ("residual", residual, x.shape)
+    )
     if residual is not None and residual.dtype != x.dtype:
         raise ValueError(f"{op}: residual.dtype must equal x.dtype ({x.dtype}), got {residual.dtype}")
     if residual is None and residual_out is not None:
@@ -86,10 +108,25 @@ def _norm(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, r
         if config is None:
             config = INTERPRETER if INTERPRETED else norm_config(N)
         _norm_kernel[(triton.cdiv(M, config.rows),)](
-            x2, r2, weight.contiguous(), None if bias is None else bias.contiguous(), y2, h2, M, N, float(eps),
-            x2.stride(0), 0 if r2 is None else r2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0),
-            RMS=op == "rms_norm", HAS_BIAS=bias is not None, HAS_RESIDUAL=r2 is not None,
-            ROWS=config.rows, BLOCK_N=triton.next_power_of_2(N), num_warps=config.num_warps,
+            x2,
+            r2,
+            weight.contiguous(),
+            None if bias is None else bias.contiguous(),
+            y2,
+            h2,
+            M,
+            N,
+            float(eps),
+            x2.stride(0),
+            0 if r2 is None else r2.stride(0),
+            y2.stride(0),
+            0 if h2 is None else h2.stride(0),
+            RMS=op == "rms_norm",
+            HAS_BIAS=bias is not None,
+            HAS_RESIDUAL=r2 is not None,
+            ROWS=config.rows,
+            BLOCK_N=triton.next_power_of_2(N),
+            num_warps=config.num_warps,
         )
     return y if h is None else (y, h)
 

@@ -12,10 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from kernels.device import is_cuda
 
-__all__ = ["StepConfig", "HOPPER", "HOPPER_NORM", "DEFAULT", "DEFAULT_NORM", "INTERPRETER", "SWEEP",
-           "NORM_SWEEP", "step_config", "norm_config"]
+__all__ = [
+    "StepConfig",
+    "HOPPER",
+    "HOPPER_NORM",
+    "DEFAULT",
+    "DEFAULT_NORM",
+    "INTERPRETER",
+    "SWEEP",
+    "NORM_SWEEP",
+    "step_config",
+    "norm_config",
+]
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._common import INTERPRETED
-from kernels.optim.configs import StepConfig, norm_config, step_config
 from kernels.device import is_cuda
+from kernels.optim.configs import StepConfig, norm_config, step_config
 
 __all__ = [
     "PARAM_DTYPES",
@@ -125,8 +125,18 @@ def _round(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _sgd(w, g, buf, lr, decay, weight_decay, momentum, MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr,
-         COUPLED_DECAY: tl.constexpr):
+def _sgd(
+    w,
+    g,
+    buf,
+    lr,
+    decay,
+    weight_decay,
+    momentum,
+    MOMENTUM: tl.constexpr,
+    NESTEROV: tl.constexpr,
+    COUPLED_DECAY: tl.constexpr,
+):
     """reference.sgd_step_ on one chunk: returns (w, buf)."""
     if COUPLED_DECAY:
         g = g + weight_decay * w
@@ -178,12 +188,30 @@ def _step_kernel(
     blocks,  # *i64 [n_programs]: tensor index << 32 | chunk index
     clip_scale,  # *f32 []: read only when CLIP
     seed,  # i32: Philox key of this step's noise (do_not_specialize: no recompiles)
-    noise_std, lr, decay, weight_decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, momentum,
-    step_size, bias_correction1, bias_correction2_sqrt, rect,  # f32 run-time scalars
+    noise_std,
+    lr,
+    decay,
+    weight_decay,
+    beta1,
+    beta2,
+    one_minus_beta1,
+    one_minus_beta2,
+    eps,
+    momentum,
+    step_size,
+    bias_correction1,
+    bias_correction2_sqrt,
+    rect,  # f32 run-time scalars
     RULE: tl.constexpr,  # "sgd" | "adamw" | "radam" | "lion"
-    P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
-    MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, COUPLED_DECAY: tl.constexpr,
-    CLIP: tl.constexpr, NOISE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
+    P_DTYPE: tl.constexpr,
+    G_DTYPE: tl.constexpr,
+    MOMENTUM: tl.constexpr,
+    NESTEROV: tl.constexpr,
+    COUPLED_DECAY: tl.constexpr,
+    CLIP: tl.constexpr,
+    NOISE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # Bytes per element (fp32 param / bf16 param; state is fp32):
     #   AdamW, RAdam: read p, g, m, v; write p, m, v  = 28 / 22 B
@@ -211,8 +239,7 @@ def _step_kernel(
             _store(buf_ptrs, buf, offs, numel, full)
     elif RULE == "lion":
         m_ptrs = _ptrs(row, _STATE1, tl.float32, offs, ALIGNED, BLOCK)
-        w, m = _lion(w, g, _load(m_ptrs, offs, numel, full), lr, decay, beta1, beta2, one_minus_beta1,
-                     one_minus_beta2)
+        w, m = _lion(w, g, _load(m_ptrs, offs, numel, full), lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2)
         _store(m_ptrs, m, offs, numel, full)
     else:
         m_ptrs = _ptrs(row, _STATE1, tl.float32, offs, ALIGNED, BLOCK)
@@ -234,7 +261,9 @@ def _sum_squares_kernel(
     tensors,  # *i64 [T, 6]: the grad address in column 1, numel in column 4
     blocks,  # *i64 [n_programs]
     partials,  # *f32 [n_programs]: Σ g² over this program's chunk
-    G_DTYPE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
+    G_DTYPE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # Reads g (4 B fp32 / 2 B bf16 per element); writes 4 B per program.
     row, offs, numel, full = _chunk(tensors, blocks, BLOCK)
@@ -258,8 +287,13 @@ _TABLE_CACHE: OrderedDict[tuple, _Tables] = OrderedDict()
 _TABLE_CACHE_SIZE = 64
 
 
-def _tables(columns: Sequence[Sequence[Tensor | None]], numels: Sequence[int], noise_offsets: Sequence[int],
-            device: torch.device, block: int) -> _Tables:
+def _tables(
+    columns: Sequence[Sequence[Tensor | None]],
+    numels: Sequence[int],
+    noise_offsets: Sequence[int],
+    device: torch.device,
+    block: int,
+) -> _Tables:
     """The tensor and block tables for ``columns`` (p, g, state1, state2 lists; None = unused),
     cached by every address, numel and offset: they change only when a tensor is reallocated."""
     addresses = [[0 if t is None else t.data_ptr() for t in column] for column in columns]
@@ -268,7 +302,9 @@ def _tables(columns: Sequence[Sequence[Tensor | None]], numels: Sequence[int], n
     if cached is not None:
         _TABLE_CACHE.move_to_end(key)
         return cached
-    rows = torch.tensor([[*row, n, o] for *row, n, o in zip(*addresses, numels, noise_offsets)], dtype=torch.int64)
+    rows = torch.tensor(
+        [[*row, n, o] for *row, n, o in zip(*addresses, numels, noise_offsets, strict=True)], dtype=torch.int64
+    )
     n_blocks = (torch.tensor(numels, dtype=torch.int64) + block - 1) // block  # [T]
     tensor_index = torch.repeat_interleave(torch.arange(len(numels)), n_blocks)
     first = torch.repeat_interleave(torch.cumsum(n_blocks, 0) - n_blocks, n_blocks)
@@ -278,7 +314,7 @@ def _tables(columns: Sequence[Sequence[Tensor | None]], numels: Sequence[int], n
         host = host.pin_memory()  # the caching host allocator keeps it until the async copy lands
     table = host.to(device, non_blocking=True)
     aligned = all(a % _ALIGN == 0 for column in addresses for a in column)
-    tables = _Tables(table[: rows.numel()], table[rows.numel():], aligned)
+    tables = _Tables(table[: rows.numel()], table[rows.numel() :], aligned)
     _TABLE_CACHE[key] = tables
     if len(_TABLE_CACHE) > _TABLE_CACHE_SIZE:
         _TABLE_CACHE.popitem(last=False)
@@ -324,43 +360,70 @@ class _Scalars:
     rect: float = 0.0
 
 
-def _launch(rule: str, columns: list[Sequence[Tensor | None]], indices: list[int], scalars: _Scalars, *,
-            clip_scale: Tensor | None, noise_std: float, seed: int, offsets: list[int], config: StepConfig | None,
-            momentum: bool = False, nesterov: bool = False, coupled_decay: bool = False) -> None:
+def _launch(
+    rule: str,
+    columns: list[Sequence[Tensor | None]],
+    indices: list[int],
+    scalars: _Scalars,
+    *,
+    clip_scale: Tensor | None,
+    noise_std: float,
+    seed: int,
+    offsets: list[int],
+    config: StepConfig | None,
+    momentum: bool = False,
+    nesterov: bool = False,
+    coupled_decay: bool = False,
+) -> None:
     """One launch over tensors ``indices`` of ``columns`` (all on one device, one p and g dtype)."""
     params, grads = columns[0], columns[1]
     first = params[indices[0]]
     config = config or step_config(first.device)
     picked = [[None if column is None else column[i] for i in indices] for column in columns]
-    tables = _tables(picked, [params[i].numel() for i in indices], [offsets[i] for i in indices],
-                     first.device, config.block)
+    tables = _tables(
+        picked, [params[i].numel() for i in indices], [offsets[i] for i in indices], first.device, config.block
+    )
     n_programs = tables.blocks.numel()
     if n_programs == 0:
         return
     if clip_scale is not None:
         clip_scale = clip_scale.to(device=first.device, dtype=torch.float32)
     _step_kernel[(n_programs,)](
-        tables.tensors, tables.blocks,
+        tables.tensors,
+        tables.blocks,
         tables.tensors if clip_scale is None else clip_scale,  # a placeholder pointer when CLIP is off
-        seed, float(noise_std), **vars(scalars),
-        RULE=rule, P_DTYPE=_TL_DTYPES[first.dtype], G_DTYPE=_TL_DTYPES[grads[indices[0]].dtype],
-        MOMENTUM=momentum, NESTEROV=nesterov, COUPLED_DECAY=coupled_decay,
-        CLIP=clip_scale is not None, NOISE=noise_std > 0, ALIGNED=tables.aligned, BLOCK=config.block,
-        num_warps=config.num_warps, enable_fp_fusion=False,
+        seed,
+        float(noise_std),
+        **vars(scalars),
+        RULE=rule,
+        P_DTYPE=_TL_DTYPES[first.dtype],
+        G_DTYPE=_TL_DTYPES[grads[indices[0]].dtype],
+        MOMENTUM=momentum,
+        NESTEROV=nesterov,
+        COUPLED_DECAY=coupled_decay,
+        CLIP=clip_scale is not None,
+        NOISE=noise_std > 0,
+        ALIGNED=tables.aligned,
+        BLOCK=config.block,
+        num_warps=config.num_warps,
+        enable_fp_fusion=False,
     )
 
 
-def _buckets(params: Sequence[Tensor], grads: Sequence[Tensor], steps: Sequence[int] | None = None, *,
-             checked: bool = False) -> list[list[int]]:
+def _buckets(
+    params: Sequence[Tensor], grads: Sequence[Tensor], steps: Sequence[int] | None = None, *, checked: bool = False
+) -> list[list[int]]:
     """Indices grouped by what must share a launch: device, param and grad dtype (and step).
     ``checked``: the caller has already verified ``supports`` for every pair (the optimizer
     does, once per step), so the per-tensor check is not repeated on this hot path."""
     if not checked:
         for i, (p, g) in enumerate(zip(params, grads, strict=True)):
             if not supports(p, g):
-                raise ValueError(f"tensor {i} ({p.dtype}, {tuple(p.shape)}, {p.device}) is not supported by the "
-                                 f"fused kernel: params must be {PARAM_DTYPES}, contiguous, with a grad of the same "
-                                 "dtype")
+                raise ValueError(
+                    f"tensor {i} ({p.dtype}, {tuple(p.shape)}, {p.device}) is not supported by the "
+                    f"fused kernel: params must be {PARAM_DTYPES}, contiguous, with a grad of the same "
+                    "dtype"
+                )
     if len(params) != len(grads):
         raise ValueError(f"{len(params)} params but {len(grads)} grads")
     if not params:
@@ -368,9 +431,10 @@ def _buckets(params: Sequence[Tensor], grads: Sequence[Tensor], steps: Sequence[
     p0, g0 = params[0], grads[0]
     device, p_dtype, g_dtype = p0.get_device(), p0.dtype, g0.dtype
     step0 = None if steps is None else steps[0]
-    if (all(p.dtype is p_dtype and g.dtype is g_dtype and p.get_device() == device
-            for p, g in zip(params, grads, strict=True))
-            and (steps is None or all(s == step0 for s in steps))):
+    if all(
+        p.dtype is p_dtype and g.dtype is g_dtype and p.get_device() == device
+        for p, g in zip(params, grads, strict=True)
+    ) and (steps is None or all(s == step0 for s in steps)):
         return [list(range(len(params)))]  # the common case: one launch over everything
     groups: dict[tuple, list[int]] = {}
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
@@ -420,9 +484,20 @@ def sgd_step_(
     scalars = _Scalars(lr=lr, decay=1 - lr * weight_decay, weight_decay=weight_decay, momentum=momentum)
     offsets = _noise_offsets(params, noise_std > 0)
     for indices in _buckets(params, grads, checked=checked):
-        _launch("sgd", [params, grads, momentum_buffers, None], indices, scalars, clip_scale=clip_scale,
-                noise_std=noise_std, seed=seed, offsets=offsets, config=config, momentum=momentum != 0,
-                nesterov=nesterov, coupled_decay=not decoupled_weight_decay)
+        _launch(
+            "sgd",
+            [params, grads, momentum_buffers, None],
+            indices,
+            scalars,
+            clip_scale=clip_scale,
+            noise_std=noise_std,
+            seed=seed,
+            offsets=offsets,
+            config=config,
+            momentum=momentum != 0,
+            nesterov=nesterov,
+            coupled_decay=not decoupled_weight_decay,
+        )
 
 
 def _adam_step_(
@@ -462,12 +537,28 @@ def _adam_step_(
             if rho_t > 5.0:
                 rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
         scalars = _Scalars(
-            lr=lr, decay=1 - lr * weight_decay, beta2=beta2, one_minus_beta1=1 - beta1, one_minus_beta2=1 - beta2,
-            eps=eps, step_size=lr / bias_correction1, bias_correction1=bias_correction1,
-            bias_correction2_sqrt=bias_correction2**0.5, rect=rect,
+            lr=lr,
+            decay=1 - lr * weight_decay,
+            beta2=beta2,
+            one_minus_beta1=1 - beta1,
+            one_minus_beta2=1 - beta2,
+            eps=eps,
+            step_size=lr / bias_correction1,
+            bias_correction1=bias_correction1,
+            bias_correction2_sqrt=bias_correction2**0.5,
+            rect=rect,
         )
-        _launch(rule, [params, grads, exp_avgs, exp_avg_sqs], indices, scalars, clip_scale=clip_scale,
-                noise_std=noise_std, seed=seed, offsets=offsets, config=config)
+        _launch(
+            rule,
+            [params, grads, exp_avgs, exp_avg_sqs],
+            indices,
+            scalars,
+            clip_scale=clip_scale,
+            noise_std=noise_std,
+            seed=seed,
+            offsets=offsets,
+            config=config,
+        )
 
 
 # reference.adamw_step_ / reference.radam_step_ over lists: the arguments of _adam_step_ after ``rule``.
@@ -492,12 +583,27 @@ def lion_step_(
 ) -> None:
     """reference.lion_step_ over all tensors, one launch per (device, dtype). exp_avgs: fp32 ``[*]_i``."""
     _check_seed(seed)
-    scalars = _Scalars(lr=lr, decay=1 - lr * weight_decay, beta1=beta1, beta2=beta2, one_minus_beta1=1 - beta1,
-                       one_minus_beta2=1 - beta2)
+    scalars = _Scalars(
+        lr=lr,
+        decay=1 - lr * weight_decay,
+        beta1=beta1,
+        beta2=beta2,
+        one_minus_beta1=1 - beta1,
+        one_minus_beta2=1 - beta2,
+    )
     offsets = _noise_offsets(params, noise_std > 0)
     for indices in _buckets(params, grads, checked=checked):
-        _launch("lion", [params, grads, exp_avgs, None], indices, scalars, clip_scale=clip_scale,
-                noise_std=noise_std, seed=seed, offsets=offsets, config=config)
+        _launch(
+            "lion",
+            [params, grads, exp_avgs, None],
+            indices,
+            scalars,
+            clip_scale=clip_scale,
+            noise_std=noise_std,
+            seed=seed,
+            offsets=offsets,
+            config=config,
+        )
 
 
 def grad_norm(grads: Sequence[Tensor], config: StepConfig | None = None, *, checked: bool = False) -> Tensor:
@@ -512,14 +618,24 @@ def grad_norm(grads: Sequence[Tensor], config: StepConfig | None = None, *, chec
         first = grads[indices[0]]
         cfg = config or norm_config(first.device)
         nothing = [None] * len(indices)
-        tables = _tables([nothing, [grads[i] for i in indices], nothing, nothing],
-                         [grads[i].numel() for i in indices], [0] * len(indices), first.device, cfg.block)
+        tables = _tables(
+            [nothing, [grads[i] for i in indices], nothing, nothing],
+            [grads[i].numel() for i in indices],
+            [0] * len(indices),
+            first.device,
+            cfg.block,
+        )
         partials = torch.empty(tables.blocks.numel(), dtype=torch.float32, device=first.device)  # all written
         if partials.numel() > 0:
             _sum_squares_kernel[(partials.numel(),)](
-                tables.tensors, tables.blocks, partials,
-                G_DTYPE=_TL_DTYPES[first.dtype], ALIGNED=tables.aligned, BLOCK=cfg.block,
-                num_warps=cfg.num_warps, enable_fp_fusion=False,
+                tables.tensors,
+                tables.blocks,
+                partials,
+                G_DTYPE=_TL_DTYPES[first.dtype],
+                ALIGNED=tables.aligned,
+                BLOCK=cfg.block,
+                num_warps=cfg.num_warps,
+                enable_fp_fusion=False,
             )
         sums.append(partials.sum().to(grads[0].device))
     return (sums[0] if len(sums) == 1 else torch.stack(sums).sum()).sqrt()

@@ -4,14 +4,14 @@ interval from the profile's calibration), or, on a CUDA machine, measured on the
 per-kernel cost model on a GPU.
 """
 
-from ._measure import LatencyCache, cache_key, kernels_fingerprint, measure
 from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
+
 from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
 from ._launches import Launch, launches
+from ._measure import LatencyCache, cache_key, kernels_fingerprint, measure
 from ._memory import STATE_BYTES, MemoryEstimate, memory
 from ._model import KernelModel
-from ._predict import (DEFAULT_BANDWIDTH_FRACTION, DEFAULT_FLOPS_FRACTION, CalibrationWarning, predict,
-                       transfer_ratios)
+from ._predict import DEFAULT_BANDWIDTH_FRACTION, DEFAULT_FLOPS_FRACTION, CalibrationWarning, predict, transfer_ratios
 from ._result import SOURCES, Latency
 from ._shape import LatencyShape, parse_shape
 

@@ -37,6 +37,7 @@ __all__ = ["DTYPE_BYTES", "LINEAR_ATTENTION_CHUNK", "OpCost", "count_params", "m
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK  # noqa: E402 (the kernel's chunk length)
+
 _ID_BYTES = 8  # int64 token ids
 _NORM_FLOPS = {"layernorm": 8, "rmsnorm": 5}  # per element: reduce, centre/scale, affine
 
@@ -79,8 +80,7 @@ def count_params(arch: ArchSpec) -> int:
     return total + _norm_params(final_norm, d) + d * arch.n_out + arch.n_out
 
 
-def _linear(name: str, rows: int, n_in: int, n_out: int, size: int, *, residual: bool,
-            live: int) -> OpCost:
+def _linear(name: str, rows: int, n_in: int, n_out: int, size: int, *, residual: bool, live: int) -> OpCost:
     """``y[rows, n_out] = x[rows, n_in] @ W[n_in, n_out] + b`` (+ residual[rows, n_out]):
     reads x, W, b (and the residual), writes y."""
     reads = rows * n_in + n_in * n_out + n_out + (rows * n_out if residual else 0)
@@ -89,8 +89,7 @@ def _linear(name: str, rows: int, n_in: int, n_out: int, size: int, *, residual:
 
 def _norm(name: str, norm: str, rows: int, d: int, size: int, *, live: int) -> OpCost:
     """Reads x[rows, d] and the affine parameters, writes y[rows, d]."""
-    return OpCost(name, _NORM_FLOPS[norm] * rows * d,
-                  size * (2 * rows * d + _norm_params(norm, d)), 1, False, live)
+    return OpCost(name, _NORM_FLOPS[norm] * rows * d, size * (2 * rows * d + _norm_params(norm, d)), 1, False, live)
 
 
 def _attention(name: str, batch: int, seq: int, d: int, size: int, *, live: int) -> OpCost:
@@ -104,8 +103,7 @@ def _attention(name: str, batch: int, seq: int, d: int, size: int, *, live: int)
     return OpCost(name, 4 * batch * pairs * d, size * 4 * batch * seq * d, 1, True, live)
 
 
-def _linear_attention(name: str, batch: int, seq: int, d: int, heads: int, size: int, *,
-                      live: int) -> OpCost:
+def _linear_attention(name: str, batch: int, seq: int, d: int, heads: int, size: int, *, live: int) -> OpCost:
     """Chunked causal linear attention, one kernel keeping the ``[Dh, Dh]`` state per head in SRAM.
 
     Per head and chunk of length c: intra-chunk ``(QKᵀ ⊙ mask) V`` computes the full c×c block,
@@ -137,20 +135,21 @@ def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> lis
     d, batch, seq = arch.d_model, shape.batch, shape.seq_len
     tokens = shape.tokens
     stream = size * tokens * d  # bytes of one [B, T, d] activation, e.g. the residual stream
-    ops = [OpCost("embed", tokens * d, tokens * _ID_BYTES + 2 * stream, 1, False,
-                  tokens * _ID_BYTES + stream)]
+    ops = [OpCost("embed", tokens * d, tokens * _ID_BYTES + 2 * stream, 1, False, tokens * _ID_BYTES + stream)]
     for i, layer in enumerate(arch.layers):
         prefix = f"layers.{i}"
         if layer.mixer != "none":
             ops += [
                 _norm(f"{prefix}.mixer_norm", layer.norm, tokens, d, size, live=2 * stream),
                 _linear(f"{prefix}.qkv", tokens, d, 3 * d, size, residual=False, live=5 * stream),
-                *([_short_conv(f"{prefix}.short_conv", tokens, d, layer.short_conv, size, live=7 * stream)]
-                  if layer.short_conv else []),
+                *(
+                    [_short_conv(f"{prefix}.short_conv", tokens, d, layer.short_conv, size, live=7 * stream)]
+                    if layer.short_conv
+                    else []
+                ),
                 _attention(f"{prefix}.attention", batch, seq, d, size, live=5 * stream)
-                if layer.mixer == "attention" else
-                _linear_attention(f"{prefix}.linear_attention", batch, seq, d, layer.heads, size,
-                                  live=5 * stream),
+                if layer.mixer == "attention"
+                else _linear_attention(f"{prefix}.linear_attention", batch, seq, d, layer.heads, size, live=5 * stream),
                 _linear(f"{prefix}.out", tokens, d, d, size, residual=True, live=3 * stream),
             ]
         if layer.mlp_ratio > 0:
@@ -158,15 +157,12 @@ def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> lis
             wide = size * tokens * hidden  # bytes of the [B, T, H] hidden activation
             ops += [
                 _norm(f"{prefix}.mlp_norm", layer.norm, tokens, d, size, live=2 * stream),
-                _linear(f"{prefix}.mlp_up", tokens, d, hidden, size, residual=False,
-                        live=2 * stream + wide),
-                _linear(f"{prefix}.mlp_down", tokens, hidden, d, size, residual=True,
-                        live=2 * stream + wide),
+                _linear(f"{prefix}.mlp_up", tokens, d, hidden, size, residual=False, live=2 * stream + wide),
+                _linear(f"{prefix}.mlp_down", tokens, hidden, d, size, residual=True, live=2 * stream + wide),
             ]
     rows = tokens if arch.readout == "token" else batch  # positions the head reads
     ops += [
         _norm("final_norm", arch.layers[-1].norm, rows, d, size, live=stream + size * rows * d),
-        _linear("head", rows, d, arch.n_out, size, residual=False,
-                live=size * rows * (d + arch.n_out)),
+        _linear("head", rows, d, arch.n_out, size, residual=False, live=size * rows * (d + arch.n_out)),
     ]
     return ops

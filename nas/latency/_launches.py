@@ -1,16 +1,18 @@
 """The kernel launches of one ``TritonModel`` forward, each with the features its cost is fitted on.
 
-``launches(arch, shape, sm_count)`` walks the same path as ``nas.models.triton_model.TritonModel.forward``
-(and the kernel wrappers' own launch choices) without a GPU: embedding gather, then per block
-norm → qkv linear → short conv → [head padding] → attention / linear attention → [unpadding] →
-out linear (+residual); norm → MLP up (+activation) → MLP down (+residual); final norm; head.
+``launches(arch, shape, sm_count)`` walks the same path as
+``nas.models.triton_model.TritonModel.forward`` (and the kernel wrappers' own launch choices)
+without a GPU: embedding gather, then per block norm → qkv linear → short conv → [head padding] →
+attention / linear attention → [unpadding] → out linear (+residual); norm → MLP up (+activation) →
+MLP down (+residual); final norm; head.
 
 Every launch belongs to a *class* (one set of fitted coefficients: ``linear.tma``,
-``attention.D64``, ``norm.rmsnorm``, …) and a *group* (the whole-model correction scales one
-group at a time: the family, except that each linear kernel path is its own group). Its features are the work of the busiest SM, which is where wave
-quantisation enters: a kernel of ``P`` programs (tiles) on ``S`` SMs runs ``⌈P/S⌉`` of them on
-the busiest SM, so 133 tiles on 132 SMs cost two tiles' time, not 133/132. Features per family
-(``FEATURES`` names them; every feature has a ``KIND`` used to transfer a fit to another GPU):
+``attention.D64``, ``norm.rmsnorm``, …) and a *group* (the whole-model correction scales one group
+at a time: the family, except that each linear kernel path is its own group). Its features are the
+work of the busiest SM, which is where wave quantisation enters: a kernel of ``P`` programs
+(tiles) on ``S`` SMs runs ``⌈P/S⌉`` of them on the busiest SM, so 133 tiles on 132 SMs cost two
+tiles' time, not 133/132. Features per family (``FEATURES`` names them; every feature has a
+``KIND`` used to transfer a fit to another GPU):
 
 - linear ``y[M, N] = act(x[M, K] Wᵀ + b) (+ r)``: the tile of the configs the wrapper hands the
   autotuner first (``kernels.linear.configs.candidates``), ``T = ⌈M/BM⌉·⌈N/BN⌉`` tiles,
@@ -53,9 +55,19 @@ FEATURES: dict[str, tuple[str, ...]] = {
 # launch: fixed cost per kernel; wave: per program-wave on an SM (latency); tensor: tensor-core
 # work on the busiest SM; vector: CUDA-core work on the busiest SM; bytes: HBM traffic
 KINDS: dict[str, str] = {
-    "launch": "launch", "waves": "wave", "k_steps": "tensor", "key_blocks": "tensor", "critical_blocks": "tensor",
-    "chunks_identity": "tensor", "chunks_elu": "tensor", "chunks_relu": "tensor", "prefix": "tensor",
-    "gelu": "vector", "relu_silu": "vector", "residual": "vector", "taps": "vector",
+    "launch": "launch",
+    "waves": "wave",
+    "k_steps": "tensor",
+    "key_blocks": "tensor",
+    "critical_blocks": "tensor",
+    "chunks_identity": "tensor",
+    "chunks_elu": "tensor",
+    "chunks_relu": "tensor",
+    "prefix": "tensor",
+    "gelu": "vector",
+    "relu_silu": "vector",
+    "residual": "vector",
+    "taps": "vector",
     "mbytes": "bytes",
 }
 _ATTN_BLOCK_M = 128  # query rows per flash-attention program (every sm_90 config)
@@ -87,22 +99,42 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _linear(name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None,
-            residual: bool = False) -> Launch:
+def _linear(
+    name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None, residual: bool = False
+) -> Launch:
     from kernels.linear import configs
 
     bucket = configs.m_bucket(M)
     aligned = (K * _SIZE) % 16 == 0 and (N * _SIZE) % 16 == 0  # row strides a tensor descriptor can address
     tma = configs.prefers_tma((9, 0), bucket, K) and aligned
     tile = configs.candidates((9, 0), bucket, K, _SIZE, tma=tma)[0]
-    cls = ("linear.tma" if tma else "linear.small_m" if bucket <= configs.SMALL_M_MAX
-           else "linear.short_k" if K <= configs.SHORT_K_MAX else "linear.long_k")
+    cls = (
+        "linear.tma"
+        if tma
+        else "linear.small_m"
+        if bucket <= configs.SMALL_M_MAX
+        else "linear.short_k"
+        if K <= configs.SHORT_K_MAX
+        else "linear.long_k"
+    )
     tiles = _cdiv(M, tile.block_m) * _cdiv(N, tile.block_n)
     w = _cdiv(tiles, sms)
     elems = w * tile.block_m * tile.block_n / 1e4
     moved = (M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
-    return Launch(name, cls, cls, (1.0, w, w * _cdiv(K, tile.block_k), elems * (activation == "gelu"),
-                                        elems * (activation in ("relu", "silu")), elems * residual, moved))
+    return Launch(
+        name,
+        cls,
+        cls,
+        (
+            1.0,
+            w,
+            w * _cdiv(K, tile.block_k),
+            elems * (activation == "gelu"),
+            elems * (activation in ("relu", "silu")),
+            elems * residual,
+            moved,
+        ),
+    )
 
 
 def _attention(name: str, B: int, T: int, H: int, D: int, sms: int) -> Launch:
@@ -123,9 +155,20 @@ def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: st
     walk = w * _cdiv(chunks, split) * D / 64
     prefix = w * chunks * (split - 1) / (2 * split) * D / 64  # segment s sums the states of s/split of the chunks
     moved = 4 * B * T * H * D * _SIZE * _MB
-    return Launch(name, f"linear_attention.D{D}", "linear_attention",
-                  (1.0, w, walk * (feature_map == "identity"), walk * (feature_map == "elu+1"),
-                   walk * (feature_map == "relu"), prefix, moved))
+    return Launch(
+        name,
+        f"linear_attention.D{D}",
+        "linear_attention",
+        (
+            1.0,
+            w,
+            walk * (feature_map == "identity"),
+            walk * (feature_map == "elu+1"),
+            walk * (feature_map == "relu"),
+            prefix,
+            moved,
+        ),
+    )
 
 
 def _norm(name: str, kind: str, rows: int, d: int, sms: int) -> Launch:
@@ -151,8 +194,11 @@ def _padding(prefix: str, B: int, T: int, H: int, D: int, P: int, mixer: str, fe
     tokens = B * T
     ops = [_copy(f"{prefix}.pad_zeros", 3 * tokens * H * P, passes=1.0)]
     if mixer == "attention":  # two half-head copies in, one cat out
-        ops += [_copy(f"{prefix}.pad_lo", 3 * tokens * H * D // 2), _copy(f"{prefix}.pad_hi", 3 * tokens * H * D // 2),
-                _copy(f"{prefix}.unpad", tokens * H * D)]
+        ops += [
+            _copy(f"{prefix}.pad_lo", 3 * tokens * H * D // 2),
+            _copy(f"{prefix}.pad_hi", 3 * tokens * H * D // 2),
+            _copy(f"{prefix}.unpad", tokens * H * D),
+        ]
     else:
         ops.append(_copy(f"{prefix}.pad", 3 * tokens * H * D))
         if feature_map in ("elu+1", "identity"):  # -inf keys / rescaled queries
@@ -182,8 +228,10 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             P = padded_head_dim(D)
             if P is None:
                 raise ValueError(f"layer {i}: head dim {D} has no {layer.mixer} kernel")
-            out += [_norm(f"{prefix}.mixer_norm", layer.norm, M, d, sm_count),
-                    _linear(f"{prefix}.qkv", M, 3 * d, d, sm_count)]
+            out += [
+                _norm(f"{prefix}.mixer_norm", layer.norm, M, d, sm_count),
+                _linear(f"{prefix}.qkv", M, 3 * d, d, sm_count),
+            ]
             if layer.short_conv:
                 out.append(_conv(f"{prefix}.short_conv", B, T, 3 * d, layer.short_conv, sm_count))
             if P != D:
@@ -191,17 +239,22 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             if layer.mixer == "attention":
                 out.append(_attention(f"{prefix}.attention", B, T, layer.heads, P, sm_count))
             else:
-                out.append(_linear_attention(f"{prefix}.linear_attention", B, T, layer.heads, P, layer.feature_map,
-                                             sm_count))
+                out.append(
+                    _linear_attention(f"{prefix}.linear_attention", B, T, layer.heads, P, layer.feature_map, sm_count)
+                )
             if P != D:  # the unpad copy runs after the mixer
                 out.append(out.pop(-2))
             out.append(_linear(f"{prefix}.out", M, d, d, sm_count, residual=True))
         if layer.mlp_ratio > 0:
             hidden = mlp_hidden(layer, d)
-            out += [_norm(f"{prefix}.mlp_norm", layer.norm, M, d, sm_count),
-                    _linear(f"{prefix}.mlp_up", M, hidden, d, sm_count, activation=layer.activation),
-                    _linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True)]
+            out += [
+                _norm(f"{prefix}.mlp_norm", layer.norm, M, d, sm_count),
+                _linear(f"{prefix}.mlp_up", M, hidden, d, sm_count, activation=layer.activation),
+                _linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True),
+            ]
     rows = M if arch.readout == "token" else B
-    out += [_norm("final_norm", arch.layers[-1].norm, rows, d, sm_count),
-            _linear("head", rows, arch.n_out, d, sm_count)]
+    out += [
+        _norm("final_norm", arch.layers[-1].norm, rows, d, sm_count),
+        _linear("head", rows, arch.n_out, d, sm_count),
+    ]
     return out

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from nas import settings
 from kernels.device import CUDA, cuda_available, gpu_name, is_cuda, l2_bytes, resolve
 from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
+from nas import settings
 from nas.latency._memory import memory
 from nas.latency._result import Latency
 from nas.latency._shape import LatencyShape
@@ -40,8 +40,15 @@ MISMATCH_LIMIT = 3e-2  # relative Frobenius error of bf16 kernels vs the torch m
 MAX_COPIES = 16
 
 
-def cache_key(arch_hash_: str, shape: LatencyShape, dtype: str, gpu: str, torch_version: str,
-              triton_version: str, kernels: str = "") -> str:
+def cache_key(
+    arch_hash_: str,
+    shape: LatencyShape,
+    dtype: str,
+    gpu: str,
+    torch_version: str,
+    triton_version: str,
+    kernels: str = "",
+) -> str:
     return "|".join((arch_hash_, str(shape), dtype, gpu, torch_version, triton_version, kernels))
 
 
@@ -109,8 +116,12 @@ def _fatal(e: BaseException) -> bool:
     """A sticky CUDA error or out-of-memory: no later trial in this process could succeed."""
     accelerator = getattr(torch, "AcceleratorError", ())
     text = str(e)
-    return (isinstance(e, (torch.OutOfMemoryError, accelerator) if accelerator else torch.OutOfMemoryError)
-            or "CUDA error" in text or "illegal memory access" in text or "misaligned address" in text)
+    return (
+        isinstance(e, (torch.OutOfMemoryError, accelerator) if accelerator else torch.OutOfMemoryError)
+        or "CUDA error" in text
+        or "illegal memory access" in text
+        or "misaligned address" in text
+    )
 
 
 def _first_line(e: BaseException) -> str:
@@ -133,8 +144,15 @@ def _time(replay, copies: int, reps: int, warmup: int = 5) -> list[float]:
     return samples
 
 
-def measure(model: torch.nn.Module, shape: LatencyShape, *, device: torch.device | str | None = None,
-            reps: int = 30, cache: LatencyCache | None = None, dtype: torch.dtype = torch.bfloat16) -> Latency:
+def measure(
+    model: torch.nn.Module,
+    shape: LatencyShape,
+    *,
+    device: torch.device | str | None = None,
+    reps: int = 30,
+    cache: LatencyCache | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Latency:
     """Latency of ``model``'s TritonModel forward at ``shape`` on ``device`` (a CUDA device; None:
     the current one). The search passes the device it was given (``--device cuda:N``)."""
     import triton
@@ -145,8 +163,9 @@ def measure(model: torch.nn.Module, shape: LatencyShape, *, device: torch.device
     reps = max(20, reps)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     gpu = gpu_name(device)
-    key = cache_key(arch_hash(model.arch), shape, dtype_name, gpu, torch.__version__, triton.__version__,
-                    kernels_fingerprint())
+    key = cache_key(
+        arch_hash(model.arch), shape, dtype_name, gpu, torch.__version__, triton.__version__, kernels_fingerprint()
+    )
     cache = cache or LatencyCache()
     if (hit := cache.get(key)) is not None:
         return hit
@@ -155,8 +174,17 @@ def measure(model: torch.nn.Module, shape: LatencyShape, *, device: torch.device
         return _measure(model.to(device).eval(), shape, device, reps, dtype, dtype_name, gpu, key, cache)
 
 
-def _measure(model: torch.nn.Module, shape: LatencyShape, device: torch.device, reps: int, dtype: torch.dtype,
-             dtype_name: str, gpu: str, key: str, cache: LatencyCache) -> Latency:
+def _measure(
+    model: torch.nn.Module,
+    shape: LatencyShape,
+    device: torch.device,
+    reps: int,
+    dtype: torch.dtype,
+    dtype_name: str,
+    gpu: str,
+    key: str,
+    cache: LatencyCache,
+) -> Latency:
     import triton
 
     from nas.models.triton_model import to_triton
@@ -165,8 +193,10 @@ def _measure(model: torch.nn.Module, shape: LatencyShape, device: torch.device, 
     mem = memory(model.arch, shape, dtype=dtype_name)
     copies = min(MAX_COPIES, max(1, -(-2 * l2 // max(1, mem.peak_activation_bytes))))
     gen = torch.Generator(device=device).manual_seed(0)
-    inputs = [torch.randint(0, model.arch.vocab_size, (shape.batch, shape.seq_len), device=device, generator=gen)
-              for _ in range(copies)]
+    inputs = [
+        torch.randint(0, model.arch.vocab_size, (shape.batch, shape.seq_len), device=device, generator=gen)
+        for _ in range(copies)
+    ]
     try:
         tm = to_triton(model, dtype=dtype)
         got = tm(inputs[0]).float()
@@ -183,8 +213,9 @@ def _measure(model: torch.nn.Module, shape: LatencyShape, device: torch.device, 
         expected = model(inputs[0]).float()
     err = ((got - expected).norm() / expected.norm().clamp(min=1e-12)).item()
     if not err <= MISMATCH_LIMIT:
-        raise KernelMismatchError(f"triton forward differs from the torch model: relative error {err:.2e} "
-                                  f"> {MISMATCH_LIMIT:.0e}")
+        raise KernelMismatchError(
+            f"triton forward differs from the torch model: relative error {err:.2e} > {MISMATCH_LIMIT:.0e}"
+        )
 
     replays = [tm.capture(x) for x in inputs]  # one graph per input copy, replayed back to back
 
@@ -202,9 +233,15 @@ def _measure(model: torch.nn.Module, shape: LatencyShape, device: torch.device, 
         notes.append((f"spread_attempt_{attempt + 1}", f"{spread:.1%}"))
     if notes:
         notes.append(("remeasured", "yes"))
-    latency = Latency(median, q3 - q1, "measured", gpu, dtype_name, shape,
-                      versions=(("torch", torch.__version__), ("triton", triton.__version__),
-                                ("kernels", kernels_fingerprint())),
-                      notes=(("input_copies", str(copies)), ("replays", str(reps)), *notes))
+    latency = Latency(
+        median,
+        q3 - q1,
+        "measured",
+        gpu,
+        dtype_name,
+        shape,
+        versions=(("torch", torch.__version__), ("triton", triton.__version__), ("kernels", kernels_fingerprint())),
+        notes=(("input_copies", str(copies)), ("replays", str(reps)), *notes),
+    )
     cache.put(key, latency)
     return latency

@@ -45,9 +45,11 @@ def memory(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> Memor
     params = count_params(arch)
     attention = sum(layer.mixer == "attention" for layer in arch.layers)
     kv_cache = attention * 2 * seq * d * batch * size
-    state = sum(layer.heads * (d // layer.heads) ** 2 for layer in arch.layers
-                if layer.mixer == "linear_attention") * batch * STATE_BYTES
+    state = (
+        sum(layer.heads * (d // layer.heads) ** 2 for layer in arch.layers if layer.mixer == "linear_attention")
+        * batch
+        * STATE_BYTES
+    )
     peak = max(op.live_bytes for op in ops)
     weights = params * size
-    return MemoryEstimate(params, weights, peak, kv_cache, state,
-                          (weights + peak + kv_cache + state) / _MIB)
+    return MemoryEstimate(params, weights, peak, kv_cache, state, (weights + peak + kv_cache + state) / _MIB)

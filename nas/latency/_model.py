@@ -24,11 +24,23 @@ from ._launches import FEATURES, KINDS, Launch, family
 
 __all__ = ["GROUPS", "KernelModel", "fit_kernels", "fit_whole", "nnls_relative"]
 
-GROUPS = ("linear.tma", "linear.short_k", "linear.small_m", "linear.long_k", "attention", "linear_attention", "norm", "conv", "embed", "copy")
+GROUPS = (
+    "linear.tma",
+    "linear.short_k",
+    "linear.small_m",
+    "linear.long_k",
+    "attention",
+    "linear_attention",
+    "norm",
+    "conv",
+    "embed",
+    "copy",
+)
 
 
-def nnls_relative(rows: Sequence[Sequence[float]], targets: Sequence[float],
-                  weights: Sequence[float] | None = None) -> list[float]:
+def nnls_relative(
+    rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float] | None = None
+) -> list[float]:
     """Non-negative ``c`` minimising ``Σ w·((x·c − t)/t)²``; columns are scaled to unit norm
     before the solve (conditioning) and the coefficients scaled back."""
     import numpy as np
@@ -37,7 +49,9 @@ def nnls_relative(rows: Sequence[Sequence[float]], targets: Sequence[float],
     X = np.asarray(rows, dtype=float)
     t = np.asarray(targets, dtype=float)
     if X.ndim != 2 or len(X) != len(t) or len(t) == 0:
-        raise ValueError(f"nnls_relative: need a [rows, features] matrix and one target per row, got {X.shape}, {t.shape}")
+        raise ValueError(
+            f"nnls_relative: need a [rows, features] matrix and one target per row, got {X.shape}, {t.shape}"
+        )
     if not (t > 0).all():
         raise ValueError("nnls_relative: every target time must be > 0")
     w = np.sqrt(np.asarray(weights, dtype=float)) if weights is not None else np.ones_like(t)
@@ -67,7 +81,7 @@ class KernelModel:
 
     def kernel_us(self, launch: Launch) -> float:
         """Isolated time of one launch (stage 1)."""
-        return sum(c * v for c, v in zip(self.coefficient(launch.cls), launch.x))
+        return sum(c * v for c, v in zip(self.coefficient(launch.cls), launch.x, strict=True))
 
     def launch_us(self, launch: Launch) -> float:
         """Time of one launch inside a forward (stage 2 scale and gap applied)."""
@@ -82,9 +96,12 @@ class KernelModel:
 
     def to_dict(self) -> dict:
         """The YAML form (``calibrated.kernel_model`` of a profile): plain lists and floats."""
-        return {"coefficients": {cls: [float(f"{c:.6g}") for c in coef] for cls, coef in self.coefficients},
-                "scales": {g: float(f"{s:.6g}") for g, s in self.scales},
-                "gap_us": float(f"{self.gap_us:.6g}"), "intercept_us": float(f"{self.intercept_us:.6g}")}
+        return {
+            "coefficients": {cls: [float(f"{c:.6g}") for c in coef] for cls, coef in self.coefficients},
+            "scales": {g: float(f"{s:.6g}") for g, s in self.scales},
+            "gap_us": float(f"{self.gap_us:.6g}"),
+            "intercept_us": float(f"{self.intercept_us:.6g}"),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> KernelModel:
@@ -92,8 +109,10 @@ class KernelModel:
         for name, coef in coefficients.items():
             fam = family(str(name))
             if fam not in FEATURES or len(coef) != len(FEATURES[fam]):
-                raise ValueError(f"kernel_model.coefficients.{name}: expected {len(FEATURES.get(fam, ()))} numbers "
-                                 f"for family {fam!r}, got {coef!r}")
+                raise ValueError(
+                    f"kernel_model.coefficients.{name}: expected {len(FEATURES.get(fam, ()))} numbers "
+                    f"for family {fam!r}, got {coef!r}"
+                )
         return cls(
             coefficients=tuple((str(k), tuple(float(c) for c in v)) for k, v in coefficients.items()),
             scales=tuple((str(k), float(v)) for k, v in (data.get("scales") or {}).items()),
@@ -108,10 +127,15 @@ class KernelModel:
         work), ``vector`` likewise with the fp32 peak, ``bytes`` by source over target bandwidth.
         The gap and intercept scale like ``launch``."""
         coefficients = tuple(
-            (cls, tuple(c * ratios[KINDS[name]] for c, name in zip(coef, FEATURES[family(cls)])))
-            for cls, coef in self.coefficients)
-        return replace(self, coefficients=coefficients, gap_us=self.gap_us * ratios["launch"],
-                       intercept_us=self.intercept_us * ratios["launch"])
+            (cls, tuple(c * ratios[KINDS[name]] for c, name in zip(coef, FEATURES[family(cls)], strict=True)))
+            for cls, coef in self.coefficients
+        )
+        return replace(
+            self,
+            coefficients=coefficients,
+            gap_us=self.gap_us * ratios["launch"],
+            intercept_us=self.intercept_us * ratios["launch"],
+        )
 
 
 def fit_kernels(rows: Iterable[tuple[Launch, float]]) -> KernelModel:
@@ -149,7 +173,7 @@ def fit_whole(model: KernelModel, rows: Iterable[tuple[Sequence[Launch], float]]
 
 
 def relative_errors(predicted: Sequence[float], measured: Sequence[float]) -> list[float]:
-    return [p / m - 1.0 for p, m in zip(predicted, measured)]
+    return [p / m - 1.0 for p, m in zip(predicted, measured, strict=True)]
 
 
 def quantile(values: Sequence[float], q: float) -> float:

@@ -43,8 +43,17 @@ from ._model import KernelModel
 from ._result import Latency
 from ._shape import LatencyShape
 
-__all__ = ["DEFAULT_BANDWIDTH_FRACTION", "DEFAULT_FLOPS_FRACTION", "FINGERPRINT_WIDENING", "TRANSFER_MIN_INTERVAL",
-           "TRANSFER_WIDENING", "UNCALIBRATED_INTERVAL", "CalibrationWarning", "predict", "transfer_ratios"]
+__all__ = [
+    "DEFAULT_BANDWIDTH_FRACTION",
+    "DEFAULT_FLOPS_FRACTION",
+    "FINGERPRINT_WIDENING",
+    "TRANSFER_MIN_INTERVAL",
+    "TRANSFER_WIDENING",
+    "UNCALIBRATED_INTERVAL",
+    "CalibrationWarning",
+    "predict",
+    "transfer_ratios",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +85,8 @@ def _roofline(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, dty
     vector_rate = _flops_per_s(profile, "fp32")
     bandwidth_fraction = profile.calibrated.bandwidth_fraction
     bandwidth = profile.bandwidth_bytes_per_s * (
-        DEFAULT_BANDWIDTH_FRACTION if bandwidth_fraction is None else bandwidth_fraction)
+        DEFAULT_BANDWIDTH_FRACTION if bandwidth_fraction is None else bandwidth_fraction
+    )
     launch_us = profile.calibrated.launch_overhead_us or profile.launch_overhead_us
     breakdown = []
     for op in ops:
@@ -105,18 +115,27 @@ def transfer_ratios(source: HardwareProfile, target: HardwareProfile) -> dict[st
     """Per feature kind (``_launches.KINDS``), the factor from ``source``'s coefficients to
     ``target``'s: launch and per-wave latency by the nominal launch overheads; per-SM tensor and
     vector work by SMs / peak (bf16, fp32); bytes by bandwidth."""
-    per_sm = {dtype: (target.sm_count / target.peak_flops(dtype)) / (source.sm_count / source.peak_flops(dtype))
-              for dtype in ("bf16", "fp32")}
+    per_sm = {
+        dtype: (target.sm_count / target.peak_flops(dtype)) / (source.sm_count / source.peak_flops(dtype))
+        for dtype in ("bf16", "fp32")
+    }
     launch = target.launch_overhead_us / source.launch_overhead_us
-    return {"launch": launch, "wave": launch, "tensor": per_sm["bf16"], "vector": per_sm["fp32"],
-            "bytes": source.bandwidth_bytes_per_s / target.bandwidth_bytes_per_s}
+    return {
+        "launch": launch,
+        "wave": launch,
+        "tensor": per_sm["bf16"],
+        "vector": per_sm["fp32"],
+        "bytes": source.bandwidth_bytes_per_s / target.bandwidth_bytes_per_s,
+    }
 
 
 @functools.cache
 def _warn_fingerprint(profile: str, calibrated: str, current: str) -> None:
-    message = (f"the {profile} latency calibration was fitted on kernels {calibrated}, these are {current}: "
-               f"predictions use it with a {FINGERPRINT_WIDENING:g}x wider interval; run `nas profiles calibrate` "
-               f"on that GPU to refit")
+    message = (
+        f"the {profile} latency calibration was fitted on kernels {calibrated}, these are {current}: "
+        f"predictions use it with a {FINGERPRINT_WIDENING:g}x wider interval; run `nas profiles calibrate` "
+        f"on that GPU to refit"
+    )
     warnings.warn(message, CalibrationWarning, stacklevel=3)
     log.warning(message)
 
@@ -132,8 +151,14 @@ def _fingerprint_check(source: HardwareProfile) -> tuple[float, tuple[tuple[str,
     return FINGERPRINT_WIDENING, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
 
 
-def predict(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, *, dtype: str = "bf16",
-            reference: HardwareProfile | None | str = "auto") -> Latency:
+def predict(
+    arch: ArchSpec,
+    shape: LatencyShape,
+    profile: HardwareProfile,
+    *,
+    dtype: str = "bf16",
+    reference: HardwareProfile | None | str = "auto",
+) -> Latency:
     """Predicted inference-forward latency of ``arch`` at ``shape`` on ``profile``, with an interval.
 
     ``reference``: the calibrated profile an uncalibrated one is transferred from — ``"auto"``
@@ -142,8 +167,11 @@ def predict(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, *, dt
     ``median_ms``.
     """
     op_costs(arch, shape, dtype=dtype)  # validates dtype
-    source = profile if profile.calibrated.kernel_model_json is not None else (
-        _calibrated_reference() if reference == "auto" else reference)
+    source = (
+        profile
+        if profile.calibrated.kernel_model_json is not None
+        else (_calibrated_reference() if reference == "auto" else reference)
+    )
     if isinstance(source, str):
         raise ValueError(f"reference must be 'auto', a HardwareProfile or None, got {source!r}")
     if source is not None and source.calibrated.kernel_model_json is not None and dtype in _MODEL_DTYPES:
@@ -165,10 +193,27 @@ def predict(arch: ArchSpec, shape: LatencyShape, profile: HardwareProfile, *, dt
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
             if model.intercept_us:
                 breakdown.append(("graph", model.intercept_us * 1e-3))
-            return Latency(median_ms=sum(ms for _, ms in breakdown), iqr_ms=0.0, source="predicted",
-                           device=profile.name, dtype=dtype, shape=shape, breakdown=tuple(breakdown),
-                           notes=notes, interval=interval * widen, basis=basis)
+            return Latency(
+                median_ms=sum(ms for _, ms in breakdown),
+                iqr_ms=0.0,
+                source="predicted",
+                device=profile.name,
+                dtype=dtype,
+                shape=shape,
+                breakdown=tuple(breakdown),
+                notes=notes,
+                interval=interval * widen,
+                basis=basis,
+            )
     breakdown = _roofline(arch, shape, profile, dtype)
-    return Latency(median_ms=sum(ms for _, ms in breakdown), iqr_ms=0.0, source="predicted", device=profile.name,
-                   dtype=dtype, shape=shape, breakdown=tuple(breakdown), interval=UNCALIBRATED_INTERVAL,
-                   basis="uncalibrated")
+    return Latency(
+        median_ms=sum(ms for _, ms in breakdown),
+        iqr_ms=0.0,
+        source="predicted",
+        device=profile.name,
+        dtype=dtype,
+        shape=shape,
+        breakdown=tuple(breakdown),
+        interval=UNCALIBRATED_INTERVAL,
+        basis="uncalibrated",
+    )

@@ -50,8 +50,7 @@ class Latency:
         if self.dtype not in DTYPES:
             raise ValueError(f"Latency.dtype {self.dtype!r} is not one of {list(DTYPES)}")
         if not (self.median_ms >= 0 and self.iqr_ms >= 0):
-            raise ValueError(f"Latency median_ms and iqr_ms must be >= 0, got "
-                             f"{self.median_ms!r} and {self.iqr_ms!r}")
+            raise ValueError(f"Latency median_ms and iqr_ms must be >= 0, got {self.median_ms!r} and {self.iqr_ms!r}")
         if not self.interval >= 0:
             raise ValueError(f"Latency.interval must be >= 0, got {self.interval!r}")
         object.__setattr__(self, "interval", float(self.interval))

@@ -35,6 +35,5 @@ def parse_shape(text: str) -> LatencyShape:
     """``"8x1024"`` -> ``LatencyShape(batch=8, seq_len=1024)``; ValueError on anything else."""
     match = _SHAPE.fullmatch(text.strip().lower()) if isinstance(text, str) else None
     if match is None or int(match[1]) < 1 or int(match[2]) < 1:
-        raise ValueError(f"invalid shape {text!r}: expected BATCHxSEQ_LEN with positive integers, "
-                         f"e.g. '8x1024'")
+        raise ValueError(f"invalid shape {text!r}: expected BATCHxSEQ_LEN with positive integers, e.g. '8x1024'")
     return LatencyShape(int(match[1]), int(match[2]))

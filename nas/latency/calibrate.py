@@ -48,9 +48,20 @@ from ._launches import Launch, launches, padded_head_dim
 from ._model import KernelModel, fit_kernels, fit_whole, quantile, relative_errors
 from ._shape import LatencyShape, parse_shape
 
-__all__ = ["CalibrationError", "KernelCase", "SHAPES", "calibrate", "calibration_section", "check_summary", "fit",
-           "kernel_grid",
-           "random_arch", "random_archs", "spearman", "write_calibration"]
+__all__ = [
+    "CalibrationError",
+    "KernelCase",
+    "SHAPES",
+    "calibrate",
+    "calibration_section",
+    "check_summary",
+    "fit",
+    "kernel_grid",
+    "random_arch",
+    "random_archs",
+    "spearman",
+    "write_calibration",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +96,17 @@ def random_arch(rng: random.Random) -> ArchSpec:
     for _ in range(rng.randint(1, 8)):
         mixer = rng.choice(("attention", "linear_attention", "none"))
         ratio = rng.choice(MLP_RATIOS) if mixer != "none" else rng.choice(MLP_RATIOS[1:])
-        layers.append(LayerSpec(
-            mixer=mixer,
-            heads=rng.choice(_heads_for(d)) if mixer != "none" else 0,
-            feature_map=rng.choice(FEATURE_MAPS) if mixer == "linear_attention" else None,
-            short_conv=rng.choice(SHORT_CONVS) if mixer != "none" else 0,
-            mlp_ratio=ratio, activation=rng.choice(ACTIVATIONS), norm=rng.choice(NORMS)))
+        layers.append(
+            LayerSpec(
+                mixer=mixer,
+                heads=rng.choice(_heads_for(d)) if mixer != "none" else 0,
+                feature_map=rng.choice(FEATURE_MAPS) if mixer == "linear_attention" else None,
+                short_conv=rng.choice(SHORT_CONVS) if mixer != "none" else 0,
+                mlp_ratio=ratio,
+                activation=rng.choice(ACTIVATIONS),
+                norm=rng.choice(NORMS),
+            )
+        )
     vocab = int(round(math.exp(rng.uniform(math.log(64), math.log(8192)))))
     return ArchSpec(d, tuple(layers), vocab, vocab, rng.choice(("token", "last")))
 
@@ -121,13 +137,13 @@ class KernelCase:
 
         a = self.kw
         if self.family == "linear":
-            return L._linear("linear", a["M"], a["N"], a["K"], sm_count, activation=a["activation"],
-                             residual=a["residual"])
+            return L._linear(
+                "linear", a["M"], a["N"], a["K"], sm_count, activation=a["activation"], residual=a["residual"]
+            )
         if self.family == "attention":
             return L._attention("attention", a["B"], a["T"], a["H"], a["D"], sm_count)
         if self.family == "linear_attention":
-            return L._linear_attention("linear_attention", a["B"], a["T"], a["H"], a["D"], a["feature_map"],
-                                       sm_count)
+            return L._linear_attention("linear_attention", a["B"], a["T"], a["H"], a["D"], a["feature_map"], sm_count)
         if self.family == "norm":
             return L._norm("norm", a["kind"], a["rows"], a["d"], sm_count)
         if self.family == "conv":
@@ -148,14 +164,20 @@ def kernel_grid() -> list[KernelCase]:
     for shape in SHAPES:
         M = shape.tokens
         for i, d in enumerate(D_GRID):
-            cases += [_case("linear", M=M, N=3 * d, K=d, activation=None, residual=False),
-                      _case("linear", M=M, N=d, K=d, activation=None, residual=True)]
+            cases += [
+                _case("linear", M=M, N=3 * d, K=d, activation=None, residual=False),
+                _case("linear", M=M, N=d, K=d, activation=None, residual=True),
+            ]
             for j, ratio in enumerate((1, 2, 4)):
-                cases += [_case("linear", M=M, N=ratio * d, K=d, activation=acts[(i + j) % 3], residual=False),
-                          _case("linear", M=M, N=d, K=ratio * d, activation=None, residual=True)]
+                cases += [
+                    _case("linear", M=M, N=ratio * d, K=d, activation=acts[(i + j) % 3], residual=False),
+                    _case("linear", M=M, N=d, K=ratio * d, activation=None, residual=True),
+                ]
             for vocab in (64, 1001, 8192) + ((3001, 5003) if d > 256 else ()):
-                cases += [_case("linear", M=M, N=vocab, K=d, activation=None, residual=False),
-                          _case("linear", M=shape.batch, N=vocab, K=d, activation=None, residual=False)]
+                cases += [
+                    _case("linear", M=M, N=vocab, K=d, activation=None, residual=False),
+                    _case("linear", M=shape.batch, N=vocab, K=d, activation=None, residual=False),
+                ]
             cases.append(_case("conv", B=shape.batch, T=shape.seq_len, C=3 * d, width=SHORT_CONVS[1 + i % 4]))
             cases.append(_case("embed", M=M, d=d, vocab=8192))
         for D in (16, 32, 64, 128):
@@ -200,7 +222,7 @@ def _kernel_fn(case: KernelCase, device: str = "cuda") -> Callable[[], object]:
         qkv = rand(B, T, 3 * H * D)
         if case.family == "attention":
             cos, sin = rope_tables(max(256, T), D, device=torch.device(dev), dtype=torch.float32)
-            return lambda: flash_attention_qkv(qkv, H, causal=True, scale=D ** -0.5, rope=(cos, sin))
+            return lambda: flash_attention_qkv(qkv, H, causal=True, scale=D**-0.5, rope=(cos, sin))
         return lambda: linear_attention_qkv(qkv, H, feature_map=a["feature_map"])
     if case.family == "norm":
         x, w, b = rand(a["rows"], a["d"]), rand(a["d"]), rand(a["d"])
@@ -271,8 +293,9 @@ def _warm_chunk(tasks: list[tuple[str, Any]]) -> int:
     return failed
 
 
-def warm(kernel_cases: Sequence[KernelCase], models: Sequence[tuple[ArchSpec, LatencyShape]], *,
-         workers: int | None = None) -> None:
+def warm(
+    kernel_cases: Sequence[KernelCase], models: Sequence[tuple[ArchSpec, LatencyShape]], *, workers: int | None = None
+) -> None:
     """Compile everything ``kernel_cases`` and ``models`` launch in ``workers`` processes, then drop
     the autotuners' cached timings (taken under contention) so the timing process tunes alone."""
     import concurrent.futures as cf
@@ -300,8 +323,9 @@ def _drop_autotune_cache() -> None:
 # Timing
 
 
-def time_kernels(cases: Iterable[KernelCase], *, on_row: Callable[[dict], None] | None = None,
-                 deadline: float = math.inf) -> list[dict]:
+def time_kernels(
+    cases: Iterable[KernelCase], *, on_row: Callable[[dict], None] | None = None, deadline: float = math.inf
+) -> list[dict]:
     """``{"family", "args", "us"}`` (or ``"error"``) per case, timed with ``graph_us``."""
     import torch
 
@@ -321,8 +345,13 @@ def time_kernels(cases: Iterable[KernelCase], *, on_row: Callable[[dict], None] 
     return rows
 
 
-def measure_models(models: Iterable[tuple[ArchSpec, LatencyShape]], *, on_row: Callable[[dict], None] | None = None,
-                   deadline: float = math.inf, reps: int = 20) -> list[dict]:
+def measure_models(
+    models: Iterable[tuple[ArchSpec, LatencyShape]],
+    *,
+    on_row: Callable[[dict], None] | None = None,
+    deadline: float = math.inf,
+    reps: int = 20,
+) -> list[dict]:
     """``{"arch", "shape", "ms", "iqr_ms"}`` (or ``"error"``) per model, by ``nas.latency.measure``
     with a private cache (every number here is fresh)."""
     from nas.models import build
@@ -353,6 +382,7 @@ def measure_models(models: Iterable[tuple[ArchSpec, LatencyShape]], *, on_row: C
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman rank correlation (average ranks for ties)."""
+
     def ranks(v: Sequence[float]) -> list[float]:
         order = sorted(range(len(v)), key=lambda i: v[i])
         r = [0.0] * len(v)
@@ -370,7 +400,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
         return math.nan
     ra, rb = ranks(a), ranks(b)
     ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
     var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
     return cov / var if var else math.nan
 
@@ -378,28 +408,38 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 def check_summary(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
     """Share within ±10 %, Spearman, median ratio, 95th percentile of |relative error|."""
     errors = relative_errors(predicted, measured)
-    return {"n": len(errors),
-            "within_10pct": sum(abs(e) <= 0.10 for e in errors) / len(errors) if errors else math.nan,
-            "spearman": spearman(predicted, measured),
-            "median_ratio": statistics.median(p / m for p, m in zip(predicted, measured)) if errors else math.nan,
-            "p95_abs_error": quantile([abs(e) for e in errors], INTERVAL_QUANTILE)}
+    return {
+        "n": len(errors),
+        "within_10pct": sum(abs(e) <= 0.10 for e in errors) / len(errors) if errors else math.nan,
+        "spearman": spearman(predicted, measured),
+        "median_ratio": statistics.median(p / m for p, m in zip(predicted, measured, strict=True))
+        if errors
+        else math.nan,
+        "p95_abs_error": quantile([abs(e) for e in errors], INTERVAL_QUANTILE),
+    }
 
 
 def _model_launches(row: dict, sm_count: int) -> list[Launch]:
     return launches(ArchSpec.from_dict(row["arch"]), parse_shape(row["shape"]), sm_count)
 
 
-def fit(kernel_rows: Sequence[dict], model_rows: Sequence[dict], check_rows: Sequence[dict], *,
-        sm_count: int) -> tuple[KernelModel, dict[str, Any]]:
+def fit(
+    kernel_rows: Sequence[dict], model_rows: Sequence[dict], check_rows: Sequence[dict], *, sm_count: int
+) -> tuple[KernelModel, dict[str, Any]]:
     """The kernel model from timing rows (``time_kernels`` / ``measure_models`` output; rows with
     an error are skipped) and its check on ``check_rows``: per shape and overall
     ``check_summary``, the interval (95th percentile of |relative error|) under ``interval``."""
-    model = fit_kernels((KernelCase(r["family"], tuple(sorted(r["args"].items()))).launch(sm_count), r["us"])
-                        for r in kernel_rows if "us" in r)
+    model = fit_kernels(
+        (KernelCase(r["family"], tuple(sorted(r["args"].items()))).launch(sm_count), r["us"])
+        for r in kernel_rows
+        if "us" in r
+    )
     good = [r for r in model_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
     if len(good) < sum("ms" in r for r in model_rows):
-        log.warning("%d whole-model rows launch kernel classes the kernel grid did not time; left out of the fit",
-                    sum("ms" in r for r in model_rows) - len(good))
+        log.warning(
+            "%d whole-model rows launch kernel classes the kernel grid did not time; left out of the fit",
+            sum("ms" in r for r in model_rows) - len(good),
+        )
     if good:
         model = fit_whole(model, ((_model_launches(r, sm_count), r["ms"] * 1e3) for r in good))
     check = [r for r in check_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
@@ -436,20 +476,24 @@ def write_calibration(profile: HardwareProfile, section: dict[str, Any], out: st
     source = Path(profile.path).read_text() if profile.path else ""
     lines = source.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.startswith("calibrated:")), len(lines))
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() and lines[i][0] not in " \t#"),
-               len(lines))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() and lines[i][0] not in " \t#"), len(lines))
     kept: list[str] = []
     keep = False
-    for line in lines[start + 1:end]:
+    for line in lines[start + 1 : end]:
         key = re.match(r"^  ([A-Za-z_][A-Za-z0-9_]*):", line)
         if key:
             keep = key[1] not in section
         if keep or not (key or line.startswith("   ")):
             kept.append(line if keep or not line.strip() else "")
     body = yaml.safe_dump(section, sort_keys=False, default_flow_style=None, width=120)
-    text = ("".join(lines[:start]) + ("" if not lines[:start] or lines[start - 1].endswith("\n") else "\n")
-            + "calibrated:\n" + "".join(kept) + "".join(f"  {line}\n" for line in body.splitlines())
-            + "".join(lines[end:]))
+    text = (
+        "".join(lines[:start])
+        + ("" if not lines[:start] or lines[start - 1].endswith("\n") else "\n")
+        + "calibrated:\n"
+        + "".join(kept)
+        + "".join(f"  {line}\n" for line in body.splitlines())
+        + "".join(lines[end:])
+    )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
@@ -468,19 +512,38 @@ def environment() -> dict[str, str]:
     try:
         import subprocess
 
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        driver = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except (OSError, IndexError, ValueError):  # no nvidia-smi: the CUDA runtime's version instead
         driver = f"cuda {torch.version.cuda}"
-    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": str(torch.__version__),
-            "triton": str(triton.__version__), "kernels_fingerprint": kernels_fingerprint(),
-            "date": dt.date.today().isoformat()}  # str(): torch's version is a str subclass yaml cannot write
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "driver": driver,
+        "torch": str(torch.__version__),
+        "triton": str(triton.__version__),
+        "kernels_fingerprint": kernels_fingerprint(),
+        "date": dt.date.today().isoformat(),
+    }  # str(): torch's version is a str subclass yaml cannot write
 
 
-def calibration_section(model: KernelModel, report: dict[str, Any], env: dict[str, str],
-                        sm_count: int) -> dict[str, Any]:
-    return {**env, "sm_count": sm_count, "interval": _round(report.get("interval")),
-            "check": _round(report.get("check", {})), "kernel_model": model.to_dict()}
+def calibration_section(
+    model: KernelModel, report: dict[str, Any], env: dict[str, str], sm_count: int
+) -> dict[str, Any]:
+    return {
+        **env,
+        "sm_count": sm_count,
+        "interval": _round(report.get("interval")),
+        "check": _round(report.get("check", {})),
+        "kernel_model": model.to_dict(),
+    }
 
 
 def require_gpu(profile: HardwareProfile) -> int:
@@ -490,21 +553,31 @@ def require_gpu(profile: HardwareProfile) -> int:
     from hardware_profiles import detect_profile
 
     if not torch.cuda.is_available():
-        raise CalibrationError("calibrate needs a CUDA GPU; this machine has none (predictions here use the "
-                               "shipped calibrations)")
+        raise CalibrationError(
+            "calibrate needs a CUDA GPU; this machine has none (predictions here use the shipped calibrations)"
+        )
     name = torch.cuda.get_device_name()
     found = detect_profile(name)
     listed = any(" ".join(n.split()).casefold() == " ".join(name.split()).casefold() for n in profile.device_names)
     if not listed:
-        raise CalibrationError(f"this GPU is {name!r}, which profile {profile.name!r} does not list "
-                               f"(device_names {list(profile.device_names)}); use --profile "
-                               f"{found.name if found else 'PATH of a profile listing it'}")
+        raise CalibrationError(
+            f"this GPU is {name!r}, which profile {profile.name!r} does not list "
+            f"(device_names {list(profile.device_names)}); use --profile "
+            f"{found.name if found else 'PATH of a profile listing it'}"
+        )
     return torch.cuda.get_device_properties(0).multi_processor_count
 
 
-def calibrate(profile_name: str | None = None, out: str | os.PathLike[str] | None = None, *, fit_archs: int = 60,
-              check_archs: int = 40, seed: int = 1, budget_s: float = 540.0,
-              on_progress: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+def calibrate(
+    profile_name: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    *,
+    fit_archs: int = 60,
+    check_archs: int = 40,
+    seed: int = 1,
+    budget_s: float = 540.0,
+    on_progress: Callable[[str], None] | None = None,
+) -> tuple[Path, dict[str, Any]]:
     """Time, fit, check and write (see the module docstring). ``profile_name``: a shipped name or a
     path; None detects the current GPU's. Returns the written path and the report."""
     from hardware_profiles import detect_profile
@@ -517,8 +590,10 @@ def calibrate(profile_name: str | None = None, out: str | os.PathLike[str] | Non
             raise CalibrationError("calibrate needs a CUDA GPU; this machine has none")
         profile = detect_profile()
         if profile is None:
-            raise CalibrationError(f"no shipped profile lists this GPU ({torch.cuda.get_device_name()!r}); "
-                                   f"pass --profile PATH of one that does")
+            raise CalibrationError(
+                f"no shipped profile lists this GPU ({torch.cuda.get_device_name()!r}); "
+                f"pass --profile PATH of one that does"
+            )
     else:
         profile = load_profile(profile_name)
     sm_count = require_gpu(profile)

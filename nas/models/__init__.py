@@ -18,8 +18,10 @@ def build(arch: ArchSpec, task: Task | None = None, *, seed: int | None = None) 
     ``task``, when given, is checked against the vocabulary and outputs the arch was sized for.
     """
     if task is not None and (task.vocab_size, task.n_out, task.readout) != (arch.vocab_size, arch.n_out, arch.readout):
-        raise ValueError(f"arch is sized for vocab={arch.vocab_size}, n_out={arch.n_out}, readout={arch.readout!r}; "
-                         f"task {task.name!r} has vocab={task.vocab_size}, n_out={task.n_out}, readout={task.readout!r}")
+        raise ValueError(
+            f"arch is sized for vocab={arch.vocab_size}, n_out={arch.n_out}, readout={arch.readout!r}; "
+            f"task {task.name!r} has vocab={task.vocab_size}, n_out={task.n_out}, readout={task.readout!r}"
+        )
     if seed is None:
         return HybridModel(arch)
     with torch.random.fork_rng(devices=[]):

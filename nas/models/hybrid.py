@@ -35,8 +35,9 @@ class Block(nn.Module):
         self.mlp: nn.Sequential | None = None
         if spec.mlp_ratio > 0:
             hidden = max(1, round(spec.mlp_ratio * d_model))
-            self.mlp = nn.Sequential(nn.Linear(d_model, hidden), _ACTIVATIONS[spec.activation](),
-                                     nn.Linear(hidden, d_model))
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, hidden), _ACTIVATIONS[spec.activation](), nn.Linear(hidden, d_model)
+            )
         self.norm2 = _norm(spec.norm, d_model) if self.mlp is not None else None
 
     # The block's layout, named in one place: the torch init and ``to_triton`` address the

@@ -6,13 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK, EPS as NORMALIZER_EPS, FEATURE_MAP_FNS
+from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK
+from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
+from kernels.linear_attention.reference import FEATURE_MAP_FNS
 
 __all__ = ["FEATURE_MAP_FNS", "causal_linear_attention", "SelfAttention", "LinearAttention"]
 
 
-def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, normalize: bool,
-                            chunk: int = LINEAR_ATTENTION_CHUNK) -> torch.Tensor:
+def causal_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, normalize: bool, chunk: int = LINEAR_ATTENTION_CHUNK
+) -> torch.Tensor:
     """Causal linear attention in chunked form, O(T·C·D + T·D²) instead of O(T²·D).
 
     q, k, v: ``[B, H, T, D]`` with the feature map already applied to q and k.
@@ -52,7 +55,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     (half-split layout). An odd head dim (heads need only divide d_model) leaves its last channel
     unrotated, so the map stays a rotation."""
     half = x.shape[-1] // 2
-    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest), dim=-1)
 
 
@@ -64,8 +67,11 @@ class _HeadsMixer(nn.Module):
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.conv = (nn.Conv1d(3 * d_model, 3 * d_model, short_conv, groups=3 * d_model, padding=short_conv - 1)
-                     if short_conv else None)
+        self.conv = (
+            nn.Conv1d(3 * d_model, 3 * d_model, short_conv, groups=3 * d_model, padding=short_conv - 1)
+            if short_conv
+            else None
+        )
         self.out = nn.Linear(d_model, d_model)
 
     def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.device import is_cuda
 from kernels.errors import KernelCompileError
 from nas import settings
 from nas.models.hybrid import HybridModel
 from nas.models.mixers import rope_tables
-from kernels.device import is_cuda
 
 __all__ = ["TritonModel", "to_triton"]
 
@@ -95,19 +95,31 @@ class TritonModel:
                 head_dim = d // spec.heads
                 padded = padded_head_dim(head_dim)
                 if padded is None:
-                    raise KernelCompileError(f"layer {i}: head dim {head_dim} has no {spec.mixer} kernel "
-                                             f"(supported: {list(SUPPORTED_HEAD_DIMS)}, or an even head dim below "
-                                             f"{max(SUPPORTED_HEAD_DIMS)}, zero-padded)")
+                    raise KernelCompileError(
+                        f"layer {i}: head dim {head_dim} has no {spec.mixer} kernel "
+                        f"(supported: {list(SUPPORTED_HEAD_DIMS)}, or an even head dim below "
+                        f"{max(SUPPORTED_HEAD_DIMS)}, zero-padded)"
+                    )
             mixer, mlp = block.mixer, block.mlp
             conv = None
             if mixer is not None and mixer.conv is not None:
                 conv = (mixer.conv.weight.detach()[:, 0].to(dtype), mixer.conv.bias.detach().to(dtype))
-            blocks.append(_Block(
-                spec.mixer, spec.heads, padded, spec.feature_map, _norm(block.norm1, dtype),
-                _linear(mixer.qkv, dtype) if mixer is not None else None, conv,
-                _linear(mixer.out, dtype) if mixer is not None else None, _norm(block.norm2, dtype),
-                _linear(block.mlp_up, dtype) if mlp is not None else None, spec.activation,
-                _linear(block.mlp_down, dtype) if mlp is not None else None))
+            blocks.append(
+                _Block(
+                    spec.mixer,
+                    spec.heads,
+                    padded,
+                    spec.feature_map,
+                    _norm(block.norm1, dtype),
+                    _linear(mixer.qkv, dtype) if mixer is not None else None,
+                    conv,
+                    _linear(mixer.out, dtype) if mixer is not None else None,
+                    _norm(block.norm2, dtype),
+                    _linear(block.mlp_up, dtype) if mlp is not None else None,
+                    spec.activation,
+                    _linear(block.mlp_down, dtype) if mlp is not None else None,
+                )
+            )
         self.blocks = tuple(blocks)
         self.final_norm = _norm(model.norm, dtype)
         self.head = _linear(model.head, dtype)
@@ -149,8 +161,9 @@ class TritonModel:
                 if P != D:
                     qkv = _pad_heads(qkv, blk.heads, D, P, blk.mixer, blk.feature_map)
                 if blk.mixer == "attention":
-                    o = flash_attention_qkv(qkv, blk.heads, causal=True, scale=D ** -0.5,
-                                            rope=self._rope_tables(T, D, P, tokens.device))
+                    o = flash_attention_qkv(
+                        qkv, blk.heads, causal=True, scale=D**-0.5, rope=self._rope_tables(T, D, P, tokens.device)
+                    )
                 else:
                     o = linear_attention_qkv(qkv, blk.heads, feature_map=blk.feature_map)
                 if P != D:

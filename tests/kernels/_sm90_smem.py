@@ -13,17 +13,34 @@ from triton.compiler import ASTSource
 from kernels.linear import configs
 from kernels.linear.triton import _linear_tma_kernel as kernel
 
-TYPES = {**dict.fromkeys(("x", "w", "b", "r", "y"), "*bf16"),
-         **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_wn", "stride_rm", "stride_ym", "M_BUCKET"), "i32")}
+TYPES = {
+    **dict.fromkeys(("x", "w", "b", "r", "y"), "*bf16"),
+    **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_wn", "stride_rm", "stride_ym", "M_BUCKET"), "i32"),
+}
 
 rows = []
 for c in configs.HOPPER_TMA:
-    const = dict(ACTIVATION="gelu", HAS_BIAS=True, HAS_RESIDUAL=True, PRECISION="tf32", UPCAST=False,
-                 BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, FLATTEN=c.flatten,
-                 WARP_SPECIALIZE=c.warp_specialize, PERSISTENT=c.persistent)
-    src = ASTSource(kernel, {**TYPES, **dict.fromkeys(const, "constexpr")},
-                    {(kernel.arg_names.index(k),): v for k, v in const.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
+    const = dict(
+        ACTIVATION="gelu",
+        HAS_BIAS=True,
+        HAS_RESIDUAL=True,
+        PRECISION="tf32",
+        UPCAST=False,
+        BLOCK_M=c.block_m,
+        BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k,
+        GROUP_M=c.group_m,
+        FLATTEN=c.flatten,
+        WARP_SPECIALIZE=c.warp_specialize,
+        PERSISTENT=c.persistent,
+    )
+    src = ASTSource(
+        kernel,
+        {**TYPES, **dict.fromkeys(const, "constexpr")},
+        {(kernel.arg_names.index(k),): v for k, v in const.items()},
+    )
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    )
     rows.append({"config": repr(c), "shared": compiled.metadata.shared, "estimate": c.smem_bytes(2)})
 print(json.dumps(rows))

@@ -56,8 +56,14 @@ def qkv_cases(rows: Iterable[tuple[int, int, torch.dtype]]) -> list:
     return [pytest.param(D, T, dtype, id=f"D{D}-T{T}-{DTYPE_NAMES[dtype]}") for D, T, dtype in rows]
 
 
-def check_qkv_kernel(kernel: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor],
-                     shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device, bound: float) -> None:
+def check_qkv_kernel(
+    kernel: Callable[..., torch.Tensor],
+    reference: Callable[..., torch.Tensor],
+    shape: tuple[int, int, int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    bound: float,
+) -> None:
     """``kernel(qkv, H, out=…)`` on a fresh fused projection ``qkv [B, T, 3·H·D]`` (``shape`` is
     ``(B, T, H, D)``), written into a NaN buffer, against ``reference(q, k, v)`` of its head views
     ``[B, H, T, D]``: relative Frobenius error ≤ ``bound``."""

@@ -19,9 +19,18 @@ from kernels.attention import AttentionConfig, configs
 from kernels.attention import reference as ref
 from kernels.attention import triton as fa
 from nas.models.mixers import SelfAttention, apply_rope, rope_tables
-from tests.kernels._support import (CPU, CUDA, assert_rel_close, check_qkv_kernel, head_views, poisoned, qkv_cases,
-                                    random_qkv, requires_cuda, requires_interpreter)
-
+from tests.kernels._support import (
+    CPU,
+    CUDA,
+    assert_rel_close,
+    check_qkv_kernel,
+    head_views,
+    poisoned,
+    qkv_cases,
+    random_qkv,
+    requires_cuda,
+    requires_interpreter,
+)
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
 # bf16/fp16 round q (with the folded scale), k, v and p to 8/11-bit mantissas on the GPU.
@@ -34,23 +43,41 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
     assert_rel_close(actual, expected, TOLERANCES[dtype])
 
 
-def _check(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device, *, causal: bool, rope: bool,
-           config: AttentionConfig | None = None) -> None:
+def _check(
+    B: int,
+    T: int,
+    H: int,
+    D: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    causal: bool,
+    rope: bool,
+    config: AttentionConfig | None = None,
+) -> None:
     """``flash_attention_qkv`` on a fresh projection against the reference; with ``rope`` the
     model's tables in q's dtype."""
     tables = rope_tables(T, D, device=device, dtype=dtype) if rope else None
-    check_qkv_kernel(partial(fa.flash_attention_qkv, causal=causal, rope=tables, config=config),
-                     partial(ref.attention, causal=causal, rope_tables=tables), (B, T, H, D), dtype, device,
-                     TOLERANCES[dtype])
+    check_qkv_kernel(
+        partial(fa.flash_attention_qkv, causal=causal, rope=tables, config=config),
+        partial(ref.attention, causal=causal, rope_tables=tables),
+        (B, T, H, D),
+        dtype,
+        device,
+        TOLERANCES[dtype],
+    )
 
 
 # Every config the autotuner may be handed, with its head dim: the per-GPU tables, and the
 # interpreter's at each supported head dim.
 EVERY_CONFIG = [
     pytest.param(D, c, id=f"D{D}-{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}")
-    for D, c in dict.fromkeys([*((D, c) for table in (configs.HOPPER, configs.DEFAULT) for D, cs in table.items()
-                                 for c in cs),
-                               *((D, configs.INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS)])
+    for D, c in dict.fromkeys(
+        [
+            *((D, c) for table in (configs.HOPPER, configs.DEFAULT) for D, cs in table.items() for c in cs),
+            *((D, configs.INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS),
+        ]
+    )
 ]
 
 
@@ -164,8 +191,11 @@ def test_bad_inputs_raise() -> None:
 # (D, T, dtype): H = 16 and lengths that are multiples of 16 share compiled kernels with the
 # benchmark; 1000 has a partial query block and a masked key tail; fp16 at one length keeps the
 # compile count down.
-GPU_CASES = qkv_cases((D, T, dtype) for D in (64, 128)
-                      for T, dtype in [(1000, torch.bfloat16), (4096, torch.bfloat16), (4096, torch.float16)])
+GPU_CASES = qkv_cases(
+    (D, T, dtype)
+    for D in (64, 128)
+    for T, dtype in [(1000, torch.bfloat16), (4096, torch.bfloat16), (4096, torch.float16)]
+)
 
 
 @pytest.mark.gpu

@@ -7,16 +7,14 @@ sizes. The output buffer is filled with NaN before each run.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn
 
-
 from kernels.conv import ConvConfig, causal_depthwise_conv, configs
-from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter, seeded as _gen
 from kernels.conv import reference as ref
-
+from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter
+from tests.kernels._support import seeded as _gen
 
 # (rtol, atol) against the fp32 reference; outputs are O(1). bf16 rounding ≤ 2^-8 relative
 # (2^-7 under the interpreter, which truncates fp32 → bf16).
@@ -28,8 +26,9 @@ TOLERANCES = {
 DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCES]
 
 
-def _inputs(B: int, T: int, C: int, K: int, dtype: torch.dtype, *, bias: bool, device: torch.device,
-            gen: torch.Generator):
+def _inputs(
+    B: int, T: int, C: int, K: int, dtype: torch.dtype, *, bias: bool, device: torch.device, gen: torch.Generator
+):
     x = torch.randn(B, T, C, generator=gen)
     w = torch.randn(C, K, generator=gen) / K**0.5
     b = torch.randn(C, generator=gen) if bias else None
@@ -48,8 +47,9 @@ def _model_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> tor
         return conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
-           config: ConvConfig | None = None) -> None:
+def _check(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype, config: ConvConfig | None = None
+) -> None:
     """The kernel into a NaN-poisoned buffer vs the fp32 reference on the same inputs."""
     out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
     y = causal_depthwise_conv(x, w, b, out=out, config=config)
@@ -103,8 +103,10 @@ def test_interpreter_strided_inputs() -> None:
 
 
 # Every tile the kernel may be launched with.
-EVERY_CONFIG = [pytest.param(c, id=f"{c.block_t}x{c.block_c}w{c.num_warps}")
-                for c in dict.fromkeys((configs.HOPPER, configs.DEFAULT, configs.INTERPRETER))]
+EVERY_CONFIG = [
+    pytest.param(c, id=f"{c.block_t}x{c.block_c}w{c.num_warps}")
+    for c in dict.fromkeys((configs.HOPPER, configs.DEFAULT, configs.INTERPRETER))
+]
 
 
 @requires_interpreter
@@ -141,8 +143,7 @@ def test_gpu_matches_reference_and_model(B: int, T: int, C: int, K: int, dtype: 
     _check(x, w, b, dtype)
     # Each side rounds once to dtype (twice the tolerance); in fp32 cuDNN may use TF32 (~1e-3).
     tol = max(2 * TOLERANCES[dtype][0], 2e-3 if dtype == torch.float32 else 0.0)
-    torch.testing.assert_close(causal_depthwise_conv(x, w, b).float(), _model_conv(x, w, b).float(),
-                               rtol=tol, atol=tol)
+    torch.testing.assert_close(causal_depthwise_conv(x, w, b).float(), _model_conv(x, w, b).float(), rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu

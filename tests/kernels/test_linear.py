@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 
-
 import pytest
 import torch
-from torch import nn
-
-
-from kernels.linear import ACTIVATIONS, LinearConfig, configs, linear
-from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter, seeded as _gen
-from kernels.linear import reference as ref
 import triton
 import triton.language as tl
+from torch import nn
 
+from kernels.linear import ACTIVATIONS, LinearConfig, configs, linear
+from kernels.linear import reference as ref
 from kernels.linear.triton import _gelu
-
+from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter
+from tests.kernels._support import seeded as _gen
 
 # (rtol, atol as a share of max |expected|, ‖out − ref‖ / ‖ref‖ bound) against the fp32 reference.
 # bf16 output rounding is ≤ 2^-8 relative, 2^-7 under the interpreter (it truncates fp32 → bf16).
@@ -37,8 +34,17 @@ ACTS = [pytest.param(a, id=str(a)) for a in ACTIVATIONS]
 MODULES = {None: nn.Identity, "gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
 
 
-def _inputs(M: int | tuple[int, ...], K: int, N: int, dtype: torch.dtype, *, bias: bool, residual: bool,
-            device: torch.device, gen: torch.Generator):
+def _inputs(
+    M: int | tuple[int, ...],
+    K: int,
+    N: int,
+    dtype: torch.dtype,
+    *,
+    bias: bool,
+    residual: bool,
+    device: torch.device,
+    gen: torch.Generator,
+):
     lead = M if isinstance(M, tuple) else (M,)
     x = torch.randn(*lead, K, generator=gen)
     w = torch.randn(N, K, generator=gen) / K**0.5  # outputs O(1): the activations' curved region
@@ -80,8 +86,9 @@ def test_reference_matches_linear_then_activation_modules(activation: str | None
 
 def test_reference_gelu_is_the_erf_form() -> None:
     v = torch.linspace(-4, 4, 101)
-    torch.testing.assert_close(ref.linear(v[:, None], torch.ones(1, 1), activation="gelu")[:, 0],
-                               0.5 * v * (1 + torch.erf(v / 2**0.5)))
+    torch.testing.assert_close(
+        ref.linear(v[:, None], torch.ones(1, 1), activation="gelu")[:, 0], 0.5 * v * (1 + torch.erf(v / 2**0.5))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,8 +101,16 @@ def test_reference_gelu_is_the_erf_form() -> None:
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("activation", ACTS)
 def test_interpreter_fp32_every_epilogue(activation: str | None, bias: bool, residual: bool) -> None:
-    inputs = _inputs(37, 48, 40, torch.float32, bias=bias, residual=residual, device=torch.device("cpu"),
-                     gen=_gen(activation, bias, residual))
+    inputs = _inputs(
+        37,
+        48,
+        40,
+        torch.float32,
+        bias=bias,
+        residual=residual,
+        device=torch.device("cpu"),
+        gen=_gen(activation, bias, residual),
+    )
     _assert_close(*_run(*inputs, activation), torch.float32)
 
 
@@ -103,8 +118,9 @@ def test_interpreter_fp32_every_epilogue(activation: str | None, bias: bool, res
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_interpreter_dtypes_ragged_k(dtype: torch.dtype, activation: str | None) -> None:
-    inputs = _inputs(37, 50, 40, dtype, bias=True, residual=True, device=torch.device("cpu"),
-                     gen=_gen(dtype, activation))
+    inputs = _inputs(
+        37, 50, 40, dtype, bias=True, residual=True, device=torch.device("cpu"), gen=_gen(dtype, activation)
+    )
     _assert_close(*_run(*inputs, activation), dtype)
 
 
@@ -133,6 +149,7 @@ def _spy_tma_launches(monkeypatch, grid: tuple[int] | None = None) -> list[tuple
             def launch(*args, **kwargs):
                 launches.append((grid_fn(kwargs), kwargs))
                 return real[grid or grid_fn](*args, **kwargs)
+
             return launch
 
     monkeypatch.setattr(lt, "_linear_tma_kernel", Spy())
@@ -145,8 +162,9 @@ def _spy_tma_launches(monkeypatch, grid: tuple[int] | None = None) -> list[tuple
 def test_interpreter_tma_kernel(dtype: torch.dtype, activation: str | None, monkeypatch) -> None:
     """The persistent descriptor kernel: M = 37, N = 40 ragged against 16-wide tiles, K = 56 a
     ragged K step (descriptors zero-fill past the edges); 10 tiles over 3 programs."""
-    inputs = _inputs(37, 56, 40, dtype, bias=True, residual=True, device=torch.device("cpu"),
-                     gen=_gen("tma", dtype, activation))
+    inputs = _inputs(
+        37, 56, 40, dtype, bias=True, residual=True, device=torch.device("cpu"), gen=_gen("tma", dtype, activation)
+    )
     launches = _spy_tma_launches(monkeypatch, grid=(3,))
     _assert_close(*_run(*inputs, activation, config=configs.INTERPRETER_TMA), dtype)
     assert len(launches) == 1, "the TMA kernel was not the one launched"
@@ -162,12 +180,14 @@ def test_interpreter_tma_loop_options(monkeypatch) -> None:
         config = dataclasses.replace(configs.INTERPRETER_TMA, **{option: True})
         for k in (56, 50):  # 50 fp32 = 200-B rows: the pointer kernel's fallback
             launches.clear()
-            inputs = _inputs(37, k, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
-                             gen=_gen(option, k))
+            inputs = _inputs(
+                37, k, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"), gen=_gen(option, k)
+            )
             _assert_close(*_run(*inputs, "gelu", config=config), torch.float32)
             if k == 56:
                 assert [(c["FLATTEN"], c["WARP_SPECIALIZE"]) for _, c in launches] == [
-                    (option == "flatten", option == "warp_specialize")]
+                    (option == "flatten", option == "warp_specialize")
+                ]
             else:
                 assert launches == [], "unaligned rows must not reach the TMA kernel"
     with pytest.raises(ValueError, match="TMA kernel only"):
@@ -188,8 +208,9 @@ def test_interpreter_tma_one_program_per_tile(monkeypatch) -> None:
     launches = _spy_tma_launches(monkeypatch)
     monkeypatch.setattr(lt, "_INTERPRETER_SMS", 4)  # a persistent grid would stop at 4 programs
     config = dataclasses.replace(configs.INTERPRETER_TMA, persistent=False)
-    inputs = _inputs(37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
-                     gen=_gen("per-tile"))
+    inputs = _inputs(
+        37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"), gen=_gen("per-tile")
+    )
     _assert_close(*_run(*inputs, "gelu", config=config), torch.float32)
     assert [grid for grid, _ in launches] == [(9,)]
 
@@ -209,8 +230,9 @@ def test_interpreter_set_tma_picks_the_tma_kernel(tma_forced, monkeypatch) -> No
     """Without a config, ``set_tma(True)`` runs the TMA kernel (INTERPRETER_TMA here); ``None``
     leaves the choice to the configs (the pointer kernel's INTERPRETER under the interpreter)."""
     launches = _spy_tma_launches(monkeypatch)
-    inputs = _inputs(37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
-                     gen=_gen("set_tma"))
+    inputs = _inputs(
+        37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"), gen=_gen("set_tma")
+    )
     _assert_close(*_run(*inputs, "gelu"), torch.float32)
     assert len(launches) == 1, "set_tma(True) did not run the TMA kernel"
     tma_forced.set_tma(None)
@@ -219,14 +241,18 @@ def test_interpreter_set_tma_picks_the_tma_kernel(tma_forced, monkeypatch) -> No
 
 
 def _config_id(c: LinearConfig) -> str:
-    return (f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
-            + "".join(f"-{f}" for f in ("tma", "flatten", "warp_specialize") if getattr(c, f))
-            + ("" if c.persistent else "-per_tile"))
+    return (
+        f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
+        + "".join(f"-{f}" for f in ("tma", "flatten", "warp_specialize") if getattr(c, f))
+        + ("" if c.persistent else "-per_tile")
+    )
 
 
 # Every tiling a tuner may be handed or a sweep may pick, and the interpreter's.
-EVERY_CONFIG = [pytest.param(c, id=_config_id(c)) for c in dict.fromkeys(
-    (*configs.ALL, *configs.SWEEP, configs.INTERPRETER, configs.INTERPRETER_TMA))]
+EVERY_CONFIG = [
+    pytest.param(c, id=_config_id(c))
+    for c in dict.fromkeys((*configs.ALL, *configs.SWEEP, configs.INTERPRETER, configs.INTERPRETER_TMA))
+]
 
 
 @requires_interpreter
@@ -234,8 +260,9 @@ EVERY_CONFIG = [pytest.param(c, id=_config_id(c)) for c in dict.fromkeys(
 def test_every_config(config: LinearConfig) -> None:
     """The contract over every config, run as given: M = 37, N = 40 and K = 56 ragged against
     every tile, the full epilogue (K = 56 fp32 rows are 16-B aligned: TMA tilings run their kernel)."""
-    inputs = _inputs(37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"),
-                     gen=_gen("every", config))
+    inputs = _inputs(
+        37, 56, 40, torch.float32, bias=True, residual=True, device=torch.device("cpu"), gen=_gen("every", config)
+    )
     _assert_close(*_run(*inputs, "gelu", config=config), torch.float32)
 
 
@@ -243,15 +270,17 @@ def test_every_config(config: LinearConfig) -> None:
 def test_interpreter_tma_config_falls_back_when_rows_are_unaligned() -> None:
     """K = 50 fp32 rows are 200 B, not a multiple of 16: no descriptor can address them, so the
     pointer kernel runs (same result)."""
-    inputs = _inputs(37, 50, 40, torch.float32, bias=True, residual=False, device=torch.device("cpu"),
-                     gen=_gen("tma-fallback"))
+    inputs = _inputs(
+        37, 50, 40, torch.float32, bias=True, residual=False, device=torch.device("cpu"), gen=_gen("tma-fallback")
+    )
     _assert_close(*_run(*inputs, "relu", config=configs.INTERPRETER_TMA), torch.float32)
 
 
 @requires_interpreter
 def test_interpreter_explicit_config_and_empty_input() -> None:
-    inputs = _inputs(37, 48, 40, torch.float32, bias=True, residual=False, device=torch.device("cpu"),
-                     gen=_gen("config"))
+    inputs = _inputs(
+        37, 48, 40, torch.float32, bias=True, residual=False, device=torch.device("cpu"), gen=_gen("config")
+    )
     _assert_close(*_run(*inputs, "gelu", config=LinearConfig(32, 16, 32, 1, 4, 1)), torch.float32)
     empty = linear(torch.randn(0, 48), inputs[1], inputs[2])
     assert empty.shape == (0, 40)
@@ -288,7 +317,7 @@ def test_gelu_epilogue_matches_float64_erf() -> None:
     x = torch.cat([torch.linspace(-12, 12, 40_001), torch.tensor([0.0, tiny, -tiny, -5.3, 5.3])]).to(DEVICE)
     y = torch.empty_like(x)
     _apply_gelu[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096)
-    exact = 0.5 * x.double() * (1 + torch.erf(x.double() / 2 ** 0.5))
+    exact = 0.5 * x.double() * (1 + torch.erf(x.double() / 2**0.5))
     assert (y.double() - exact).abs().max().item() <= 1e-6
 
 
@@ -321,8 +350,14 @@ def test_tma_smem_estimate_matches_an_offline_sm90_compile() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_sm90_smem.py"))], capture_output=True,
-                          text=True, env=env, cwd=root, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_sm90_smem.py"))],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(rows) == len(configs.HOPPER_TMA)
@@ -368,8 +403,9 @@ def test_gpu_every_config(config: LinearConfig) -> None:
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d.values[0] != torch.float32])
 def test_gpu_every_activation(dtype: torch.dtype, activation: str | None) -> None:
-    inputs = _inputs((4, 513), 384, 1536, dtype, bias=True, residual=True, device=CUDA,
-                     gen=_gen("gpu", dtype, activation))
+    inputs = _inputs(
+        (4, 513), 384, 1536, dtype, bias=True, residual=True, device=CUDA, gen=_gen("gpu", dtype, activation)
+    )
     _assert_close(*_run(*inputs, activation, config=GPU_PINNED), dtype)
 
 

@@ -2,10 +2,9 @@
 kernels.linear_attention.reference, each other, and the torch model's LinearAttention.
 
 Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET must be
-set before ``kernels.linear_attention.triton`` decorates them (tests/conftest.py does). With CUDA the interpreter tests are skipped and the ``gpu``
-tests run real sizes in bf16/fp16. Every forward writes into a NaN-filled buffer from fresh
-random inputs.
-"""
+set before ``kernels.linear_attention.triton`` decorates them (tests/conftest.py does). With CUDA
+the interpreter tests are skipped and the ``gpu`` tests run real sizes in bf16/fp16. Every forward
+writes into a NaN-filled buffer from fresh random inputs."""
 
 from __future__ import annotations
 
@@ -19,9 +18,18 @@ from kernels.linear_attention import reference as ref
 from kernels.linear_attention import triton as la
 from nas.models.mixers import FEATURE_MAP_FNS, LinearAttention, causal_linear_attention
 from nas.spec import FEATURE_MAPS as SPEC_FEATURE_MAPS
-from tests.kernels._support import (CPU, CUDA, assert_rel_close, check_qkv_kernel, head_views, poisoned, qkv_cases,
-                                    random_qkv, requires_cuda, requires_interpreter)
-
+from tests.kernels._support import (
+    CPU,
+    CUDA,
+    assert_rel_close,
+    check_qkv_kernel,
+    head_views,
+    poisoned,
+    qkv_cases,
+    random_qkv,
+    requires_cuda,
+    requires_interpreter,
+)
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
 # on the GPU φ(q), φ(k), the scores and v enter the matmuls rounded to bf16/fp16, φ(q)·S is tf32.
@@ -34,29 +42,49 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
     assert_rel_close(actual, expected, TOLERANCES[dtype])
 
 
-def _check(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device, *, feature_map: str,
-           config: ChunkConfig | None = None) -> None:
+def _check(
+    B: int,
+    T: int,
+    H: int,
+    D: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    feature_map: str,
+    config: ChunkConfig | None = None,
+) -> None:
     """``linear_attention_qkv`` on a fresh projection against the reference."""
-    check_qkv_kernel(partial(la.linear_attention_qkv, feature_map=feature_map, config=config),
-                     partial(ref.linear_attention, feature_map=feature_map), (B, T, H, D), dtype, device,
-                     TOLERANCES[dtype])
+    check_qkv_kernel(
+        partial(la.linear_attention_qkv, feature_map=feature_map, config=config),
+        partial(ref.linear_attention, feature_map=feature_map),
+        (B, T, H, D),
+        dtype,
+        device,
+        TOLERANCES[dtype],
+    )
 
 
 # Every config the autotuner may be handed, with its head dim: the per-GPU tables and the
 # interpreter's (split 2) at each supported head dim.
 EVERY_CONFIG = [
     pytest.param(D, c, id=f"D{D}-c{c.chunk}v{c.block_v}w{c.num_warps}s{c.num_stages}x{c.split}")
-    for D, c in dict.fromkeys([*((D, c) for D, cs in configs.HOPPER.items() for c in cs),
-                               *((D, c) for D in configs.SUPPORTED_HEAD_DIMS for c in (*configs.DEFAULT,
-                                                                                       *configs.INTERPRETER))])
+    for D, c in dict.fromkeys(
+        [
+            *((D, c) for D, cs in configs.HOPPER.items() for c in cs),
+            *((D, c) for D in configs.SUPPORTED_HEAD_DIMS for c in (*configs.DEFAULT, *configs.INTERPRETER)),
+        ]
+    )
 ]
 
 
-def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, z: torch.Tensor,
-            feature_map: str) -> torch.Tensor:
+def _decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, z: torch.Tensor, feature_map: str
+) -> torch.Tensor:
     """``linear_attention_step`` once per token of ``[B, H, T, D]`` → ``[B, T, H·D]``."""
-    steps = [la.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state, z, feature_map=feature_map)
-             for t in range(q.shape[2])]
+    steps = [
+        la.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state, z, feature_map=feature_map)
+        for t in range(q.shape[2])
+    ]
     return torch.stack(steps, dim=1)
 
 
@@ -91,7 +119,7 @@ def test_matches_model_chunked_form(feature_map: str) -> None:
     q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
     phi = FEATURE_MAP_FNS[feature_map]
     normalize = feature_map != "identity"
-    qf = phi(q) if normalize else phi(q) * D ** -0.5
+    qf = phi(q) if normalize else phi(q) * D**-0.5
     expected = causal_linear_attention(qf, phi(k), v, normalize=normalize).transpose(1, 2).reshape(B, T, H * D)
     _assert_close(la.linear_attention(q, k, v, feature_map=feature_map), expected, torch.float32)
 
@@ -132,8 +160,9 @@ def test_sequence_split_matches_reference(split: int, feature_map: str) -> None:
     B, T, H, D = 2, 53, 2, 32
     q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
     config = la.ChunkConfig(16, 16, 4, 1, split=split)
-    out, state, z = la.linear_attention(q, k, v, feature_map=feature_map, return_state=True, config=config,
-                                        out=poisoned(B, T, H, D, torch.float32, CPU))
+    out, state, z = la.linear_attention(
+        q, k, v, feature_map=feature_map, return_state=True, config=config, out=poisoned(B, T, H, D, torch.float32, CPU)
+    )
     _assert_close(out, ref.linear_attention(q, k, v, feature_map=feature_map), torch.float32)
     state_ref, z_ref = torch.zeros(B, H, D, D), torch.zeros(B, H, D)
     for t in range(T):  # the recurrence's state after the last token
@@ -203,8 +232,16 @@ def test_bad_inputs_raise() -> None:
 
 # (D, T, dtype): H = 16 and lengths that are multiples of 16 share compiled kernels with the
 # benchmark; 1000 ends in a partial chunk; fp16 at one length keeps the compile count down.
-GPU_CASES = qkv_cases([(64, 4096, torch.bfloat16), (128, 4096, torch.bfloat16), (64, 1000, torch.bfloat16),
-                       (64, 4096, torch.float16), (16, 1000, torch.bfloat16), (32, 1000, torch.bfloat16)])
+GPU_CASES = qkv_cases(
+    [
+        (64, 4096, torch.bfloat16),
+        (128, 4096, torch.bfloat16),
+        (64, 1000, torch.bfloat16),
+        (64, 4096, torch.float16),
+        (16, 1000, torch.bfloat16),
+        (32, 1000, torch.bfloat16),
+    ]
+)
 
 
 @pytest.mark.gpu
@@ -233,8 +270,9 @@ def test_gpu_prefill_then_decode(feature_map: str) -> None:
     B, T, H, D, prefix = 2, 1024, 16, 64, 1000
     q, k, v = head_views(random_qkv(B, T, H, D, torch.bfloat16, CUDA), H)
     full = la.linear_attention(q, k, v, feature_map=feature_map)
-    _, state, z = la.linear_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], feature_map=feature_map,
-                                      return_state=True)
+    _, state, z = la.linear_attention(
+        q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], feature_map=feature_map, return_state=True
+    )
     decoded = _decode(q[:, :, prefix:], k[:, :, prefix:], v[:, :, prefix:], state, z, feature_map)
     _assert_close(decoded, full[:, prefix:], torch.bfloat16)
 

@@ -7,16 +7,14 @@ sizes. Both outputs (y and the residual stream h) are filled with NaN before eac
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn
 
-
 from kernels.norm import NormConfig, configs, layer_norm, rms_norm
-from tests.kernels._support import CUDA, DEVICE, INTERPRETED, requires_cuda, requires_interpreter, seeded as _gen
 from kernels.norm import reference as ref
-
+from tests.kernels._support import CUDA, DEVICE, INTERPRETED, requires_cuda, requires_interpreter
+from tests.kernels._support import seeded as _gen
 
 # y vs the fp32 reference: (rtol, atol). y is O(1), so atol is absolute; bf16 output rounding is
 # ≤ 2^-8 relative (2^-7 under the interpreter, which truncates fp32 → bf16).
@@ -32,8 +30,15 @@ DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCES]
 KINDS = ["layer_norm", "rms_norm"]
 
 
-def _inputs(shape: tuple[int, ...], dtype: torch.dtype, *, residual: bool, bias: bool, device: torch.device,
-            gen: torch.Generator):
+def _inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    *,
+    residual: bool,
+    bias: bool,
+    device: torch.device,
+    gen: torch.Generator,
+):
     N = shape[-1]
     x = (torch.randn(shape, generator=gen) * 2 + 0.5).to(device=device, dtype=dtype)  # non-zero mean
     r = torch.randn(shape, generator=gen).to(device=device, dtype=dtype) if residual else None
@@ -97,15 +102,17 @@ def test_reference_matches_torch_modules() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_interpreter_matches_reference(kind: str, dtype: torch.dtype, residual: bool) -> None:
-    inputs = _inputs((37, 48), dtype, residual=residual, bias=True, device=torch.device("cpu"),
-                     gen=_gen(kind, dtype, residual))
+    inputs = _inputs(
+        (37, 48), dtype, residual=residual, bias=True, device=torch.device("cpu"), gen=_gen(kind, dtype, residual)
+    )
     _assert_close(*_run(kind, *inputs), dtype)
 
 
 @requires_interpreter
 def test_interpreter_leading_dims_no_bias_other_eps_and_config() -> None:
-    inputs = _inputs((3, 13, 50), torch.float32, residual=True, bias=False, device=torch.device("cpu"),
-                     gen=_gen("lead"))
+    inputs = _inputs(
+        (3, 13, 50), torch.float32, residual=True, bias=False, device=torch.device("cpu"), gen=_gen("lead")
+    )
     _assert_close(*_run("layer_norm", *inputs, eps=1e-3, config=NormConfig(rows=8, num_warps=2)), torch.float32)
     x = inputs[0]
     assert layer_norm(x[:0], inputs[2], None).shape == (0, 13, 50)
@@ -113,8 +120,10 @@ def test_interpreter_leading_dims_no_bias_other_eps_and_config() -> None:
 
 # The config is a function of the row width: one width per power-of-two bucket of BLOCK_N (1 to
 # MAX_N), each one past a power of two so the row is masked.
-EVERY_WIDTH = [pytest.param(n, id=f"N{n}-rows{configs.norm_config(n).rows}w{configs.norm_config(n).num_warps}")
-               for n in (1, *(2**i + 1 for i in range(14)))]
+EVERY_WIDTH = [
+    pytest.param(n, id=f"N{n}-rows{configs.norm_config(n).rows}w{configs.norm_config(n).num_warps}")
+    for n in (1, *(2**i + 1 for i in range(14)))
+]
 
 
 @requires_interpreter

@@ -39,8 +39,9 @@ STEPS = [
 
 @pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("step_fn,n_state", STEPS)
-def test_low_precision_param_is_updated_in_fp32_and_rounded_once(step_fn: Callable, n_state: int,
-                                                                  low: torch.dtype) -> None:
+def test_low_precision_param_is_updated_in_fp32_and_rounded_once(
+    step_fn: Callable, n_state: int, low: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(0)
     p_low = torch.randn(SHAPE, generator=gen).to(low)
     g = torch.randn(SHAPE, generator=gen)

@@ -21,9 +21,9 @@ if not torch.cuda.is_available():
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
+from kernels.optim import configs  # noqa: E402
 from kernels.optim import reference as ref  # noqa: E402
 from kernels.optim import triton as fused  # noqa: E402
-from kernels.optim import configs  # noqa: E402
 from kernels.optim.configs import StepConfig  # noqa: E402
 from nas.optim import SGD, AdamW, GradOptions, Lion, OptimizerBase, RAdam  # noqa: E402
 from tests.optim.problems import run_pair  # noqa: E402
@@ -142,8 +142,9 @@ RULES = [
 ]
 
 
-def _run_rule(rule: Rule, dtype: torch.dtype, shapes: list[tuple[int, ...]], steps: int, device: torch.device,
-              seed: int = 0) -> None:
+def _run_rule(
+    rule: Rule, dtype: torch.dtype, shapes: list[tuple[int, ...]], steps: int, device: torch.device, seed: int = 0
+) -> None:
     """``steps`` fused steps on ``device`` vs the reference on CPU copies, clip active, fresh grads
     each step. Adam tensors start at different step counts (0 and 9), so RAdam runs both of its
     branches and every call needs two launches (one per distinct step)."""
@@ -192,8 +193,9 @@ def test_unaligned_views_match_reference() -> None:
     exp_avgs, exp_avg_sqs = [torch.zeros(p.shape) for p in params], [torch.zeros(p.shape) for p in params]
     expected = [p.clone() for p in params]
     ref_m, ref_v = [torch.zeros(p.shape) for p in params], [torch.zeros(p.shape) for p in params]
-    fused.adamw_step_(params, grads, exp_avgs, exp_avg_sqs, [1, 1], lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8,
-                      weight_decay=0.1)
+    fused.adamw_step_(
+        params, grads, exp_avgs, exp_avg_sqs, [1, 1], lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1
+    )
     for p, g, m, v in zip(expected, grads, ref_m, ref_v, strict=True):
         ref.adamw_step_(p, g, m, v, lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, step=1)
     for p, e in zip(params, expected, strict=True):
@@ -211,10 +213,14 @@ def test_grad_norm_matches_reference() -> None:
 
 
 # Every launch config of the step and the norm: per GPU, the interpreter's, and the sweeps'.
-STEP_CONFIGS = [pytest.param(c, id=f"{c.block}w{c.num_warps}")
-                for c in dict.fromkeys((configs.HOPPER, configs.DEFAULT, configs.INTERPRETER, *configs.SWEEP))]
-NORM_CONFIGS = [pytest.param(c, id=f"{c.block}w{c.num_warps}") for c in dict.fromkeys(
-    (configs.HOPPER_NORM, configs.DEFAULT_NORM, configs.INTERPRETER, *configs.NORM_SWEEP))]
+STEP_CONFIGS = [
+    pytest.param(c, id=f"{c.block}w{c.num_warps}")
+    for c in dict.fromkeys((configs.HOPPER, configs.DEFAULT, configs.INTERPRETER, *configs.SWEEP))
+]
+NORM_CONFIGS = [
+    pytest.param(c, id=f"{c.block}w{c.num_warps}")
+    for c in dict.fromkeys((configs.HOPPER_NORM, configs.DEFAULT_NORM, configs.INTERPRETER, *configs.NORM_SWEEP))
+]
 _ADAMW_HP = dict(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
 
 
@@ -275,8 +281,19 @@ def _noise_update(device: torch.device, seed: int) -> torch.Tensor:
     params = [torch.zeros(s, device=device) for s in NOISE_SHAPES]
     grads = [torch.zeros(s, device=device) for s in NOISE_SHAPES]
     config = None if device.type == "cuda" else StepConfig(block=8192, num_warps=4)  # fewer interpreted programs
-    fused.sgd_step_(params, grads, None, lr=1.0, momentum=0.0, nesterov=False, weight_decay=0.0,
-                    decoupled_weight_decay=True, noise_std=NOISE_STD, seed=seed, config=config)
+    fused.sgd_step_(
+        params,
+        grads,
+        None,
+        lr=1.0,
+        momentum=0.0,
+        nesterov=False,
+        weight_decay=0.0,
+        decoupled_weight_decay=True,
+        noise_std=NOISE_STD,
+        seed=seed,
+        config=config,
+    )
     return -torch.cat([p.flatten() for p in params]).cpu()
 
 
@@ -322,7 +339,11 @@ def test_optimizer_fused_path_matches_reference_path(make: Callable, sign_lr: fl
     _, ours, expected = run_pair(
         lambda g: make(g, grad_options=CLIP, fused=True),
         lambda g: make(g, grad_options=CLIP, fused=False),
-        dtype=dtype, lr=LR, weight_decay=0.1, grad_scale=2.0, steps=4,
+        dtype=dtype,
+        lr=LR,
+        weight_decay=0.1,
+        grad_scale=2.0,
+        steps=4,
     )
     tol = _lion(TOLERANCES[dtype], sign_lr) if sign_lr else TOLERANCES[dtype]
     for a, b in zip(ours, expected, strict=True):
@@ -383,8 +404,10 @@ def test_gpu_optimizer_100_steps_match_cpu_reference_path(make: Callable, sign_l
     gen = torch.Generator().manual_seed(0)
     cpu = [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in GPU_SHAPES]
     gpu = _to_cuda(cpu)
-    opts = [make([{"params": ps[:3]}, {"params": ps[3:], "lr": LR / 2}], lr=LR, weight_decay=0.1,
-                 grad_options=CLIP) for ps in (cpu, gpu)]
+    opts = [
+        make([{"params": ps[:3]}, {"params": ps[3:], "lr": LR / 2}], lr=LR, weight_decay=0.1, grad_options=CLIP)
+        for ps in (cpu, gpu)
+    ]
     for t in range(100):
         for i, (a, b) in enumerate(zip(cpu, gpu, strict=True)):
             grad = None if (i == 2 and t % 3 == 1) else (torch.randn(a.shape, generator=gen) * 2).to(dtype)
@@ -403,16 +426,27 @@ def test_gpu_optimizer_100_steps_match_cpu_reference_path(make: Callable, sign_l
 def test_gpu_grad_norm_and_unaligned_views() -> None:
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(s, generator=gen) for s in GPU_SHAPES]
-    torch.testing.assert_close(fused.grad_norm([g.to(CUDA) for g in grads]).cpu(), ref.global_grad_norm(grads),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        fused.grad_norm([g.to(CUDA) for g in grads]).cpu(), ref.global_grad_norm(grads), rtol=1e-5, atol=0
+    )
     base = torch.randn(20_000, generator=gen)
     p_cpu = base[1:12_289].clone()  # 3 × 4096 elements, one float past a 16-B boundary on the GPU
     p_gpu = base.to(CUDA)[1:12_289]
     g = torch.randn(p_cpu.shape, generator=gen)
     states = [torch.zeros_like(p_cpu) for _ in range(2)]
     gpu_states = [s.to(CUDA) for s in states]
-    fused.adamw_step_([p_gpu], [g.to(CUDA)], [gpu_states[0]], [gpu_states[1]], [1], lr=0.1, beta1=0.9, beta2=0.99,
-                      eps=1e-8, weight_decay=0.1)
+    fused.adamw_step_(
+        [p_gpu],
+        [g.to(CUDA)],
+        [gpu_states[0]],
+        [gpu_states[1]],
+        [1],
+        lr=0.1,
+        beta1=0.9,
+        beta2=0.99,
+        eps=1e-8,
+        weight_decay=0.1,
+    )
     ref.adamw_step_(p_cpu, g, states[0], states[1], lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, step=1)
     _assert_close(p_gpu, p_cpu, TOLERANCES[torch.float32])
 
@@ -467,5 +501,6 @@ def test_gpu_every_step_config(config: StepConfig) -> None:
 def test_gpu_every_norm_config(config: StepConfig) -> None:
     gen = torch.Generator().manual_seed(config.block)
     grads = [torch.randn(s, generator=gen) for s in GPU_SHAPES]
-    torch.testing.assert_close(fused.grad_norm([g.to(CUDA) for g in grads], config).cpu(), ref.global_grad_norm(grads),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        fused.grad_norm([g.to(CUDA) for g in grads], config).cpu(), ref.global_grad_norm(grads), rtol=1e-5, atol=0
+    )

@@ -7,8 +7,19 @@ import torch
 
 from hardware_profiles import detect_profile, load_profile
 from nas.latency import predict
-from nas.latency.calibrate import (SHAPES, CalibrationError, calibration_section, environment, fit, kernel_grid,
-                                   measure_models, random_archs, require_gpu, time_kernels, write_calibration)
+from nas.latency.calibrate import (
+    SHAPES,
+    CalibrationError,
+    calibration_section,
+    environment,
+    fit,
+    kernel_grid,
+    measure_models,
+    random_archs,
+    require_gpu,
+    time_kernels,
+    write_calibration,
+)
 from tests.kernels._support import requires_cuda
 
 

@@ -10,12 +10,18 @@ import pytest
 
 from hardware_profiles import load_profile
 from nas.cli import main
-from nas.latency import CalibrationWarning, Latency, launches, parse_shape, predict
-from nas.latency import _predict
+from nas.latency import CalibrationWarning, Latency, _predict, launches, parse_shape, predict
 from nas.latency._launches import FEATURES, family
 from nas.latency._model import KernelModel
-from nas.latency.calibrate import (SHAPES, KernelCase, calibration_section, fit, kernel_grid, random_archs,
-                                   write_calibration)
+from nas.latency.calibrate import (
+    SHAPES,
+    KernelCase,
+    calibration_section,
+    fit,
+    kernel_grid,
+    random_archs,
+    write_calibration,
+)
 
 SMS = 132
 IDENTIFIABLE = ("linear.tma", "linear.short_k", "attention.D64", "linear_attention.D32", "conv", "copy")
@@ -30,8 +36,11 @@ def _synthetic(seed: int = 0) -> tuple[KernelModel, list[dict], list[dict], list
 
     def row(arch, shape):  # in a forward: every kernel 10 % slower, 0.4 µs gap each, 5 µs per forward
         work = launches(arch, shape, SMS)
-        return {"arch": arch.to_dict(), "shape": str(shape),
-                "ms": (1.1 * sum(truth.kernel_us(w) for w in work) + 0.4 * len(work) + 5.0) / 1e3}
+        return {
+            "arch": arch.to_dict(),
+            "shape": str(shape),
+            "ms": (1.1 * sum(truth.kernel_us(w) for w in work) + 0.4 * len(work) + 5.0) / 1e3,
+        }
 
     fit_rows = [row(a, s) for a in random_archs(1, 30) for s in SHAPES]
     check_rows = [row(a, s) for a in random_archs(1001, 10) for s in SHAPES]
@@ -59,10 +68,12 @@ def test_fit_sees_a_wrong_kernel_model():
 
 
 def test_wave_quantisation_shows_in_the_features():
-    one_wave = KernelCase("linear", (("K", 512), ("M", 128 * 132), ("N", 128), ("activation", None),
-                                     ("residual", False))).launch(SMS)
-    one_more = KernelCase("linear", (("K", 512), ("M", 128 * 132 + 1), ("N", 128), ("activation", None),
-                                     ("residual", False))).launch(SMS)
+    one_wave = KernelCase(
+        "linear", (("K", 512), ("M", 128 * 132), ("N", 128), ("activation", None), ("residual", False))
+    ).launch(SMS)
+    one_more = KernelCase(
+        "linear", (("K", 512), ("M", 128 * 132 + 1), ("N", 128), ("activation", None), ("residual", False))
+    ).launch(SMS)
     assert one_wave.cls == "linear.tma" and one_more.x[1] == 2 * one_wave.x[1]
 
 
@@ -74,8 +85,14 @@ def calibrated(tmp_path):
     model, report = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS)
     from nas.latency import kernels_fingerprint
 
-    env = {"gpu": "NVIDIA H200", "driver": "1", "torch": "2.11", "triton": "3.6",
-           "kernels_fingerprint": kernels_fingerprint(), "date": "2026-12-01"}
+    env = {
+        "gpu": "NVIDIA H200",
+        "driver": "1",
+        "torch": "2.11",
+        "triton": "3.6",
+        "kernels_fingerprint": kernels_fingerprint(),
+        "date": "2026-12-01",
+    }
     path = write_calibration(load_profile("h200"), calibration_section(model, report, env, SMS), tmp_path / "h200.yaml")
     return load_profile(str(path))
 
@@ -118,9 +135,15 @@ def test_shipped_profiles_carry_their_basis():
 
 
 def test_fingerprint_mismatch_warns_and_widens(calibrated):
-    stale = dataclasses.replace(calibrated, calibrated=dataclasses.replace(
-        calibrated.calibrated, provenance=tuple((k, "0123456789ab" if k == "kernels_fingerprint" else v)
-                                                for k, v in calibrated.calibrated.provenance)))
+    stale = dataclasses.replace(
+        calibrated,
+        calibrated=dataclasses.replace(
+            calibrated.calibrated,
+            provenance=tuple(
+                (k, "0123456789ab" if k == "kernels_fingerprint" else v) for k, v in calibrated.calibrated.provenance
+            ),
+        ),
+    )
     arch = random_archs(5, 1)[0]
     fresh = predict(arch, SHAPES[0], calibrated)
     _predict._warn_fingerprint.cache_clear()
@@ -134,13 +157,24 @@ def test_fingerprint_mismatch_warns_and_widens(calibrated):
 
 
 def test_latency_dict_round_trip_with_interval_and_old_dicts():
-    lat = Latency(0.5, 0.0, "predicted", "h200", "bf16", parse_shape("8x1024"), breakdown=(("a", 0.2), ("b", 0.3)),
-                  interval=0.07, basis="h200, calibrated 2026-12-01")
+    lat = Latency(
+        0.5,
+        0.0,
+        "predicted",
+        "h200",
+        "bf16",
+        parse_shape("8x1024"),
+        breakdown=(("a", 0.2), ("b", 0.3)),
+        interval=0.07,
+        basis="h200, calibrated 2026-12-01",
+    )
     assert Latency.from_dict(lat.to_dict()) == lat
     old = {k: v for k, v in lat.to_dict().items() if k not in ("interval", "basis")}
     back = Latency.from_dict(old)
     assert back.interval == 0.0 and back.basis == "" and back.label() == "predicted"
-    assert Latency(1.0, 0.1, "measured", "NVIDIA H200", "bf16", parse_shape("1x256")).label() == "measured (NVIDIA H200)"
+    assert (
+        Latency(1.0, 0.1, "measured", "NVIDIA H200", "bf16", parse_shape("1x256")).label() == "measured (NVIDIA H200)"
+    )
     with pytest.raises(ValueError, match="interval"):
         Latency(1.0, 0.0, "predicted", "h200", "bf16", parse_shape("1x256"), interval=-0.1)
 
@@ -150,8 +184,11 @@ def test_profile_rejects_a_malformed_kernel_model(tmp_path):
 
     text = load_profile("l4").path
     path = tmp_path / "bad.yaml"
-    path.write_text(open(text).read().replace("calibrated: {}", "calibrated:\n  kernel_model:\n    coefficients:\n"
-                                                                "      conv: [1, -2]\n"))
+    path.write_text(
+        open(text)
+        .read()
+        .replace("calibrated: {}", "calibrated:\n  kernel_model:\n    coefficients:\n      conv: [1, -2]\n")
+    )
     with pytest.raises(ProfileError, match="non-negative"):
         load_profile(str(path))
 

@@ -12,8 +12,16 @@ from tests.kernels._support import requires_cuda
 
 
 def _latency(ms: float) -> Latency:
-    return Latency(ms, 0.01, "measured", "NVIDIA H200", "bf16", parse_shape("1x256"),
-                   versions=(("torch", "2.11"), ("triton", "3.6")), notes=(("remeasured", "yes"),))
+    return Latency(
+        ms,
+        0.01,
+        "measured",
+        "NVIDIA H200",
+        "bf16",
+        parse_shape("1x256"),
+        versions=(("torch", "2.11"), ("triton", "3.6")),
+        notes=(("remeasured", "yes"),),
+    )
 
 
 def test_cache_round_trip_and_keys(tmp_path):
@@ -24,13 +32,15 @@ def test_cache_round_trip_and_keys(tmp_path):
     cache.put(key, _latency(0.1))
     assert cache.get(key) == _latency(0.1)  # notes and versions survive the JSON
     # everything that determines a measurement is part of the key
-    for other in (cache_key("abd", shape, "bf16", "NVIDIA H200", "2.11", "3.6"),
-                  cache_key("abc", parse_shape("8x256"), "bf16", "NVIDIA H200", "2.11", "3.6"),
-                  cache_key("abc", shape, "fp16", "NVIDIA H200", "2.11", "3.6"),
-                  cache_key("abc", shape, "bf16", "NVIDIA H100", "2.11", "3.6"),
-                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.12", "3.6"),
-                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.7"),
-                  cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.6", "0123456789ab")):
+    for other in (
+        cache_key("abd", shape, "bf16", "NVIDIA H200", "2.11", "3.6"),
+        cache_key("abc", parse_shape("8x256"), "bf16", "NVIDIA H200", "2.11", "3.6"),
+        cache_key("abc", shape, "fp16", "NVIDIA H200", "2.11", "3.6"),
+        cache_key("abc", shape, "bf16", "NVIDIA H100", "2.11", "3.6"),
+        cache_key("abc", shape, "bf16", "NVIDIA H200", "2.12", "3.6"),
+        cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.7"),
+        cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11", "3.6", "0123456789ab"),
+    ):
         assert cache.get(other) is None
     cache.put(key, _latency(0.2))
     assert LatencyCache(tmp_path / "lat.json").get(key).median_ms == 0.2  # a new reader sees the update
@@ -41,10 +51,17 @@ def test_latency_read_back_from_the_cache_equals_the_one_written(tmp_path):
     in: ``measure`` builds versions as (torch, triton, kernels), JSON may hand them back in
     another order. The breakdown keeps its execution order through the file."""
     shape = parse_shape("8x1024")
-    written = Latency(0.5, 0.002, "measured", "NVIDIA H200", "bf16", shape,
-                      breakdown=(("embed", 0.1), ("attention", 0.3), ("head", 0.1)),
-                      versions=(("torch", "2.11.0"), ("triton", "3.6.0"), ("kernels", "0123456789ab")),
-                      notes=(("replays", "30"), ("input_copies", "4")))
+    written = Latency(
+        0.5,
+        0.002,
+        "measured",
+        "NVIDIA H200",
+        "bf16",
+        shape,
+        breakdown=(("embed", 0.1), ("attention", 0.3), ("head", 0.1)),
+        versions=(("torch", "2.11.0"), ("triton", "3.6.0"), ("kernels", "0123456789ab")),
+        notes=(("replays", "30"), ("input_copies", "4")),
+    )
     cache = LatencyCache(tmp_path / "lat.json")
     key = cache_key("abc", shape, "bf16", "NVIDIA H200", "2.11.0", "3.6.0", "0123456789ab")
     cache.put(key, written)
@@ -92,8 +109,17 @@ def test_cache_survives_a_corrupt_file(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @requires_cuda
 def test_measure_on_gpu_is_measured_cached_and_stable(tmp_path):
-    arch = ArchSpec(128, [LayerSpec("attention", 2, None, 4, 4.0), LayerSpec("linear_attention", 2, "elu+1", 4, 4.0),
-                          LayerSpec("none", mlp_ratio=4.0), LayerSpec("attention", 4, None, 4, 4.0)], 256, 256)
+    arch = ArchSpec(
+        128,
+        [
+            LayerSpec("attention", 2, None, 4, 4.0),
+            LayerSpec("linear_attention", 2, "elu+1", 4, 4.0),
+            LayerSpec("none", mlp_ratio=4.0),
+            LayerSpec("attention", 4, None, 4, 4.0),
+        ],
+        256,
+        256,
+    )
     cache = LatencyCache(tmp_path / "lat.json")
     lat = measure(build(arch, seed=0), parse_shape("1x256"), cache=cache)
     assert lat.source == "measured" and lat.device == torch.cuda.get_device_name() and lat.median_ms > 0
@@ -119,8 +145,9 @@ def test_measure_follows_the_device_it_is_given(tmp_path, monkeypatch):
     shape = parse_shape("1x8")
     cache = LatencyCache(tmp_path / "lat.json")
     stored = Latency(0.25, 0.0, "measured", "GPU1", "bf16", shape)
-    cache.put(cache_key(m.arch_hash(arch), shape, "bf16", "GPU1", torch.__version__, triton.__version__, "f" * 12),
-              stored)
+    cache.put(
+        cache_key(m.arch_hash(arch), shape, "bf16", "GPU1", torch.__version__, triton.__version__, "f" * 12), stored
+    )
     assert measure(build(arch, seed=0), shape, device="cuda:1", cache=cache) == stored
     assert asked == [torch.device("cuda", 1)]
     assert dev.resolve("cuda") == torch.device("cuda", 0)  # a bare "cuda" is the current GPU, by index
@@ -135,6 +162,7 @@ def test_measure_follows_the_device_it_is_given(tmp_path, monkeypatch):
 def test_measure_on_gpu_follows_an_explicit_device(tmp_path):
     arch = ArchSpec(64, [LayerSpec("attention", 2), LayerSpec("linear_attention", 2, "elu+1")], 64, 64)
     index = torch.cuda.device_count() - 1
-    lat = measure(build(arch, seed=0), parse_shape("1x64"), device=f"cuda:{index}",
-                  cache=LatencyCache(tmp_path / "lat.json"))
+    lat = measure(
+        build(arch, seed=0), parse_shape("1x64"), device=f"cuda:{index}", cache=LatencyCache(tmp_path / "lat.json")
+    )
     assert lat.source == "measured" and lat.device == torch.cuda.get_device_name(index)

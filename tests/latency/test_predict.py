@@ -25,8 +25,7 @@ ATTN = LayerSpec("attention", heads=4)
 LIN = LayerSpec("linear_attention", heads=4, feature_map="elu+1")
 
 
-def _arch(*layers: LayerSpec, d: int = 256, readout: str = "token", vocab: int = 1000,
-          n_out: int = 1000) -> ArchSpec:
+def _arch(*layers: LayerSpec, d: int = 256, readout: str = "token", vocab: int = 1000, n_out: int = 1000) -> ArchSpec:
     return ArchSpec(d, layers, vocab, n_out, readout)
 
 
@@ -52,6 +51,7 @@ def roofline_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- shapes -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("text", "batch", "seq"), [("8x1024", 8, 1024), ("1x1", 1, 1), (" 3X63 ", 3, 63)])
 def test_parse_shape(text: str, batch: int, seq: int) -> None:
     shape = parse_shape(text)
@@ -59,8 +59,9 @@ def test_parse_shape(text: str, batch: int, seq: int) -> None:
     assert str(shape) == f"{batch}x{seq}"
 
 
-@pytest.mark.parametrize("text", ["8x", "x8", "0x5", "5x0", "abc", "8*1024", "", "8x1024x2", "-1x5",
-                                  "1.5x4", "8 x 1024"])
+@pytest.mark.parametrize(
+    "text", ["8x", "x8", "0x5", "5x0", "abc", "8*1024", "", "8x1024x2", "-1x5", "1.5x4", "8 x 1024"]
+)
 def test_parse_shape_rejects_malformed(text: str) -> None:
     message = r"invalid shape .*: expected BATCHxSEQ_LEN with positive integers, e\.g\. '8x1024'"
     with pytest.raises(ValueError, match=message) as info:
@@ -75,6 +76,7 @@ def test_latency_shape_validates(batch: object, seq: object) -> None:
 
 
 # --- FLOPs, bytes, kernels, params by hand --------------------------------------------------
+
 
 def test_matmul_flops_are_2mnk() -> None:
     d, heads, ratio = 96, 3, 2.5
@@ -121,18 +123,17 @@ def test_attention_grows_quadratically_and_linear_attention_linearly() -> None:
     arch = _arch(ATTN, LIN, d=256)
     short, long = LatencyShape(2, 1024), LatencyShape(2, 4096)
     attn = _op(arch, long, "layers.0.attention").flops / _op(arch, short, "layers.0.attention").flops
-    lin = (_op(arch, long, "layers.1.linear_attention").flops
-           / _op(arch, short, "layers.1.linear_attention").flops)
+    lin = _op(arch, long, "layers.1.linear_attention").flops / _op(arch, short, "layers.1.linear_attention").flops
     assert 15 < attn < 17
     assert lin == pytest.approx(4)
 
 
 def test_kernel_count_convention() -> None:
     arch = _arch(
-        LayerSpec("attention", heads=2),                      # 7: norm qkv attn out norm up down
-        LayerSpec("none", mlp_ratio=2),                       # 3: norm up down
+        LayerSpec("attention", heads=2),  # 7: norm qkv attn out norm up down
+        LayerSpec("none", mlp_ratio=2),  # 3: norm up down
         LayerSpec("linear_attention", heads=2, feature_map="identity", mlp_ratio=0),  # 4
-        LayerSpec("none", mlp_ratio=0),                       # 0: identity layer
+        LayerSpec("none", mlp_ratio=0),  # 0: identity layer
         d=32,
     )
     ops = op_costs(arch, LatencyShape(1, 5))
@@ -141,23 +142,29 @@ def test_kernel_count_convention() -> None:
 
 
 def test_count_params_by_hand() -> None:
-    arch = ArchSpec(8, (
-        LayerSpec("attention", heads=2, mlp_ratio=2),                                     # layernorm
-        LayerSpec("linear_attention", heads=2, feature_map="relu", mlp_ratio=0, norm="rmsnorm"),
-        LayerSpec("none", mlp_ratio=1.5, norm="rmsnorm"),
-        LayerSpec("none", mlp_ratio=0),                                                   # no params
-    ), vocab_size=11, n_out=3)
+    arch = ArchSpec(
+        8,
+        (
+            LayerSpec("attention", heads=2, mlp_ratio=2),  # layernorm
+            LayerSpec("linear_attention", heads=2, feature_map="relu", mlp_ratio=0, norm="rmsnorm"),
+            LayerSpec("none", mlp_ratio=1.5, norm="rmsnorm"),
+            LayerSpec("none", mlp_ratio=0),  # no params
+        ),
+        vocab_size=11,
+        n_out=3,
+    )
     embedding = 11 * 8
     qkv, out = 3 * 8 * 8 + 3 * 8, 8 * 8 + 8
-    layer0 = 16 + qkv + out + 16 + (8 * 16 + 16) + (16 * 8 + 8)   # two layernorms, H = 16
-    layer1 = 8 + qkv + out                                        # one rmsnorm, no MLP
-    layer2 = 8 + (8 * 12 + 12) + (12 * 8 + 8)                     # one rmsnorm, H = round(12)
-    final_norm = 16                                               # last layer's type: layernorm
+    layer0 = 16 + qkv + out + 16 + (8 * 16 + 16) + (16 * 8 + 8)  # two layernorms, H = 16
+    layer1 = 8 + qkv + out  # one rmsnorm, no MLP
+    layer2 = 8 + (8 * 12 + 12) + (12 * 8 + 8)  # one rmsnorm, H = round(12)
+    final_norm = 16  # last layer's type: layernorm
     head = 8 * 3 + 3
     assert count_params(arch) == embedding + layer0 + layer1 + layer2 + final_norm + head == 1247
 
 
 # --- predict ------------------------------------------------------------------------------
+
 
 def test_prediction_record(h200: HardwareProfile) -> None:
     shape = LatencyShape(4, 256)
@@ -230,14 +237,15 @@ def test_unknown_dtype_is_rejected(h200: HardwareProfile) -> None:
 
 # --- memory -------------------------------------------------------------------------------
 
+
 def test_memory_by_hand() -> None:
     d = 128
     arch = _arch(ATTN, LIN, LayerSpec("linear_attention", heads=2, feature_map="relu"), ATTN, d=d)
     batch, seq = 3, 100
     estimate = memory(arch, LatencyShape(batch, seq), dtype="bf16")
     assert estimate.params == count_params(arch) and estimate.weight_bytes == 2 * estimate.params
-    assert estimate.kv_cache_bytes == 2 * (2 * seq * d) * batch * 2          # 2 attention layers, bf16
-    state = (4 * 32**2 + 2 * 64**2) * batch * STATE_BYTES                   # heads · Dh² per layer
+    assert estimate.kv_cache_bytes == 2 * (2 * seq * d) * batch * 2  # 2 attention layers, bf16
+    state = (4 * 32**2 + 2 * 64**2) * batch * STATE_BYTES  # heads · Dh² per layer
     assert estimate.recurrent_state_bytes == state
     # Peak activation: residual + q,k,v + o of the attention op, or the [B·T, V] logits.
     tokens = batch * seq
@@ -250,5 +258,11 @@ def test_memory_by_hand() -> None:
 def test_memory_of_mlp_only_model_has_no_cache() -> None:
     estimate = memory(_arch(LayerSpec("none"), d=64), LatencyShape(2, 32))
     assert estimate.kv_cache_bytes == estimate.recurrent_state_bytes == 0
-    assert set(estimate.to_dict()) == {"params", "weight_bytes", "peak_activation_bytes",
-                                       "kv_cache_bytes", "recurrent_state_bytes", "total_mb"}
+    assert set(estimate.to_dict()) == {
+        "params",
+        "weight_bytes",
+        "peak_activation_bytes",
+        "kv_cache_bytes",
+        "recurrent_state_bytes",
+        "total_mb",
+    }

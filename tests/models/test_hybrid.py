@@ -89,16 +89,18 @@ def random_arch(rng: random.Random) -> ArchSpec:
     layers = []
     for _ in range(rng.randint(1, 5)):
         mixer = rng.choice(["attention", "linear_attention", "none"])
-        layers.append(LayerSpec(
-            mixer,
-            heads=rng.choice(heads) if mixer != "none" else 0,
-            feature_map=rng.choice(FEATURE_MAPS) if mixer == "linear_attention" else None,
-            short_conv=rng.choice([0, 4, rng.randint(1, 16)]) if mixer != "none" else 0,
-            # 0 (no MLP), fractional widths that round both ways, and tiny ratios → one hidden unit
-            mlp_ratio=rng.choice([0, 0, 0.01, 1 / 3, 0.5, 1.0, 2.5, 4.0]),
-            activation=rng.choice(ACTIVATIONS),
-            norm=rng.choice(NORMS),
-        ))
+        layers.append(
+            LayerSpec(
+                mixer,
+                heads=rng.choice(heads) if mixer != "none" else 0,
+                feature_map=rng.choice(FEATURE_MAPS) if mixer == "linear_attention" else None,
+                short_conv=rng.choice([0, 4, rng.randint(1, 16)]) if mixer != "none" else 0,
+                # 0 (no MLP), fractional widths that round both ways, and tiny ratios → one hidden unit
+                mlp_ratio=rng.choice([0, 0, 0.01, 1 / 3, 0.5, 1.0, 2.5, 4.0]),
+                activation=rng.choice(ACTIVATIONS),
+                norm=rng.choice(NORMS),
+            )
+        )
     return ArchSpec(d, tuple(layers), rng.randint(1, 70), rng.randint(1, 40), rng.choice(["token", "last"]))
 
 
@@ -111,11 +113,14 @@ def test_parameter_count_matches_cost_model(seed):
         assert sum(p.numel() for p in model.parameters()) == count_params(arch), arch
 
 
-@pytest.mark.parametrize("layers", [
-    pytest.param((EMPTY,), id="only-empty"),
-    pytest.param((EMPTY, EMPTY, conv(ATT, 16)), id="empty-empty-Aconv16"),
-    pytest.param((LayerSpec("none", mlp_ratio=0.001),), id="tiny-mlp-ratio"),
-])
+@pytest.mark.parametrize(
+    "layers",
+    [
+        pytest.param((EMPTY,), id="only-empty"),
+        pytest.param((EMPTY, EMPTY, conv(ATT, 16)), id="empty-empty-Aconv16"),
+        pytest.param((LayerSpec("none", mlp_ratio=0.001),), id="tiny-mlp-ratio"),
+    ],
+)
 def test_parameter_count_edge_layers(layers):
     arch = arch_of(layers)
     assert sum(p.numel() for p in HybridModel(arch).parameters()) == count_params(arch)
@@ -140,11 +145,14 @@ def _task(vocab: int, n_out: int, readout: str) -> Task:
     return Task("hand", {}, vocab, n_out, readout, x, y, x, y)
 
 
-@pytest.mark.parametrize("task_args", [
-    pytest.param((V + 1, V, "token"), id="vocab"),
-    pytest.param((V, V - 1, "token"), id="n_out"),
-    pytest.param((V, V, "last"), id="readout"),
-])
+@pytest.mark.parametrize(
+    "task_args",
+    [
+        pytest.param((V + 1, V, "token"), id="vocab"),
+        pytest.param((V, V - 1, "token"), id="n_out"),
+        pytest.param((V, V, "last"), id="readout"),
+    ],
+)
 def test_build_rejects_a_mismatched_task(task_args):
     with pytest.raises(ValueError, match="arch is sized for"):
         build(arch_of((ATT,)), _task(*task_args))

@@ -13,8 +13,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nas.models.mixers import (FEATURE_MAP_FNS, NORMALIZER_EPS, LinearAttention, SelfAttention, apply_rope,
-                               causal_linear_attention, rope_tables)
+from nas.models.mixers import (
+    FEATURE_MAP_FNS,
+    NORMALIZER_EPS,
+    LinearAttention,
+    SelfAttention,
+    apply_rope,
+    causal_linear_attention,
+    rope_tables,
+)
 
 # (dtype, atol, rtol); the fp32 chunked sum reassociates T·D terms
 DTYPES = [
@@ -89,7 +96,7 @@ def naive_self_attention(m: SelfAttention, x: torch.Tensor) -> torch.Tensor:
     qkv = x @ m.qkv.weight.T + m.qkv.bias
     if m.conv is not None:
         qkv = causal_depthwise_conv(qkv, m.conv.weight, m.conv.bias)
-    q, k, v = (qkv[..., i * d:(i + 1) * d].reshape(B, T, H, Dh).transpose(1, 2) for i in range(3))
+    q, k, v = (qkv[..., i * d : (i + 1) * d].reshape(B, T, H, Dh).transpose(1, 2) for i in range(3))
     R = rotation_matrices(T, Dh).to(x.dtype)
     q = torch.einsum("tij,bhtj->bhti", R, q)
     k = torch.einsum("tij,bhtj->bhti", R, k)
@@ -101,7 +108,7 @@ def naive_self_attention(m: SelfAttention, x: torch.Tensor) -> torch.Tensor:
 
 def qkv_heads(x: torch.Tensor, d: int, H: int) -> tuple[torch.Tensor, ...]:
     B, T, _ = x.shape
-    return tuple(x[..., i * d:(i + 1) * d].reshape(B, T, H, d // H).transpose(1, 2) for i in range(3))
+    return tuple(x[..., i * d : (i + 1) * d].reshape(B, T, H, d // H).transpose(1, 2) for i in range(3))
 
 
 # ---------------------------------------------------------------- causal_linear_attention
@@ -151,8 +158,9 @@ def test_chunked_matches_reference(T, chunk, normalize, dtype_tol):
 def test_chunked_gradients_match_reference(normalize):
     q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 37, 12, torch.float64, positive=normalize))
     grad_out = torch.randn(1, 2, 37, 12, dtype=torch.float64)
-    got = torch.autograd.grad((causal_linear_attention(q, k, v, normalize=normalize, chunk=16) * grad_out).sum(),
-                              (q, k, v))
+    got = torch.autograd.grad(
+        (causal_linear_attention(q, k, v, normalize=normalize, chunk=16) * grad_out).sum(), (q, k, v)
+    )
     want = torch.autograd.grad((naive_linear_attention(q, k, v, normalize) * grad_out).sum(), (q, k, v))
     for g, w, name in zip(got, want, "qkv", strict=True):
         torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=f"d{name}")

@@ -18,15 +18,19 @@ from tests.kernels._support import requires_cuda, requires_interpreter
 ARCHS = {
     "A-conv+MLP": [LayerSpec("attention", 2, None, 4, 2.0)],
     "L-elu-conv": [LayerSpec("linear_attention", 1, "elu+1", 4, 0.0, "silu", "rmsnorm")],
-    "A L M mixed": [LayerSpec("attention", 2, None, 0, 2.0, "relu"),
-                    LayerSpec("linear_attention", 2, "identity", 4, 1.5, "gelu", "rmsnorm"),
-                    LayerSpec("none", mlp_ratio=2.0, activation="silu")],
+    "A L M mixed": [
+        LayerSpec("attention", 2, None, 0, 2.0, "relu"),
+        LayerSpec("linear_attention", 2, "identity", 4, 1.5, "gelu", "rmsnorm"),
+        LayerSpec("none", mlp_ratio=2.0, activation="silu"),
+    ],
     "L-relu": [LayerSpec("linear_attention", 2, "relu", 0, 2.0)],
     # head dims 8 (zero-padded to the kernels' 16) and 16 in one model: rotary tables per head dim
     "A hd8 + A hd16": [LayerSpec("attention", 4, None, 4, 0.0), LayerSpec("attention", 2, None, 0, 2.0)],
     "L hd8 elu+1": [LayerSpec("linear_attention", 4, "elu+1", 4, 0.0)],
-    "L hd8 identity + relu": [LayerSpec("linear_attention", 4, "identity", 0, 0.0),
-                              LayerSpec("linear_attention", 4, "relu", 4, 2.0)],
+    "L hd8 identity + relu": [
+        LayerSpec("linear_attention", 4, "identity", 0, 0.0),
+        LayerSpec("linear_attention", 4, "relu", 4, 2.0),
+    ],
 }
 
 
@@ -87,9 +91,23 @@ def test_unsupported_head_dim_is_a_kernel_error(d, heads, mixer):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_bf16_matches_and_graph_replays():
-    model = build(ArchSpec(128, [LayerSpec("attention", 2, None, 4, 4.0),
-                                 LayerSpec("linear_attention", 2, "elu+1", 4, 4.0),
-                                 LayerSpec("none", mlp_ratio=4.0)], 512, 512), seed=0).cuda().eval()
+    model = (
+        build(
+            ArchSpec(
+                128,
+                [
+                    LayerSpec("attention", 2, None, 4, 4.0),
+                    LayerSpec("linear_attention", 2, "elu+1", 4, 4.0),
+                    LayerSpec("none", mlp_ratio=4.0),
+                ],
+                512,
+                512,
+            ),
+            seed=0,
+        )
+        .cuda()
+        .eval()
+    )
     tokens = torch.randint(0, 512, (8, 512), device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         expected = model(tokens).float()

@@ -216,7 +216,10 @@ def open_study(name: str, storage: str, *, sampler: optuna.samplers.BaseSampler 
         if not create:
             known = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
             raise SearchError(f"no study named {name!r} in {storage}; studies there: {known}") from None
-        study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=list(DIRECTIONS))
+        try:
+            study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=list(DIRECTIONS))
+        except optuna.exceptions.DuplicatedStudyError:  # another process started it a moment ago: join it
+            return open_study(name, storage, sampler=sampler, create=False)
         with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in practice
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(METRICS))

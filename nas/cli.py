@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -212,8 +211,8 @@ def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
 class _TrialLines:
     """One line per trial that finished since the last call (failures only, unless ``show_all``)."""
 
-    def __init__(self, study: optuna.Study, trials: int, *, show_all: bool, label: str = "") -> None:
-        self._trials, self._show_all, self._label = trials, show_all, label
+    def __init__(self, study: optuna.Study, trials: int, *, show_all: bool) -> None:
+        self._trials, self._show_all = trials, show_all
         self._seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
 
     def new(self, study: optuna.Study) -> list[str]:
@@ -225,7 +224,7 @@ class _TrialLines:
                 continue
             self._seen.add(t.number)
             if t.state.name == "FAIL" or self._show_all:
-                out.append(self._label + _trial_line(t, n_complete(study), self._trials))
+                out.append(_trial_line(t, n_complete(study), self._trials))
         return out
 
 
@@ -348,7 +347,8 @@ def _export(args: argparse.Namespace) -> None:
                  device=device)
     how = f"trial {args.trial}" if args.trial is not None else f"--pick {args.pick}"
     accuracy = json.loads((out / "arch.json").read_text())["metrics"]["accuracy"]  # the bundle's, retrained or not
-    retrained = f" after {args.retrain_steps} retraining steps (study: {chosen.values[0]:.3f})" if args.retrain_steps else ""
+    retrained = (f" after {args.retrain_steps} retraining steps (study: {chosen.values[0]:.3f})"
+                 if args.retrain_steps else "")
     console.print(f"exported trial {chosen.number} ({how}): {chosen.user_attrs.get('arch_summary')}, accuracy "
                   f"{accuracy:.3f}{retrained}, latency {chosen.values[1]:.4g} ms → {out}", soft_wrap=True)
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)

@@ -166,7 +166,7 @@ def _card(r: dict[str, Any]) -> str:
     steps = (f"{train.steps} steps" if done is None or done == train.steps else
              f"{done} of {train.steps} planned steps (stopped early: {r['trained'].get('stopped') or 'time budget'})")
     blocks = f"{arch.depth} block{'' if arch.depth == 1 else 's'}"
-    return _card_metadata(r, arch) + f"""# {arch.summary()} — trial {r['trial']} of `{r['study']}`
+    return _card_metadata(r) + f"""# {arch.summary()} — trial {r['trial']} of `{r['study']}`
 
 | metric | value |
 | --- | --- |
@@ -199,7 +199,7 @@ Versions: {', '.join(f'{k} {v}' for k, v in r['versions'].items())}. Exported {r
 """
 
 
-def _card_metadata(r: dict[str, Any], arch: ArchSpec) -> str:
+def _card_metadata(r: dict[str, Any]) -> str:
     """The Hugging Face model-card header: YAML between ``---`` lines (library, tags, the result)."""
     task = (r["task"] or {}).get("name", "unknown")
     meta = {

@@ -22,13 +22,15 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import torch
 import yaml
+from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
@@ -94,13 +96,13 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     return _TrialSeeded(name, seed)
 
 
-def trial_seed(seed: int, number: int) -> int:
+def _trial_seed(seed: int, number: int) -> int:
     """The sampler seed of trial ``number`` in a study seeded with ``seed`` (independent streams)."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{number}".encode()).digest()[:4], "little")
 
 
 class _TrialSeeded(optuna.samplers.BaseSampler):
-    """Re-seeds per trial: before trial ``n`` a new sampler seeded with ``trial_seed(seed, n)``
+    """Re-seeds per trial: before trial ``n`` a new sampler seeded with ``_trial_seed(seed, n)``
     takes over. Optuna's samplers keep no state between trials but their random generator (the
     model is refit from the study's trials every time), so this loses nothing; what it gains is
     that the draw of trial ``n`` depends on the history and ``n`` only, not on how many trials
@@ -112,19 +114,22 @@ class _TrialSeeded(optuna.samplers.BaseSampler):
         self._inner = _seeded_sampler(name, seed)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self._inner = _seeded_sampler(self._name, trial_seed(self._seed, trial.number))
+        self._inner = _seeded_sampler(self._name, _trial_seed(self._seed, trial.number))
         self._inner.before_trial(study, trial)
 
-    def infer_relative_search_space(self, study, trial):  # noqa: ANN001, ANN201 - BaseSampler's signatures
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self._inner.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study, trial, search_space):  # noqa: ANN001, ANN201
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         return self._inner.sample_relative(study, trial, search_space)
 
-    def sample_independent(self, study, trial, param_name, param_distribution):  # noqa: ANN001, ANN201
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
         return self._inner.sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study, trial, state, values):  # noqa: ANN001, ANN201
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
         self._inner.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:

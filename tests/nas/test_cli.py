@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import subprocess
@@ -181,7 +182,7 @@ def _nas(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``nas ARGV`` in a fresh process with stdout and stderr piped (not a terminal)."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "nas", *argv], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=timeout)
+                          stdin=subprocess.DEVNULL, timeout=timeout, check=False)
 
 
 def _params(storage: str, study: str) -> list[dict]:
@@ -291,8 +292,8 @@ def test_every_flag_has_help_text():
     from nas.cli import _build_parser
 
     def walk(parser, where):
-        for action in parser._actions:  # noqa: SLF001 — argparse exposes no public list of actions
-            if isinstance(action, __import__("argparse")._SubParsersAction):  # noqa: SLF001
+        for action in parser._actions:  # argparse exposes no public list of actions
+            if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
                     yield from walk(sub, f"{where} {name}")
             elif not action.help:

@@ -365,9 +365,8 @@ def test_a_resume_that_changes_recorded_budgets_says_so(tmp_path, tiny_space, ca
         assert not _notes(caplog)  # same settings: nothing to say
         _, study = prepare(_config(tmp_path, tiny_space, trials=1, max_latency_ms=5.0))
     assert study.user_attrs["budgets"]["trials"] == 1
-    assert _notes(caplog) == [
-        "study 't': recorded budgets changed (max_latency_ms None -> 5.0, trials 2 -> 1); workers and the report "
-        "use the new ones"]
+    assert _notes(caplog) == [("study 't': recorded budgets changed (max_latency_ms None -> 5.0, trials 2 -> 1); "
+                               "workers and the report use the new ones")]
 
 
 def test_batches_larger_than_the_task_are_clipped_with_a_notice(tmp_path, caplog):

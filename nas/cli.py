@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -53,22 +53,27 @@ def _positive_float(text: str) -> float:
     return value
 
 
+_STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/studies.journal)"
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from nas.results.pareto import PICKS
     from nas.search.study import SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress of the engine")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log each trial's candidate, training and scores to stderr; -vv adds debug detail")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("search", help="run (or resume) a search study")
     s.add_argument("--space", default="hybrid_small", help="shipped space name or a YAML path (default hybrid_small)")
     s.add_argument("--task", default=None, help="task spec, e.g. mqar:seq_len=64 or data.npz (default: the space's)")
-    s.add_argument("--trials", type=_positive_int, default=20, help="completed trials to reach (default 20)")
+    s.add_argument("--trials", type=_positive_int, default=20,
+                   help="trained trials to reach (default 20); candidates that break a hard budget are not counted")
     s.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
     s.add_argument("--study", default=None, help="study name (default: <space>-<task>-<target>)")
-    s.add_argument("--storage", default=None, help="journal file path or RDB URL (default $NAS_STORAGE or runs/studies.journal)")
-    s.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    s.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    s.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
     s.add_argument("--target", default="auto", help="auto (this GPU, else h200) or a hardware profile name/path")
     s.add_argument("--latency-shape", default="1x256", help="BATCHxSEQ the latency is scored at (default 1x256)")
     s.add_argument("--max-latency-ms", type=_positive_float, default=None, help="hard latency budget")
@@ -76,7 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-memory-mb", type=_positive_float, default=None, help="hard memory budget")
     s.add_argument("--trial-timeout", type=_positive_float, default=None,
                    help="fail a trial that runs longer than this many seconds")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the sampler and the task data (default 0)")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     lat = s.add_mutually_exclusive_group()
     lat.add_argument("--measure", dest="measure", action="store_const", const=True, default=None,
@@ -89,40 +94,42 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")
 
     w = sub.add_parser("worker", help="join a study started by nas search (from any shell or host)")
-    w.add_argument("--study", required=True)
-    w.add_argument("--storage", default=None)
-    w.add_argument("--trials", type=_positive_int, default=None, help="completed trials to reach (default: the study's)")
-    w.add_argument("--timeout", type=_positive_float, default=None)
-    w.add_argument("--device", default="auto")
-    w.add_argument("--worker-index", type=int, default=None, help="offsets the sampler seed (default: pid)")
+    w.add_argument("--study", required=True, help="name of the study to join")
+    w.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    w.add_argument("--trials", type=_positive_int, default=None, help="trained trials to reach (default: the study's)")
+    w.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
+    w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    w.add_argument("--worker-index", type=int, default=None, help="label of this worker's progress lines (default: pid)")
 
     st = sub.add_parser("studies", help="list studies in a storage, or show one")
-    st.add_argument("--storage", default=None)
+    st.add_argument("--storage", default=None, help=_STORAGE_HELP)
     st.add_argument("--study", default=None, help="show this study only (exit 2 if absent)")
 
     p = sub.add_parser("profiles", help="hardware profiles")
     psub = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     psub.add_parser("list", help="list shipped profiles")
     show = psub.add_parser("show", help="show one profile")
-    show.add_argument("name")
+    show.add_argument("name", help="a shipped profile name (nas profiles list) or a YAML path")
     cal = psub.add_parser("calibrate", help="fit the latency model on this GPU and write it into the profile")
     cal.add_argument("--profile", default=None, help="profile name or YAML path (default: the one listing this GPU)")
     cal.add_argument("--out", default=None, help="where to write the calibrated profile (default: over the profile)")
 
     r = sub.add_parser("report", help="write the study's offline HTML report (and optionally PNGs)")
-    r.add_argument("--study", required=True)
-    r.add_argument("--storage", default=None)
+    r.add_argument("--study", required=True, help="name of the study to report")
+    r.add_argument("--storage", default=None, help=_STORAGE_HELP)
     r.add_argument("--out", default=None, help="HTML path (default runs/<study>-report.html)")
     r.add_argument("--png", default=None, metavar="DIR", help="also write each figure as PNG into DIR (kaleido)")
 
     e = sub.add_parser("export", help="export one architecture: arch.json, safetensors, ONNX, model card")
-    e.add_argument("--study", required=True)
-    e.add_argument("--storage", default=None)
+    e.add_argument("--study", required=True, help="name of the study to export from")
+    e.add_argument("--storage", default=None, help=_STORAGE_HELP)
     which = e.add_mutually_exclusive_group()
     which.add_argument("--trial", type=int, default=None, help="export this trial number")
     which.add_argument("--pick", choices=PICKS, default="knee", help="choose from the front (default knee)")
-    e.add_argument("--max-latency-ms", type=_positive_float, default=None)
-    e.add_argument("--max-memory-mb", type=_positive_float, default=None)
+    e.add_argument("--max-latency-ms", type=_positive_float, default=None,
+                   help="pick only among front trials at or below this latency")
+    e.add_argument("--max-memory-mb", type=_positive_float, default=None,
+                   help="pick only among front trials at or below this memory")
     e.add_argument("--out", required=True, help="bundle directory (must be absent or empty)")
     e.add_argument("--force", action="store_true", help="replace a non-empty --out")
     e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
@@ -136,7 +143,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def _search(args: argparse.Namespace) -> None:
     from nas.results.pareto import front
     from nas.search.storage import resolve_storage
-    from nas.search.study import SearchConfig, n_complete, prepare, run_search
+    from nas.search.study import SearchConfig, n_complete, n_infeasible, prepare, run_search
     from nas.search.workers import parse_gpus, plan_slots, run_workers
 
     gpus = parse_gpus(args.gpus) if args.gpus else None
@@ -148,48 +155,119 @@ def _search(args: argparse.Namespace) -> None:
                           trial_timeout=args.trial_timeout, seed=args.seed, measure=args.measure,
                           device="cpu" if len(slots) > 1 and not gpus else args.device)
     ctx, study = prepare(config)
-    done = n_complete(study)
+    done, fresh = n_complete(study), not study.get_trials(deepcopy=False)
     console.print(f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
                   f"task {ctx.task.description or ctx.task.name}, latency "
                   f"{'measured on this GPU' if ctx.measure else 'predicted for ' + ctx.profile.name} at {ctx.shape}, "
-                  f"device {ctx.device}; {done} trial(s) already complete")
+                  f"device {ctx.device}; {done} trial(s) already trained", soft_wrap=True)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("front {task.fields[front]}  best acc {task.fields[best]}"), TimeElapsedColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
+    # a terminal gets a live bar; a log (CI, nohup, a pipe) one line per finished trial
+    lines = _TrialLines(study, config.trials, show_all=not console.is_terminal)
+    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
         bar = progress.add_task("search", total=config.trials, completed=min(done, config.trials),
                                 front=len(front(study)), best="-")
 
-        def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial | None) -> None:
+        def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
             best = front(study)
             progress.update(bar, completed=min(n_complete(study), config.trials), front=len(best),
                             best=f"{best[0].values[0]:.3f}" if best else "-")
-            if trial is not None and trial.state.name == "FAIL":
-                progress.console.print(f"trial {trial.number} failed: {trial.user_attrs.get('failure', '?')}")
+            for line in lines.new(study):
+                progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
         if len(slots) == 1 and not gpus:
             run_search(config, on_trial=on_trial, ctx_study=(ctx, study))
         else:
             progress.console.print(f"{len(slots)} worker processes" + (f" on GPUs {','.join(gpus)}" if gpus else ""))
-            codes = run_workers(study, config.storage, config.trials, slots, timeout=config.timeout,
-                                on_poll=lambda st: on_trial(st, None))
+            try:
+                codes = run_workers(study, config.storage, config.trials, slots, timeout=config.timeout,
+                                    on_poll=on_trial, verbose=args.verbose)
+            except BaseException:
+                _remove_if_empty(study, config.storage, fresh)
+                raise
             if any(codes):
-                raise UsageError(f"workers exited with codes {codes}; finished trials are kept in the study")
+                kept = (f"study {study.study_name!r} had no trials and was removed"
+                        if _remove_if_empty(study, config.storage, fresh) else "finished trials are kept in the study")
+                raise UsageError(f"workers exited with codes {codes}; {kept}")
+    skipped = n_infeasible(study)
+    if skipped:
+        console.print(f"{skipped} candidate(s) broke a hard budget: recorded without training, not counted "
+                      f"toward --trials", soft_wrap=True)
     _print_front(study)
     storage_flag = f" --storage {config.storage}" if args.storage else ""
     console.print(f"next: nas report --study {study.study_name}{storage_flag}", soft_wrap=True)
     console.print(f"      nas export --study {study.study_name}{storage_flag} --out export/", soft_wrap=True)
 
 
+def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
+    """Delete ``study`` when this run created it and no trial was recorded (a failed start leaves
+    nothing behind); returns whether it was deleted."""
+    from nas.search.storage import open_storage
+
+    if not fresh or study.get_trials(deepcopy=False):
+        return False
+    optuna.delete_study(study_name=study.study_name, storage=open_storage(storage))
+    return True
+
+
+class _TrialLines:
+    """One line per trial that finished since the last call (failures only, unless ``show_all``)."""
+
+    def __init__(self, study: optuna.Study, trials: int, *, show_all: bool) -> None:
+        self._trials, self._show_all = trials, show_all
+        self._seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+
+    def new(self, study: optuna.Study) -> list[str]:
+        from nas.search.study import n_complete
+
+        out = []
+        for t in study.get_trials(deepcopy=False):
+            if not t.state.is_finished() or t.number in self._seen or "surplus" in t.user_attrs:
+                continue
+            self._seen.add(t.number)
+            if t.state.name == "FAIL" or self._show_all:
+                out.append(_trial_line(t, n_complete(study), self._trials))
+        return out
+
+
+def _trial_line(t: optuna.trial.FrozenTrial, trained: int, trials: int) -> str:
+    """``trial 4 (3/8 trained): L A | d=32, acc 0.912, latency 0.0213 ms, 0.41 MB, 20 steps``"""
+    attrs = t.user_attrs
+    if t.state.name == "FAIL":
+        return f"trial {t.number} failed: {attrs.get('failure', '?')}"
+    if "duplicate_of" in attrs:
+        return f"trial {t.number}: same configuration as trial {attrs['duplicate_of']}; not trained again"
+    if t.state.name != "COMPLETE":
+        return f"trial {t.number}: {t.state.name.lower()}"
+    if "skipped_training" in attrs:
+        return (f"trial {t.number}: {attrs.get('arch_summary', '?')} {attrs['skipped_training']}; not trained, "
+                f"not counted ({trained}/{trials} trained)")
+    return (f"trial {t.number} ({trained}/{trials} trained): {attrs.get('arch_summary', '?')}, acc {t.values[0]:.3f}, "
+            f"latency {t.values[1]:.4g} ms, {t.values[2]:.3g} MB, {_steps_text(t)} steps")
+
+
+def _steps_text(t: optuna.trial.FrozenTrial) -> str:
+    """``150``, or ``127/150`` for a training the time budget stopped early."""
+    planned, done = t.user_attrs.get("train", {}).get("steps", "?"), t.user_attrs.get("steps_done")
+    return f"{done}/{planned}" if done is not None and done != planned else str(planned)
+
+
 def _worker(args: argparse.Namespace) -> None:
     from nas.search.storage import resolve_storage
-    from nas.search.study import run_search, worker_config
+    from nas.search.study import n_complete, run_search, worker_config
 
     config = worker_config(args.study, resolve_storage(args.storage), trials=args.trials, device=args.device,
                            worker=args.worker_index, timeout=args.timeout)
-    study = run_search(config)
-    done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    console.print(f"worker {os.getpid()}: study {args.study} has {done} completed trials")
+    label = f"worker {config.worker}: "
+
+    def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if "surplus" not in trial.user_attrs:
+            console.print(label + _trial_line(trial, n_complete(study), config.trials), markup=False,
+                          highlight=False, soft_wrap=True)
+
+    study = run_search(config, on_trial=on_trial)
+    console.print(f"{label}study {args.study} has {n_complete(study)} trained trials", soft_wrap=True)
 
 
 def _print_front(study: optuna.Study) -> None:
@@ -206,7 +284,7 @@ def _print_front(study: optuna.Study) -> None:
         train = t.user_attrs.get("train", {})
         table.add_row(str(t.number), t.user_attrs.get("arch_summary", "?"), f"{t.user_attrs.get('params', 0) / 1e6:.2f}M",
                       f"{t.values[0]:.3f}", f"{t.values[1]:.4f}", f"{t.values[2]:.2f}",
-                      f"{train.get('optimizer', '?')} lr={train.get('lr', 0):.0e} x{train.get('steps', '?')}")
+                      f"{train.get('optimizer', '?')} lr={train.get('lr', 0):.0e} x{_steps_text(t)}")
     console.print(table)
 
 
@@ -222,14 +300,21 @@ def _studies(args: argparse.Namespace) -> None:
         summaries = [s for s in summaries if s.study_name == args.study]
         if not summaries:
             raise UsageError(f"no study named {args.study!r} in {storage}")
-    table = Table(title=f"studies in {storage}")
-    for col in ("study", "complete", "failed", "running", "total", "started"):
-        table.add_column(col)
+    columns = ("study", "complete", "failed", "running", "total", "started")
+    rows = []
     for s in summaries:
         states = [t.state for t in optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)]
-        table.add_row(s.study_name, *(str(states.count(x)) for x in (TrialState.COMPLETE, TrialState.FAIL,
-                                                                   TrialState.RUNNING)),
-                      str(len(states)), f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-")
+        rows.append((s.study_name, *(str(states.count(x)) for x in (TrialState.COMPLETE, TrialState.FAIL,
+                                                                    TrialState.RUNNING)),
+                     str(len(states)), f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-"))
+    if not console.is_terminal:  # piped: whole names, one tab-separated row per study, for scripts
+        _write_raw("".join("\t".join(row) + "\n" for row in [columns, *rows]))
+        return
+    table = Table(title=f"studies in {storage}")
+    for col in columns:
+        table.add_column(col, overflow="fold")  # a narrow terminal folds a long name, never cuts it
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
 
 
@@ -264,8 +349,11 @@ def _export(args: argparse.Namespace) -> None:
     out = export(study, chosen, args.out, storage=storage, retrain_steps=args.retrain_steps, force=args.force,
                  device=device)
     how = f"trial {args.trial}" if args.trial is not None else f"--pick {args.pick}"
+    accuracy = json.loads((out / "arch.json").read_text())["metrics"]["accuracy"]  # the bundle's, retrained or not
+    retrained = (f" after {args.retrain_steps} retraining steps (study: {chosen.values[0]:.3f})"
+                 if args.retrain_steps else "")
     console.print(f"exported trial {chosen.number} ({how}): {chosen.user_attrs.get('arch_summary')}, accuracy "
-                  f"{chosen.values[0]:.3f}, latency {chosen.values[1]:.4g} ms → {out}")
+                  f"{accuracy:.3f}{retrained}, latency {chosen.values[1]:.4g} ms → {out}", soft_wrap=True)
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)
 
 
@@ -291,18 +379,25 @@ def _profiles(args: argparse.Namespace) -> None:
         console.print(f"wrote {path}")
     else:
         p = load_profile(args.name)
-        console.print(p.path.read_text() if p.path else p)
+        _write_raw(Path(p.path).read_text())
 
 
 def _spaces(args: argparse.Namespace) -> None:
     from nas.space import list_spaces, load_space
 
     if args.name:
-        console.print(Path(load_space(args.name).source).read_text(), markup=False)
+        _write_raw(Path(load_space(args.name).source).read_text())
         return
     for name in list_spaces():
         space = load_space(name)
         console.print(f"[bold]{name}[/]: {space.description}  (default task {space.task})")
+
+
+def _write_raw(text: str) -> None:
+    """A file's text to stdout exactly as it is (no wrapping, markup or highlighting): what
+    ``nas spaces NAME > mine.yaml`` writes must be the file."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _interrupt_once(signum: int, frame: object) -> None:
@@ -348,9 +443,10 @@ def _main(argv: Sequence[str] | None) -> int:
                    PickError, ReportError, WorkerError, FaultError)
     try:
         args = _build_parser().parse_args(argv)
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                            format="%(levelname)s %(name)s: %(message)s")
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        # -v: the engine's per-trial story (candidate, training, scores); -vv: debug detail and Optuna's own
+        logging.getLogger("nas").setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+        optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose >= 2 else optuna.logging.WARNING)
         commands = {"search": _search, "worker": _worker, "studies": _studies, "report": _report, "export": _export,
                     "profiles": _profiles, "spaces": _spaces}
         commands[args.command](args)

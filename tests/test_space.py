@@ -318,3 +318,18 @@ def test_head_dim_rule_is_the_kernels(tmp_path):
         else:
             with pytest.raises(SpaceError, match="head dim"):
                 load_space(path).check_measurable()
+
+
+def test_the_readme_space_example_runs_as_written(tmp_path):
+    """The README's space, copied into a file as a user would: it loads (it used to lack the
+    required train.batch_size), documents max_train_seconds, and samples a candidate."""
+    readme = (SHIPPED.parent / "README.md").read_text()
+    section = readme[readme.index("## Search spaces are data"):]
+    block = section[section.index("```yaml\n") + len("```yaml\n"):section.index("```\n", section.index("```yaml"))]
+    path = tmp_path / "my_space.yaml"
+    path.write_text(block)
+    space = load_space(path)
+    assert space.name == "my_space" and space.max_train_seconds == 20
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    assert isinstance(space.sample(study.ask(), stub_task()), Candidate)
+    assert "`max_train_seconds`" in section.split("```")[2]  # and the text after the example explains it

@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 import torch
+import yaml
 from optuna.artifacts import download_artifact
 from optuna.trial import FrozenTrial
 from safetensors.torch import load_file, save_file
@@ -70,14 +71,15 @@ def trial_model(trial: FrozenTrial, storage: str) -> HybridModel:
     return model.eval()
 
 
-def _retrain(trial: FrozenTrial, task: Task, steps: int, device: str) -> tuple[HybridModel, float]:
+def _retrain(trial: FrozenTrial, task: Task, steps: int, device: str) -> tuple[HybridModel, float, dict[str, Any]]:
+    """(model, accuracy, what training did) for ``trial``'s candidate trained ``steps`` steps afresh."""
     from nas.train import train
 
     arch = ArchSpec.from_dict(trial.user_attrs["arch"])
     spec = dataclasses.replace(TrainSpec.from_dict(trial.user_attrs["train"]), steps=steps)
     model = build(arch, task, seed=spec.seed)
     result = train(model, task, spec, device=device)
-    return model.to("cpu").eval(), result.accuracy
+    return model.to("cpu").eval(), result.accuracy, {"steps": result.steps, "stopped": result.stopped}
 
 
 def _write_onnx(model: HybridModel, path: Path, seq_len: int) -> None:
@@ -108,10 +110,12 @@ def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage:
     task_config = study.user_attrs.get("search", {}).get("task_config")
     if retrain_steps is None:
         model, accuracy = trial_model(trial, storage), trial.values[0]
+        # the steps the search actually trained: a time budget may have stopped it before train.steps
+        trained = {"steps": trial.user_attrs.get("steps_done"), "stopped": trial.user_attrs.get("stopped")}
     else:
         if task_config is None:
             raise ExportError(f"study {study.study_name!r} does not record its task; cannot retrain")
-        model, accuracy = _retrain(trial, task_from_config(task_config), retrain_steps, device)
+        model, accuracy, trained = _retrain(trial, task_from_config(task_config), retrain_steps, device)
     arch = model.arch
     train = TrainSpec.from_dict(trial.user_attrs["train"])
     if retrain_steps is not None:
@@ -122,7 +126,7 @@ def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage:
         record = {
             "format": "hybrid-nas-bundle/1",
             "arch": arch.to_dict(), "arch_hash": arch_hash(arch), "train": train.to_dict(), "task": task_config,
-            "study": study.study_name, "trial": trial.number, "retrained_steps": retrain_steps,
+            "study": study.study_name, "trial": trial.number, "retrained_steps": retrain_steps, "trained": trained,
             "metrics": {"accuracy": accuracy, "latency_ms": trial.values[1], "memory_mb": trial.values[2]},
             "latency": trial.user_attrs.get("latency"), "memory": trial.user_attrs.get("memory"),
             "params": trial.user_attrs.get("params"), "versions": _versions(),
@@ -134,6 +138,8 @@ def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage:
         (staging / "arch.json").write_text(json.dumps(record, indent=2) + "\n")
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(staging / "model.safetensors"),
                   metadata={"arch_hash": arch_hash(arch)})
+        # safetensors creates its file private (0600); the bundle is meant to be shared like its other files
+        (staging / "model.safetensors").chmod((staging / "arch.json").stat().st_mode & 0o777)
         seq_len = (task_config or {}).get("seq_len", 16)
         _write_onnx(model, staging / "model.onnx", int(seq_len))
         (staging / "card.md").write_text(_card(record))
@@ -156,7 +162,11 @@ def _card(r: dict[str, Any]) -> str:
     task = r["task"] or {}
     task_line = ", ".join(f"{k}={v}" for k, v in task.items() if k != "name")
     retrained = f" (retrained for {r['retrained_steps']} steps)" if r["retrained_steps"] else ""
-    return f"""# {arch.summary()} — trial {r['trial']} of `{r['study']}`
+    done = (r.get("trained") or {}).get("steps")
+    steps = (f"{train.steps} steps" if done is None or done == train.steps else
+             f"{done} of {train.steps} planned steps (stopped early: {r['trained'].get('stopped') or 'time budget'})")
+    blocks = f"{arch.depth} block{'' if arch.depth == 1 else 's'}"
+    return _card_metadata(r) + f"""# {arch.summary()} — trial {r['trial']} of `{r['study']}`
 
 | metric | value |
 | --- | --- |
@@ -165,13 +175,13 @@ def _card(r: dict[str, Any]) -> str:
 | memory | {m['memory_mb']:.4g} MB (weights + peak activations + KV cache / state) |
 | parameters | {r['params']:,} |
 
-Architecture: width {arch.d_model}, {arch.depth} blocks — {', '.join(_layer_text(la) for la in arch.layers)};
+Architecture: width {arch.d_model}, {blocks} — {', '.join(_layer_text(la) for la in arch.layers)};
 vocab {arch.vocab_size}, {arch.n_out} outputs, readout `{arch.readout}`. `arch_hash` {r['arch_hash']}.
 
 Task: `{task.get('name', '?')}` ({task_line}).
 
 Recipe: {train.optimizer}, lr {train.lr:.3g} (warmup {train.warmup_frac:.0%}, cosine), weight decay
-{train.weight_decay:g}, {train.steps} steps of batch {train.batch_size}, grad clip {train.grad_clip:g},
+{train.weight_decay:g}, {steps} of batch {train.batch_size}, grad clip {train.grad_clip:g},
 grad noise {train.grad_noise:g}, seed {train.seed}.
 
 ## Load
@@ -187,6 +197,23 @@ ONNX (opset {r['onnx']['opset']}): input `tokens` int64 `[batch, seq]`, output `
 
 Versions: {', '.join(f'{k} {v}' for k, v in r['versions'].items())}. Exported {r['exported']}.
 """
+
+
+def _card_metadata(r: dict[str, Any]) -> str:
+    """The Hugging Face model-card header: YAML between ``---`` lines (library, tags, the result)."""
+    task = (r["task"] or {}).get("name", "unknown")
+    meta = {
+        "library_name": "hybrid-nas",
+        "tags": ["hybrid-nas", "neural-architecture-search", "hybrid-attention", task],
+        "metrics": ["accuracy"],
+        "model-index": [{
+            "name": f"{r['study']}-trial{r['trial']}",
+            "results": [{"task": {"type": "sequence-modeling", "name": task},
+                         "dataset": {"type": task, "name": task},
+                         "metrics": [{"type": "accuracy", "value": round(float(r["metrics"]["accuracy"]), 4)}]}],
+        }],
+    }
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n"
 
 
 def _layer_text(layer: Any) -> str:

@@ -1,8 +1,11 @@
 """One trial: sample a candidate, score latency and memory, train it unless it breaks a hard
-budget, store its weights. Every way a candidate can fail becomes a failed trial with a reason."""
+budget, store its weights. Every way a candidate can fail becomes a failed trial with a reason.
+A candidate whose configuration another trial already completed (or is running) is not trained
+again: the trial is pruned with ``duplicate_of`` (unless its parameters were enqueued on purpose)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -87,6 +90,14 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     trial.set_user_attr("host", socket.gethostname())
     fault = faults.planned(trial.number)
     cand = ctx.space.sample(trial, ctx.task)
+    rows = ctx.task.x_train.shape[0]
+    if cand.train.batch_size > rows:  # batches draw rows with replacement: a larger one only repeats rows
+        cand = dataclasses.replace(cand, train=dataclasses.replace(cand.train, batch_size=rows))
+    repeat = _repeat_of(trial)
+    if repeat is not None:
+        trial.set_user_attr("duplicate_of", repeat)
+        logger.info("trial %d: same configuration as trial %d; not trained again", trial.number, repeat)
+        return TrialState.PRUNED, None
     arch = cand.arch
     params = count_params(arch)
     scoring_start = time.perf_counter()
@@ -110,7 +121,12 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     broken = [k for k, v in cons.items() if v > 0]
     if broken:
         trial.set_user_attr("skipped_training", f"breaks the hard budget on {', '.join(broken)}")
+        logger.info("trial %d: %s breaks the hard budget on %s; not trained", trial.number, arch.summary(),
+                    ", ".join(broken))
         return TrialState.COMPLETE, [0.0, lat.median_ms, mem.total_mb]
+    logger.info("trial %d: training %s (%s params, %s lr=%.2g, %d steps of batch %d) on %s", trial.number,
+                arch.summary(), f"{params:,}", cand.train.optimizer, cand.train.lr, cand.train.steps,
+                cand.train.batch_size, ctx.device)
 
     model = build(arch, ctx.task, seed=cand.train.seed)
     timeout = ctx.budgets.trial_timeout
@@ -137,7 +153,21 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     trial.set_user_attr("stopped", result.stopped)
     trial.set_user_attr("test_loss", result.test_loss)
     trial.set_user_attr("weights_artifact", _upload_weights(ctx, trial, model))
+    logger.info("trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MB",
+                trial.number, result.accuracy, result.steps, result.seconds, result.stopped, lat.median_ms,
+                lat.source, mem.total_mb)
     return TrialState.COMPLETE, [result.accuracy, lat.median_ms, mem.total_mb]
+
+
+def _repeat_of(trial: optuna.Trial) -> int | None:
+    """The number of another completed or running trial with exactly ``trial``'s parameters; None
+    when there is none, or when ``trial``'s parameters were enqueued (a re-queued trial, or one a
+    user asked for with ``study.enqueue_trial``: training it again is what was asked)."""
+    others = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+    this = next(t for t in others if t.number == trial.number)
+    if this.system_attrs.get("fixed_params"):
+        return None
+    return next((t.number for t in others if t.number != trial.number and t.params == this.params), None)
 
 
 def _release_memory(device: torch.device) -> None:

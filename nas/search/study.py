@@ -1,29 +1,36 @@
-"""Optuna glue: open or resume a study, and evaluate candidates until N trials have completed.
+"""Optuna glue: open or resume a study, and evaluate candidates until N trials have been trained.
 
 Objectives: maximize accuracy, minimize latency_ms, minimize memory_mb. Hard budgets become
 Optuna constraints (feasible when ≤ 0); latency is scored before training so a candidate that
-breaks a budget is recorded without being trained (``nas.search.objective``). Several workers may share
-a study: the trial budget is counted in storage. A trial left RUNNING by a dead process is failed
-and its parameters are queued again (same host: by pid; RDB: by Optuna's heartbeat), so a killed
-search resumes where it stopped.
+breaks a budget is recorded without being trained (``nas.search.objective``) and does not count toward
+the trial budget. Several workers may share a study: the trial budget is counted in storage. A
+trial left RUNNING by a dead process is failed and its parameters are queued again (same host:
+by pid; RDB: by Optuna's heartbeat), so a killed search resumes where it stopped.
+
+Trial ``n`` samples with a sampler seeded from (study seed, ``n``) over the study's history, so a
+resumed or parallel run continues the sequence instead of replaying it, and a seeded run repeated
+from scratch proposes the same first trials.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import torch
 import yaml
+from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
@@ -31,11 +38,11 @@ from hardware_profiles import HardwareProfile, load_profile
 from nas.search import interrupt
 from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
-from nas.tasks import load_task
+from nas.tasks import Task, load_task
 from nas.space import SearchSpace, load_space, parse_space
 
 __all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "make_sampler", "n_complete",
-           "open_study", "prepare", "recover_stale_trials", "run_search", "worker_config"]
+           "n_infeasible", "open_study", "prepare", "recover_stale_trials", "run_search", "worker_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +50,10 @@ METRICS = ("accuracy", "latency_ms", "memory_mb")
 DIRECTIONS = ("maximize", "minimize", "minimize")
 SAMPLERS = ("tpe", "nsga2", "gp", "random")
 MAX_FAILURES_IN_A_ROW = 20  # a space where nothing trains should stop, not spin
+# candidates in a row that were not trained (they break a hard budget, or repeat a configuration
+# already tried): each costs a sample and a latency score, so a space with too few feasible (or
+# too few distinct) candidates stops with a message instead of sampling forever
+MAX_UNTRAINED_IN_A_ROW = 100
 POLL_SECONDS = 1.0  # while other workers finish the last trials of the budget
 
 
@@ -54,7 +65,7 @@ class SearchError(ValueError):
 class SearchConfig:
     """Everything that defines a search run. ``study`` None derives a name from space/task/target.
     ``space_yaml`` (the space file's text, as a study records it) takes precedence over ``space``;
-    ``worker`` offsets the sampler seed so parallel workers do not propose the same candidates."""
+    ``worker`` labels this worker's progress lines (sampling depends on trial numbers only)."""
 
     space: str = "hybrid_small"
     task: str | None = None  # None: the space's default task
@@ -80,6 +91,52 @@ class SearchConfig:
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    """Sampler ``name`` that draws trial ``n`` with a fresh sampler seeded from (``seed``, ``n``)."""
+    _seeded_sampler(name, seed)  # an unknown name fails here, before any study is opened
+    return _TrialSeeded(name, seed)
+
+
+def _trial_seed(seed: int, number: int) -> int:
+    """The sampler seed of trial ``number`` in a study seeded with ``seed`` (independent streams)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{number}".encode()).digest()[:4], "little")
+
+
+class _TrialSeeded(optuna.samplers.BaseSampler):
+    """Re-seeds per trial: before trial ``n`` a new sampler seeded with ``_trial_seed(seed, n)``
+    takes over. Optuna's samplers keep no state between trials but their random generator (the
+    model is refit from the study's trials every time), so this loses nothing; what it gains is
+    that the draw of trial ``n`` depends on the history and ``n`` only, not on how many trials
+    this process asked before: a resumed run or a second worker continues the sequence instead
+    of replaying trials 0, 1, 2... of its own fresh generator."""
+
+    def __init__(self, name: str, seed: int) -> None:
+        self._name, self._seed = name, seed
+        self._inner = _seeded_sampler(name, seed)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._inner = _seeded_sampler(self._name, _trial_seed(self._seed, trial.number))
+        self._inner.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self._inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return self._inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self._inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._inner.reseed_rng()
+
+
+def _seeded_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     """A seeded sampler; all of them read the constraints set by ``trial.set_constraint``."""
     if name == "tpe":
         # group=True: the per-layer parameters exist only for some depths/mixers; grouping models
@@ -164,7 +221,10 @@ def open_study(name: str, storage: str, *, sampler: optuna.samplers.BaseSampler 
         if not create:
             known = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
             raise SearchError(f"no study named {name!r} in {storage}; studies there: {known}") from None
-        study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=list(DIRECTIONS))
+        try:
+            study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=list(DIRECTIONS))
+        except optuna.exceptions.DuplicatedStudyError:  # another process started it a moment ago: join it
+            return open_study(name, storage, sampler=sampler, create=False)
         with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in practice
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(METRICS))
@@ -206,8 +266,19 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
     return recovered
 
 
+def _trained(trial: FrozenTrial) -> bool:
+    """A completed trial whose candidate was trained (not one recorded as breaking a budget)."""
+    return "skipped_training" not in trial.user_attrs
+
+
 def n_complete(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    """Completed trials that trained their candidate: what ``--trials`` counts."""
+    return sum(_trained(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+
+def n_infeasible(study: optuna.Study) -> int:
+    """Completed trials recorded without training (they break a hard budget); not counted by --trials."""
+    return sum(not _trained(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
 def _n_running(study: optuna.Study) -> int:
@@ -216,7 +287,10 @@ def _n_running(study: optuna.Study) -> int:
 
 def _load_space(config: SearchConfig) -> SearchSpace:
     if config.space_yaml is not None:
-        return parse_space(yaml.safe_load(config.space_yaml), f"{config.space} (as recorded in the study)")
+        raw = yaml.safe_load(config.space_yaml)
+        if isinstance(raw, dict):  # a file without `name:` was recorded under its file name
+            raw = {"name": config.space, **raw}
+        return parse_space(raw, f"{config.space} (as recorded in the study)")
     return load_space(config.space)
 
 
@@ -225,6 +299,10 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     Every check runs before the study is opened, so a refused command writes nothing."""
     if config.trials <= 0:
         raise SearchError(f"--trials must be >= 1, got {config.trials}")
+    if config.study is not None and not config.study.strip():
+        raise SearchError("--study must be a non-empty name (leave it out for <space>-<task>-<target>)")
+    if config.seed < 0:
+        raise SearchError(f"--seed must be >= 0, got {config.seed}")
     for flag, value in (("--timeout", config.timeout), ("--trial-timeout", config.trial_timeout),
                         ("--max-latency-ms", config.max_latency_ms), ("--max-params", config.max_params),
                         ("--max-memory-mb", config.max_memory_mb)):
@@ -239,6 +317,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     space = _load_space(config)
     task_spec = config.task or space.task
     task = load_task(task_spec, seed=config.seed)
+    _note_batch_clipping(space, task)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
     name = study_name(config, space, task_spec)
@@ -255,7 +334,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         if stored is not None and stored.get("measure") and stored.get("profile") != profile.name:
             raise SearchError(f"study {name!r} holds latencies measured on {stored.get('profile')}; this GPU is "
                               f"{profile.name}: join it from that kind of GPU, or use another --study name")
-    sampler = make_sampler(config.sampler, config.seed + config.worker)
+    sampler = make_sampler(config.sampler, config.seed)
     study = open_study(name, config.storage, sampler=sampler)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
     setup = {"space": space.name, "space_source": space.source, "space_yaml": space_yaml, "task": task_spec,
@@ -278,10 +357,25 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     recorded = {"max_latency_ms": budgets.max_latency_ms, "max_params": budgets.max_params,
                 "max_memory_mb": budgets.max_memory_mb, "trial_timeout": budgets.trial_timeout,
                 "trials": config.trials}
-    if study.user_attrs.get("budgets") != recorded:
+    before = study.user_attrs.get("budgets")
+    if before != recorded:
+        if before is not None:  # a resume that changes them says so: they are the study's, not this run's
+            changes = ", ".join(f"{key} {before.get(key)} -> {value}" for key, value in recorded.items()
+                                if before.get(key) != value)
+            logger.warning("study %r: recorded budgets changed (%s); workers and the report use the new ones",
+                           name, changes)
         study.set_user_attr("budgets", recorded)  # the latest run's budgets: workers and the report read them
     return TrialContext(space, task, profile, shape, device, budgets, open_artifact_store(config.storage),
                         measure=measure), study
+
+
+def _note_batch_clipping(space: SearchSpace, task: Task) -> None:
+    """One line when the space asks for batches larger than the task's training split (they are
+    clipped to it: a batch is drawn with replacement, so more rows only repeat rows)."""
+    rows, largest = task.x_train.shape[0], max(space.train["batch_size"].values())
+    if largest > rows:
+        logger.warning("train.batch_size: %d is more than the %d training rows of task %s; batches are "
+                       "clipped to %d", largest, rows, task.name, rows)
 
 
 def worker_config(study: str, storage: str, *, trials: int | None = None, device: str = "auto",
@@ -336,20 +430,22 @@ def _recover(study: optuna.Study) -> None:
 def _surplus(study: optuna.Study, trial: optuna.Trial, trials: int) -> bool:
     """True when earlier-numbered trials already fill the budget (another worker got there first)."""
     ahead = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-             if t.number < trial.number]
+             if t.number < trial.number and (t.state == TrialState.RUNNING or _trained(t))]
     return len(ahead) >= trials
 
 
 def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
                ctx_study: tuple[TrialContext, optuna.Study] | None = None) -> optuna.Study:
-    """Evaluate trials until ``config.trials`` have completed in storage (or the timeout passes).
+    """Evaluate trials until ``config.trials`` have been trained in storage (or the timeout passes).
 
-    Safe to run in several processes on one study: a worker starts a trial only while completed
+    Safe to run in several processes on one study: a worker starts a trial only while trained
     plus running trials are below the budget, and gives a trial back (pruned, ``surplus``) when a
-    race let earlier trials fill it.
+    race let earlier trials fill it. Candidates that break a hard budget, or repeat a configuration
+    already tried (pruned, ``duplicate_of``), are recorded without training and not counted; after
+    ``MAX_UNTRAINED_IN_A_ROW`` of them in a row the search stops with a SearchError.
     """
     ctx, study = ctx_study or prepare(config)
-    start, failures = time.monotonic(), 0
+    start, failures, untrained = time.monotonic(), 0, 0
     while True:
         _recover(study)
         done = n_complete(study)
@@ -381,9 +477,24 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
             raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
         frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
         failures = failures + 1 if state == TrialState.FAIL else 0
+        if state == TrialState.COMPLETE and _trained(frozen):
+            untrained = 0
+        elif state != TrialState.FAIL:
+            untrained += 1
         if on_trial is not None:
             on_trial(study, frozen)
         if failures >= MAX_FAILURES_IN_A_ROW:
             raise SearchError(f"{failures} trials in a row failed (last: {frozen.user_attrs.get('failure')}); "
                               "check the space's lr ranges and the task")
+        if untrained >= MAX_UNTRAINED_IN_A_ROW:
+            raise SearchError(_untrained_message(untrained, frozen, n_complete(study), config.trials))
     return study
+
+
+def _untrained_message(count: int, last: FrozenTrial, trained: int, trials: int) -> str:
+    if "duplicate_of" in last.user_attrs:
+        return (f"{count} candidates in a row repeated configurations already tried; the space seems exhausted "
+                f"after {trained} of {trials} trained trials (widen the space or ask for fewer --trials)")
+    return (f"{count} candidates in a row broke a hard budget (last: {last.user_attrs.get('skipped_training')}); "
+            f"the space has too few feasible candidates ({trained} of {trials} trained so far): loosen the "
+            f"budget or narrow the space")

@@ -31,7 +31,7 @@ class WorkerError(ValueError):
 
 @dataclass(frozen=True)
 class Slot:
-    """One worker process: its GPU (None: CPU) and its index (offsets the sampler seed)."""
+    """One worker process: its GPU (None: CPU) and its index (labels its progress lines)."""
 
     gpu: str | None
     index: int
@@ -59,15 +59,18 @@ def plan_slots(gpus: list[str] | None, per_gpu: int, workers: int) -> list[Slot]
     return [Slot(None, i) for i in range(workers)]
 
 
-def _command(study: str, storage: str, trials: int, slot: Slot, timeout: float | None) -> list[str]:
-    cmd = [sys.executable, "-m", "nas", "worker", "--study", study, "--storage", storage, "--trials", str(trials),
-           "--worker-index", str(slot.index), "--device", "cpu" if slot.gpu is None else "cuda"]
+def _command(study: str, storage: str, trials: int, slot: Slot, timeout: float | None, verbose: int) -> list[str]:
+    cmd = [sys.executable, "-m", "nas", *["-v"] * verbose, "worker", "--study", study, "--storage", storage,
+           "--trials", str(trials), "--worker-index", str(slot.index), "--device", "cpu" if slot.gpu is None else "cuda"]
     return cmd + (["--timeout", str(timeout)] if timeout else [])
 
 
 def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot], *, timeout: float | None = None,
-                on_poll: Callable[[optuna.Study], None] | None = None, poll_seconds: float = 1.0) -> list[int]:
-    """Run one ``nas worker`` per slot until all exit; returns their exit codes.
+                on_poll: Callable[[optuna.Study], None] | None = None, poll_seconds: float = 1.0,
+                verbose: int = 0) -> list[int]:
+    """Run one ``nas worker`` per slot until all exit; returns their exit codes. Their stdout
+    (a line per trial) is dropped: ``on_poll`` reports progress from storage; errors and ``-v``
+    logs (``verbose``) go to stderr.
 
     Ctrl-C (SIGINT) is passed on to the workers, which record their running trial as interrupted.
     """
@@ -83,7 +86,8 @@ def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot
         # spinning on the same cores slow each other down many times over (GPU workers too: their
         # host-side work is small, launch-bound CPU ops).
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(slots))))
-        procs.append(subprocess.Popen(_command(study.study_name, storage, trials, slot, timeout), env=env))
+        procs.append(subprocess.Popen(_command(study.study_name, storage, trials, slot, timeout, verbose), env=env,
+                                      stdout=subprocess.DEVNULL))
         logger.info("worker %d started (pid %d, gpu %s)", slot.index, procs[-1].pid, slot.gpu)
     try:
         while any(p.poll() is None for p in procs):

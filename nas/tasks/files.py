@@ -27,6 +27,9 @@ from nas.tasks.base import IGNORE_INDEX, Task, TaskError
 __all__ = ["load_npz", "load_text"]
 
 _MAX_TOKEN = 2**31 - 1  # an embedding table index, and safely int64 from any integer dtype
+# Rows (text: windows) a file must hold: at the default test_frac of 0.1 that is one test row and
+# nine to train on; fewer give an accuracy of 0 or 1 from a row or two, which no search can rank.
+MIN_ROWS = 10
 
 
 def _read(path: str, sha256: str) -> tuple[Path, bytes, str]:
@@ -106,8 +109,6 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
         raise TaskError(f"{path}: 'x' has {x.shape[0]} rows but 'y' has {y.shape[0]}")
     if y.ndim == 2 and y.shape != x.shape:
         raise TaskError(f"{path}: 'y' is {list(y.shape)} but 'x' is {list(x.shape)}; per-token targets must match x")
-    if x.shape[0] < 2:
-        raise TaskError(f"{path}: {x.shape[0]} row(s); need at least 2 (one to train on, one to test)")
     if x.min() < 0:
         raise TaskError(f"{path}: 'x' has negative tokens (min {x.min()}); tokens must be >= 0")
     readout = "token" if y.ndim == 2 else "last"
@@ -121,6 +122,8 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
     needed = int(y.max()) + 1
     if n_out and n_out < needed:
         raise TaskError(f"{path}: n_out={n_out} is below max target + 1 = {needed}")
+    if x.shape[0] < MIN_ROWS:
+        raise TaskError(f"{path}: {x.shape[0]} row(s); need at least {MIN_ROWS} (to train on and to test)")
     train, test = _split(x.shape[0], seed, test_frac, path)
     if (y[test] == IGNORE_INDEX).all() or (y[train] == IGNORE_INDEX).all():
         raise TaskError(f"{path}: with seed={seed}, test_frac={test_frac} one split has no scored targets; "
@@ -139,8 +142,9 @@ def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float 
         raise TaskError(f"{path}: not UTF-8 text (bad byte at offset {err.start})") from None
     if seq_len < 1:
         raise TaskError(f"{path}: seq_len must be >= 1, got {seq_len}")
-    if len(text) < 2 * seq_len + 1:
-        raise TaskError(f"{path}: {len(text)} characters; seq_len={seq_len} needs at least {2 * seq_len + 1}")
+    if len(text) < MIN_ROWS * seq_len + 1:  # MIN_ROWS windows of seq_len + 1 characters, overlapping by one
+        raise TaskError(f"{path}: {len(text)} characters; seq_len={seq_len} needs at least {MIN_ROWS * seq_len + 1} "
+                        f"({MIN_ROWS} windows)")
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
     chars, tokens = np.unique(codepoints, return_inverse=True)
     windows = (len(tokens) - 1) // seq_len

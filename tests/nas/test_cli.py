@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import optuna
 import pytest
+import yaml
 
 from nas.cli import main
-from tests.conftest import study_checksum, write_space
+from tests.conftest import study_checksum, unique_name, write_space
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +64,8 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     (tmp / "full").mkdir(exist_ok=True)
     (tmp / "full" / "mine.txt").write_text("keep me")
     files["nonempty"] = tmp / "full"
+    np.savez(tmp / "two_rows.npz", x=np.ones((2, 8), dtype=np.int64), y=np.ones(2, dtype=np.int64))
+    files["two_rows"] = tmp / "two_rows.npz"
     return files
 
 
@@ -87,6 +94,11 @@ BAD = [
     ("unknown-sampler", lambda f, s, st: ["search", "--space", s, "--sampler", "cmaes"], "--sampler"),
     ("cuda-missing", lambda f, s, st: ["search", "--space", s, "--device", "cuda"], "no CUDA device"),
     ("resume-other-space", lambda f, s, st: ["search", "--space", "hybrid_tiny", "--study", "keep"], "was created with"),
+    ("empty-study-name", lambda f, s, st: ["search", "--space", s, "--study", ""], "--study must be a non-empty name"),
+    ("blank-study-name", lambda f, s, st: ["search", "--space", s, "--study", "  "], "--study must be a non-empty name"),
+    ("seed-negative", lambda f, s, st: ["search", "--space", s, "--seed", "-1"], "--seed must be >= 0"),
+    ("two-row-npz", lambda f, s, st: ["search", "--space", s, "--task", str(f["two_rows"])],
+     "2 row(s); need at least 10"),
     ("unknown-study", lambda f, s, st: ["studies", "--study", "ghost"], "no study named 'ghost'"),
     ("unknown-profile-show", lambda f, s, st: ["profiles", "show", "tpu9"], "tpu9"),
     ("unknown-command", lambda f, s, st: ["frobnicate"], "invalid choice"),
@@ -164,3 +176,151 @@ def test_wrapped_ctrl_c_exits_130_and_other_errors_propagate(monkeypatch, capsys
             main(["spaces"])
     finally:
         signal.signal(signal.SIGINT, handler)
+
+
+def _nas(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``nas ARGV`` in a fresh process with stdout and stderr piped (not a terminal)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "nas", *argv], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+
+
+def _params(storage: str, study: str) -> list[dict]:
+    from nas.search.storage import open_storage
+
+    trials = optuna.load_study(study_name=study, storage=open_storage(storage)).get_trials()
+    return [t.params for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+@pytest.mark.slow
+def test_resume_through_the_cli_continues_the_sequence(tmp_path):
+    """3 trials, then the same command with --trials 6: 6 distinct configurations (trials 3-5 used
+    to replay 0-2); the same 3-trial command from scratch proposes the same first 3."""
+    storage, again = str(tmp_path / "d.journal"), str(tmp_path / "again.journal")
+    for trials, where in (("3", storage), ("6", storage), ("3", again)):
+        run = _nas("search", "--space", "hybrid_tiny", "--trials", trials, "--storage", where, "--study", "r",
+                   "--device", "cpu")
+        assert run.returncode == 0, run.stderr
+    configs = _params(storage, "r")
+    assert len(configs) == 6 and all(c not in configs[:i] for i, c in enumerate(configs))
+    assert _params(again, "r") == configs[:3]
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_study_propose_distinct_configurations(tmp_path):
+    """Two nas search processes started together on one study: 12 trials, 12 configurations (they
+    used to run in lock-step, proposing the same candidate pairwise)."""
+    storage = str(tmp_path / "p.journal")
+    cmd = [sys.executable, "-m", "nas", "search", "--space", "hybrid_tiny", "--trials", "12", "--storage", storage,
+           "--study", "p", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=600) == 0, p.stderr.read().decode()
+    configs = _params(storage, "p")
+    assert len(configs) == 12 and all(c not in configs[:i] for i, c in enumerate(configs))
+    from nas.search.storage import open_storage
+
+    trials = optuna.load_study(study_name="p", storage=open_storage(storage)).get_trials()
+    assert len({t.user_attrs["pid"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE}) == 2
+
+
+@pytest.mark.slow
+def test_workers_accept_a_user_space_without_name(tmp_path):
+    """The README's space has no ``name:``; --workers 2 and a later nas worker both run it (they
+    used to refuse: "created with space='my_space', not 'my_space (as recorded in the study)'")."""
+    space = tmp_path / "my_space.yaml"
+    space.write_text(write_space(tmp_path, steps=2).read_text().replace("name: ci_tiny\n", ""))
+    storage = str(tmp_path / "w.journal")
+    run = _nas("search", "--space", str(space), "--trials", "4", "--workers", "2", "--study", "w2", "--storage", storage)
+    assert run.returncode == 0, run.stderr
+    assert len(_params(storage, "w2")) == 4
+    run = _nas("worker", "--study", "w2", "--storage", storage, "--trials", "6", "--device", "cpu",
+               "--worker-index", "7")
+    assert run.returncode == 0, run.stderr
+    assert len(_params(storage, "w2")) == 6
+    assert "worker 7: trial" in run.stdout and "worker 7: study w2 has 6 trained trials" in run.stdout
+
+
+def test_workers_that_fail_leave_no_empty_study(tmp_path, monkeypatch, capsys):
+    storage = str(tmp_path / "w.journal")
+    monkeypatch.setattr("nas.search.workers.run_workers", lambda *a, **k: [1, 1])
+    assert main(["search", "--space", str(write_space(tmp_path)), "--workers", "2", "--study", "w", "--storage",
+                 storage]) == 2
+    assert "workers exited with codes [1, 1]; study 'w' had no trials and was removed" in capsys.readouterr().err
+    from nas.search.storage import open_storage
+
+    assert optuna.get_all_study_names(open_storage(storage)) == []
+
+
+def test_profiles_show_prints_the_profile_file(capsys):
+    from hardware_profiles import load_profile
+
+    assert main(["profiles", "show", "h200"]) == 0
+    assert capsys.readouterr().out == Path(load_profile("h200").path).read_text()
+
+
+def test_spaces_piped_to_a_file_is_that_space_file(name="hybrid_small"):
+    """``nas spaces NAME > mine.yaml`` is how a user starts their own space: the piped output is
+    the shipped file itself (long comment lines used to be wrapped at 80 columns: invalid YAML)."""
+    from nas.space import load_space
+
+    run = _nas("spaces", name, timeout=120)
+    assert run.returncode == 0, run.stderr
+    text = Path(load_space(name).source).read_text()
+    assert max(len(line) for line in text.splitlines()) > 80  # the case that used to break
+    assert yaml.safe_load(run.stdout) == yaml.safe_load(text) and run.stdout == text
+
+
+def test_studies_piped_lists_whole_names(tmp_path, monkeypatch, capsys):
+    from nas.search.study import open_study
+
+    storage = str(tmp_path / "s.journal")
+    long_name = "my_space-delay_copy_with_a_rather_long_task_name-h100_sxm-" + unique_name("x")
+    open_study(long_name, storage)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["studies", "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert long_name in out  # whole, not "my_space-delay_cop…"
+    lines = out.splitlines()
+    assert lines[0].split("\t") == ["study", "complete", "failed", "running", "total", "started"]
+    assert lines[1].split("\t")[:5] == [long_name, "0", "0", "0", "0"]
+
+
+def test_every_flag_has_help_text():
+    from nas.cli import _build_parser
+
+    def walk(parser, where):
+        for action in parser._actions:  # argparse exposes no public list of actions
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, f"{where} {name}")
+            elif not action.help:
+                yield f"{where} {'/'.join(action.option_strings) or action.dest}"
+
+    assert list(walk(_build_parser(), "nas")) == []
+
+
+def test_a_log_gets_one_line_per_trial_and_the_steps_trained(tmp_path, monkeypatch, capsys):
+    """Not a terminal (CI, nohup): one line per finished trial; a training stopped by the time
+    budget shows the steps it took (1 of 5: any step takes longer than the 1 ns budget)."""
+    space = write_space(tmp_path, steps=5)
+    space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["search", "--space", str(space), "--trials", "2", "--storage", str(tmp_path / "s.journal"),
+                 "--study", "log", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("trial ")]
+    assert [line.split(":")[0] for line in lines] == ["trial 0 (1/2 trained)", "trial 1 (2/2 trained)"]
+    assert all(line.endswith(", 1/5 steps") for line in lines)
+    assert " x1/5 " in out  # the front table's recipe column
+
+
+def test_verbose_logs_each_trial(tmp_path, caplog):
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(write_space(tmp_path)), "--storage", storage, "--device", "cpu"]
+    assert main([*argv, "--trials", "1", "--study", "quiet"]) == 0
+    assert not [r for r in caplog.records if r.name == "nas.search.objective"]
+    assert main(["-v", *argv, "--trials", "1", "--study", "loud"]) == 0
+    story = [r.getMessage() for r in caplog.records if r.name == "nas.search.objective"]
+    assert story[0].startswith("trial 0: training ") and story[1].startswith("trial 0: accuracy ")

@@ -9,6 +9,7 @@ import numpy as np
 import optuna
 import pytest
 import torch
+import yaml
 
 import nas
 from nas.cli import main
@@ -97,7 +98,7 @@ def test_cli_knee_with_budget_exports_that_trial(study):
     assert _exported_trial(out) == _knee_by_hand([t for t in best if t.values[1] <= budget]).number
 
 
-def test_retrain_steps_retrains(study):
+def test_retrain_steps_retrains(study, capsys):
     st, storage, tmp = study
     out = tmp / "retrained"
     chosen = front(st)[0]
@@ -105,6 +106,11 @@ def test_retrain_steps_retrains(study):
                  "60", "--out", str(out), "--device", "cpu"]) == 0
     record = json.loads((out / "arch.json").read_text())
     assert record["retrained_steps"] == 60 and record["train"]["steps"] == 60
+    assert record["trained"] == {"steps": 60, "stopped": "completed"}
+    # the console states the accuracy the bundle holds, not the study's
+    printed = capsys.readouterr().out
+    assert f"accuracy {record['metrics']['accuracy']:.3f} after 60 retraining steps (study: {chosen.values[0]:.3f})" \
+        in printed
     retrained = nas.load(out)
     original = trial_model(chosen, storage)
     assert any(not torch.equal(a, b) for a, b in zip(retrained.state_dict().values(), original.state_dict().values()))
@@ -143,3 +149,51 @@ def test_load_backends(bundle):
         tokens = torch.randint(0, tm.arch.vocab_size, (2, 16), device="cuda")
         ref = nas.load(bundle).cuda()(tokens)
         assert ((tm(tokens).float() - ref).norm() / ref.norm()).item() < 3e-2
+
+
+def test_bundle_files_are_shared_alike_and_the_card_has_a_metadata_header(bundle):
+    modes = {p.name: p.stat().st_mode & 0o777 for p in bundle.iterdir()}
+    assert modes["model.safetensors"] == modes["arch.json"] == modes["card.md"], modes  # it was written 0600
+    card = (bundle / "card.md").read_text()
+    assert card.startswith("---\n")
+    meta = yaml.safe_load(card.split("---\n")[1])
+    record = json.loads((bundle / "arch.json").read_text())
+    assert meta["library_name"] == "hybrid-nas" and "hybrid-nas" in meta["tags"] and "mqar" in meta["tags"]
+    result = meta["model-index"][0]["results"][0]
+    assert result["metrics"][0] == {"type": "accuracy", "value": round(record["metrics"]["accuracy"], 4)}
+
+
+def test_card_counts_blocks_and_states_the_steps_trained(bundle):
+    from nas.results.export import _card
+
+    record = json.loads((bundle / "arch.json").read_text())
+    one_block = {**record, "arch": {**record["arch"], "layers": record["arch"]["layers"][:1]},
+                 "trained": {"steps": 12, "stopped": "time budget"}, "train": {**record["train"], "steps": 30}}
+    card = _card(one_block)
+    assert "1 block —" in card and "1 blocks" not in card
+    assert "12 of 30 planned steps (stopped early: time budget) of batch" in card
+    complete = {**record, "trained": {"steps": record["train"]["steps"], "stopped": "completed"}}
+    assert f", {record['train']['steps']} steps of batch" in _card(complete)
+
+
+def test_a_training_cut_short_is_exported_with_the_steps_it_took(tmp_path):
+    """A 1 ns time budget stops every training after its first step (deterministically); the
+    bundle records and shows 1 of 5 steps, not the recipe's 5."""
+    space = write_space(tmp_path, steps=5)
+    space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
+    storage = str(tmp_path / "s.journal")
+    assert main(["search", "--space", str(space), "--trials", "1", "--storage", storage, "--study", "cut",
+                 "--device", "cpu"]) == 0
+    assert main(["export", "--study", "cut", "--storage", storage, "--trial", "0", "--out", str(tmp_path / "b")]) == 0
+    record = json.loads((tmp_path / "b" / "arch.json").read_text())
+    assert record["trained"] == {"steps": 1, "stopped": "time budget"} and record["train"]["steps"] == 5
+    assert "1 of 5 planned steps" in (tmp_path / "b" / "card.md").read_text()
+
+
+def test_readme_states_the_onnx_output_shape_of_both_readouts():
+    """The bundle writes ``[batch, seq, n_out]`` logits for per-token targets and ``[batch, n_out]``
+    for class labels (readout "last"); the README used to claim the first for every model."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "`[batch, seq, n_out]` for per-token targets, `[batch, n_out]` for class labels" in " ".join(readme.split())

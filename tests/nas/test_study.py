@@ -13,7 +13,8 @@ from optuna.trial import TrialState
 
 from nas.results.pareto import front
 from nas.spec import ArchSpec, TrainSpec
-from nas.search.study import DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, open_study, prepare, run_search
+from nas.search.study import (DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, n_complete, n_infeasible,
+                       open_study, prepare, run_search, worker_config)
 from tests.conftest import write_space
 
 
@@ -48,13 +49,32 @@ def test_rerun_resumes_to_the_requested_count(tmp_path, tiny_space):
     assert all(after[n] == v for n, v in before.items())
 
 
-def test_hard_budget_skips_training_and_is_infeasible(tmp_path, tiny_space):
-    study = run_search(_config(tmp_path, tiny_space, trials=3, max_params=10))
-    for t in study.get_trials(states=(TrialState.COMPLETE,)):
+def test_hard_budget_skips_training_and_is_infeasible(tmp_path, tiny_space, monkeypatch):
+    """Nothing fits 10 parameters: every candidate is recorded untrained, none counts toward
+    --trials, and the search stops after MAX_UNTRAINED_IN_A_ROW of them with a message."""
+    monkeypatch.setattr("nas.search.study.MAX_UNTRAINED_IN_A_ROW", 4)
+    config = _config(tmp_path, tiny_space, trials=3, max_params=10)
+    with pytest.raises(SearchError, match="4 candidates in a row broke a hard budget.*too few feasible candidates "
+                                          r"\(0 of 3 trained"):
+        run_search(config)
+    study = open_study(config.study, config.storage)
+    infeasible = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(infeasible) == 4 and n_complete(study) == 0 and n_infeasible(study) == 4
+    for t in infeasible:
         assert "params" in t.user_attrs["skipped_training"]
         assert "curve" not in t.user_attrs and t.values[0] == 0.0
         assert t.constraints["params"] > 0
     assert front(study) == []
+
+
+def test_infeasible_candidates_do_not_count_toward_trials(tmp_path, tiny_space):
+    """--trials 4 with a parameter budget that part of the space breaks: 4 trained candidates,
+    the infeasible ones recorded beside them and counted separately."""
+    study = run_search(_config(tmp_path, tiny_space, trials=4, max_params=1500))
+    trained = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if "skipped_training" not in t.user_attrs]
+    assert len(trained) == 4 == n_complete(study)
+    assert all("curve" in t.user_attrs and t.constraints["params"] <= 0 for t in trained)
+    assert n_infeasible(study) > 0
 
 
 def test_budget_keeps_feasible_candidates(tmp_path, tiny_space):
@@ -141,7 +161,7 @@ def test_measured_latency_is_recorded_as_measured(tmp_path, tiny_space, monkeypa
 
     calls = []
 
-    def fake_measure(model, shape):
+    def fake_measure(model, shape, device=None):
         calls.append(model.arch)
         if len(calls) == 2:
             raise KernelMismatchError("triton forward differs from the torch model: relative error 1e-01")
@@ -262,3 +282,110 @@ def test_an_error_without_ctrl_c_is_not_an_interrupt(tmp_path, tiny_space, monke
     monkeypatch.setattr("nas.search.interrupt._requested", False)
     with pytest.raises(ValueError, match="a bug"):
         run_search(_config(tmp_path, tiny_space, trials=1))
+
+
+def _configs(study: optuna.Study) -> list[dict]:
+    return [t.params for t in study.get_trials(states=(TrialState.COMPLETE,))]
+
+
+def test_resume_continues_the_sampler_sequence(tmp_path, tiny_space):
+    """2 trials, then the same command with --trials 4: trials 2 and 3 are new configurations,
+    not trials 0 and 1 again (the sampler used to be re-seeded identically on every run)."""
+    run_search(_config(tmp_path, tiny_space, trials=2))
+    configs = _configs(run_search(_config(tmp_path, tiny_space, trials=4)))
+    assert len(configs) == 4 and all(c not in configs[:i] for i, c in enumerate(configs))
+
+
+def test_a_seeded_run_repeated_from_scratch_proposes_the_same_trials(tmp_path, tiny_space):
+    first = _configs(run_search(_config(tmp_path / "a", tiny_space, trials=3)))
+    again = _configs(run_search(_config(tmp_path / "b", tiny_space, trials=3)))
+    other = _configs(run_search(_config(tmp_path / "c", tiny_space, trials=3, seed=1)))
+    assert first == again and first != other
+
+
+def _two_configs_space(tmp_path: Path) -> Path:
+    """A space with exactly two configurations (only layer0.mlp_ratio is searched)."""
+    text = write_space(tmp_path, steps=2).read_text()
+    for old, new in {"depth: {low: 1, high: 2}": "depth: [1]", "mixer: [attention, linear_attention, none]":
+                     "mixer: [none]", "optimizer: [adamw, lion, radam, sgd]": "optimizer: [adamw]",
+                     "lr: {low: 1.0e-3, high: 1.0e-2, log: true}": "lr: [1.0e-3]"}.items():
+        text = text.replace(old, new)
+    path = tmp_path / "two.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_completed_configuration_is_not_trained_again(tmp_path, monkeypatch):
+    """Two configurations and --trials 3: both are trained once; repeats are pruned with
+    ``duplicate_of`` and, many in a row, stop the search (the space is exhausted). A repeat that
+    was asked for (enqueued) is trained."""
+    monkeypatch.setattr("nas.search.study.MAX_UNTRAINED_IN_A_ROW", 10)
+    config = _config(tmp_path, _two_configs_space(tmp_path), trials=3)
+    with pytest.raises(SearchError, match="repeated configurations already tried; the space seems exhausted after 2"):
+        run_search(config)
+    study = open_study(config.study, config.storage)
+    configs = _configs(study)
+    assert sorted(c["layer0.mlp_ratio"] for c in configs) == [0, 2]
+    repeats = study.get_trials(states=(TrialState.PRUNED,))
+    assert len(repeats) == 10
+    assert all(configs[[c["layer0.mlp_ratio"] for c in configs].index(t.params["layer0.mlp_ratio"])] == t.params
+               and t.user_attrs["duplicate_of"] in (0, 1, 2) and "curve" not in t.user_attrs for t in repeats)
+    study.enqueue_trial(configs[0])
+    run_search(config)
+    assert _configs(study)[2] == configs[0]
+
+
+def test_user_space_without_name_resumes_from_the_recorded_copy(tmp_path):
+    """A worker re-reads the space from the study's record; a file without ``name:`` was recorded
+    under its file name, and the worker must see that same name (it used to see 'x (as recorded
+    in the study)' and refuse)."""
+    path = tmp_path / "my_space.yaml"
+    path.write_text(write_space(tmp_path, steps=2).read_text().replace("name: ci_tiny\n", ""))
+    ctx, _ = prepare(_config(tmp_path, path, trials=1))
+    assert ctx.space.name == "my_space"
+    joined = worker_config("t", str(tmp_path / "s.journal"), device="cpu")
+    ctx, study = prepare(joined)
+    assert ctx.space.name == "my_space" and study.user_attrs["search"]["space"] == "my_space"
+
+
+def test_an_empty_study_name_is_refused(tmp_path, tiny_space):
+    with pytest.raises(SearchError, match="--study must be a non-empty name"):
+        prepare(_config(tmp_path, tiny_space, study=""))
+    assert not (tmp_path / "s.journal").exists()
+
+
+def _notes(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "nas.search.study"]
+
+
+def test_a_resume_that_changes_recorded_budgets_says_so(tmp_path, tiny_space, caplog):
+    run_search(_config(tmp_path, tiny_space, trials=2))
+    with caplog.at_level("WARNING", logger="nas.search.study"):
+        prepare(_config(tmp_path, tiny_space, trials=2))
+        assert not _notes(caplog)  # same settings: nothing to say
+        _, study = prepare(_config(tmp_path, tiny_space, trials=1, max_latency_ms=5.0))
+    assert study.user_attrs["budgets"]["trials"] == 1
+    assert _notes(caplog) == [("study 't': recorded budgets changed (max_latency_ms None -> 5.0, trials 2 -> 1); "
+                               "workers and the report use the new ones")]
+
+
+def test_batches_larger_than_the_task_are_clipped_with_a_notice(tmp_path, caplog):
+    """ci_tiny's task has 128 training rows; a batch of 100000 is clipped to 128, said in one line."""
+    space = write_space(tmp_path, steps=2)
+    space.write_text(space.read_text().replace("batch_size: [8]", "batch_size: [8, 100000]"))
+    with caplog.at_level("WARNING", logger="nas.search.study"):
+        study = run_search(_config(tmp_path, space, trials=4))
+    assert _notes(caplog) == [
+        "train.batch_size: 100000 is more than the 128 training rows of task mqar; batches are clipped to 128"]
+    batches = {t.user_attrs["train"]["batch_size"] for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    assert batches == {8, 128}
+
+
+def test_time_budget_records_the_steps_actually_trained(tmp_path):
+    """max_train_seconds far below one step's time stops every training after its first step
+    (deterministically: any step takes longer than a nanosecond); the trial records 1 of 5."""
+    space = write_space(tmp_path, steps=5)
+    space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
+    study = run_search(_config(tmp_path, space, trials=1))
+    t = study.get_trials(states=(TrialState.COMPLETE,))[0]
+    assert (t.user_attrs["steps_done"], t.user_attrs["stopped"], t.user_attrs["train"]["steps"]) == (1, "time budget", 5)

@@ -148,3 +148,14 @@ def test_bad_text_files(tmp_path, content, params, needle):
     with pytest.raises(TaskError, match=needle) as err:
         load_text(path=str(path), **params)
     assert str(err.value).startswith(str(path))
+
+
+def test_too_little_data_is_refused_with_the_minimum(tmp_path):
+    x, y = token_arrays(n=9)
+    with pytest.raises(TaskError, match=r"9 row\(s\); need at least 10"):
+        load_npz(path=save(tmp_path / "nine.npz", x=x, y=y))
+    assert len(load_npz(path=save(tmp_path / "ten.npz", x=x[:1].repeat(10, 0), y=y[:1].repeat(10, 0))).x_test) == 1
+    path = tmp_path / "t.txt"
+    path.write_text("x" * 40)
+    with pytest.raises(TaskError, match="40 characters; seq_len=4 needs at least 41 \\(10 windows\\)"):
+        load_text(path=str(path), seq_len=4)

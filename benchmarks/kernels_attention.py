@@ -165,7 +165,7 @@ def attention_rows(warm: bool) -> tuple[list[Row], dict]:
             sdpa_rope = [partial(_sdpa_rope, *v, *tables) for v in views]
             if not backends:
                 backends = {"forced_flash": _kernels_run(sdpa[0]),
-                            "default": _kernels_run(lambda: F.scaled_dot_product_attention(*views[0], is_causal=True))}
+                            "default": _kernels_run(partial(F.scaled_dot_product_attention, *views[0], is_causal=True))}
             case = f"causal D={D} L={L} B={B} H={H}"
             flop = fa.flops(B, H, L, D, causal=True)
             expected = sdpa[0]().transpose(1, 2)  # [B, L, H, D]

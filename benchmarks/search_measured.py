@@ -31,6 +31,7 @@ from benchmarks._timing import environment, write_results  # noqa: E402
 def run(label: str, trials: int, workdir: Path, triton_cache: Path) -> dict:
     import optuna
 
+    from nas.search.record import records
     from nas.search.storage import open_storage
 
     storage, name = str(workdir / f"{label}.journal"), f"measured-{label}"
@@ -42,12 +43,11 @@ def run(label: str, trials: int, workdir: Path, triton_cache: Path) -> dict:
     wall = time.monotonic() - start
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        lat = t.user_attrs.get("latency") or {}
-        rows.append({"number": t.number, "state": t.state.name, "arch": t.user_attrs.get("arch_summary"),
-                     "latency_source": t.user_attrs.get("latency_source"), "latency": lat,
-                     "latency_seconds": t.user_attrs.get("latency_seconds"),
-                     "train_seconds": t.user_attrs.get("train_seconds"), "failure": t.user_attrs.get("failure")})
+    for r in records(study):
+        rows.append({"number": r.number, "state": r.state.name, "arch": r.arch_summary,
+                     "latency_source": r.latency.source if r.latency else None,
+                     "latency": r.latency.to_dict() if r.latency else {}, "latency_seconds": r.latency_seconds,
+                     "train_seconds": r.train_seconds, "failure": r.failure})
     scoring = [r["latency_seconds"] for r in rows if r["latency_seconds"] is not None]
     return {"run": label, "wall_s": round(wall, 1), "returncode": proc.returncode,
             "stdout_tail": proc.stdout[-1500:], "stderr_tail": proc.stderr[-1500:],

@@ -73,8 +73,8 @@ def main() -> None:
                 study = run_search(SearchConfig(space=str(space), trials=args.trials, storage=str(Path(tmp) / "s.journal"),
                                                 study=f"{sampler}-{seed}", sampler=sampler, seed=seed, device="cpu"))
                 runs.append({"sampler": sampler, "seed": seed, "seconds": time.perf_counter() - start,
-                             "values": [t.values for t in completed(study)],
-                             "front": [t.values for t in front(study)]})
+                             "values": [[r.accuracy, r.latency_ms, r.memory_mb] for r in completed(study)],
+                             "front": [[r.accuracy, r.latency_ms, r.memory_mb] for r in front(study)]})
                 print(f"{sampler:7s} seed {seed}: best accuracy {max(v[0] for v in runs[-1]['values']):.3f}, "
                       f"front {len(runs[-1]['front'])}, {runs[-1]['seconds']:.0f} s", flush=True)
 

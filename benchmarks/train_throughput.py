@@ -89,6 +89,7 @@ def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
 
 
 def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extra: list[str]) -> dict:
+    from nas.search.record import records
     from nas.search.storage import open_storage
     import optuna
 
@@ -110,9 +111,10 @@ def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extr
     # imports and first kernel compiles are paid once per worker and are left out)
     ends = sorted(t.datetime_complete for t in trials if t.state.name == "COMPLETE")
     span = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else 0.0
-    scoring = [t.user_attrs["latency_seconds"] for t in trials if "latency_seconds" in t.user_attrs]
+    scored = [r for r in records(study) if r.latency_seconds is not None]
+    scoring = [r.latency_seconds for r in scored]
     return {"gpus": gpus, "workers_per_gpu": per_gpu, "search_args": " ".join(extra), "wall_s": round(wall, 1),
-            "latency_measured": sum(t.user_attrs.get("latency_source") == "measured" for t in trials),
+            "latency_measured": sum(r.latency.source == "measured" for r in scored if r.latency),
             "scoring_seconds_median": statistics.median(scoring) if scoring else None, "completed": done,
             "failed": states.count("FAIL"), "trials_per_hour": round(done / wall * 3600, 1),
             "steady_trials_per_hour": round((len(ends) - 1) / span * 3600, 1) if span else None,

@@ -11,12 +11,17 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-import optuna
+from typing import TYPE_CHECKING
+
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from nas.search import interrupt
+
+if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them (nas --help stays fast)
+    import optuna
+
+    from nas.search.record import TrialRecord
 
 __all__ = ["main"]
 
@@ -57,8 +62,7 @@ _STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/stud
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from nas.results.pareto import PICKS
-    from nas.search.study import SAMPLERS
+    from nas.search.setup import PICKS, SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -141,9 +145,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _search(args: argparse.Namespace) -> None:
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
     from nas.results.pareto import front
     from nas.search.storage import resolve_storage
-    from nas.search.study import SearchConfig, n_complete, n_infeasible, prepare, run_search
+    from nas.search.study import SearchConfig, n_complete, n_infeasible, n_truncated, prepare, run_search
     from nas.search.workers import parse_gpus, plan_slots, run_workers
 
     gpus = parse_gpus(args.gpus) if args.gpus else None
@@ -172,7 +179,7 @@ def _search(args: argparse.Namespace) -> None:
         def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
             best = front(study)
             progress.update(bar, completed=min(n_complete(study), config.trials), front=len(best),
-                            best=f"{best[0].values[0]:.3f}" if best else "-")
+                            best=f"{best[0].accuracy:.3f}" if best else "-")
             for line in lines.new(study):
                 progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -190,10 +197,13 @@ def _search(args: argparse.Namespace) -> None:
                 kept = (f"study {study.study_name!r} had no trials and was removed"
                         if _remove_if_empty(study, config.storage, fresh) else "finished trials are kept in the study")
                 raise UsageError(f"workers exited with codes {codes}; {kept}")
-    skipped = n_infeasible(study)
+    skipped, truncated = n_infeasible(study), n_truncated(study)
     if skipped:
         console.print(f"{skipped} candidate(s) broke a hard budget: recorded without training, not counted "
                       f"toward --trials", soft_wrap=True)
+    if truncated:
+        console.print(f"{truncated} trial(s) stopped early by the time budget (max_train_seconds): recorded with "
+                      f"their steps, kept off the front and the hypervolume", soft_wrap=True)
     _print_front(study)
     storage_flag = f" --storage {config.storage}" if args.storage else ""
     console.print(f"next: nas report --study {study.study_name}{storage_flag}", soft_wrap=True)
@@ -203,6 +213,8 @@ def _search(args: argparse.Namespace) -> None:
 def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
     """Delete ``study`` when this run created it and no trial was recorded (a failed start leaves
     nothing behind); returns whether it was deleted."""
+    import optuna
+
     from nas.search.storage import open_storage
 
     if not fresh or study.get_trials(deepcopy=False):
@@ -219,42 +231,38 @@ class _TrialLines:
         self._seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
 
     def new(self, study: optuna.Study) -> list[str]:
+        from nas.search.record import records
         from nas.search.study import n_complete
 
         out = []
-        for t in study.get_trials(deepcopy=False):
-            if not t.state.is_finished() or t.number in self._seen or "surplus" in t.user_attrs:
+        for r in records(study):
+            if not r.state.is_finished() or r.number in self._seen or r.surplus is not None:
                 continue
-            self._seen.add(t.number)
-            if t.state.name == "FAIL" or self._show_all:
-                out.append(_trial_line(t, n_complete(study), self._trials))
+            self._seen.add(r.number)
+            if r.state.name == "FAIL" or r.truncated or self._show_all:
+                out.append(_trial_line(r, n_complete(study), self._trials))
         return out
 
 
-def _trial_line(t: optuna.trial.FrozenTrial, trained: int, trials: int) -> str:
+def _trial_line(r: TrialRecord, trained: int, trials: int) -> str:
     """``trial 4 (3/8 trained): L A | d=32, acc 0.912, latency 0.0213 ms, 0.41 MB, 20 steps``"""
-    attrs = t.user_attrs
-    if t.state.name == "FAIL":
-        return f"trial {t.number} failed: {attrs.get('failure', '?')}"
-    if "duplicate_of" in attrs:
-        return f"trial {t.number}: same configuration as trial {attrs['duplicate_of']}; not trained again"
-    if t.state.name != "COMPLETE":
-        return f"trial {t.number}: {t.state.name.lower()}"
-    if "skipped_training" in attrs:
-        return (f"trial {t.number}: {attrs.get('arch_summary', '?')} {attrs['skipped_training']}; not trained, "
+    if r.state.name == "FAIL":
+        return f"trial {r.number} failed: {r.failure or '?'}"
+    if r.duplicate_of is not None:
+        return f"trial {r.number}: same configuration as trial {r.duplicate_of}; not trained again"
+    if r.state.name != "COMPLETE":
+        return f"trial {r.number}: {r.state.name.lower()}"
+    if r.skipped_training is not None:
+        return (f"trial {r.number}: {r.arch_summary} {r.skipped_training}; not trained, "
                 f"not counted ({trained}/{trials} trained)")
-    return (f"trial {t.number} ({trained}/{trials} trained): {attrs.get('arch_summary', '?')}, acc {t.values[0]:.3f}, "
-            f"latency {t.values[1]:.4g} ms, {t.values[2]:.3g} MB, {_steps_text(t)} steps")
-
-
-def _steps_text(t: optuna.trial.FrozenTrial) -> str:
-    """``150``, or ``127/150`` for a training the time budget stopped early."""
-    planned, done = t.user_attrs.get("train", {}).get("steps", "?"), t.user_attrs.get("steps_done")
-    return f"{done}/{planned}" if done is not None and done != planned else str(planned)
+    line = (f"trial {r.number} ({trained}/{trials} trained): {r.arch_summary}, acc {r.accuracy:.3f}, "
+            f"latency {r.latency_ms:.4g} ms, {r.memory_mb:.3g} MB, {r.steps_text()} steps")
+    return line + (f" — truncated ({r.truncation_text()}), kept off the front" if r.truncated else "")
 
 
 def _worker(args: argparse.Namespace) -> None:
     from nas.search.storage import resolve_storage
+    from nas.search.record import record
     from nas.search.study import n_complete, run_search, worker_config
 
     config = worker_config(args.study, resolve_storage(args.storage), trials=args.trials, device=args.device,
@@ -262,8 +270,9 @@ def _worker(args: argparse.Namespace) -> None:
     label = f"worker {config.worker}: "
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if "surplus" not in trial.user_attrs:
-            console.print(label + _trial_line(trial, n_complete(study), config.trials), markup=False,
+        r = record(study, trial)
+        if r.surplus is None:
+            console.print(label + _trial_line(r, n_complete(study), config.trials), markup=False,
                           highlight=False, soft_wrap=True)
 
     study = run_search(config, on_trial=on_trial)
@@ -274,21 +283,20 @@ def _print_front(study: optuna.Study) -> None:
     from nas.results.pareto import front
 
     trials = front(study)
-    sources = sorted({f"{t.user_attrs.get('latency_source', '?')} on {t.user_attrs.get('latency_device', '?')}"
-                      for t in trials})
+    sources = sorted({r.latency_label() for r in trials})
     table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials",
-                  caption=f"latency {', '.join(sources)}" if sources else None)
+                  caption=f"latency {'; '.join(sources)}" if sources else None)
     for col in ("trial", "architecture", "params", "acc", "latency ms", "mem MB", "recipe"):
         table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right")
-    for t in trials:
-        train = t.user_attrs.get("train", {})
-        table.add_row(str(t.number), t.user_attrs.get("arch_summary", "?"), f"{t.user_attrs.get('params', 0) / 1e6:.2f}M",
-                      f"{t.values[0]:.3f}", f"{t.values[1]:.4f}", f"{t.values[2]:.2f}",
-                      f"{train.get('optimizer', '?')} lr={train.get('lr', 0):.0e} x{_steps_text(t)}")
+    for r in trials:
+        interval = f" ±{r.latency.interval * 100:.0f}%" if r.latency is not None and r.latency.interval else ""
+        table.add_row(str(r.number), r.arch_summary, f"{r.params / 1e6:.2f}M", f"{r.accuracy:.3f}",
+                      f"{r.latency_ms:.4f}{interval}", f"{r.memory_mb:.2f}", r.recipe())
     console.print(table)
 
 
 def _studies(args: argparse.Namespace) -> None:
+    import optuna
     from optuna.trial import TrialState
 
     from nas.search.storage import open_storage, resolve_storage
@@ -350,10 +358,10 @@ def _export(args: argparse.Namespace) -> None:
                  device=device)
     how = f"trial {args.trial}" if args.trial is not None else f"--pick {args.pick}"
     accuracy = json.loads((out / "arch.json").read_text())["metrics"]["accuracy"]  # the bundle's, retrained or not
-    retrained = (f" after {args.retrain_steps} retraining steps (study: {chosen.values[0]:.3f})"
+    retrained = (f" after {args.retrain_steps} retraining steps (study: {chosen.accuracy:.3f})"
                  if args.retrain_steps else "")
-    console.print(f"exported trial {chosen.number} ({how}): {chosen.user_attrs.get('arch_summary')}, accuracy "
-                  f"{accuracy:.3f}{retrained}, latency {chosen.values[1]:.4g} ms → {out}", soft_wrap=True)
+    console.print(f"exported trial {chosen.number} ({how}): {chosen.arch_summary}, accuracy "
+                  f"{accuracy:.3f}{retrained}, latency {chosen.latency_ms:.4g} ms → {out}", soft_wrap=True)
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)
 
 
@@ -427,32 +435,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Every error that means bad input: one line, exit 2 (imported once a command runs)."""
     from hardware_profiles import ProfileError
+    from kernels.device import DeviceError
     from nas.results.export import ExportError
-    from nas.search.faults import FaultError
     from nas.results.pareto import PickError
     from nas.results.report import ReportError
+    from nas.search.faults import FaultError
     from nas.search.storage import StorageError
     from nas.search.study import SearchError
-    from nas.tasks import TaskError
     from nas.search.workers import WorkerError
+    from nas.settings import SettingsError
     from nas.space import SpaceError
+    from nas.tasks import TaskError
 
-    user_errors = (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError, ExportError,
-                   PickError, ReportError, WorkerError, FaultError)
+    return (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError, ExportError, PickError,
+            ReportError, WorkerError, FaultError, SettingsError, DeviceError)
+
+
+def _fail(e: Exception) -> int:
+    err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)
+    return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
-        args = _build_parser().parse_args(argv)
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        # -v: the engine's per-trial story (candidate, training, scores); -vv: debug detail and Optuna's own
-        logging.getLogger("nas").setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+        args = _build_parser().parse_args(argv)  # --help and bad flags end here, before any heavy import
+    except UsageError as e:
+        return _fail(e)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # -v: the engine's per-trial story (candidate, training, scores); -vv: debug detail and Optuna's own
+    logging.getLogger("nas").setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+    user_errors = _user_errors()
+    try:
+        import optuna
+
         optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose >= 2 else optuna.logging.WARNING)
         commands = {"search": _search, "worker": _worker, "studies": _studies, "report": _report, "export": _export,
                     "profiles": _profiles, "spaces": _spaces}
         commands[args.command](args)
     except user_errors as e:
-        err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)
-        return 2
+        return _fail(e)
     return 0
 
 

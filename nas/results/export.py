@@ -22,11 +22,11 @@ import optuna
 import torch
 import yaml
 from optuna.artifacts import download_artifact
-from optuna.trial import FrozenTrial
 from safetensors.torch import load_file, save_file
 
 from nas.models import HybridModel, TritonModel, build, to_triton
 from nas.spec import ArchSpec, TrainSpec, arch_hash
+from nas.search.record import TrialRecord, study_setup
 from nas.search.storage import open_artifact_store
 from nas.tasks import Task, task_from_config
 
@@ -53,14 +53,13 @@ def _versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-def trial_model(trial: FrozenTrial, storage: str) -> HybridModel:
+def trial_model(trial: TrialRecord, storage: str) -> HybridModel:
     """The trained model of a completed trial, rebuilt from its arch and stored weights (CPU)."""
-    arch = ArchSpec.from_dict(trial.user_attrs["arch"])
-    artifact = trial.user_attrs.get("weights_artifact")
+    artifact = trial.weights_artifact
     if artifact is None:
         raise ExportError(f"trial {trial.number} has no stored weights (it was not trained: "
-                          f"{trial.user_attrs.get('skipped_training', 'no weights artifact')}); use --retrain-steps")
-    model = build(arch)
+                          f"{trial.skipped_training or 'no weights artifact'}); use --retrain-steps")
+    model = build(trial.arch)
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "w.safetensors")
         try:
@@ -71,13 +70,12 @@ def trial_model(trial: FrozenTrial, storage: str) -> HybridModel:
     return model.eval()
 
 
-def _retrain(trial: FrozenTrial, task: Task, steps: int, device: str) -> tuple[HybridModel, float, dict[str, Any]]:
+def _retrain(trial: TrialRecord, task: Task, steps: int, device: str) -> tuple[HybridModel, float, dict[str, Any]]:
     """(model, accuracy, what training did) for ``trial``'s candidate trained ``steps`` steps afresh."""
     from nas.train import train
 
-    arch = ArchSpec.from_dict(trial.user_attrs["arch"])
-    spec = dataclasses.replace(TrainSpec.from_dict(trial.user_attrs["train"]), steps=steps)
-    model = build(arch, task, seed=spec.seed)
+    spec = dataclasses.replace(trial.train, steps=steps)
+    model = build(trial.arch, task, seed=spec.seed)
     result = train(model, task, spec, device=device)
     return model.to("cpu").eval(), result.accuracy, {"steps": result.steps, "stopped": result.stopped}
 
@@ -99,7 +97,7 @@ def _write_onnx(model: HybridModel, path: Path, seq_len: int) -> None:
         exporter_log.setLevel(level)
 
 
-def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage: str,
+def export(study: optuna.Study, trial: TrialRecord, out: str | Path, *, storage: str,
            retrain_steps: int | None = None, force: bool = False, device: str = "cpu") -> Path:
     """Write the bundle of ``trial`` into ``out`` (which must be absent or empty unless ``force``)."""
     out = Path(out)
@@ -107,17 +105,17 @@ def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage:
         raise ExportError(f"--out {out} exists and is not empty; pass --force to overwrite it")
     if retrain_steps is not None and retrain_steps <= 0:
         raise ExportError(f"--retrain-steps must be >= 1, got {retrain_steps}")
-    task_config = study.user_attrs.get("search", {}).get("task_config")
+    task_config = (study_setup(study) or {}).get("task_config")
     if retrain_steps is None:
-        model, accuracy = trial_model(trial, storage), trial.values[0]
+        model, accuracy = trial_model(trial, storage), trial.accuracy
         # the steps the search actually trained: a time budget may have stopped it before train.steps
-        trained = {"steps": trial.user_attrs.get("steps_done"), "stopped": trial.user_attrs.get("stopped")}
+        trained = {"steps": trial.steps_done, "stopped": trial.stopped}
     else:
         if task_config is None:
             raise ExportError(f"study {study.study_name!r} does not record its task; cannot retrain")
         model, accuracy, trained = _retrain(trial, task_from_config(task_config), retrain_steps, device)
     arch = model.arch
-    train = TrainSpec.from_dict(trial.user_attrs["train"])
+    train = trial.train
     if retrain_steps is not None:
         train = dataclasses.replace(train, steps=retrain_steps)
 
@@ -127,9 +125,10 @@ def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage:
             "format": "hybrid-nas-bundle/1",
             "arch": arch.to_dict(), "arch_hash": arch_hash(arch), "train": train.to_dict(), "task": task_config,
             "study": study.study_name, "trial": trial.number, "retrained_steps": retrain_steps, "trained": trained,
-            "metrics": {"accuracy": accuracy, "latency_ms": trial.values[1], "memory_mb": trial.values[2]},
-            "latency": trial.user_attrs.get("latency"), "memory": trial.user_attrs.get("memory"),
-            "params": trial.user_attrs.get("params"), "versions": _versions(),
+            "metrics": {**trial.values, "accuracy": accuracy},
+            "latency": trial.latency.to_dict() if trial.latency is not None else None,
+            "latency_label": trial.latency_label(), "memory": dict(trial.memory),
+            "params": trial.params, "versions": _versions(),
             "exported": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "onnx": {"opset": ONNX_OPSET, "inputs": {"tokens": "int64 [batch, seq]"},
                      "outputs": {"logits": "float32 [batch, seq, n_out]" if arch.readout == "token"
@@ -157,8 +156,13 @@ def export(study: optuna.Study, trial: FrozenTrial, out: str | Path, *, storage:
 def _card(r: dict[str, Any]) -> str:
     arch, lat, m = ArchSpec.from_dict(r["arch"]), r["latency"] or {}, r["metrics"]
     train = TrainSpec.from_dict(r["train"])
-    source = lat.get("source", "?")
-    spread = f" ± {lat['iqr_ms']:.4g} (IQR)" if lat.get("iqr_ms") else ""
+    label = r.get("latency_label") or lat.get("source", "?")
+    if lat.get("interval"):
+        spread = f" (interval {lat['median_ms'] * (1 - lat['interval']):.4g}–{lat['median_ms'] * (1 + lat['interval']):.4g} ms)"
+    elif lat.get("iqr_ms"):
+        spread = f" ± {lat['iqr_ms']:.4g} (IQR)"
+    else:
+        spread = ""
     task = r["task"] or {}
     task_line = ", ".join(f"{k}={v}" for k, v in task.items() if k != "name")
     retrained = f" (retrained for {r['retrained_steps']} steps)" if r["retrained_steps"] else ""
@@ -171,7 +175,7 @@ def _card(r: dict[str, Any]) -> str:
 | metric | value |
 | --- | --- |
 | accuracy{retrained} | {m['accuracy']:.4f} |
-| latency | {m['latency_ms']:.4g} ms{spread}, **{source}** on {lat.get('device', '?')} ({lat.get('dtype', '?')}, shape {lat.get('shape', '?')}) |
+| latency | {m['latency_ms']:.4g} ms{spread}, **{label}** ({lat.get('dtype', '?')}, shape {lat.get('shape', '?')}) |
 | memory | {m['memory_mb']:.4g} MB (weights + peak activations + KV cache / state) |
 | parameters | {r['params']:,} |
 

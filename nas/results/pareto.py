@@ -1,65 +1,68 @@
-"""The front and choosing from it: feasibility, Pareto set, hypervolume reference, knee, budgets."""
+"""The front and choosing from it: feasibility, Pareto set, hypervolume reference, knee, budgets.
+
+Everything here works on ``TrialRecord`` (objectives by name). A trial is on the front when it
+is complete, feasible (its hard budgets hold and its training was not cut short by the
+wall-clock guard) and no other such trial dominates it (Optuna's ``best_trials`` over the study's
+directions, which already leave infeasible trials out).
+"""
 
 from __future__ import annotations
 
 import math
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-__all__ = ["PICKS", "PickError", "feasible", "front", "completed", "knee", "pick", "reference_point"]
+from nas.search.record import TrialRecord, objectives_of, record, records
+from nas.search.setup import PICKS
 
-PICKS = ("knee", "accuracy", "latency")
-
+__all__ = ["PICKS", "PickError", "completed", "front", "knee", "pick", "reference_point"]
 
 class PickError(ValueError):
     """No trial satisfies the request; the message says what was asked and what exists."""
 
 
-def feasible(trial: FrozenTrial) -> bool:
-    """All of the trial's constraint values (a name → value mapping) are ≤ 0."""
-    return all(v <= 0 for v in trial.constraints.values())
+def completed(study: optuna.Study) -> list[TrialRecord]:
+    return records(study, (TrialState.COMPLETE,))
 
 
-def completed(study: optuna.Study) -> list[FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+def front(study: optuna.Study) -> list[TrialRecord]:
+    """Feasible Pareto-optimal completed trials, most accurate first (then fastest)."""
+    objectives = objectives_of(study)
+    best = [TrialRecord.from_trial(t, objectives) for t in study.best_trials]
+    return sorted((r for r in best if r.feasible and not r.truncated), key=lambda r: (-r.accuracy, r.latency_ms))
 
 
-def front(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible Pareto-optimal completed trials (Optuna's ``best_trials``), most accurate first."""
-    return sorted((t for t in study.best_trials if feasible(t)), key=lambda t: (-t.values[0], t.values[1]))
-
-
-def reference_point(trials: list[FrozenTrial]) -> list[float]:
+def reference_point(trials: list[TrialRecord]) -> dict[str, float]:
     """A hypervolume reference point worse than every trial: accuracy 0, 1.1 × the worst latency
-    and memory (objectives in the study's order: accuracy ↑, latency ↓, memory ↓)."""
-    worst_latency = max((t.values[1] for t in trials), default=1.0)
-    worst_memory = max((t.values[2] for t in trials), default=1.0)
-    return [0.0, 1.1 * worst_latency, 1.1 * worst_memory]
+    and memory (by objective name)."""
+    worst_latency = max((r.latency_ms for r in trials), default=1.0)
+    worst_memory = max((r.memory_mb for r in trials), default=1.0)
+    return {"accuracy": 0.0, "latency_ms": 1.1 * worst_latency, "memory_mb": 1.1 * worst_memory}
 
 
-def knee(trials: list[FrozenTrial]) -> FrozenTrial:
+def knee(trials: list[TrialRecord]) -> TrialRecord:
     """The trial closest to the utopia point in normalised (accuracy, latency) space.
 
     Accuracy and latency are min-max scaled over ``trials`` to [0, 1]; utopia is (best accuracy,
     lowest latency); ties go to the more accurate trial. With one trial, that trial.
     """
-    acc = [t.values[0] for t in trials]
-    lat = [t.values[1] for t in trials]
+    acc = [r.accuracy for r in trials]
+    lat = [r.latency_ms for r in trials]
 
     def scaled(v: float, lo: float, hi: float) -> float:
         return 0.0 if hi == lo else (v - lo) / (hi - lo)
 
-    def distance(t: FrozenTrial) -> tuple[float, float]:
-        a = 1.0 - scaled(t.values[0], min(acc), max(acc))  # 0 at the best accuracy
-        la = scaled(t.values[1], min(lat), max(lat))  # 0 at the lowest latency
-        return math.hypot(a, la), -t.values[0]
+    def distance(r: TrialRecord) -> tuple[float, float]:
+        a = 1.0 - scaled(r.accuracy, min(acc), max(acc))  # 0 at the best accuracy
+        la = scaled(r.latency_ms, min(lat), max(lat))  # 0 at the lowest latency
+        return math.hypot(a, la), -r.accuracy
 
     return min(trials, key=distance)
 
 
 def pick(study: optuna.Study, how: str = "knee", *, trial: int | None = None, max_latency_ms: float | None = None,
-         max_memory_mb: float | None = None) -> FrozenTrial:
+         max_memory_mb: float | None = None) -> TrialRecord:
     """Choose a completed trial: by number, or from the feasible front within the budgets by
     ``how`` — ``knee`` (see :func:`knee`), ``accuracy`` (most accurate, then fastest) or
     ``latency`` (fastest, then most accurate)."""
@@ -72,19 +75,19 @@ def pick(study: optuna.Study, how: str = "knee", *, trial: int | None = None, ma
             raise PickError(f"study {study.study_name!r} has no trial {trial} (trials are 0-{max(by_number)})")
         if by_number[trial].state != TrialState.COMPLETE:
             raise PickError(f"trial {trial} of {study.study_name!r} is {by_number[trial].state.name}, not COMPLETE")
-        return by_number[trial]
+        return record(study, by_number[trial])
     if how not in PICKS:
         raise PickError(f"--pick {how!r} is not one of {list(PICKS)}")
-    candidates = [t for t in front(study)
-                  if (max_latency_ms is None or t.values[1] <= max_latency_ms)
-                  and (max_memory_mb is None or t.values[2] <= max_memory_mb)]
+    candidates = [r for r in front(study)
+                  if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
+                  and (max_memory_mb is None or r.memory_mb <= max_memory_mb)]
     if not candidates:
-        fastest = min(done, key=lambda t: t.values[1])
+        fastest = min(done, key=lambda r: r.latency_ms)
         raise PickError(f"no front trial meets the budget (max latency {max_latency_ms} ms, max memory "
-                        f"{max_memory_mb} MB); the fastest completed trial takes {fastest.values[1]:.4g} ms "
-                        f"and {fastest.values[2]:.4g} MB")
+                        f"{max_memory_mb} MB); the fastest completed trial takes {fastest.latency_ms:.4g} ms "
+                        f"and {fastest.memory_mb:.4g} MB")
     if how == "accuracy":
-        return max(candidates, key=lambda t: (t.values[0], -t.values[1]))
+        return max(candidates, key=lambda r: (r.accuracy, -r.latency_ms))
     if how == "latency":
-        return min(candidates, key=lambda t: (t.values[1], -t.values[0]))
+        return min(candidates, key=lambda r: (r.latency_ms, -r.accuracy))
     return knee(candidates)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import optuna
 import plotly.graph_objects as go
-from optuna.trial import FrozenTrial
 
-from nas.results.pareto import completed, feasible, front, reference_point
+from nas.results.pareto import completed, front, reference_point
+from nas.search.record import TrialRecord, objectives_of, study_budgets, study_setup
 
 __all__ = ["PLOT_CONFIG", "ReportError", "figures", "hover_text", "write_html", "write_pngs", "find_chrome"]
 
@@ -28,75 +28,104 @@ class ReportError(ValueError):
     """The report cannot be made as asked; the message says why."""
 
 
-def one_line(t: FrozenTrial) -> str:
+def one_line(r: TrialRecord) -> str:
     """``A L L M | d=128 | 0.41M params | adamw lr=2e-03``"""
-    train = t.user_attrs.get("train", {})
-    return (f"{t.user_attrs.get('arch_summary', '?')} | {t.user_attrs.get('params', 0) / 1e6:.2f}M params | "
-            f"{train.get('optimizer', '?')} lr={train.get('lr', 0):.0e}")
+    return f"{r.arch_summary} | {r.params / 1e6:.2f}M params | {r.recipe()}"
 
 
-def hover_text(t: FrozenTrial) -> str:
-    lat = t.user_attrs.get("latency", {})
-    spread = f" ± {lat.get('iqr_ms', 0):.3g}" if lat.get("iqr_ms") else ""
-    why = t.user_attrs.get("skipped_training")
+def hover_text(r: TrialRecord) -> str:
+    lat = r.latency
+    if lat is not None and lat.source == "measured" and lat.iqr_ms:
+        spread = f" (IQR {lat.iqr_ms:.3g})"
+    elif lat is not None and lat.interval:
+        spread = f" [{lat.low_ms:.4g}, {lat.high_ms:.4g}]"
+    else:
+        spread = ""
     return "<br>".join([
-        html.escape(one_line(t)),
-        f"trial {t.number}: accuracy {t.values[0]:.3f}, memory {t.values[2]:.3g} MB",
-        f"latency {t.values[1]:.4g}{spread} ms, {lat.get('source', '?')} on {html.escape(str(lat.get('device', '?')))}",
-        *([f"not trained: {html.escape(why)}"] if why else []),
+        html.escape(one_line(r)),
+        f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MB",
+        f"latency {r.latency_ms:.4g}{spread} ms, {html.escape(r.latency_label())}",
+        *([f"not trained: {html.escape(r.skipped_training)}"] if r.skipped_training else []),
+        *([f"not on the front: training stopped early ({html.escape(r.truncation_text())})"] if r.truncated else []),
     ])
 
 
-def _split(study: optuna.Study) -> tuple[list[FrozenTrial], list[FrozenTrial], list[FrozenTrial]]:
-    """(front, dominated feasible, infeasible) completed trials."""
+def _split(study: optuna.Study) -> dict[str, list[TrialRecord]]:
+    """Completed trials by how they are drawn: front, dominated, truncated (training cut short by
+    the wall-clock guard) and infeasible (a hard budget broken)."""
     best = front(study)
-    ids = {t.number for t in best}
+    ids = {r.number for r in best}
     done = completed(study)
-    return best, [t for t in done if feasible(t) and t.number not in ids], [t for t in done if not feasible(t)]
+    return {
+        "front": best,
+        "dominated": [r for r in done if r.feasible and not r.truncated and r.number not in ids],
+        "truncated": [r for r in done if r.truncated],
+        "infeasible": [r for r in done if not r.feasible and not r.truncated],
+    }
+
+
+def _latency_error(trials: list[TrialRecord]) -> dict:
+    """Error bars: a prediction's interval, a measurement's IQR (half each side)."""
+    def bounds(r: TrialRecord) -> tuple[float, float]:
+        lat = r.latency
+        if lat is None:
+            return 0.0, 0.0
+        if lat.interval:
+            return lat.high_ms - lat.median_ms, lat.median_ms - lat.low_ms
+        return lat.iqr_ms / 2, lat.iqr_ms / 2
+
+    plus, minus = zip(*(bounds(r) for r in trials), strict=True) if trials else ((), ())
+    return dict(type="data", array=list(plus), arrayminus=list(minus), visible=True, thickness=1, width=2)
+
+
+def _latency_axis(study: optuna.Study) -> str:
+    labels = sorted({r.latency_label() for r in completed(study)})
+    return f"latency ms ({'; '.join(labels)})"
 
 
 def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
-    best, dominated, infeasible = _split(study)
+    groups = _split(study)
+    best = groups["front"]
     fig = go.Figure()
     for name, trials, style in (
-        ("infeasible", infeasible, dict(color=_INFEASIBLE, symbol="x", size=7)),
-        ("dominated", dominated, dict(color=_DOMINATED, size=7)),
+        ("infeasible", groups["infeasible"], dict(color=_INFEASIBLE, symbol="x", size=7)),
+        ("truncated (not on the front)", groups["truncated"], dict(color=_INFEASIBLE, symbol="triangle-down", size=7)),
+        ("dominated", groups["dominated"], dict(color=_DOMINATED, size=7)),
     ):
-        fig.add_trace(go.Scatter(x=[t.values[1] for t in trials], y=[t.values[0] for t in trials], mode="markers",
-                                 name=name, marker=style, hovertext=[hover_text(t) for t in trials],
+        fig.add_trace(go.Scatter(x=[r.latency_ms for r in trials], y=[r.accuracy for r in trials], mode="markers",
+                                 name=name, marker=style, hovertext=[hover_text(r) for r in trials],
                                  hoverinfo="text"))
-    fig.add_trace(go.Scatter(x=[t.values[1] for t in best], y=[t.values[0] for t in best], mode="markers",
-                             name="Pareto front (accuracy, latency, memory)",
+    fig.add_trace(go.Scatter(x=[r.latency_ms for r in best], y=[r.accuracy for r in best], mode="markers",
+                             name="Pareto front (accuracy, latency, memory)", error_x=_latency_error(best),
                              marker=dict(color=_FRONT, size=10, line=dict(color="white", width=1)),
-                             hovertext=[hover_text(t) for t in best], hoverinfo="text"))
+                             hovertext=[hover_text(r) for r in best], hoverinfo="text"))
     # The staircase joins the trials that stay optimal in this 2D view (each more accurate than
     # every faster one); the others are on the front only through memory.
     stairs, best_acc = [], -1.0
-    for t in sorted(best, key=lambda t: (t.values[1], -t.values[0])):
-        if t.values[0] > best_acc:
-            stairs.append(t)
-            best_acc = t.values[0]
-    fig.add_trace(go.Scatter(x=[t.values[1] for t in stairs], y=[t.values[0] for t in stairs], mode="lines",
+    for r in sorted(best, key=lambda r: (r.latency_ms, -r.accuracy)):
+        if r.accuracy > best_acc:
+            stairs.append(r)
+            best_acc = r.accuracy
+    fig.add_trace(go.Scatter(x=[r.latency_ms for r in stairs], y=[r.accuracy for r in stairs], mode="lines",
                              name="accuracy–latency front", line=dict(color=_FRONT, shape="hv", width=1.5),
                              hoverinfo="skip"))
     if budgets.get("max_latency_ms"):
         fig.add_vline(x=budgets["max_latency_ms"], line_dash="dash", line_color="black",
                       annotation_text=f"max latency {budgets['max_latency_ms']:g} ms")
-    lat_source = sorted({f"{t.user_attrs.get('latency_source', '?')} on {t.user_attrs.get('latency_device', '?')}"
-                         for t in completed(study)})
-    fig.update_layout(title="Accuracy vs latency", xaxis_title=f"latency ms ({', '.join(lat_source)})",
+    fig.update_layout(title="Accuracy vs latency", xaxis_title=_latency_axis(study),
                       yaxis_title="accuracy", template="plotly_white", height=520)
     return fig
 
 
 def _front_3d(study: optuna.Study) -> go.Figure:
-    best, dominated, infeasible = _split(study)
+    groups = _split(study)
     fig = go.Figure()
-    for name, trials, color, size in (("infeasible", infeasible, _INFEASIBLE, 3), ("dominated", dominated, _DOMINATED, 4),
-                                      ("Pareto front", best, _FRONT, 6)):
-        fig.add_trace(go.Scatter3d(x=[t.values[1] for t in trials], y=[t.values[2] for t in trials],
-                                   z=[t.values[0] for t in trials], mode="markers", name=name,
-                                   marker=dict(color=color, size=size), hovertext=[hover_text(t) for t in trials],
+    for name, trials, color, size in (("infeasible", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
+                                      ("dominated", groups["dominated"], _DOMINATED, 4),
+                                      ("Pareto front", groups["front"], _FRONT, 6)):
+        fig.add_trace(go.Scatter3d(x=[r.latency_ms for r in trials], y=[r.memory_mb for r in trials],
+                                   z=[r.accuracy for r in trials], mode="markers", name=name,
+                                   marker=dict(color=color, size=size), hovertext=[hover_text(r) for r in trials],
                                    hoverinfo="text"))
     fig.update_layout(title="Accuracy × latency × memory", template="plotly_white", height=600,
                       scene=dict(xaxis_title="latency ms", yaxis_title="memory MB", zaxis_title="accuracy"))
@@ -104,46 +133,55 @@ def _front_3d(study: optuna.Study) -> go.Figure:
 
 
 def _hypervolume(study: optuna.Study) -> go.Figure:
+    reference = reference_point(completed(study))
     with warnings.catch_warnings():  # experimental since Optuna 3.3
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        fig = optuna.visualization.plot_hypervolume_history(study, reference_point(completed(study)))
+        # feasible trials only (Optuna's rule): truncated and over-budget trials add nothing
+        fig = optuna.visualization.plot_hypervolume_history(study, [reference[n] for n in objectives_of(study)])
     fig.update_layout(title="Hypervolume history (accuracy ↑, latency ↓, memory ↓)", template="plotly_white")
     return fig
 
 
 def _parallel(study: optuna.Study) -> go.Figure:
-    trials = [t for t in completed(study) if "arch" in t.user_attrs]
-    mixers = [[la["mixer"] for la in t.user_attrs["arch"]["layers"]] for t in trials]
+    trials = [r for r in completed(study) if r.arch is not None and r.train is not None]
+    mixers = [[layer.mixer for layer in r.arch.layers] for r in trials]
 
     def dim(label: str, values: list[float]) -> dict:
         return dict(label=label, values=values)
 
     dims = [
         dim("depth", [len(m) for m in mixers]),
-        dim("d_model", [t.user_attrs["arch"]["d_model"] for t in trials]),
+        dim("d_model", [r.arch.d_model for r in trials]),
         dim("# attention", [m.count("attention") for m in mixers]),
         dim("# linear attn", [m.count("linear_attention") for m in mixers]),
         dim("# MLP-only", [m.count("none") for m in mixers]),
-        dim("log10 params", [math.log10(max(1, t.user_attrs.get("params", 1))) for t in trials]),
-        dim("log10 lr", [math.log10(t.user_attrs["train"]["lr"]) for t in trials]),
-        dim("steps", [t.user_attrs["train"]["steps"] for t in trials]),
-        dim("latency ms", [t.values[1] for t in trials]),
-        dim("accuracy", [t.values[0] for t in trials]),
+        dim("log10 params", [math.log10(max(1, r.params)) for r in trials]),
+        dim("log10 lr", [math.log10(r.train.lr) for r in trials]),
+        dim("steps", [r.train.steps for r in trials]),
+        dim("latency ms", [r.latency_ms for r in trials]),
+        dim("accuracy", [r.accuracy for r in trials]),
     ]
-    fig = go.Figure(go.Parcoords(line=dict(color=[t.values[0] for t in trials], colorscale="Viridis", showscale=True,
+    fig = go.Figure(go.Parcoords(line=dict(color=[r.accuracy for r in trials], colorscale="Viridis", showscale=True,
                                            colorbar=dict(title="accuracy")), dimensions=dims))
     fig.update_layout(title="Architecture parameters, coloured by accuracy", template="plotly_white", height=480)
     return fig
 
 
+def _latency_cell(r: TrialRecord) -> str:
+    lat = r.latency
+    if lat is not None and lat.interval:
+        return f"{r.latency_ms:.4g} ±{lat.interval * 100:.0f}% ({lat.source})"
+    return f"{r.latency_ms:.4g} ({lat.source if lat is not None else '?'})"
+
+
 def _table(study: optuna.Study) -> go.Figure:
     best = front(study)
     cols = {
-        "trial": [t.number for t in best],
-        "architecture": [one_line(t) for t in best],
-        "accuracy": [f"{t.values[0]:.3f}" for t in best],
-        "latency ms": [f"{t.values[1]:.4g} ({t.user_attrs.get('latency_source', '?')})" for t in best],
-        "memory MB": [f"{t.values[2]:.3g}" for t in best],
+        "trial": [r.number for r in best],
+        "architecture": [one_line(r) for r in best],
+        "accuracy": [f"{r.accuracy:.3f}" for r in best],
+        "latency ms": [_latency_cell(r) for r in best],
+        "memory MB": [f"{r.memory_mb:.3g}" for r in best],
     }
     fig = go.Figure(go.Table(columnwidth=[1, 6, 2, 3, 2], header=dict(values=list(cols), align="left"),
                              cells=dict(values=list(cols.values()), align="left")))
@@ -155,7 +193,7 @@ def figures(study: optuna.Study) -> dict[str, go.Figure]:
     """The report's figures by element id, in page order."""
     if not completed(study):
         raise ReportError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
-    budgets = study.user_attrs.get("budgets", {})
+    budgets = study_budgets(study)
     return {"front2d": _front_2d(study, budgets), "front3d": _front_3d(study), "hypervolume": _hypervolume(study),
             "parallel": _parallel(study), "front-table": _table(study)}
 
@@ -164,13 +202,17 @@ def write_html(study: optuna.Study, out: str | Path) -> Path:
     """One self-contained HTML file (plotly.js inline, no CDN, no cloud buttons)."""
     out = Path(out)
     figs = figures(study)
-    search = study.user_attrs.get("search", {})
+    search = study_setup(study) or {}
+    truncated = len(_split(study)["truncated"])
+    truncated_note = (f"; {truncated} trial(s) stopped early by the time budget, shown but kept off the front"
+                      if truncated else "")
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=name, config=PLOT_CONFIG)
              for i, (name, fig) in enumerate(figs.items())]
     head = (f"<h1>{html.escape(study.study_name)}</h1><p>space <b>{html.escape(str(search.get('space', '?')))}</b>, "
             f"task <b>{html.escape(str(search.get('task', '?')))}</b>, latency at "
             f"{html.escape(str(search.get('latency_shape', '?')))} for {html.escape(str(search.get('profile', '?')))}; "
-            f"{len(completed(study))} completed trials, {len(front(study))} on the front.</p>")
+            f"{len(completed(study))} completed trials, {len(front(study))} on the front"
+            f"{truncated_note}.</p>")
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
             f"{html.escape(study.study_name)} — hybrid-nas report</title>"
             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}</style></head><body>"

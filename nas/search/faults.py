@@ -7,22 +7,26 @@ no number is given). Kinds:
 - ``nan``: a weight set to NaN before the second step, so the loss goes non-finite;
 - ``compile``: a Triton compilation error while the candidate's kernels are prepared for timing;
 - ``mismatch``: the candidate's kernel output disagrees with the torch reference;
-- ``timeout``: every training step sleeps 0.2 s, so the trial outlives ``--trial-timeout``.
+- ``timeout``: the trial's deadline is already past when training starts, so the trainer stops
+  it at its first check exactly as ``--trial-timeout`` would (no sleeping: the test does not
+  depend on how fast the machine is);
+- ``slow``: the training's wall-clock guard (``max_train_seconds``) is already spent after the
+  first step, as on a machine too busy to train the candidate in time: the trial is recorded
+  truncated with its steps and kept off the front.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
 from nas import settings
 
-__all__ = ["ENV", "KINDS", "FaultError", "planned", "step_hook", "check_scoring"]
+__all__ = ["ENV", "KINDS", "FaultError", "check_scoring", "planned", "step_hook", "training_budget"]
 
 ENV = "NAS_FAULT"
-KINDS = ("oom", "nan", "compile", "mismatch", "timeout")
+KINDS = ("oom", "nan", "compile", "mismatch", "timeout", "slow")
 
 
 class FaultError(ValueError):
@@ -55,12 +59,19 @@ def step_hook(kind: str | None, model: torch.nn.Module) -> Callable[[int], None]
             if step == 2:
                 with torch.no_grad():
                     next(model.parameters()).fill_(float("nan"))
-    elif kind == "timeout":
-        def hook(step: int) -> None:
-            time.sleep(0.2)
     else:
         return None
     return hook
+
+
+def training_budget(kind: str | None, max_seconds: float | None, deadline: float | None,
+                    now: float) -> tuple[float | None, float | None]:
+    """The (wall-clock guard, deadline) a trial trains under, with ``slow`` / ``timeout`` applied."""
+    if kind == "slow":
+        return 0.0, deadline
+    if kind == "timeout":
+        return max_seconds, now
+    return max_seconds, deadline
 
 
 def check_scoring(kind: str | None) -> None:

@@ -9,7 +9,6 @@ import dataclasses
 import gc
 import logging
 import os
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -21,8 +20,9 @@ from optuna.trial import TrialState
 from safetensors.torch import save_file
 
 from hardware_profiles import HardwareProfile
-from nas.search import faults, gpu_share
-from nas.latency import KernelError, Latency, LatencyShape, count_params, measure, memory, predict
+from kernels.device import is_cuda
+from nas.search import faults, gpu_share, record
+from nas.latency import KernelError, Latency, LatencyShape, MemoryEstimate, count_params, measure, memory, predict
 from nas.models import build
 from nas.spec import ArchSpec, arch_hash
 from nas.tasks import Task
@@ -56,6 +56,7 @@ class TrialContext:
     budgets: Budgets
     artifacts: FileSystemArtifactStore
     measure: bool = False  # time the TritonModel on this GPU instead of predicting
+    objectives: tuple[str, ...] = tuple(record.OBJECTIVES)  # the study's objective names, in value order
 
 
 def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
@@ -86,8 +87,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     """Run one trial; returns the state and values to ``tell``. A failure reason goes to the
     ``failure`` user attr; KeyboardInterrupt propagates (the caller records it)."""
     start = time.monotonic()
-    trial.set_user_attr("pid", os.getpid())
-    trial.set_user_attr("host", socket.gethostname())
+    record.write_start(trial)
     fault = faults.planned(trial.number)
     cand = ctx.space.sample(trial, ctx.task)
     rows = ctx.task.x_train.shape[0]
@@ -95,7 +95,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         cand = dataclasses.replace(cand, train=dataclasses.replace(cand.train, batch_size=rows))
     repeat = _repeat_of(trial)
     if repeat is not None:
-        trial.set_user_attr("duplicate_of", repeat)
+        record.write_duplicate(trial, repeat)
         logger.info("trial %d: same configuration as trial %d; not trained again", trial.number, repeat)
         return TrialState.PRUNED, None
     arch = cand.arch
@@ -104,37 +104,33 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     try:
         lat, waited = _score_latency(ctx, arch, fault)
     except KernelError as e:
-        trial.set_user_attr("failure", f"{type(e).__name__}: {e}")
+        record.write_failure(trial, f"{type(e).__name__}: {e}")
         return TrialState.FAIL, None
     mem = memory(arch, ctx.shape)
-    for key, value in {"arch": arch.to_dict(), "train": cand.train.to_dict(), "arch_summary": arch.summary(),
-                       "params": params, "latency": lat.to_dict(), "latency_source": lat.source,
-                       "latency_device": lat.device, "memory": mem.to_dict(),
-                       # seconds spent scoring latency (build, compile/autotune, capture, timing; ~0 when
-                       # predicted), and before it waiting for this GPU's other workers to pause
-                       "latency_seconds": round(time.perf_counter() - scoring_start - waited, 3),
-                       "latency_wait_seconds": round(waited, 3)}.items():
-        trial.set_user_attr(key, value)
+    record.write_scored(trial, arch, cand.train, params, lat, mem.to_dict(),
+                        latency_seconds=time.perf_counter() - scoring_start - waited, wait_seconds=waited)
     cons = _constraints(ctx.budgets, lat, mem.total_mb, params)
     for key, value in cons.items():
         trial.set_constraint(key, value)
     broken = [k for k, v in cons.items() if v > 0]
     if broken:
-        trial.set_user_attr("skipped_training", f"breaks the hard budget on {', '.join(broken)}")
+        record.write_skipped(trial, f"breaks the hard budget on {', '.join(broken)}")
         logger.info("trial %d: %s breaks the hard budget on %s; not trained", trial.number, arch.summary(),
                     ", ".join(broken))
-        return TrialState.COMPLETE, [0.0, lat.median_ms, mem.total_mb]
+        return TrialState.COMPLETE, _values(ctx, 0.0, lat, mem)
     logger.info("trial %d: training %s (%s params, %s lr=%.2g, %d steps of batch %d) on %s", trial.number,
                 arch.summary(), f"{params:,}", cand.train.optimizer, cand.train.lr, cand.train.steps,
                 cand.train.batch_size, ctx.device)
 
     model = build(arch, ctx.task, seed=cand.train.seed)
     timeout = ctx.budgets.trial_timeout
-    budget = Budget(max_seconds=ctx.space.max_train_seconds, deadline=None if timeout is None else start + timeout)
+    max_seconds, deadline = faults.training_budget(fault, ctx.space.max_train_seconds,
+                                                   None if timeout is None else start + timeout, time.monotonic())
+    budget = Budget(max_seconds=max_seconds, deadline=deadline)
     reason = None
     try:
         result = train(model, ctx.task, cand.train, device=ctx.device, budget=budget,
-                       share=gpu_share.current() if ctx.device.type == "cuda" else None,
+                       share=gpu_share.current() if is_cuda(ctx.device) else None,
                        step_hook=faults.step_hook(fault, model))
     except TrainingDiverged as e:
         reason = f"diverged: {e}"
@@ -143,20 +139,23 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     except TrialTimeout as e:
         reason = f"exceeded --trial-timeout of {timeout:g} s ({e})"
     if reason is not None:
-        trial.set_user_attr("failure", reason)
+        record.write_failure(trial, reason)
         del model
         _release_memory(ctx.device)
         return TrialState.FAIL, None
-    trial.set_user_attr("curve", [list(p) for p in result.curve])
-    trial.set_user_attr("train_seconds", round(result.seconds, 3))
-    trial.set_user_attr("steps_done", result.steps)
-    trial.set_user_attr("stopped", result.stopped)
-    trial.set_user_attr("test_loss", result.test_loss)
-    trial.set_user_attr("weights_artifact", _upload_weights(ctx, trial, model))
+    record.write_trained(trial, curve=result.curve, seconds=result.seconds, steps=result.steps,
+                         planned_steps=cand.train.steps, stopped=result.stopped, test_loss=result.test_loss,
+                         weights_artifact=_upload_weights(ctx, trial, model))
     logger.info("trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MB",
                 trial.number, result.accuracy, result.steps, result.seconds, result.stopped, lat.median_ms,
                 lat.source, mem.total_mb)
-    return TrialState.COMPLETE, [result.accuracy, lat.median_ms, mem.total_mb]
+    return TrialState.COMPLETE, _values(ctx, result.accuracy, lat, mem)
+
+
+def _values(ctx: TrialContext, accuracy: float, lat: Latency, mem: MemoryEstimate) -> list[float]:
+    """The objectives by name, in the study's order."""
+    return record.values_in_order(ctx.objectives, {"accuracy": accuracy, "latency_ms": lat.median_ms,
+                                                    "memory_mb": mem.total_mb})
 
 
 def _repeat_of(trial: optuna.Trial) -> int | None:
@@ -165,7 +164,7 @@ def _repeat_of(trial: optuna.Trial) -> int | None:
     user asked for with ``study.enqueue_trial``: training it again is what was asked)."""
     others = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
     this = next(t for t in others if t.number == trial.number)
-    if this.system_attrs.get("fixed_params"):
+    if record.was_enqueued(this):
         return None
     return next((t.number for t in others if t.number != trial.number and t.params == this.params), None)
 
@@ -173,7 +172,7 @@ def _repeat_of(trial: optuna.Trial) -> int | None:
 def _release_memory(device: torch.device) -> None:
     """Give a failed candidate's memory back so the next trial starts clean."""
     gc.collect()
-    if device.type == "cuda":
+    if is_cuda(device):
         torch.cuda.empty_cache()
 
 

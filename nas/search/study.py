@@ -35,20 +35,21 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from hardware_profiles import HardwareProfile, load_profile
-from nas.search import interrupt
+from kernels.device import DeviceError, gpu_name, is_cuda, resolve
+from nas.search import interrupt, record
+from nas.search.setup import SAMPLERS
 from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
 from nas.tasks import Task, load_task
 from nas.space import SearchSpace, load_space, parse_space
 
 __all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "make_sampler", "n_complete",
-           "n_infeasible", "open_study", "prepare", "recover_stale_trials", "run_search", "worker_config"]
+           "n_infeasible", "n_truncated", "open_study", "prepare", "recover_stale_trials", "run_search", "worker_config"]
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("accuracy", "latency_ms", "memory_mb")
-DIRECTIONS = ("maximize", "minimize", "minimize")
-SAMPLERS = ("tpe", "nsga2", "gp", "random")
+METRICS = tuple(record.OBJECTIVES)  # the objectives a study of nas search records, in value order
+DIRECTIONS = record.DIRECTIONS
 MAX_FAILURES_IN_A_ROW = 20  # a space where nothing trains should stop, not spin
 # candidates in a row that were not trained (they break a hard budget, or repeat a configuration
 # already tried): each costs a sample and a latency score, so a space with too few feasible (or
@@ -155,15 +156,10 @@ def _seeded_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
 
 
 def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise SearchError(f"--device {device!r} is not a torch device (use auto, cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SearchError(f"--device {device!r} asked for CUDA but no CUDA device is available")
-    return dev
+        return resolve(device)
+    except DeviceError as e:
+        raise SearchError(f"--{e}") from None
 
 
 def resolve_target(target: str) -> HardwareProfile:
@@ -178,15 +174,15 @@ def resolve_target(target: str) -> HardwareProfile:
 def resolve_measure(measure: bool | None, target: str, profile: HardwareProfile, device: torch.device) -> bool:
     """Whether trials measure latency on this GPU (see ``SearchConfig.measure``)."""
     if measure is None:
-        if device.type != "cuda":
+        if not is_cuda(device):
             return False
         if target == "auto":
             return True
         from hardware_profiles import detect_profile
 
-        local = detect_profile(torch.cuda.get_device_name(device))
+        local = detect_profile(gpu_name(device))
         return local is not None and local.name == profile.name
-    if measure and device.type != "cuda":
+    if measure and not is_cuda(device):
         raise SearchError("--measure times the candidates' kernels on a CUDA device; none is in use here "
                           "(drop --measure to predict latency from a hardware profile)")
     return measure
@@ -198,7 +194,7 @@ def _recorded_setup(name: str, storage: str) -> dict | None:
         existing = open_study(name, storage, create=False)
     except ValueError:
         return None
-    return existing.user_attrs.get("search")
+    return record.study_setup(existing)
 
 
 def study_name(config: SearchConfig, space: SearchSpace, task_spec: str) -> str:
@@ -252,33 +248,30 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
     hosts (covered by RDB heartbeats), are left alone.
     """
     host, recovered = socket.gethostname(), []
-    storage = study._storage  # noqa: SLF001 — Optuna exposes no public way to fail another trial
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid, t_host = t.user_attrs.get("pid"), t.user_attrs.get("host")
-        if t_host != host or pid is None or _pid_alive(int(pid)):
+        r = record.record(study, t)
+        if r.host != host or r.pid is None or _pid_alive(int(r.pid)):
             continue
-        storage.set_trial_user_attr(t._trial_id, "failure", f"worker died (pid {pid}); parameters re-queued")  # noqa: SLF001
-        if storage.set_trial_state_values(t._trial_id, TrialState.FAIL):  # noqa: SLF001
-            study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number})
+        if record.fail_stale(study, t, f"worker died (pid {r.pid}); parameters re-queued"):
             recovered.append(t.number)
     if recovered:
         logger.warning("re-queued trials of dead workers: %s", recovered)
     return recovered
 
 
-def _trained(trial: FrozenTrial) -> bool:
-    """A completed trial whose candidate was trained (not one recorded as breaking a budget)."""
-    return "skipped_training" not in trial.user_attrs
-
-
 def n_complete(study: optuna.Study) -> int:
     """Completed trials that trained their candidate: what ``--trials`` counts."""
-    return sum(_trained(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    return sum(r.trained for r in record.records(study, (TrialState.COMPLETE,)))
 
 
 def n_infeasible(study: optuna.Study) -> int:
     """Completed trials recorded without training (they break a hard budget); not counted by --trials."""
-    return sum(not _trained(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    return sum(not r.trained for r in record.records(study, (TrialState.COMPLETE,)))
+
+
+def n_truncated(study: optuna.Study) -> int:
+    """Trained trials whose training the wall-clock guard stopped early (kept off the front)."""
+    return sum(r.truncated for r in record.records(study, (TrialState.COMPLETE,)))
 
 
 def _n_running(study: optuna.Study) -> int:
@@ -325,7 +318,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     requested = config.measure
     if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency
         requested = bool(stored.get("measure", False))
-        if requested and device.type != "cuda":
+        if requested and not is_cuda(device):
             raise SearchError(f"study {name!r} measures latency on a GPU ({stored.get('profile')}); run this on a "
                               f"CUDA device (--device cuda), or start another study with --predict")
     measure = resolve_measure(requested, config.target, profile, device)
@@ -352,21 +345,21 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
                               f"({'pass --measure on a CUDA device' if was == 'measured' else 'pass --predict'} "
                               f"to match, or use another --study name)")
     else:
-        study.set_user_attr("search", setup)
+        record.write_study_setup(study, setup)
     budgets = Budgets(config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout)
     recorded = {"max_latency_ms": budgets.max_latency_ms, "max_params": budgets.max_params,
                 "max_memory_mb": budgets.max_memory_mb, "trial_timeout": budgets.trial_timeout,
                 "trials": config.trials}
-    before = study.user_attrs.get("budgets")
+    before = record.study_budgets(study) or None
     if before != recorded:
         if before is not None:  # a resume that changes them says so: they are the study's, not this run's
             changes = ", ".join(f"{key} {before.get(key)} -> {value}" for key, value in recorded.items()
                                 if before.get(key) != value)
             logger.warning("study %r: recorded budgets changed (%s); workers and the report use the new ones",
                            name, changes)
-        study.set_user_attr("budgets", recorded)  # the latest run's budgets: workers and the report read them
+        record.write_study_budgets(study, recorded)  # the latest run's budgets: workers and the report read them
     return TrialContext(space, task, profile, shape, device, budgets, open_artifact_store(config.storage),
-                        measure=measure), study
+                        measure=measure, objectives=record.objectives_of(study)), study
 
 
 def _note_batch_clipping(space: SearchSpace, task: Task) -> None:
@@ -382,7 +375,7 @@ def worker_config(study: str, storage: str, *, trials: int | None = None, device
                   worker: int | None = None, timeout: float | None = None) -> SearchConfig:
     """The SearchConfig a worker joining ``study`` runs with, read back from what the study recorded."""
     existing = open_study(study, storage, create=False)
-    setup, budgets = existing.user_attrs.get("search"), existing.user_attrs.get("budgets", {})
+    setup, budgets = record.study_setup(existing), record.study_budgets(existing)
     if setup is None or "space_yaml" not in setup:
         raise SearchError(f"study {study!r} in {storage} was not started by nas search; start it with nas search")
     return SearchConfig(space=setup["space"], space_yaml=setup["space_yaml"], task=setup["task"],
@@ -429,8 +422,8 @@ def _recover(study: optuna.Study) -> None:
 
 def _surplus(study: optuna.Study, trial: optuna.Trial, trials: int) -> bool:
     """True when earlier-numbered trials already fill the budget (another worker got there first)."""
-    ahead = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-             if t.number < trial.number and (t.state == TrialState.RUNNING or _trained(t))]
+    ahead = [r for r in record.records(study, (TrialState.COMPLETE, TrialState.RUNNING))
+             if r.number < trial.number and (r.state == TrialState.RUNNING or r.trained)]
     return len(ahead) >= trials
 
 
@@ -461,7 +454,7 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
             warnings.simplefilter("ignore", UserWarning)
             trial = study.ask()
         if _surplus(study, trial, config.trials):
-            trial.set_user_attr("surplus", "the budget was filled by other workers")
+            record.write_surplus(trial, "the budget was filled by other workers")
             study.tell(trial, state=TrialState.PRUNED)
             continue
         try:
@@ -470,31 +463,32 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
         except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
             if not interrupt.is_interrupt(exc):
                 raise
-            trial.set_user_attr("failure", "interrupted")
+            record.write_failure(trial, "interrupted")
             study.tell(trial, state=TrialState.FAIL)
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
         frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
         failures = failures + 1 if state == TrialState.FAIL else 0
-        if state == TrialState.COMPLETE and _trained(frozen):
+        done = record.record(study, frozen)
+        if done.trained:
             untrained = 0
         elif state != TrialState.FAIL:
             untrained += 1
         if on_trial is not None:
             on_trial(study, frozen)
         if failures >= MAX_FAILURES_IN_A_ROW:
-            raise SearchError(f"{failures} trials in a row failed (last: {frozen.user_attrs.get('failure')}); "
+            raise SearchError(f"{failures} trials in a row failed (last: {done.failure}); "
                               "check the space's lr ranges and the task")
         if untrained >= MAX_UNTRAINED_IN_A_ROW:
-            raise SearchError(_untrained_message(untrained, frozen, n_complete(study), config.trials))
+            raise SearchError(_untrained_message(untrained, done, n_complete(study), config.trials))
     return study
 
 
-def _untrained_message(count: int, last: FrozenTrial, trained: int, trials: int) -> str:
-    if "duplicate_of" in last.user_attrs:
+def _untrained_message(count: int, last: record.TrialRecord, trained: int, trials: int) -> str:
+    if last.duplicate_of is not None:
         return (f"{count} candidates in a row repeated configurations already tried; the space seems exhausted "
                 f"after {trained} of {trials} trained trials (widen the space or ask for fewer --trials)")
-    return (f"{count} candidates in a row broke a hard budget (last: {last.user_attrs.get('skipped_training')}); "
+    return (f"{count} candidates in a row broke a hard budget (last: {last.skipped_training}); "
             f"the space has too few feasible candidates ({trained} of {trials} trained so far): loosen the "
             f"budget or narrow the space")

@@ -312,8 +312,10 @@ def test_a_log_gets_one_line_per_trial_and_the_steps_trained(tmp_path, monkeypat
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("trial ")]
     assert [line.split(":")[0] for line in lines] == ["trial 0 (1/2 trained)", "trial 1 (2/2 trained)"]
-    assert all(line.endswith(", 1/5 steps") for line in lines)
-    assert " x1/5 " in out  # the front table's recipe column
+    assert all(line.endswith(", 1/5 steps — truncated (time budget: 1/5 steps), kept off the front")
+               for line in lines)
+    assert "Pareto front of log: 0 trials" in out  # a truncated trial never reaches the front
+    assert "2 trial(s) stopped early by the time budget" in out
 
 
 def test_verbose_logs_each_trial(tmp_path, caplog):

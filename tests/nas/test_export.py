@@ -15,6 +15,7 @@ import nas
 from nas.cli import main
 from nas.results.export import trial_model
 from nas.results.pareto import front, pick
+from nas.search.record import records
 from nas.search.storage import open_storage
 from tests.conftest import write_space
 
@@ -52,7 +53,7 @@ def test_export_load_bit_exact_and_onnx_matches(study, bundle):
     assert {"arch", "train", "task", "versions", "metrics", "latency"} <= set(record)
     assert "predicted" in (out / "card.md").read_text() and "nas.load" in (out / "card.md").read_text()
 
-    stored = trial_model(st.trials[record["trial"]], storage)
+    stored = trial_model(records(st)[record["trial"]], storage)
     loaded = nas.load(out)
     session = ort.InferenceSession(str(out / "model.onnx"))
     gen = torch.Generator().manual_seed(0)
@@ -67,35 +68,35 @@ def test_export_load_bit_exact_and_onnx_matches(study, bundle):
 
 def _knee_by_hand(trials):
     """The README's rule: closest to (best accuracy, lowest latency) after min-max scaling both."""
-    acc, lat = [t.values[0] for t in trials], [t.values[1] for t in trials]
+    acc, lat = [t.accuracy for t in trials], [t.latency_ms for t in trials]
 
     def s(v, lo, hi):
         return 0.0 if hi == lo else (v - lo) / (hi - lo)
 
-    return min(trials, key=lambda t: (math.hypot(1 - s(t.values[0], min(acc), max(acc)),
-                                                 s(t.values[1], min(lat), max(lat))), -t.values[0]))
+    return min(trials, key=lambda t: (math.hypot(1 - s(t.accuracy, min(acc), max(acc)),
+                                                 s(t.latency_ms, min(lat), max(lat))), -t.accuracy))
 
 
 def test_picks_choose_the_documented_trial(study):
     st, _, _ = study
     best = front(st)
     assert pick(st, "knee").number == _knee_by_hand(best).number
-    assert pick(st, "accuracy").number == max(best, key=lambda t: (t.values[0], -t.values[1])).number
-    assert pick(st, "latency").number == min(best, key=lambda t: (t.values[1], -t.values[0])).number
-    budget = sorted(t.values[1] for t in best)[len(best) // 2]
-    within = [t for t in best if t.values[1] <= budget]
+    assert pick(st, "accuracy").number == max(best, key=lambda t: (t.accuracy, -t.latency_ms)).number
+    assert pick(st, "latency").number == min(best, key=lambda t: (t.latency_ms, -t.accuracy)).number
+    budget = sorted(t.latency_ms for t in best)[len(best) // 2]
+    within = [t for t in best if t.latency_ms <= budget]
     assert pick(st, "knee", max_latency_ms=budget).number == _knee_by_hand(within).number
-    assert pick(st, "accuracy", max_latency_ms=budget).values[1] <= budget
+    assert pick(st, "accuracy", max_latency_ms=budget).latency_ms <= budget
 
 
 def test_cli_knee_with_budget_exports_that_trial(study):
     st, storage, tmp = study
     best = front(st)
-    budget = sorted(t.values[1] for t in best)[len(best) // 2]
+    budget = sorted(t.latency_ms for t in best)[len(best) // 2]
     out = tmp / "knee"
     assert main(["export", "--study", "e", "--storage", storage, "--pick", "knee", "--max-latency-ms", str(budget),
                  "--out", str(out)]) == 0
-    assert _exported_trial(out) == _knee_by_hand([t for t in best if t.values[1] <= budget]).number
+    assert _exported_trial(out) == _knee_by_hand([t for t in best if t.latency_ms <= budget]).number
 
 
 def test_retrain_steps_retrains(study, capsys):
@@ -109,7 +110,7 @@ def test_retrain_steps_retrains(study, capsys):
     assert record["trained"] == {"steps": 60, "stopped": "completed"}
     # the console states the accuracy the bundle holds, not the study's
     printed = capsys.readouterr().out
-    assert f"accuracy {record['metrics']['accuracy']:.3f} after 60 retraining steps (study: {chosen.values[0]:.3f})" \
+    assert f"accuracy {record['metrics']['accuracy']:.3f} after 60 retraining steps (study: {chosen.accuracy:.3f})" \
         in printed
     retrained = nas.load(out)
     original = trial_model(chosen, storage)

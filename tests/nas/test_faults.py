@@ -22,21 +22,46 @@ FAULTS = [
     ("nan", "diverged: loss became NaN/inf"),
     ("compile", "KernelCompileError: triton compilation failed"),
     ("mismatch", "KernelMismatchError: triton forward differs from the torch reference"),
-    ("timeout", "exceeded --trial-timeout of 0.5 s"),
+    ("timeout", "exceeded --trial-timeout of 600 s (stopped at step 1 of 8)"),
 ]
 
 
 @pytest.mark.parametrize("kind,reason", FAULTS, ids=[f[0] for f in FAULTS])
 def test_injected_fault_fails_one_trial_and_the_study_continues(tmp_path, monkeypatch, kind, reason):
     monkeypatch.setenv("NAS_FAULT", f"{kind}@1")
+    # the timeout fault makes trial 1's deadline already past when it trains: the other trials keep a
+    # generous --trial-timeout, so none of them can time out however busy the machine is
     config = SearchConfig(space=str(write_space(tmp_path, steps=8)), trials=3, storage=str(tmp_path / "s.journal"),
-                          study="f", device="cpu", trial_timeout=0.5 if kind == "timeout" else None)
+                          study="f", device="cpu", trial_timeout=600 if kind == "timeout" else None)
     study = run_search(config)
     trials = study.get_trials()
     assert trials[1].state == TrialState.FAIL
     assert reason in trials[1].user_attrs["failure"], trials[1].user_attrs["failure"]
     assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
     assert all(t.state == TrialState.COMPLETE for t in trials if t.number != 1)
+
+
+def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp_path, monkeypatch):
+    """The ``slow`` fault spends trial 1's wall-clock guard after its first step, as a busy machine
+    would: the trial completes, records 1 of 8 steps, carries the ``truncated`` constraint, counts
+    as trained (the budget is not re-spent on it) and is neither on the front nor in the
+    hypervolume's feasible set."""
+    from nas.results.pareto import front
+    from nas.search.record import TRUNCATED, records
+    from nas.search.study import n_complete, n_truncated
+
+    monkeypatch.setenv("NAS_FAULT", "slow@1")
+    config = SearchConfig(space=str(write_space(tmp_path, steps=8)), trials=3, storage=str(tmp_path / "s.journal"),
+                          study="slow", device="cpu")
+    study = run_search(config)
+    by_number = {r.number: r for r in records(study)}
+    slow = by_number[1]
+    assert slow.complete and slow.truncated and slow.steps_done == 1 and slow.planned_steps == 8
+    assert slow.truncation_text() == "time budget: 1/8 steps" and slow.steps_text() == "1/8"
+    assert not slow.feasible and study.trials[1].constraints[TRUNCATED] == 7 / 8
+    assert all(not by_number[n].truncated and by_number[n].feasible for n in (0, 2))
+    assert n_complete(study) == 3 and n_truncated(study) == 1
+    assert 1 not in {r.number for r in front(study)}
 
 
 def test_fault_spec_is_parsed(monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import os
 import shutil
 import subprocess
@@ -13,6 +15,7 @@ import pytest
 
 from nas.cli import main
 from nas.results.report import hover_text
+from nas.search.record import record
 from nas.search.storage import open_storage
 from tests.conftest import write_space
 
@@ -116,10 +119,10 @@ def test_report_renders_offline_with_front_points(study_with_report):
 
 def test_hover_names_architecture_latency_source(study_with_report):
     study, _, _ = study_with_report
-    t = study.best_trials[0]
+    t = record(study, study.best_trials[0])
     text = hover_text(t)
-    assert t.user_attrs["arch_summary"] in text and f"trial {t.number}" in text
-    assert "predicted on h200" in text and "M params" in text
+    assert t.arch_summary in text and f"trial {t.number}" in text
+    assert re.search(r"predicted \(h200, calibrated \d{4}-\d\d-\d\d, ±\d+ %\)", text) and "M params" in text
 
 
 def test_report_unknown_study_and_empty_study(study_with_report, capsys):

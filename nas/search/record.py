@@ -1,0 +1,380 @@
+"""A trial's record: the one place that reads and writes a trial's user attributes and values.
+
+Optuna stores a trial as values (one per objective, in the study's order) and string-keyed user
+attributes; everything else in the engine goes through ``TrialRecord`` (read, typed) and the
+``write_*`` functions here (written), so objectives are addressed by name and a new attribute is
+added in one module. Records carry ``record_version``; a trial written before versions existed
+reads as version 0 with the same fields (studies written by earlier releases still open).
+
+Trial states as the engine uses them:
+- COMPLETE, trained: ``values`` are the measured objectives; ``truncated`` when the wall-clock
+  guard stopped training early (recorded, shown with its steps, kept off the front through the
+  ``truncated`` constraint);
+- COMPLETE, ``skipped_training``: the candidate broke a hard budget (infeasible), accuracy 0;
+- PRUNED: ``duplicate_of`` (a configuration already tried) or ``surplus`` (other workers filled
+  the budget); FAIL: ``failure`` says why.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.latency import Latency
+from nas.spec import ArchSpec, TrainSpec
+
+__all__ = [
+    "DIRECTIONS",
+    "OBJECTIVES",
+    "RECORD_VERSION",
+    "TRUNCATED",
+    "TrialRecord",
+    "fail_stale",
+    "objectives_of",
+    "record",
+    "records",
+    "study_budgets",
+    "study_setup",
+    "values_in_order",
+    "was_enqueued",
+    "write_duplicate",
+    "write_failure",
+    "write_scored",
+    "write_skipped",
+    "write_start",
+    "write_study_budgets",
+    "write_study_setup",
+    "write_surplus",
+    "write_trained",
+]
+
+RECORD_VERSION = 1
+# objective name -> direction, in the order a study created by nas search stores its values
+OBJECTIVES: dict[str, str] = {"accuracy": "maximize", "latency_ms": "minimize", "memory_mb": "minimize"}
+DIRECTIONS = tuple(OBJECTIVES.values())
+TRUNCATED = "truncated"  # constraint name: fraction of planned steps not trained (> 0: off the front)
+
+
+def objectives_of(study: optuna.Study) -> tuple[str, ...]:
+    """The study's objective names in value order (studies of nas search set them as metric names)."""
+    return tuple(study.metric_names or OBJECTIVES)
+
+
+def values_in_order(objectives: Sequence[str], values: Mapping[str, float]) -> list[float]:
+    """The values to ``tell`` Optuna, in the study's objective order."""
+    missing = [name for name in objectives if name not in values]
+    if missing:
+        raise KeyError(f"no value for objective(s) {missing}")
+    return [float(values[name]) for name in objectives]
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial as the engine reads it (see the module docstring for the states)."""
+
+    number: int
+    state: TrialState
+    values: Mapping[str, float] = field(default_factory=dict)  # objective name -> value (COMPLETE only)
+    feasible: bool = True  # every constraint (hard budgets, truncation) satisfied
+    arch: ArchSpec | None = None
+    train: TrainSpec | None = None
+    arch_summary: str = "?"
+    params: int = 0
+    latency: Latency | None = None
+    memory: Mapping[str, Any] = field(default_factory=dict)
+    curve: tuple[tuple[int, float], ...] = ()
+    steps_done: int | None = None
+    stopped: str | None = None  # "completed" or why training stopped early ("time budget")
+    train_seconds: float | None = None
+    test_loss: float | None = None
+    weights_artifact: str | None = None
+    failure: str | None = None
+    skipped_training: str | None = None
+    duplicate_of: int | None = None
+    surplus: str | None = None
+    requeued_from: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    latency_seconds: float | None = None
+    latency_wait_seconds: float | None = None
+    version: int = RECORD_VERSION
+
+    # ---- derived views
+    @property
+    def accuracy(self) -> float:
+        return self.values["accuracy"]
+
+    @property
+    def latency_ms(self) -> float:
+        return self.values["latency_ms"]
+
+    @property
+    def memory_mb(self) -> float:
+        return self.values["memory_mb"]
+
+    @property
+    def complete(self) -> bool:
+        return self.state == TrialState.COMPLETE
+
+    @property
+    def trained(self) -> bool:
+        """A completed trial whose candidate was trained (not skipped for breaking a budget)."""
+        return self.complete and self.skipped_training is None
+
+    @property
+    def planned_steps(self) -> int | None:
+        return self.train.steps if self.train is not None else None
+
+    @property
+    def truncated(self) -> bool:
+        """Training stopped before its planned steps (the wall-clock guard fired)."""
+        return (
+            self.trained
+            and self.steps_done is not None
+            and self.planned_steps is not None
+            and self.steps_done < self.planned_steps
+        )
+
+    def steps_text(self) -> str:
+        """``150``, or ``127/150`` for a training stopped early."""
+        planned = "?" if self.planned_steps is None else str(self.planned_steps)
+        return f"{self.steps_done}/{planned}" if self.truncated else planned
+
+    def truncation_text(self) -> str | None:
+        """``time budget: 8/150 steps`` for a truncated trial, else None."""
+        return f"{self.stopped or 'stopped'}: {self.steps_done}/{self.planned_steps} steps" if self.truncated else None
+
+    def recipe(self) -> str:
+        """``lion lr=1e-02 x150`` (the steps actually trained when cut short)."""
+        if self.train is None:
+            return "?"
+        return f"{self.train.optimizer} lr={self.train.lr:.0e} x{self.steps_text()}"
+
+    def latency_label(self) -> str:
+        """How the latency was obtained, e.g. ``measured on NVIDIA H200`` or ``predicted (h200, …, ±9 %)``."""
+        if self.latency is None:
+            return "?"
+        if self.latency.source == "measured":
+            return f"measured on {self.latency.device}"
+        return self.latency.label()
+
+    # ---- storage form
+    @classmethod
+    def from_trial(cls, trial: FrozenTrial, objectives: Sequence[str] = tuple(OBJECTIVES)) -> TrialRecord:
+        values = dict(zip(objectives, trial.values, strict=True)) if trial.values is not None else {}
+        feasible = all(v <= 0 for v in trial.constraints.values())
+        return cls.from_dict(trial.number, trial.state, trial.user_attrs, values, feasible=feasible)
+
+    @classmethod
+    def from_dict(
+        cls,
+        number: int,
+        state: TrialState,
+        attrs: Mapping[str, Any],
+        values: Mapping[str, float] | None = None,
+        *,
+        feasible: bool = True,
+    ) -> TrialRecord:
+        """Inverse of ``to_dict``, with the trial's number, state, values and feasibility beside it."""
+        a = attrs
+        latency = a.get("latency")
+        return cls(
+            number=number,
+            state=state,
+            values=dict(values or {}),
+            feasible=feasible,
+            arch=ArchSpec.from_dict(a["arch"]) if "arch" in a else None,
+            train=TrainSpec.from_dict(a["train"]) if "train" in a else None,
+            arch_summary=a.get("arch_summary", "?"),
+            params=int(a.get("params", 0)),
+            latency=Latency.from_dict(latency) if latency else None,
+            memory=a.get("memory", {}),
+            curve=tuple((int(s), float(v)) for s, v in a.get("curve", ())),
+            steps_done=a.get("steps_done"),
+            stopped=a.get("stopped"),
+            train_seconds=a.get("train_seconds"),
+            test_loss=a.get("test_loss"),
+            weights_artifact=a.get("weights_artifact"),
+            failure=a.get("failure"),
+            skipped_training=a.get("skipped_training"),
+            duplicate_of=a.get("duplicate_of"),
+            surplus=a.get("surplus"),
+            requeued_from=a.get("requeued_from"),
+            pid=a.get("pid"),
+            host=a.get("host"),
+            latency_seconds=a.get("latency_seconds"),
+            latency_wait_seconds=a.get("latency_wait_seconds"),
+            version=int(a.get("record_version", 0)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The user attributes this record is stored as (absent fields left out)."""
+        d: dict[str, Any] = {
+            "record_version": self.version,
+            "arch": self.arch.to_dict() if self.arch is not None else None,
+            "train": self.train.to_dict() if self.train is not None else None,
+            "arch_summary": self.arch_summary if self.arch is not None else None,
+            "params": self.params if self.arch is not None else None,
+            "latency": self.latency.to_dict() if self.latency is not None else None,
+            "latency_source": self.latency.source if self.latency is not None else None,  # for optuna-dashboard
+            "latency_device": self.latency.device if self.latency is not None else None,
+            "memory": dict(self.memory) or None,
+            "curve": [list(p) for p in self.curve] or None,
+        }
+        for name in (
+            "steps_done",
+            "stopped",
+            "train_seconds",
+            "test_loss",
+            "weights_artifact",
+            "failure",
+            "skipped_training",
+            "duplicate_of",
+            "surplus",
+            "requeued_from",
+            "pid",
+            "host",
+            "latency_seconds",
+            "latency_wait_seconds",
+        ):
+            d[name] = getattr(self, name)
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def records(study: optuna.Study, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
+    """Every trial of ``study`` (or those in ``states``) as a record, in trial order."""
+    objectives = objectives_of(study)
+    return [TrialRecord.from_trial(t, objectives) for t in study.get_trials(deepcopy=False, states=states)]
+
+
+def record(study: optuna.Study, trial: FrozenTrial) -> TrialRecord:
+    """``trial`` of ``study`` as a record."""
+    return TrialRecord.from_trial(trial, objectives_of(study))
+
+
+# ---------------------------------------------------------------- writing (the search loop)
+
+
+def write_start(trial: optuna.Trial) -> None:
+    """Who runs the trial (stale-trial recovery reads it) and the record version."""
+    trial.set_user_attr("record_version", RECORD_VERSION)
+    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("host", socket.gethostname())
+
+
+def write_scored(
+    trial: optuna.Trial,
+    arch: ArchSpec,
+    train: TrainSpec,
+    params: int,
+    latency: Latency,
+    memory: Mapping[str, Any],
+    *,
+    latency_seconds: float,
+    wait_seconds: float,
+) -> None:
+    """The candidate and its known costs (before training). ``latency_seconds``: time spent scoring
+    latency (build, compile/autotune, capture, timing; ~0 when predicted); ``wait_seconds``: time
+    waited before it for this GPU's other workers to pause."""
+    record = TrialRecord(
+        trial.number,
+        TrialState.RUNNING,
+        arch=arch,
+        train=train,
+        arch_summary=arch.summary(),
+        params=params,
+        latency=latency,
+        memory=memory,
+        latency_seconds=round(latency_seconds, 3),
+        latency_wait_seconds=round(wait_seconds, 3),
+    )
+    for key, value in record.to_dict().items():
+        if key != "record_version":
+            trial.set_user_attr(key, value)
+
+
+def write_trained(
+    trial: optuna.Trial,
+    *,
+    curve: Sequence[tuple[int, float]],
+    seconds: float,
+    steps: int,
+    planned_steps: int,
+    stopped: str,
+    test_loss: float,
+    weights_artifact: str,
+) -> None:
+    """The training's outcome. A training the wall-clock guard stopped early is marked infeasible
+    by the ``truncated`` constraint (the fraction of planned steps it did not train), so it is
+    recorded but stays off the front and out of the hypervolume."""
+    for key, value in {
+        "curve": [list(p) for p in curve],
+        "train_seconds": round(seconds, 3),
+        "steps_done": steps,
+        "stopped": stopped,
+        "test_loss": test_loss,
+        "weights_artifact": weights_artifact,
+    }.items():
+        trial.set_user_attr(key, value)
+    trial.set_constraint(TRUNCATED, max(0, planned_steps - steps) / max(1, planned_steps))
+
+
+def write_failure(trial: optuna.Trial, reason: str) -> None:
+    trial.set_user_attr("failure", reason)
+
+
+def write_skipped(trial: optuna.Trial, reason: str) -> None:
+    """Recorded without training: the candidate breaks a hard budget."""
+    trial.set_user_attr("skipped_training", reason)
+
+
+def write_duplicate(trial: optuna.Trial, of: int) -> None:
+    trial.set_user_attr("duplicate_of", of)
+
+
+def write_surplus(trial: optuna.Trial, why: str) -> None:
+    trial.set_user_attr("surplus", why)
+
+
+def fail_stale(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
+    """Fail ``trial`` (RUNNING in a dead worker) with ``reason`` and enqueue its parameters again;
+    False when another process changed its state first."""
+    storage = study._storage  # noqa: SLF001 - Optuna exposes no public way to fail another process's trial
+    storage.set_trial_user_attr(trial._trial_id, "failure", reason)  # noqa: SLF001
+    if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):  # noqa: SLF001
+        return False
+    study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number})
+    return True
+
+
+def was_enqueued(trial: FrozenTrial) -> bool:
+    """Whether ``trial``'s parameters were enqueued (Optuna's ``fixed_params``): a re-queued trial,
+    or one a user asked for with ``study.enqueue_trial``."""
+    return bool(trial.system_attrs.get("fixed_params"))
+
+
+# ---------------------------------------------------------------- the study's own record
+
+
+def study_setup(study: optuna.Study) -> dict[str, Any] | None:
+    """The setup the study recorded (``nas search``'s run configuration, as strings), or None."""
+    return study.user_attrs.get("search")
+
+
+def study_budgets(study: optuna.Study) -> dict[str, Any]:
+    """The hard budgets (and trial count) the latest run recorded."""
+    return dict(study.user_attrs.get("budgets", {}))
+
+
+def write_study_setup(study: optuna.Study, setup: Mapping[str, Any]) -> None:
+    study.set_user_attr("search", dict(setup))
+
+
+def write_study_budgets(study: optuna.Study, budgets: Mapping[str, Any]) -> None:
+    study.set_user_attr("budgets", dict(budgets))

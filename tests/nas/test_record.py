@@ -1,0 +1,128 @@
+"""The trial record: one module reads and writes a trial's attributes; objectives by name; a
+study written before records existed still opens; truncated trials stay off the front."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from nas.latency import Latency, parse_shape
+from nas.results.pareto import front, pick
+from nas.search.record import OBJECTIVES, RECORD_VERSION, TRUNCATED, TrialRecord, records, values_in_order
+from nas.spec import ArchSpec, LayerSpec, TrainSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data" / "study_v0"
+
+
+def test_no_trial_attribute_or_objective_position_is_read_outside_the_record_module():
+    pattern = re.compile(r"\.user_attrs|set_user_attr\(|\.system_attrs|\.values\[|\bvalues\[[0-9]\]")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for folder in ("nas", "benchmarks")
+        for p in (ROOT / folder).rglob("*.py")
+        if p != ROOT / "nas" / "search" / "record.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line.split("#")[0])
+    ]
+    assert not offenders, offenders
+
+
+def _record(**changes) -> TrialRecord:
+    arch = ArchSpec(32, [LayerSpec("attention", 2), LayerSpec("linear_attention", 2, "elu+1")], 16, 16)
+    lat = Latency(
+        0.05, 0.0, "predicted", "h200", "bf16", parse_shape("1x256"), interval=0.12, basis="h200, calibrated 2026-12-01"
+    )
+    base = dict(
+        number=3,
+        state=TrialState.COMPLETE,
+        values={"accuracy": 0.9, "latency_ms": 0.05, "memory_mb": 1.5},
+        arch=arch,
+        train=TrainSpec("adamw", 3e-3, 0.0, 0.0, 150, 32),
+        arch_summary=arch.summary(),
+        params=1234,
+        latency=lat,
+        memory={"total_mb": 1.5},
+        curve=((8, 2.5), (16, 1.5)),
+        steps_done=150,
+        stopped="completed",
+        train_seconds=1.5,
+        test_loss=0.3,
+        weights_artifact="abc",
+        pid=7,
+        host="h",
+    )
+    return TrialRecord(**{**base, **changes})
+
+
+def test_round_trip_through_the_stored_form():
+    r = _record()
+    back = TrialRecord.from_dict(r.number, r.state, r.to_dict(), r.values)
+    assert back == r and back.version == RECORD_VERSION
+    assert back.latency_label() == "predicted (h200, calibrated 2026-12-01, ±12 %)"
+    assert (back.accuracy, back.latency_ms, back.memory_mb) == (0.9, 0.05, 1.5)
+    assert values_in_order(("memory_mb", "accuracy"), r.values) == [1.5, 0.9]
+    with pytest.raises(KeyError, match="latency_ms"):
+        values_in_order(tuple(OBJECTIVES), {"accuracy": 1.0, "memory_mb": 1.0})
+
+
+def test_truncation_is_derived_from_the_steps():
+    cut = _record(steps_done=8, stopped="time budget")
+    assert cut.truncated and cut.steps_text() == "8/150" and cut.truncation_text() == "time budget: 8/150 steps"
+    assert cut.recipe() == "adamw lr=3e-03 x8/150"
+    assert not _record().truncated and _record().steps_text() == "150"
+    skipped = _record(steps_done=None, skipped_training="breaks the hard budget on latency")
+    assert not skipped.trained and not skipped.truncated
+
+
+def _study_with(trials: list[tuple[list[float], dict[str, float], dict]]) -> optuna.Study:
+    study = optuna.create_study(directions=list(OBJECTIVES.values()))
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        study.set_metric_names(list(OBJECTIVES))
+    for values, constraints, attrs in trials:
+        trial = create_trial(
+            values=values, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)}, user_attrs=attrs
+        )
+        trial.system_attrs["constraints"] = list(constraints.values())
+        study.add_trial(trial)
+    return study
+
+
+def test_a_truncated_trial_never_reaches_the_front_even_when_it_dominates():
+    """Trial 0 beats trial 1 on every objective but its training was cut short: the front and the
+    picks hold trial 1 only; without the truncation trial 0 would be the whole front."""
+    train = TrainSpec("adamw", 3e-3, 0.0, 0.0, 150, 32).to_dict()
+    cut = {"train": train, "steps_done": 8, "stopped": "time budget"}
+    full = {"train": train, "steps_done": 150, "stopped": "completed"}
+    study = _study_with([([0.99, 0.01, 1.0], {TRUNCATED: 142 / 150}, cut), ([0.5, 0.02, 2.0], {TRUNCATED: 0.0}, full)])
+    assert [r.number for r in front(study)] == [1]
+    assert pick(study, "accuracy").number == 1 and pick(study, "latency").number == 1
+    control = _study_with([([0.99, 0.01, 1.0], {TRUNCATED: 0.0}, full), ([0.5, 0.02, 2.0], {TRUNCATED: 0.0}, full)])
+    assert [r.number for r in front(control)] == [0]
+
+
+def test_a_study_written_before_records_still_opens(tmp_path):
+    """tests/nas/data/study_v0 was written by nas search at 34e76e4 (no record_version): its trials
+    read as version-0 records, the front, picks, report figures and stored weights still work."""
+    from nas.results.export import trial_model
+    from nas.results.report import figures
+    from nas.search.storage import open_storage
+
+    shutil.copytree(DATA, tmp_path / "s")
+    storage = str(tmp_path / "s" / "v0.journal")
+    study = optuna.load_study(study_name="written-by-0.1", storage=open_storage(storage))
+    done = records(study, (TrialState.COMPLETE,))
+    assert len(done) == 3 and all(r.version == 0 and r.trained and r.arch is not None for r in done)
+    assert all(r.latency is not None and r.latency.source == "predicted" for r in done)
+    best = front(study)
+    assert best and {r.number for r in best} <= {r.number for r in done}
+    chosen = pick(study, "knee")
+    assert set(figures(study)) == {"front2d", "front3d", "hypervolume", "parallel", "front-table"}
+    model = trial_model(chosen, storage)
+    assert model.arch == chosen.arch

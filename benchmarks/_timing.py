@@ -33,8 +33,7 @@ def copies_for_l2(bytes_per_input: int) -> int:
     return max(1, -(-2 * l2 // max(1, bytes_per_input)))
 
 
-def time_graph(fns: Sequence[Callable[[], object]], *, reps: int = 50, warmup: int = 5,
-               per_replay: int = 10) -> Timing:
+def time_graph(fns: Sequence[Callable[[], object]], *, reps: int = 50, warmup: int = 5, per_replay: int = 10) -> Timing:
     """Median/IQR microseconds of one call, each fn being the same op on a different input copy.
 
     The calls are captured ``per_replay`` times into one CUDA graph (so launch overhead is the
@@ -75,9 +74,11 @@ def environment() -> dict:
 
     return {
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 

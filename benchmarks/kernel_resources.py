@@ -35,27 +35,46 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _compile(fn, types: dict[str, str], const: dict, arch: int, num_warps: int, num_stages: int) -> dict:
-    src = ASTSource(fn, {**types, **dict.fromkeys(const, "constexpr")},
-                    {(fn.arg_names.index(k),): v for k, v in const.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    src = ASTSource(
+        fn, {**types, **dict.fromkeys(const, "constexpr")}, {(fn.arg_names.index(k),): v for k, v in const.items()}
+    )
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(compiled.asm["ptx"])
-        out = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
-                             capture_output=True, text=True, check=True).stderr
+        out = subprocess.run(
+            [get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
-    return {"registers": int(regs.group(1)) if regs else None, "spill_store_bytes": int(spills.group(1)) if spills else 0,
-            "shared_bytes": compiled.metadata.shared, "threads": 32 * num_warps}
+    return {
+        "registers": int(regs.group(1)) if regs else None,
+        "spill_store_bytes": int(spills.group(1)) if spills else 0,
+        "shared_bytes": compiled.metadata.shared,
+        "threads": 32 * num_warps,
+    }
 
 
 def linear_rows(arch: int) -> list[dict]:
     rows = []
     for c in linear_configs.SWEEP:
         for residual in (False, True):
-            const = dict(ACTIVATION="gelu", HAS_BIAS=True, HAS_RESIDUAL=residual, PRECISION="tf32", UPCAST=False,
-                         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
+            const = dict(
+                ACTIVATION="gelu",
+                HAS_BIAS=True,
+                HAS_RESIDUAL=residual,
+                PRECISION="tf32",
+                UPCAST=False,
+                BLOCK_M=c.block_m,
+                BLOCK_N=c.block_n,
+                BLOCK_K=c.block_k,
+                GROUP_M=c.group_m,
+            )
             names = ["M", "N", "K", "stride_xm", "stride_wn", "stride_rm", "stride_ym", "M_BUCKET"]
             if c.tma:
                 fn = linear_kernels._linear_tma_kernel
@@ -63,8 +82,18 @@ def linear_rows(arch: int) -> list[dict]:
             else:
                 fn = linear_kernels._linear_kernel
                 const.update(EVEN_K=True)
-                names = ["M", "N", "K", "stride_xm", "stride_xk", "stride_wn", "stride_wk", "stride_rm", "stride_ym",
-                         "M_BUCKET"]
+                names = [
+                    "M",
+                    "N",
+                    "K",
+                    "stride_xm",
+                    "stride_xk",
+                    "stride_wn",
+                    "stride_wk",
+                    "stride_rm",
+                    "stride_ym",
+                    "M_BUCKET",
+                ]
             types = {**dict.fromkeys(("x", "w", "b", "r", "y"), "*bf16"), **dict.fromkeys(names, "i32")}
             row = {"kernel": "linear", "config": repr(c), "residual": residual}
             try:
@@ -77,15 +106,39 @@ def linear_rows(arch: int) -> list[dict]:
 
 def linear_attention_rows(arch: int) -> list[dict]:
     rows = []
-    names = ["stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kt", "stride_vb", "stride_vh",
-             "stride_vt", "H", "T", "BH", "SPLIT"]
-    types = {**dict.fromkeys(("Q", "K", "V", "O"), "*bf16"), "S_OUT": "*fp32", "Z_OUT": "*fp32",
-             **dict.fromkeys(names, "i32"), "q_scale": "fp32"}
+    names = [
+        "stride_qb",
+        "stride_qh",
+        "stride_qt",
+        "stride_kb",
+        "stride_kh",
+        "stride_kt",
+        "stride_vb",
+        "stride_vh",
+        "stride_vt",
+        "H",
+        "T",
+        "BH",
+        "SPLIT",
+    ]
+    types = {
+        **dict.fromkeys(("Q", "K", "V", "O"), "*bf16"),
+        "S_OUT": "*fp32",
+        "Z_OUT": "*fp32",
+        **dict.fromkeys(names, "i32"),
+        "q_scale": "fp32",
+    }
     for head_dim, tilings in la_configs.HOPPER.items():
         for c in tilings:
             for feature in la_kernels.FEATURE_MAPS:
-                const = dict(HEAD_DIM=head_dim, BLOCK_V=min(c.block_v, head_dim), CHUNK=c.chunk, FEATURE=feature,
-                             NORMALIZE=feature != "identity", STORE_STATE=False)
+                const = dict(
+                    HEAD_DIM=head_dim,
+                    BLOCK_V=min(c.block_v, head_dim),
+                    CHUNK=c.chunk,
+                    FEATURE=feature,
+                    NORMALIZE=feature != "identity",
+                    STORE_STATE=False,
+                )
                 row = {"kernel": "linear_attention", "config": repr(c), "head_dim": head_dim, "feature_map": feature}
                 try:
                     row.update(_compile(la_kernels._chunked_fwd_kernel, types, const, arch, c.num_warps, c.num_stages))
@@ -100,18 +153,38 @@ def main(out_dir: str | Path = RESULTS, arch: int = 90) -> Path:
         raise SystemExit("benchmarks/kernel_resources.py compiles kernels: run it without TRITON_INTERPRET=1")
     rows = linear_rows(arch) + linear_attention_rows(arch)
     for r in rows:
-        what = r["config"] + (f" residual={r['residual']}" if "residual" in r else f" D={r['head_dim']} {r['feature_map']}")
-        print(f"{r['kernel']:<17}{what:<110}" + (r["error"] if "error" in r else
-              f"{r['registers']:>4} regs {r['spill_store_bytes']:>5} B spilled {r['shared_bytes'] // 1024:>4} KB smem"))
+        what = r["config"] + (
+            f" residual={r['residual']}" if "residual" in r else f" D={r['head_dim']} {r['feature_map']}"
+        )
+        print(
+            f"{r['kernel']:<17}{what:<110}"
+            + (
+                r["error"]
+                if "error" in r
+                else f"{r['registers']:>4} regs {r['spill_store_bytes']:>5} B spilled "
+                f"{r['shared_bytes'] // 1024:>4} KB smem"
+            )
+        )
     import json
     import platform
 
     path = Path(out_dir) / f"kernel_resources_sm{arch}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"what": "offline compile report (no GPU): ptxas -v of each launch config",
-                                "arch": f"sm_{arch}a", "triton": triton.__version__,
-                                "ptxas": get_ptxas(arch).version if hasattr(get_ptxas(arch), "version") else None,
-                                "python": platform.python_version(), "results": rows}, indent=2, default=str) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "what": "offline compile report (no GPU): ptxas -v of each launch config",
+                "arch": f"sm_{arch}a",
+                "triton": triton.__version__,
+                "ptxas": get_ptxas(arch).version if hasattr(get_ptxas(arch), "version") else None,
+                "python": platform.python_version(),
+                "results": rows,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     return path
 
 

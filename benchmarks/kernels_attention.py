@@ -51,7 +51,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DTYPE = torch.bfloat16
 ATTN_LENGTHS, ATTN_HEAD_DIMS, ATTN_TOKENS, ATTN_WIDTH = (1024, 2048, 4096), (64, 128), 16384, 2048
 # (B, H, D, L): the fla-style sweep over lengths, then the model benchmark's linear-attention mixers.
-LIN_CASES = tuple((8, 16, 64, L) for L in (256, 512, 1024, 4096)) + ((1, 4, 32, 256), (8, 8, 32, 512), (32, 8, 64, 1024))
+LIN_CASES = tuple((8, 16, 64, L) for L in (256, 512, 1024, 4096)) + (
+    (1, 4, 32, 256),
+    (8, 8, 32, 512),
+    (32, 8, 64, 1024),
+)
 ATTN_TARGET = 0.9  # ours ≥ 0.9× SDPA throughput at L ≥ 1024
 LIN_TARGET_SHORT, LIN_TARGET_LONG = 3.0, 1.0  # ≥ 3× fla at L ≤ 1024, not slower at 4096
 TOLERANCE = 2e-2  # bf16 outputs of two implementations: relative Frobenius distance
@@ -133,17 +137,38 @@ def _kernels_run(fn: Callable[[], object]) -> list[str]:
     return sorted({e.key for e in prof.key_averages() if any(k in e.key.lower() for k in keys)})
 
 
-def _row(op: str, case: str, impl: str, fns: Sequence[Callable[[], object]], flop: float | None = None,
-         peer: Row | None = None, target: float | None = None, rel_err: float | None = None,
-         config: object = "") -> Row:
+def _row(
+    op: str,
+    case: str,
+    impl: str,
+    fns: Sequence[Callable[[], object]],
+    flop: float | None = None,
+    peer: Row | None = None,
+    target: float | None = None,
+    rel_err: float | None = None,
+    config: object = "",
+) -> Row:
     timing, how = _time(fns)
     speedup = peer.timing.median_us / timing.median_us if peer else None
-    row = Row(op, case, impl, timing, how, flop / timing.median_us / 1e6 if flop else None,
-              peer.impl if peer else None, speedup, target,
-              None if target is None else bool(speedup >= target and rel_err is not None and rel_err <= TOLERANCE),
-              rel_err, str(config or ""))
-    print(f"{case} {impl}: {timing.median_us:.1f} µs (IQR {timing.iqr_us:.1f})"
-          + (f", {speedup:.2f}x {peer.impl}" if peer else ""), flush=True)  # a run cut short still shows its rows
+    row = Row(
+        op,
+        case,
+        impl,
+        timing,
+        how,
+        flop / timing.median_us / 1e6 if flop else None,
+        peer.impl if peer else None,
+        speedup,
+        target,
+        None if target is None else bool(speedup >= target and rel_err is not None and rel_err <= TOLERANCE),
+        rel_err,
+        str(config or ""),
+    )
+    print(
+        f"{case} {impl}: {timing.median_us:.1f} µs (IQR {timing.iqr_us:.1f})"
+        + (f", {speedup:.2f}x {peer.impl}" if peer else ""),
+        flush=True,
+    )  # a run cut short still shows its rows
     return row
 
 
@@ -164,27 +189,53 @@ def attention_rows(warm: bool) -> tuple[list[Row], dict]:
             sdpa = [partial(_sdpa_flash, *v) for v in views]
             sdpa_rope = [partial(_sdpa_rope, *v, *tables) for v in views]
             if not backends:
-                backends = {"forced_flash": _kernels_run(sdpa[0]),
-                            "default": _kernels_run(partial(F.scaled_dot_product_attention, *views[0], is_causal=True))}
+                backends = {
+                    "forced_flash": _kernels_run(sdpa[0]),
+                    "default": _kernels_run(partial(F.scaled_dot_product_attention, *views[0], is_causal=True)),
+                }
             case = f"causal D={D} L={L} B={B} H={H}"
             flop = fa.flops(B, H, L, D, causal=True)
             expected = sdpa[0]().transpose(1, 2)  # [B, L, H, D]
             err = _rel_err(ours[0](), expected)
             peer = _row("attention", case, "torch-sdpa-flash", sdpa, flop)
-            rows += [peer, _row("attention", case, "triton", ours, flop, peer, ATTN_TARGET, err,
-                                fa.last_tuned_config(copies[0].device, D))]
+            rows += [
+                peer,
+                _row(
+                    "attention",
+                    case,
+                    "triton",
+                    ours,
+                    flop,
+                    peer,
+                    ATTN_TARGET,
+                    err,
+                    fa.last_tuned_config(copies[0].device, D),
+                ),
+            ]
             err = _rel_err(ours_rope[0](), sdpa_rope[0]().transpose(1, 2))
             peer = _row("attention", case + " rope", "torch-rope+sdpa-flash", sdpa_rope, flop)
-            rows += [peer, _row("attention", case + " rope", "triton-rope-fused", ours_rope, flop, peer, None, err,
-                                fa.last_tuned_config(copies[0].device, D))]
+            rows += [
+                peer,
+                _row(
+                    "attention",
+                    case + " rope",
+                    "triton-rope-fused",
+                    ours_rope,
+                    flop,
+                    peer,
+                    None,
+                    err,
+                    fa.last_tuned_config(copies[0].device, D),
+                ),
+            ]
             del copies, views
     return rows, backends
 
 
 def _fla() -> tuple[Callable | None, str]:
     try:
-        from fla.ops.linear_attn import chunk_linear_attn
         import fla
+        from fla.ops.linear_attn import chunk_linear_attn
     except Exception as err:  # noqa: BLE001 - any import failure means: time the torch fallback
         return None, f"not importable: {type(err).__name__}: {err}"
     return chunk_linear_attn, f"fla-core {fla.__version__}"
@@ -199,8 +250,9 @@ def _torch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_ma
     return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
-def _fla_call(chunk_linear_attn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              feature_map: str) -> torch.Tensor:
+def _fla_call(
+    chunk_linear_attn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str
+) -> torch.Tensor:
     """fla on contiguous ``[B, L, H, D]``; elu+1 applied in torch first (fla takes mapped q, k)."""
     if feature_map == "identity":
         return chunk_linear_attn(q, k, v, scale=q.shape[-1] ** -0.5, normalize=False)[0]
@@ -214,8 +266,12 @@ def _sweep(copies: list[torch.Tensor], H: int, feature_map: str) -> dict[str, fl
     D = copies[0].shape[-1] // (3 * H)
     out: dict[str, float] = {}
     chunks = -(-copies[0].shape[1] // 64)
-    seen = dict.fromkeys(la.ChunkConfig(c.chunk, min(c.block_v, D), c.num_warps, c.num_stages, split=s)
-                         for c in la.chunk_configs(copies[0].device, D) for s in (1, 2, 4, 8, 16) if s <= chunks)
+    seen = dict.fromkeys(
+        la.ChunkConfig(c.chunk, min(c.block_v, D), c.num_warps, c.num_stages, split=s)
+        for c in la.chunk_configs(copies[0].device, D)
+        for s in (1, 2, 4, 8, 16)
+        if s <= chunks
+    )
     expected = la.linear_attention_qkv(copies[0], H, feature_map=feature_map).float()  # the autotuned launch
     for cfg in seen:
         name = f"{cfg.chunk}x{cfg.block_v} w{cfg.num_warps} s{cfg.num_stages} split{cfg.split}"
@@ -224,8 +280,9 @@ def _sweep(copies: list[torch.Tensor], H: int, feature_map: str) -> dict[str, fl
             if not err <= TOLERANCE:
                 out[name] = f"wrong result: relative error {err:.2e} against the autotuned launch"
                 continue
-            out[name] = time_graph([partial(la.linear_attention_qkv, c, H, feature_map=feature_map, config=cfg)
-                                    for c in copies], reps=20).median_us
+            out[name] = time_graph(
+                [partial(la.linear_attention_qkv, c, H, feature_map=feature_map, config=cfg) for c in copies], reps=20
+            ).median_us
         except Exception as err:  # noqa: BLE001 - one failing config is a finding, not the end of the sweep
             out[name] = f"{type(err).__name__}: {err}"[:200]
     return out
@@ -243,8 +300,13 @@ def linear_attention_rows(warm: bool, sweep: bool = False) -> tuple[list[Row], s
             ours = [partial(la.linear_attention_qkv, c, H, feature_map=feature_map) for c in copies]
             peers = [("torch-chunked", [partial(_torch_chunked, *v, feature_map) for v in views])]
             if chunk_linear_attn is not None:
-                peers.insert(0, ("fla-chunk_linear_attn", [partial(_fla_call, chunk_linear_attn, *n, feature_map)
-                                                           for n in natives]))
+                peers.insert(
+                    0,
+                    (
+                        "fla-chunk_linear_attn",
+                        [partial(_fla_call, chunk_linear_attn, *n, feature_map) for n in natives],
+                    ),
+                )
             if warm:
                 ours[0]()
                 for _, fns in peers:
@@ -261,8 +323,19 @@ def linear_attention_rows(warm: bool, sweep: bool = False) -> tuple[list[Row], s
                     fla_note += f"; {name} failed at L={L}: {type(err).__name__}: {err}"[:300]
             rows += [r for r, _ in peer_rows]
             peer, expected = peer_rows[0]  # fla when it ran, else the torch chunked form
-            rows.append(_row("linear_attention", case, "triton", ours, None, peer, target, _rel_err(mine, expected),
-                             la.last_tuned_config(copies[0].device, D)))
+            rows.append(
+                _row(
+                    "linear_attention",
+                    case,
+                    "triton",
+                    ours,
+                    None,
+                    peer,
+                    target,
+                    _rel_err(mine, expected),
+                    la.last_tuned_config(copies[0].device, D),
+                )
+            )
             if sweep:
                 sweeps.append({"case": case, "median_us": _sweep(copies, H, feature_map)})
         del copies, views, natives
@@ -270,23 +343,28 @@ def linear_attention_rows(warm: bool, sweep: bool = False) -> tuple[list[Row], s
 
 
 def _print(rows: list[Row]) -> None:
-    head = f"{'op':<17}{'case':<40}{'impl':<24}{'median µs':>11}{'IQR µs':>9}{'TFLOP/s':>9}{'speedup':>9}" \
-           f"{'target':>8}{'met':>5}{'err':>9}"
+    head = (
+        f"{'op':<17}{'case':<40}{'impl':<24}{'median µs':>11}{'IQR µs':>9}{'TFLOP/s':>9}{'speedup':>9}"
+        f"{'target':>8}{'met':>5}{'err':>9}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         met = "" if r.met is None else ("yes" if r.met else "NO")
-        print(f"{r.op:<17}{r.case:<40}{r.impl:<24}{r.timing.median_us:>11.1f}{r.timing.iqr_us:>9.1f}"
-              f"{_fmt(r.tflops, '.0f'):>9}{_fmt(r.speedup, '.2f'):>9}{_fmt(r.target, '.1f'):>8}{met:>5}"
-              f"{_fmt(r.rel_err_vs_peer, '.1e'):>9}")
+        print(
+            f"{r.op:<17}{r.case:<40}{r.impl:<24}{r.timing.median_us:>11.1f}{r.timing.iqr_us:>9.1f}"
+            f"{_fmt(r.tflops, '.0f'):>9}{_fmt(r.speedup, '.2f'):>9}{_fmt(r.target, '.1f'):>8}{met:>5}"
+            f"{_fmt(r.rel_err_vs_peer, '.1e'):>9}"
+        )
 
 
 def _fmt(x: float | None, spec: str) -> str:
     return "" if x is None else format(x, spec)
 
 
-def main(out_dir: str | Path = RESULTS, *, warm: bool = False, only: str | None = None,
-         sweep: bool = False) -> Path | None:
+def main(
+    out_dir: str | Path = RESULTS, *, warm: bool = False, only: str | None = None, sweep: bool = False
+) -> Path | None:
     """Run every case (of ``only`` the one op when given); print the table and write
     ``out_dir/kernels_attention.json`` (None with ``warm``)."""
     if not torch.cuda.is_available():
@@ -311,14 +389,24 @@ def main(out_dir: str | Path = RESULTS, *, warm: bool = False, only: str | None 
     rows = attn + lin
     _print(rows)
     targets = [r for r in rows if r.target is not None]
-    print(f"targets met: {sum(bool(r.met) for r in targets)}/{len(targets)}; SDPA kernels: {backends}; peer: {fla_note}")
+    print(
+        f"targets met: {sum(bool(r.met) for r in targets)}/{len(targets)}; SDPA kernels: {backends}; peer: {fla_note}"
+    )
     return write_results(
-        Path(out_dir) / "kernels_attention.json", rows, dtype=str(DTYPE), sdpa_kernels=backends, fla=fla_note,
-        errors=errors, only=only, linear_sweep=sweeps,
-        targets={"attention": f"triton >= {ATTN_TARGET}x torch-sdpa-flash throughput, L >= 1024",
-                 "linear_attention": f"triton >= {LIN_TARGET_SHORT}x the peer at L <= 1024, "
-                                     f">= {LIN_TARGET_LONG}x at L = 4096 (both maps; identity is fla's op "
-                                     "exactly, elu+1 is torch φ then fla normalize=True)"},
+        Path(out_dir) / "kernels_attention.json",
+        rows,
+        dtype=str(DTYPE),
+        sdpa_kernels=backends,
+        fla=fla_note,
+        errors=errors,
+        only=only,
+        linear_sweep=sweeps,
+        targets={
+            "attention": f"triton >= {ATTN_TARGET}x torch-sdpa-flash throughput, L >= 1024",
+            "linear_attention": f"triton >= {LIN_TARGET_SHORT}x the peer at L <= 1024, "
+            f">= {LIN_TARGET_LONG}x at L = 4096 (both maps; identity is fla's op "
+            "exactly, elu+1 is torch φ then fla normalize=True)",
+        },
         targets_met=f"{sum(bool(r.met) for r in targets)}/{len(targets)}",
         summary=_summary(targets),
     )
@@ -330,8 +418,10 @@ def _summary(targets: list[Row]) -> dict:
     for r in targets:
         key = r.op if r.op == "attention" else f"{r.op} {r.case.split()[1]}"
         groups.setdefault(key, []).append(r)
-    return {k: {"cases": len(v), "met": sum(bool(r.met) for r in v), "worst_speedup": min(r.speedup for r in v)}
-            for k, v in groups.items()}
+    return {
+        k: {"cases": len(v), "met": sum(bool(r.met) for r in v), "worst_speedup": min(r.speedup for r in v)}
+        for k, v in groups.items()
+    }
 
 
 if __name__ == "__main__":

@@ -71,19 +71,20 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def _time_pair(ours: Callable[[dict], object], peer: Callable[[dict], object],
-               inputs: list[dict[str, torch.Tensor]]) -> tuple[Timing, Timing]:
+def _time_pair(
+    ours: Callable[[dict], object], peer: Callable[[dict], object], inputs: list[dict[str, torch.Tensor]]
+) -> tuple[Timing, Timing]:
     """Both implementations over the same rotated input copies, ours first, in this run."""
-    return (time_graph([lambda c=c: ours(c) for c in inputs]),
-            time_graph([lambda c=c: peer(c) for c in inputs]))
+    return (time_graph([lambda c=c: ours(c) for c in inputs]), time_graph([lambda c=c: peer(c) for c in inputs]))
 
 
 def _copies(make: Callable[[], dict[str, torch.Tensor]], bytes_per_copy: int) -> list[dict[str, torch.Tensor]]:
     return [make() for _ in range(copies_for_l2(bytes_per_copy))]
 
 
-def _row(op: str, shape: str, timings: tuple[Timing, Timing], errs: tuple[float, float], work: str,
-         config: str = "") -> Row:
+def _row(
+    op: str, shape: str, timings: tuple[Timing, Timing], errs: tuple[float, float], work: str, config: str = ""
+) -> Row:
     ours, peer = timings
     ratio = ours.median_us / peer.median_us
     return Row(op, shape, ours, peer, ratio, TARGETS[op], ratio <= TARGETS[op], *errs, work, config)
@@ -93,9 +94,11 @@ def _linear_inputs(tokens: int, d: int) -> list[dict[str, torch.Tensor]]:
     n = MLP_RATIO * d
 
     def make() -> dict[str, torch.Tensor]:
-        return {"x": torch.randn(tokens, d, device=DEVICE, dtype=DTYPE),
-                "w": (torch.randn(n, d, device=DEVICE) / d**0.5).to(DTYPE),
-                "b": torch.randn(n, device=DEVICE, dtype=DTYPE)}
+        return {
+            "x": torch.randn(tokens, d, device=DEVICE, dtype=DTYPE),
+            "w": (torch.randn(n, d, device=DEVICE) / d**0.5).to(DTYPE),
+            "b": torch.randn(n, device=DEVICE, dtype=DTYPE),
+        }
 
     return _copies(make, (tokens * d + n * d + n + tokens * n) * 2)
 
@@ -116,11 +119,20 @@ def _bench_linear(tokens: int, d: int) -> Row:
     ours = linear(c["x"], c["w"], c["b"], activation="gelu")  # autotunes this shape, outside capture
     config = last_tuned_config()
     errs = (_rel_err(ours, expected), _rel_err(F.gelu(F.linear(c["x"], c["w"], c["b"])), expected))
-    timings = _time_pair(lambda c: linear(c["x"], c["w"], c["b"], activation="gelu"),
-                         lambda c: F.gelu(F.linear(c["x"], c["w"], c["b"])), inputs)
+    timings = _time_pair(
+        lambda c: linear(c["x"], c["w"], c["b"], activation="gelu"),
+        lambda c: F.gelu(F.linear(c["x"], c["w"], c["b"])),
+        inputs,
+    )
     tflops = [2 * tokens * n * d / (t.median_us * 1e-6) / 1e12 for t in timings]
-    return _row("linear_gelu", f"[{tokens}, {d}] x [{n}, {d}]^T", timings, errs,
-                f"{tflops[0]:.0f} | {tflops[1]:.0f} TFLOP/s", _cfg_name(config))
+    return _row(
+        "linear_gelu",
+        f"[{tokens}, {d}] x [{n}, {d}]^T",
+        timings,
+        errs,
+        f"{tflops[0]:.0f} | {tflops[1]:.0f} TFLOP/s",
+        _cfg_name(config),
+    )
 
 
 def _sweep_linear(tokens: int, d: int) -> dict:
@@ -137,8 +149,11 @@ def _sweep_linear(tokens: int, d: int) -> dict:
             if err > MAX_REL_ERR:
                 raise SystemExit(f"sweep {_cfg_name(config)} at [{tokens}, {d}]: relative error {err:.2e}")
             us[_cfg_name(config)] = time_graph(
-                [lambda c=c, config=config: linear(c["x"], c["w"], c["b"], activation="gelu", config=config)
-                 for c in inputs]).median_us
+                [
+                    lambda c=c, config=config: linear(c["x"], c["w"], c["b"], activation="gelu", config=config)
+                    for c in inputs
+                ]
+            ).median_us
         except RuntimeError as e:  # triton's OutOfResources and compile errors derive from RuntimeError
             print(f"sweep {_cfg_name(config)} at [{tokens}, {d}]: {type(e).__name__}: {str(e)[:120]}")
             us[_cfg_name(config)] = None
@@ -161,8 +176,11 @@ def _bench_norm(op: str, tokens: int, d: int) -> Row:
 
     def make() -> dict[str, torch.Tensor]:
         rows = {name: torch.randn(tokens, d, device=DEVICE, dtype=DTYPE) for name in ("x", "r")}
-        return {**rows, "w": 1 + 0.1 * torch.randn(d, device=DEVICE, dtype=DTYPE),
-                "b": 0.1 * torch.randn(d, device=DEVICE, dtype=DTYPE)}
+        return {
+            **rows,
+            "w": 1 + 0.1 * torch.randn(d, device=DEVICE, dtype=DTYPE),
+            "b": 0.1 * torch.randn(d, device=DEVICE, dtype=DTYPE),
+        }
 
     def ours(c: dict) -> tuple[torch.Tensor, torch.Tensor]:
         if rms:
@@ -175,8 +193,11 @@ def _bench_norm(op: str, tokens: int, d: int) -> Row:
 
     inputs = _copies(make, 4 * tokens * d * 2)  # x, r read; y, h written
     c = inputs[0]
-    expected = (norm_ref.rms_norm(c["x"], c["w"], residual=c["r"]) if rms
-                else norm_ref.layer_norm(c["x"], c["w"], c["b"], residual=c["r"]))[0]
+    expected = (
+        norm_ref.rms_norm(c["x"], c["w"], residual=c["r"])
+        if rms
+        else norm_ref.layer_norm(c["x"], c["w"], c["b"], residual=c["r"])
+    )[0]
     errs = (_rel_err(ours(c)[0], expected), _rel_err(peer(c)[0], expected))
     timings = _time_pair(ours, peer, inputs)
     moved = 4 * tokens * d * 2  # the fewest bytes: x, r in; y, h out (the peer moves 5·M·N)
@@ -189,8 +210,12 @@ def _bench_conv(tokens: int, d: int) -> Row:
 
     def make() -> dict[str, torch.Tensor]:
         w = (torch.randn(C, CONV_K, device=DEVICE) / CONV_K**0.5).to(DTYPE)
-        return {"x": torch.randn(B, T, C, device=DEVICE, dtype=DTYPE), "w": w, "w3": w[:, None, :].contiguous(),
-                "b": torch.randn(C, device=DEVICE, dtype=DTYPE)}
+        return {
+            "x": torch.randn(B, T, C, device=DEVICE, dtype=DTYPE),
+            "w": w,
+            "w3": w[:, None, :].contiguous(),
+            "b": torch.randn(C, device=DEVICE, dtype=DTYPE),
+        }
 
     def peer(c: dict) -> torch.Tensor:  # nas.models.mixers._HeadsMixer's conv path
         return F.conv1d(c["x"].transpose(1, 2), c["w3"], c["b"], padding=CONV_K - 1, groups=C)[..., :T].transpose(1, 2)
@@ -205,12 +230,16 @@ def _bench_conv(tokens: int, d: int) -> Row:
 
 
 def _print_table(rows: list[Row]) -> None:
-    print(f"{'op':<12} {'shape':<28} {'ours us':>9} {'iqr':>6} {'peer us':>9} {'iqr':>6} {'ratio':>6} "
-          f"{'target':>6} {'met':>4}  {'ours | peer':<24} config")
+    print(
+        f"{'op':<12} {'shape':<28} {'ours us':>9} {'iqr':>6} {'peer us':>9} {'iqr':>6} {'ratio':>6} "
+        f"{'target':>6} {'met':>4}  {'ours | peer':<24} config"
+    )
     for r in rows:
-        print(f"{r.op:<12} {r.shape:<28} {r.ours.median_us:9.1f} {r.ours.iqr_us:6.1f} {r.peer.median_us:9.1f} "
-              f"{r.peer.iqr_us:6.1f} {r.ratio:6.2f} {r.target:6.2f} {'yes' if r.met else 'no':>4}  {r.work:<24} "
-              f"{r.config}")
+        print(
+            f"{r.op:<12} {r.shape:<28} {r.ours.median_us:9.1f} {r.ours.iqr_us:6.1f} {r.peer.median_us:9.1f} "
+            f"{r.peer.iqr_us:6.1f} {r.ratio:6.2f} {r.target:6.2f} {'yes' if r.met else 'no':>4}  {r.work:<24} "
+            f"{r.config}"
+        )
 
 
 def main(out_dir: str | Path = RESULTS_DIR, *, quick: bool = False, sweep: bool = False) -> Path:
@@ -225,28 +254,47 @@ def main(out_dir: str | Path = RESULTS_DIR, *, quick: bool = False, sweep: bool 
     if sweeps:
         _print_sweep(sweeps)
     rows: list[Row] = []
-    for bench in (_bench_linear, lambda t, d: _bench_norm("layer_norm", t, d),
-                  lambda t, d: _bench_norm("rms_norm", t, d), _bench_conv):
+    for bench in (
+        _bench_linear,
+        lambda t, d: _bench_norm("layer_norm", t, d),
+        lambda t, d: _bench_norm("rms_norm", t, d),
+        _bench_conv,
+    ):
         for tokens in tokens_list:
             for d in widths:
                 row = bench(tokens, d)
                 if max(row.ours_rel_err, row.peer_rel_err) > MAX_REL_ERR:
-                    raise SystemExit(f"{row.op} {row.shape}: relative error ours {row.ours_rel_err:.2e}, "
-                                     f"peer {row.peer_rel_err:.2e} > {MAX_REL_ERR}: not timing a wrong result")
+                    raise SystemExit(
+                        f"{row.op} {row.shape}: relative error ours {row.ours_rel_err:.2e}, "
+                        f"peer {row.peer_rel_err:.2e} > {MAX_REL_ERR}: not timing a wrong result"
+                    )
                 rows.append(row)
                 torch.cuda.empty_cache()
     _print_table(rows)
-    summary = {op: {"target": TARGETS[op], "cases": sum(r.op == op for r in rows),
-                    "met": sum(r.met for r in rows if r.op == op),
-                    "worst_ratio": max(r.ratio for r in rows if r.op == op)}
-               for op in TARGETS}
+    summary = {
+        op: {
+            "target": TARGETS[op],
+            "cases": sum(r.op == op for r in rows),
+            "met": sum(r.met for r in rows if r.op == op),
+            "worst_ratio": max(r.ratio for r in rows if r.op == op),
+        }
+        for op in TARGETS
+    }
     for op, s in summary.items():
-        print(f"{op}: target ratio <= {s['target']} met in {s['met']}/{s['cases']} cases "
-              f"(worst {s['worst_ratio']:.2f})")
+        print(
+            f"{op}: target ratio <= {s['target']} met in {s['met']}/{s['cases']} cases (worst {s['worst_ratio']:.2f})"
+        )
     env = environment()
     print(f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}")
-    return write_results(Path(out_dir) / RESULT_FILE, [asdict(r) for r in rows], dtype=str(DTYPE),
-                         mlp_ratio=MLP_RATIO, conv_k=CONV_K, summary=summary, linear_sweep=sweeps)
+    return write_results(
+        Path(out_dir) / RESULT_FILE,
+        [asdict(r) for r in rows],
+        dtype=str(DTYPE),
+        mlp_ratio=MLP_RATIO,
+        conv_k=CONV_K,
+        summary=summary,
+        linear_sweep=sweeps,
+    )
 
 
 if __name__ == "__main__":

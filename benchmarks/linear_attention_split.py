@@ -31,7 +31,7 @@ from kernels.linear_attention import triton as la  # noqa: E402
 
 
 def _gpu_slug() -> str:
-    """"NVIDIA H200" → "h200": the results file's suffix."""
+    """ "NVIDIA H200" → "h200": the results file's suffix."""
     return torch.cuda.get_device_name(0).split()[-1].lower().replace("-", "_")
 
 
@@ -60,8 +60,9 @@ def main(out_dir: str | Path = RESULTS) -> Path:
                         continue
                     cfg = la.ChunkConfig(64, bv, 4, 2, split=split)
                     err = _rel_err(la.linear_attention_qkv(copies[0], H, feature_map=fm, config=cfg), expected)
-                    t = time_graph([partial(la.linear_attention_qkv, c, H, feature_map=fm, config=cfg)
-                                    for c in copies], reps=20)
+                    t = time_graph(
+                        [partial(la.linear_attention_qkv, c, H, feature_map=fm, config=cfg) for c in copies], reps=20
+                    )
                     row[f"bv{bv} s{split}"] = [round(t.median_us, 2), round(t.iqr_us, 2)]
                     if err > 2e-2:
                         row[f"bv{bv} s{split} ERR"] = err

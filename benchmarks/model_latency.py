@@ -44,8 +44,9 @@ VOCAB = 8192
 
 
 def arch_for(d: int, mixers: list[str]) -> ArchSpec:
-    layers = [LayerSpec(m, 0 if m == M else d // 64, "elu+1" if m == L else None, 0 if m == M else 4, 4.0)
-              for m in mixers]
+    layers = [
+        LayerSpec(m, 0 if m == M else d // 64, "elu+1" if m == L else None, 0 if m == M else 4, 4.0) for m in mixers
+    ]
     return ArchSpec(d, layers, VOCAB, VOCAB)
 
 
@@ -71,17 +72,24 @@ def bench_case(name: str, compile_: bool) -> dict:
     model = build(arch_for(d, mixers), seed=0).cuda().eval()
     torch_bf16 = copy.deepcopy(model).to(torch.bfloat16)  # the peers run the same weights in bf16
     act = memory(model.arch, shape).peak_activation_bytes
-    inputs = [torch.randint(0, VOCAB, (shape.batch, shape.seq_len), device="cuda") for _ in range(min(8, copies_for_l2(act)))]
+    inputs = [
+        torch.randint(0, VOCAB, (shape.batch, shape.seq_len), device="cuda") for _ in range(min(8, copies_for_l2(act)))
+    ]
     tm = to_triton(model)
-    row = {"case": name, "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
-           "input_copies": len(inputs)}
+    row = {
+        "case": name,
+        "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+        "input_copies": len(inputs),
+    }
     with torch.no_grad():
         ref = torch_bf16(inputs[0]).float()
         row["triton_vs_torch_rel_err"] = ((tm(inputs[0]).float() - ref).norm() / ref.norm()).item()
         ours = time_graph([lambda x=x: tm.forward(x) for x in inputs])
         row["ours_graph_us"] = ours
-        for key, fn in (("torch_graph_us", lambda: time_graph([lambda x=x: torch_bf16(x) for x in inputs]).median_us),
-                        ("torch_eager_us", lambda: _eager_us(torch_bf16, inputs))):
+        for key, fn in (
+            ("torch_graph_us", lambda: time_graph([lambda x=x: torch_bf16(x) for x in inputs]).median_us),
+            ("torch_eager_us", lambda: _eager_us(torch_bf16, inputs)),
+        ):
             try:  # a peer that breaks is recorded, not fatal: the other numbers still count
                 row[key] = fn()
             except Exception as e:  # noqa: BLE001
@@ -95,16 +103,22 @@ def bench_case(name: str, compile_: bool) -> dict:
                 row["torch_compile_us"] = _eager_us(compiled, inputs)
             except Exception as e:  # noqa: BLE001
                 row["torch_compile_us"], row["torch_compile_error"] = None, f"{type(e).__name__}: {str(e)[:300]}"
-    for key, peer in (("ours_vs_torch_graph", "torch_graph_us"), ("ours_vs_eager", "torch_eager_us"),
-                      ("ours_vs_compile", "torch_compile_us")):
+    for key, peer in (
+        ("ours_vs_torch_graph", "torch_graph_us"),
+        ("ours_vs_eager", "torch_eager_us"),
+        ("ours_vs_compile", "torch_compile_us"),
+    ):
         row[key] = ours.median_us / row[peer] if row.get(peer) else None
     small = name != "B32x1024 d512 L8"
+
     def met(ratio: float | None, limit: float, applies: bool = True) -> bool | None:
         return None if ratio is None or not applies else ratio <= limit
 
-    row["targets_met"] = {"vs_graph<=0.75": met(row["ours_vs_torch_graph"], 0.75, small),
-                          "vs_eager<=0.2": met(row["ours_vs_eager"], 0.2, small),
-                          "vs_compile<=1": met(row["ours_vs_compile"], 1.0)}
+    row["targets_met"] = {
+        "vs_graph<=0.75": met(row["ours_vs_torch_graph"], 0.75, small),
+        "vs_eager<=0.2": met(row["ours_vs_eager"], 0.2, small),
+        "vs_compile<=1": met(row["ours_vs_compile"], 1.0),
+    }
     return row
 
 
@@ -114,10 +128,19 @@ def _measure_once(cache_dir: str) -> None:
     torch.empty(1, device="cuda")  # CUDA context first: a search process has one already
     torch.cuda.synchronize()
     start = time.perf_counter()
-    lat = measure(build(arch_for(d, mixers), seed=0), parse_shape("1x256"),
-                  cache=LatencyCache(Path(cache_dir) / "latency.json"))
-    print(json.dumps({"median_ms": lat.median_ms, "iqr_ms": lat.iqr_ms, "notes": dict(lat.notes),
-                      "seconds": time.perf_counter() - start}))
+    lat = measure(
+        build(arch_for(d, mixers), seed=0), parse_shape("1x256"), cache=LatencyCache(Path(cache_dir) / "latency.json")
+    )
+    print(
+        json.dumps(
+            {
+                "median_ms": lat.median_ms,
+                "iqr_ms": lat.iqr_ms,
+                "notes": dict(lat.notes),
+                "seconds": time.perf_counter() - start,
+            }
+        )
+    )
 
 
 def stability(processes: int) -> dict:
@@ -130,8 +153,12 @@ def stability(processes: int) -> dict:
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     medians = [r["median_ms"] for r in runs]
     cv = statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
-    return {"processes": runs, "cv": cv, "cv_target_met": cv <= 0.02,
-            "scoring_seconds_warm_cache": [r["seconds"] for r in runs[1:]]}
+    return {
+        "processes": runs,
+        "cv": cv,
+        "cv_target_met": cv <= 0.02,
+        "scoring_seconds_warm_cache": [r["seconds"] for r in runs[1:]],
+    }
 
 
 def main() -> None:
@@ -154,10 +181,13 @@ def main() -> None:
         row = bench_case(name, args.compile)
         rows.append(row)
         write_results(path, rows, complete=False)  # so far: torch.compile can take minutes per case
-        print(f"{name:18s} ours {row['ours_graph_us'].median_us:9.1f} µs  torch graph {row['torch_graph_us']}"
-              f"  eager {row['torch_eager_us']}  compile {row.get('torch_compile_us')}  ratios graph "
-              f"{row['ours_vs_torch_graph']} eager {row['ours_vs_eager']} compile {row['ours_vs_compile']}  "
-              f"err {row['triton_vs_torch_rel_err']:.1e}", flush=True)
+        print(
+            f"{name:18s} ours {row['ours_graph_us'].median_us:9.1f} µs  torch graph {row['torch_graph_us']}"
+            f"  eager {row['torch_eager_us']}  compile {row.get('torch_compile_us')}  ratios graph "
+            f"{row['ours_vs_torch_graph']} eager {row['ours_vs_eager']} compile {row['ours_vs_compile']}  "
+            f"err {row['triton_vs_torch_rel_err']:.1e}",
+            flush=True,
+        )
     extra = {"stability": stability(args.cv)} if args.cv else {}
     if extra:
         print(f"stability over {args.cv} processes: {extra['stability']}")

@@ -89,21 +89,42 @@ def _run(mixer: str, setting: Setting, lr: float, seed: int) -> dict:
     try:
         r = train(model, task, spec, device="cpu")
     except TrainingDiverged as err:
-        return dict(lr=lr, accuracy=0.0, test_loss=None, steps=err.step,
-                    seconds=round(time.perf_counter() - start, 2), stopped=f"diverged: {err}")
-    return dict(lr=lr, accuracy=r.accuracy, test_loss=r.test_loss, steps=r.steps, seconds=round(r.seconds, 2),
-                stopped=r.stopped, final_train_loss=r.curve[-1][1] if r.curve else None)
+        return dict(
+            lr=lr,
+            accuracy=0.0,
+            test_loss=None,
+            steps=err.step,
+            seconds=round(time.perf_counter() - start, 2),
+            stopped=f"diverged: {err}",
+        )
+    return dict(
+        lr=lr,
+        accuracy=r.accuracy,
+        test_loss=r.test_loss,
+        steps=r.steps,
+        seconds=round(r.seconds, 2),
+        stopped=r.stopped,
+        final_train_loss=r.curve[-1][1] if r.curve else None,
+    )
 
 
 def _table(results: list[dict], lrs: tuple[float, ...]) -> Table:
-    table = Table(title=f"MQAR, {DEPTH} layers, d={D_MODEL}, heads={HEADS}, short_conv={SHORT_CONV}, AdamW, batch {BATCH}")
+    table = Table(
+        title=f"MQAR, {DEPTH} layers, d={D_MODEL}, heads={HEADS}, short_conv={SHORT_CONV}, AdamW, batch {BATCH}"
+    )
     for col in ("setting", "task", "model", "steps", *(f"acc @ lr {lr:g}" for lr in lrs), "best acc", "seconds"):
         table.add_column(col, justify="left" if col in ("setting", "task", "model") else "right")
     for row in results:
         by_lr = {run["lr"]: run for run in row["runs"]}
-        table.add_row(row["setting"], row["task"].removeprefix("mqar:"), row["model"], str(row["steps"]),
-                      *(f"{by_lr[lr]['accuracy']:.3f}" for lr in lrs), f"{row['best_accuracy']:.3f}",
-                      f"{sum(run['seconds'] for run in row['runs']):.1f}")
+        table.add_row(
+            row["setting"],
+            row["task"].removeprefix("mqar:"),
+            row["model"],
+            str(row["steps"]),
+            *(f"{by_lr[lr]['accuracy']:.3f}" for lr in lrs),
+            f"{row['best_accuracy']:.3f}",
+            f"{sum(run['seconds'] for run in row['runs']):.1f}",
+        )
     return table
 
 
@@ -112,9 +133,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/mqar_ordering.json"))
     parser.add_argument("--quick", action="store_true", help=f"one learning rate ({QUICK_LRS[0]:g}) instead of {LRS}")
     parser.add_argument("--seed", type=int, default=0, help="task, init and batch-order seed")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads; 1 because these tiny ops lose more to contention on a "
-                             "shared box than they gain (2 threads ran ~5x slower here under load)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads; 1 because these tiny ops lose more to contention on a "
+        "shared box than they gain (2 threads ran ~5x slower here under load)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -127,11 +152,22 @@ def main() -> None:
             runs = []
             for lr in lrs:
                 runs.append(_run(mixer, setting, lr, args.seed))
-                console.log(f"{setting.name:6s} {mixer:16s} lr={lr:g}: acc={runs[-1]['accuracy']:.3f} "
-                            f"in {runs[-1]['seconds']:.1f}s")
+                console.log(
+                    f"{setting.name:6s} {mixer:16s} lr={lr:g}: acc={runs[-1]['accuracy']:.3f} "
+                    f"in {runs[-1]['seconds']:.1f}s"
+                )
             best = max(runs, key=lambda run: run["accuracy"])
-            results.append(dict(setting=setting.name, task=setting.task, model=mixer, steps=setting.steps,
-                                best_lr=best["lr"], best_accuracy=best["accuracy"], runs=runs))
+            results.append(
+                dict(
+                    setting=setting.name,
+                    task=setting.task,
+                    model=mixer,
+                    steps=setting.steps,
+                    best_lr=best["lr"],
+                    best_accuracy=best["accuracy"],
+                    runs=runs,
+                )
+            )
     total = time.perf_counter() - wall
 
     def best(setting: str, mixer: str) -> float:
@@ -142,7 +178,8 @@ def main() -> None:
         f"attention_small_ge_{SMALL_TARGET}": best(small, "attention") >= SMALL_TARGET,
         "linear_below_attention_hardest": best(hardest, "linear_attention") < best(hardest, "attention"),
         "linear_below_attention_per_setting": {
-            s.name: best(s.name, "linear_attention") < best(s.name, "attention") for s in SETTINGS},
+            s.name: best(s.name, "linear_attention") < best(s.name, "attention") for s in SETTINGS
+        },
     }
     console.print(_table(results, lrs))
     for claim, holds in claims.items():
@@ -151,15 +188,25 @@ def main() -> None:
 
     record = dict(
         benchmark="mqar_ordering",
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         torch=torch.__version__,
         python=platform.python_version(),
-        cpu=dict(processor=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
-                 torch_threads=torch.get_num_threads()),
-        model=dict(depth=DEPTH, d_model=D_MODEL, heads=HEADS, short_conv=SHORT_CONV,
-                   linear_feature_map=FEATURE_MAP, mixers=list(MODELS)),
-        train=dict(optimizer="adamw", batch_size=BATCH, lrs=list(lrs), seed=args.seed,
-                   selection="best test accuracy over lrs"),
+        cpu=dict(
+            processor=platform.processor() or platform.machine(),
+            cpu_count=os.cpu_count(),
+            torch_threads=torch.get_num_threads(),
+        ),
+        model=dict(
+            depth=DEPTH,
+            d_model=D_MODEL,
+            heads=HEADS,
+            short_conv=SHORT_CONV,
+            linear_feature_map=FEATURE_MAP,
+            mixers=list(MODELS),
+        ),
+        train=dict(
+            optimizer="adamw", batch_size=BATCH, lrs=list(lrs), seed=args.seed, selection="best test accuracy over lrs"
+        ),
         settings=[dict(name=s.name, task=s.task, steps=s.steps) for s in SETTINGS],
         results=results,
         claims=claims,

@@ -55,8 +55,11 @@ def main() -> None:
     params = [torch.nn.Parameter(torch.randn(128, 128, device="cuda")) for _ in range(40)]
     for p in params:
         p.grad = torch.randn_like(p)
-    for name, opt in (("ours", AdamW(params, grad_options=GradOptions(max_norm=1.0))),
-                      ("torch_fused", torch.optim.AdamW(params, fused=True))):
+    for name, opt in (
+        ("ours", AdamW(params, grad_options=GradOptions(max_norm=1.0))),
+        ("torch_fused", torch.optim.AdamW(params, fused=True)),
+    ):
+
         def step(name=name, opt=opt) -> None:
             if name == "torch_fused":
                 torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -156,8 +156,11 @@ class Problem:
     states: list[list[torch.Tensor]]
 
     def clone(self) -> Problem:
-        return Problem([p.clone() for p in self.params], [g.clone() for g in self.grads],
-                       [[s.clone() for s in column] for column in self.states])
+        return Problem(
+            [p.clone() for p in self.params],
+            [g.clone() for g in self.grads],
+            [[s.clone() for s in column] for column in self.states],
+        )
 
 
 def _problem(sizes: list[int], dtype: torch.dtype, n_state: int) -> Problem:
@@ -202,8 +205,11 @@ def _peers(case: str, prob: Problem) -> dict[str, Callable[[], None]]:
             "torch-foreach": _torch_step(torch.optim.AdamW, ps, gs, foreach=True, **_TORCH_ADAM),
         }
     if case.startswith("radam"):
-        return {"torch-foreach": _torch_step(torch.optim.RAdam, ps, gs, foreach=True, decoupled_weight_decay=True,
-                                             **_TORCH_ADAM)}
+        return {
+            "torch-foreach": _torch_step(
+                torch.optim.RAdam, ps, gs, foreach=True, decoupled_weight_decay=True, **_TORCH_ADAM
+            )
+        }
     if case.startswith("lion"):
         return {"torch-foreach": lambda: _lion_foreach(ps, gs, ss[0], **_LION)}
     sgd = dict(lr=_SGD["lr"], momentum=_SGD["momentum"])
@@ -238,8 +244,9 @@ _CASES = {  # case: (param dtype, state tensors, bytes per element)
 }
 
 
-def _row(case: str, impl: str, bytes_per_elem: int, n: int, timing: Measured, copy_tbps: float,
-         err: float | None = None) -> Row:
+def _row(
+    case: str, impl: str, bytes_per_elem: int, n: int, timing: Measured, copy_tbps: float, err: float | None = None
+) -> Row:
     tbps = bytes_per_elem * n / (timing.device.median_us * 1e-6) / 1e12
     return Row(case, impl, bytes_per_elem, timing, tbps, tbps / copy_tbps, err)
 
@@ -249,12 +256,12 @@ def _sweep_entry(case: str, config: StepConfig, timing: Measured, nbytes: int, c
     return {"case": case, "config": asdict(config), "timing": asdict(timing), "copy_fraction": tbps / copy_tbps}
 
 
-def _whole_step_rows(prob: Problem, n: int, copy_tbps: float, reps: int, rounds: int,
-                     profile: Path | None) -> list[Row]:
+def _whole_step_rows(
+    prob: Problem, n: int, copy_tbps: float, reps: int, rounds: int, profile: Path | None
+) -> list[Row]:
     """The training-default step (grad_clip 1.0): nas.optim.AdamW vs clip_grad_norm_ + fused AdamW.
     Both read g once more for the norm: 32 B per element."""
-    opt = AdamW([torch.nn.Parameter(p) for p in prob.params], grad_options=GradOptions(max_norm=_CLIP),
-                **_TORCH_ADAM)
+    opt = AdamW([torch.nn.Parameter(p) for p in prob.params], grad_options=GradOptions(max_norm=_CLIP), **_TORCH_ADAM)
     for leaf, g in zip(opt.param_groups[0]["params"], prob.grads, strict=True):
         leaf.grad = g
     leaves = [torch.nn.Parameter(p) for p in prob.params]
@@ -269,9 +276,10 @@ def _whole_step_rows(prob: Problem, n: int, copy_tbps: float, reps: int, rounds:
     # clip_grad_norm_ scales the grads in place: give it its own copies so ours sees the originals.
     for leaf in leaves:
         leaf.grad = leaf.grad.clone()
-    rows = [_row("adamw-fp32+clip", "ours: nas.optim.AdamW.step", 32, n, _time(opt.step, reps, rounds), copy_tbps),
-            _row("adamw-fp32+clip", "torch-fused + clip_grad_norm_", 32, n, _time(torch_step, reps, rounds),
-                 copy_tbps)]
+    rows = [
+        _row("adamw-fp32+clip", "ours: nas.optim.AdamW.step", 32, n, _time(opt.step, reps, rounds), copy_tbps),
+        _row("adamw-fp32+clip", "torch-fused + clip_grad_norm_", 32, n, _time(torch_step, reps, rounds), copy_tbps),
+    ]
     if profile is not None:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [opt.step() for _ in range(50)])
@@ -287,13 +295,15 @@ def _kernel_facts() -> list[dict]:
     facts = []
     for kernel in fused._step_kernel.device_caches[torch.cuda.current_device()][0].values():
         ptx = kernel.asm.get("ptx", "")
-        facts.append({
-            "name": kernel.name,
-            "n_regs": getattr(kernel, "n_regs", None),
-            "n_spills": getattr(kernel, "n_spills", None),
-            "ld_global_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
-            "ld_global_all": len(re.findall(r"ld\.global", ptx)),
-        })
+        facts.append(
+            {
+                "name": kernel.name,
+                "n_regs": getattr(kernel, "n_regs", None),
+                "n_spills": getattr(kernel, "n_spills", None),
+                "ld_global_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+                "ld_global_all": len(re.findall(r"ld\.global", ptx)),
+            }
+        )
     return facts
 
 
@@ -331,19 +341,28 @@ def main() -> None:
         del prob
         torch.cuda.empty_cache()
     grads = _randn(sizes, torch.float32)
-    rows.append(_row("grad-norm-fp32", "ours", 4, n, _time(lambda: fused.grad_norm(grads), args.reps, args.rounds),
-                     copy_tbps))
-    rows.append(_row("grad-norm-fp32", "torch-foreach", 4, n,
-                     _time(lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2))),
-                           args.reps, args.rounds), copy_tbps))
+    rows.append(
+        _row("grad-norm-fp32", "ours", 4, n, _time(lambda: fused.grad_norm(grads), args.reps, args.rounds), copy_tbps)
+    )
+    rows.append(
+        _row(
+            "grad-norm-fp32",
+            "torch-foreach",
+            4,
+            n,
+            _time(lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2))), args.reps, args.rounds),
+            copy_tbps,
+        )
+    )
     if args.sweep:
         for config in NORM_SWEEP:
             timing = _time(lambda c=config: fused.grad_norm(grads, c), args.reps, 1)
             sweep.append(_sweep_entry("grad-norm-fp32", config, timing, 4 * n, copy_tbps))
 
     ours = {r.case: r.timing.device.median_us for r in rows if r.impl.startswith("ours")}
-    speedups = {f"{r.case} vs {r.impl}": r.timing.device.median_us / ours[r.case]
-                for r in rows if r.impl.startswith("torch")}
+    speedups = {
+        f"{r.case} vs {r.impl}": r.timing.device.median_us / ours[r.case] for r in rows if r.impl.startswith("torch")
+    }
     targets = {}
     for (case, impl), target in _TARGETS.items():
         speedup = speedups[f"{case} vs {impl}"]
@@ -368,23 +387,31 @@ def main() -> None:
     path = args.out / f"optimizers_{slug}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}  {n / 1e6:.1f}M params in {len(sizes)} "
-          f"tensors  copy {copy_tbps:.2f} TB/s")
+    print(
+        f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}  {n / 1e6:.1f}M params in {len(sizes)} "
+        f"tensors  copy {copy_tbps:.2f} TB/s"
+    )
     if sweep:
         print("\nsweep (ours)     block  warps  median µs   IQR µs   copy fraction")
         for s in sweep:
             c = s["config"]
             d = s["timing"]["device"]
-            print(f"  {s['case']:<15} {c['block']:>5} {c['num_warps']:>6} {d['median_us']:10.1f} "
-                  f"{d['iqr_us']:8.1f}   {s['copy_fraction']:.2f}")
-    print(f"\n{'case':<18} {'impl':<34} {'B/el':>4} {'median µs':>10} {'IQR µs':>7} {'host µs':>8} {'eager µs':>9} "
-          f"{'TB/s':>6} {'of copy':>7} {'speedup':>8}")
+            print(
+                f"  {s['case']:<15} {c['block']:>5} {c['num_warps']:>6} {d['median_us']:10.1f} "
+                f"{d['iqr_us']:8.1f}   {s['copy_fraction']:.2f}"
+            )
+    print(
+        f"\n{'case':<18} {'impl':<34} {'B/el':>4} {'median µs':>10} {'IQR µs':>7} {'host µs':>8} {'eager µs':>9} "
+        f"{'TB/s':>6} {'of copy':>7} {'speedup':>8}"
+    )
     for r in rows:
         t, d = r.timing, r.timing.device
         speedup = f"{d.median_us / ours[r.case]:.2f}x" if r.impl.startswith("torch") else ""
         flag = " host-bound" if t.host_bound else ""
-        print(f"{r.case:<18} {r.impl:<34} {r.bytes_per_elem:>4} {d.median_us:10.1f} {d.iqr_us:7.1f} {t.host_us:8.1f} "
-              f"{t.eager_us:9.1f} {r.tbps:6.2f} {r.copy_fraction:7.2f} {speedup:>8}{flag}")
+        print(
+            f"{r.case:<18} {r.impl:<34} {r.bytes_per_elem:>4} {d.median_us:10.1f} {d.iqr_us:7.1f} {t.host_us:8.1f} "
+            f"{t.eager_us:9.1f} {r.tbps:6.2f} {r.copy_fraction:7.2f} {speedup:>8}{flag}"
+        )
     for name, t in targets.items():
         print(f"target {name}: ≥{t['target']}x → {t['speedup']:.2f}x {'met' if t['met'] else 'NOT met'}")
     print(f"wrote {path}")

@@ -37,23 +37,55 @@ def run(label: str, trials: int, workdir: Path, triton_cache: Path) -> dict:
     storage, name = str(workdir / f"{label}.journal"), f"measured-{label}"
     env = {**os.environ, "TRITON_CACHE_DIR": str(triton_cache), "NAS_LATENCY_CACHE": str(workdir / f"{label}.json")}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "nas", "search", "--space", "hybrid_small", "--trials", str(trials),
-                           "--target", "auto", "--study", name, "--storage", storage], capture_output=True, text=True,
-                          env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nas",
+            "search",
+            "--space",
+            "hybrid_small",
+            "--trials",
+            str(trials),
+            "--target",
+            "auto",
+            "--study",
+            name,
+            "--storage",
+            storage,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.monotonic() - start
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     rows = []
     for r in records(study):
-        rows.append({"number": r.number, "state": r.state.name, "arch": r.arch_summary,
-                     "latency_source": r.latency.source if r.latency else None,
-                     "latency": r.latency.to_dict() if r.latency else {}, "latency_seconds": r.latency_seconds,
-                     "train_seconds": r.train_seconds, "failure": r.failure})
+        rows.append(
+            {
+                "number": r.number,
+                "state": r.state.name,
+                "arch": r.arch_summary,
+                "latency_source": r.latency.source if r.latency else None,
+                "latency": r.latency.to_dict() if r.latency else {},
+                "latency_seconds": r.latency_seconds,
+                "train_seconds": r.train_seconds,
+                "failure": r.failure,
+            }
+        )
     scoring = [r["latency_seconds"] for r in rows if r["latency_seconds"] is not None]
-    return {"run": label, "wall_s": round(wall, 1), "returncode": proc.returncode,
-            "stdout_tail": proc.stdout[-1500:], "stderr_tail": proc.stderr[-1500:],
-            "measured": sum(r["latency_source"] == "measured" for r in rows), "trials": rows,
-            "scoring_seconds_median": statistics.median(scoring) if scoring else None,
-            "scoring_seconds_max": max(scoring) if scoring else None}
+    return {
+        "run": label,
+        "wall_s": round(wall, 1),
+        "returncode": proc.returncode,
+        "stdout_tail": proc.stdout[-1500:],
+        "stderr_tail": proc.stderr[-1500:],
+        "measured": sum(r["latency_source"] == "measured" for r in rows),
+        "trials": rows,
+        "scoring_seconds_median": statistics.median(scoring) if scoring else None,
+        "scoring_seconds_max": max(scoring) if scoring else None,
+    }
 
 
 def main() -> None:
@@ -69,14 +101,18 @@ def main() -> None:
         for label in ("cold", "warm"):
             row = run(label, args.trials, work, work / "triton-cache")
             results.append(row)
-            print(f"{label}: rc {row['returncode']}, {row['measured']}/{len(row['trials'])} measured in "
-                  f"{row['wall_s']} s; scoring s median {row['scoring_seconds_median']} max "
-                  f"{row['scoring_seconds_max']}")
+            print(
+                f"{label}: rc {row['returncode']}, {row['measured']}/{len(row['trials'])} measured in "
+                f"{row['wall_s']} s; scoring s median {row['scoring_seconds_median']} max "
+                f"{row['scoring_seconds_max']}"
+            )
             for t in row["trials"]:
                 lat = t["latency"]
-                print(f"  #{t['number']:<3} {t['state']:8s} {str(t['arch'])[:48]:48s} {t['latency_source']} "
-                      f"{lat.get('median_ms')} ms iqr {lat.get('iqr_ms')} scoring {t['latency_seconds']} s "
-                      f"{t['failure'] or ''}")
+                print(
+                    f"  #{t['number']:<3} {t['state']:8s} {str(t['arch'])[:48]:48s} {t['latency_source']} "
+                    f"{lat.get('median_ms')} ms iqr {lat.get('iqr_ms')} scoring {t['latency_seconds']} s "
+                    f"{t['failure'] or ''}"
+                )
             if row["returncode"]:
                 print(row["stderr_tail"])
     gpu = (env["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "_")

@@ -70,13 +70,31 @@ def main() -> None:
         for sampler in args.samplers:
             for seed in args.seeds:
                 start = time.perf_counter()
-                study = run_search(SearchConfig(space=str(space), trials=args.trials, storage=str(Path(tmp) / "s.journal"),
-                                                study=f"{sampler}-{seed}", sampler=sampler, seed=seed, device="cpu"))
-                runs.append({"sampler": sampler, "seed": seed, "seconds": time.perf_counter() - start,
-                             "values": [[r.accuracy, r.latency_ms, r.memory_mb] for r in completed(study)],
-                             "front": [[r.accuracy, r.latency_ms, r.memory_mb] for r in front(study)]})
-                print(f"{sampler:7s} seed {seed}: best accuracy {max(v[0] for v in runs[-1]['values']):.3f}, "
-                      f"front {len(runs[-1]['front'])}, {runs[-1]['seconds']:.0f} s", flush=True)
+                study = run_search(
+                    SearchConfig(
+                        space=str(space),
+                        trials=args.trials,
+                        storage=str(Path(tmp) / "s.journal"),
+                        study=f"{sampler}-{seed}",
+                        sampler=sampler,
+                        seed=seed,
+                        device="cpu",
+                    )
+                )
+                runs.append(
+                    {
+                        "sampler": sampler,
+                        "seed": seed,
+                        "seconds": time.perf_counter() - start,
+                        "values": [[r.accuracy, r.latency_ms, r.memory_mb] for r in completed(study)],
+                        "front": [[r.accuracy, r.latency_ms, r.memory_mb] for r in front(study)],
+                    }
+                )
+                print(
+                    f"{sampler:7s} seed {seed}: best accuracy {max(v[0] for v in runs[-1]['values']):.3f}, "
+                    f"front {len(runs[-1]['front'])}, {runs[-1]['seconds']:.0f} s",
+                    flush=True,
+                )
 
     worst = np.max(np.array([v for r in runs for v in r["values"]]), axis=0)
     reference = np.array([0.0, 1.1 * worst[1], 1.1 * worst[2]])
@@ -86,19 +104,39 @@ def main() -> None:
     summary = {}
     for sampler in args.samplers:
         mine = [r for r in runs if r["sampler"] == sampler]
-        summary[sampler] = {"hypervolume_mean": statistics.mean(r["hypervolume"] for r in mine),
-                            "best_accuracy_mean": statistics.mean(max(v[0] for v in r["values"]) for r in mine),
-                            "seconds_mean": statistics.mean(r["seconds"] for r in mine)}
-    print(f"\n{'sampler':8s} {'hypervolume':>12s} {'best acc':>9s} {'s/run':>7s}   ({args.trials} trials, seeds {args.seeds})")
+        summary[sampler] = {
+            "hypervolume_mean": statistics.mean(r["hypervolume"] for r in mine),
+            "best_accuracy_mean": statistics.mean(max(v[0] for v in r["values"]) for r in mine),
+            "seconds_mean": statistics.mean(r["seconds"] for r in mine),
+        }
+    print(
+        f"\n{'sampler':8s} {'hypervolume':>12s} {'best acc':>9s} {'s/run':>7s}   "
+        f"({args.trials} trials, seeds {args.seeds})"
+    )
     for sampler, row in sorted(summary.items(), key=lambda kv: -kv[1]["hypervolume_mean"]):
-        print(f"{sampler:8s} {row['hypervolume_mean']:12.5f} {row['best_accuracy_mean']:9.3f} {row['seconds_mean']:7.0f}")
+        print(
+            f"{sampler:8s} {row['hypervolume_mean']:12.5f} {row['best_accuracy_mean']:9.3f} {row['seconds_mean']:7.0f}"
+        )
     out = Path(args.out) / "search_quality.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                               "torch": torch.__version__, "optuna": optuna.__version__,
-                               "cpu": f"{platform.machine()}, {torch.get_num_threads()} torch thread",
-                               "task": TASK, "trials": args.trials, "seeds": args.seeds,
-                               "reference_point": reference.tolist(), "summary": summary, "runs": runs}, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "torch": torch.__version__,
+                "optuna": optuna.__version__,
+                "cpu": f"{platform.machine()}, {torch.get_num_threads()} torch thread",
+                "task": TASK,
+                "trials": args.trials,
+                "seeds": args.seeds,
+                "reference_point": reference.tolist(),
+                "summary": summary,
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

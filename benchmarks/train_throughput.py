@@ -26,14 +26,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._timing import environment, write_results  # noqa: E402
 import nas.train as train_module  # noqa: E402
+from benchmarks._timing import environment, write_results  # noqa: E402
 from nas.models import build  # noqa: E402
 from nas.spec import ArchSpec, LayerSpec, TrainSpec  # noqa: E402
 from nas.tasks import load_task  # noqa: E402
 
-SHAPES = {"hybrid_small task B32xT32": ("mqar:vocab_size=64,seq_len=32,num_kv_pairs=4,n_train=4096,n_test=512", 32),
-          "B64xT512": ("mqar:vocab_size=8192,seq_len=512,num_kv_pairs=32,n_train=4096,n_test=256", 64)}
+SHAPES = {
+    "hybrid_small task B32xT32": ("mqar:vocab_size=64,seq_len=32,num_kv_pairs=4,n_train=4096,n_test=512", 32),
+    "B64xT512": ("mqar:vocab_size=8192,seq_len=512,num_kv_pairs=32,n_train=4096,n_test=256", 64),
+}
 
 
 class TorchFusedAdamW(torch.optim.AdamW):
@@ -52,12 +54,18 @@ class TorchFusedAdamW(torch.optim.AdamW):
 
 
 def _arch(vocab: int) -> ArchSpec:
-    layers = [LayerSpec("attention", 4, None, 4, 4.0), LayerSpec("linear_attention", 4, "elu+1", 4, 4.0),
-              LayerSpec("attention", 4, None, 4, 4.0), LayerSpec("none", mlp_ratio=4.0)]
+    layers = [
+        LayerSpec("attention", 4, None, 4, 4.0),
+        LayerSpec("linear_attention", 4, "elu+1", 4, 4.0),
+        LayerSpec("attention", 4, None, 4, 4.0),
+        LayerSpec("none", mlp_ratio=4.0),
+    ]
     return ArchSpec(128, layers, vocab, vocab)
 
 
-def tokens_per_second(task_spec: str, batch: int, steps: int, peer: bool, compile_: bool = False) -> tuple[float, float]:
+def tokens_per_second(
+    task_spec: str, batch: int, steps: int, peer: bool, compile_: bool = False
+) -> tuple[float, float]:
     """(tokens/s of a timed run, seconds of the warm-up run). With ``compile_`` the warm-up run
     pays torch.compile; the timed run (a new model, as the next trial would be) pays whatever
     recompiling it needs, which is counted."""
@@ -68,12 +76,18 @@ def tokens_per_second(task_spec: str, batch: int, steps: int, peer: bool, compil
         train_module.make_optimizer = lambda s, params: TorchFusedAdamW(params, s)
     try:
         start = time.perf_counter()
-        train_module.train(build(_arch(task.vocab_size), task, seed=0), task,  # warm-up: compile, autotune
-                           TrainSpec("adamw", 3e-3, 0.01, 0.1, 20, batch), device="cuda", compile_model=compile_)
+        train_module.train(
+            build(_arch(task.vocab_size), task, seed=0),
+            task,  # warm-up: compile, autotune
+            TrainSpec("adamw", 3e-3, 0.01, 0.1, 20, batch),
+            device="cuda",
+            compile_model=compile_,
+        )
         torch.cuda.synchronize()
         warmup = time.perf_counter() - start
-        result = train_module.train(build(_arch(task.vocab_size), task, seed=0), task, spec, device="cuda",
-                                    compile_model=compile_)
+        result = train_module.train(
+            build(_arch(task.vocab_size), task, seed=0), task, spec, device="cuda", compile_model=compile_
+        )
     finally:
         train_module.make_optimizer = original
     return steps * batch * task.seq_len / result.seconds, warmup
@@ -89,17 +103,43 @@ def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
 
 
 def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extra: list[str]) -> dict:
-    from nas.search.record import records
-    from nas.search.storage import open_storage
     import optuna
 
+    from nas.search.record import records
+    from nas.search.storage import open_storage
+
     storage, name = str(workdir / f"{gpus.replace(',', '_')}-{per_gpu}.journal"), f"tp-{gpus}-{per_gpu}"
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
-                            "-lms", "500"], stdout=subprocess.PIPE, text=True)
+    smi = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits", "-lms", "500"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     start = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "nas", "search", "--space", "hybrid_small", "--trials", "100000",
-                          "--timeout", str(seconds), "--study", name, "--storage", storage, "--gpus", gpus,
-                          "--trials-per-gpu", str(per_gpu), *extra], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nas",
+            "search",
+            "--space",
+            "hybrid_small",
+            "--trials",
+            "100000",
+            "--timeout",
+            str(seconds),
+            "--study",
+            name,
+            "--storage",
+            storage,
+            "--gpus",
+            gpus,
+            "--trials-per-gpu",
+            str(per_gpu),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+    )
     wall = time.monotonic() - start
     smi.terminate()
     smi.wait()
@@ -113,13 +153,21 @@ def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extr
     span = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else 0.0
     scored = [r for r in records(study) if r.latency_seconds is not None]
     scoring = [r.latency_seconds for r in scored]
-    return {"gpus": gpus, "workers_per_gpu": per_gpu, "search_args": " ".join(extra), "wall_s": round(wall, 1),
-            "latency_measured": sum(r.latency.source == "measured" for r in scored if r.latency),
-            "scoring_seconds_median": statistics.median(scoring) if scoring else None, "completed": done,
-            "failed": states.count("FAIL"), "trials_per_hour": round(done / wall * 3600, 1),
-            "steady_trials_per_hour": round((len(ends) - 1) / span * 3600, 1) if span else None,
-            "gpu_util_mean_pct": _utilisation(smi), "returncode": run.returncode,
-            "stderr_tail": run.stderr[-400:] if run.returncode else ""}
+    return {
+        "gpus": gpus,
+        "workers_per_gpu": per_gpu,
+        "search_args": " ".join(extra),
+        "wall_s": round(wall, 1),
+        "latency_measured": sum(r.latency.source == "measured" for r in scored if r.latency),
+        "scoring_seconds_median": statistics.median(scoring) if scoring else None,
+        "completed": done,
+        "failed": states.count("FAIL"),
+        "trials_per_hour": round(done / wall * 3600, 1),
+        "steady_trials_per_hour": round((len(ends) - 1) / span * 3600, 1) if span else None,
+        "gpu_util_mean_pct": _utilisation(smi),
+        "returncode": run.returncode,
+        "stderr_tail": run.stderr[-400:] if run.returncode else "",
+    }
 
 
 def main() -> None:
@@ -145,21 +193,33 @@ def main() -> None:
         # warmer allocator/clocks every time
         runs: dict[bool, list[float]] = {False: [], True: []}
         for r in range(args.repeats):
-            for is_peer in ((True, False) if r % 2 else (False, True)):
+            for is_peer in (True, False) if r % 2 else (False, True):
                 runs[is_peer].append(tokens_per_second(task_spec, batch, args.steps, peer=is_peer)[0])
         ours, peer = statistics.median(runs[False]), statistics.median(runs[True])
-        row = {"kind": "tokens_per_s", "shape": label, "steps": args.steps, "repeats": args.repeats,
-               "ours_nas_optim_adamw": round(ours), "peer_torch_adamw_fused": round(peer),
-               "ratio": round(ours / peer, 3), "ours_runs": [round(x) for x in runs[False]],
-               "peer_runs": [round(x) for x in runs[True]]}
+        row = {
+            "kind": "tokens_per_s",
+            "shape": label,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "ours_nas_optim_adamw": round(ours),
+            "peer_torch_adamw_fused": round(peer),
+            "ratio": round(ours / peer, 3),
+            "ours_runs": [round(x) for x in runs[False]],
+            "peer_runs": [round(x) for x in runs[True]],
+        }
         if args.compile:
             compiled, first = tokens_per_second(task_spec, batch, args.steps, peer=False, compile_=True)
-            row |= {"ours_compiled": round(compiled), "compiled_vs_eager": round(compiled / ours, 3),
-                    "compiled_first_run_s_20_steps": round(first, 1)}
+            row |= {
+                "ours_compiled": round(compiled),
+                "compiled_vs_eager": round(compiled / ours, 3),
+                "compiled_first_run_s_20_steps": round(first, 1),
+            }
         rows.append(row)
-        print(f"tokens/s {label:28s} ours {ours:12.0f}  torch fused {peer:12.0f}  x{ours / peer:.2f}  "
-              f"{row.get('ours_compiled', '')} compiled (first run {row.get('compiled_first_run_s_20_steps', '-')} s)",
-              flush=True)
+        print(
+            f"tokens/s {label:28s} ours {ours:12.0f}  torch fused {peer:12.0f}  x{ours / peer:.2f}  "
+            f"{row.get('ours_compiled', '')} compiled (first run {row.get('compiled_first_run_s_20_steps', '-')} s)",
+            flush=True,
+        )
 
     layouts = [("0", 1), ("0", args.per_gpu)]
     if torch.cuda.device_count() >= 2:
@@ -172,21 +232,31 @@ def main() -> None:
         for gpus, per_gpu in layouts:
             row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp), args.search_args.split())
             rows.append({"kind": "search_trials_per_hour", **row})
-            print(f"search gpus={gpus} x{per_gpu}: {row['completed']} trials in {row['wall_s']} s = "
-                  f"{row['trials_per_hour']}/h (steady {row['steady_trials_per_hour']}/h), "
-                  f"util {row['gpu_util_mean_pct']}, rc {row['returncode']}")
+            print(
+                f"search gpus={gpus} x{per_gpu}: {row['completed']} trials in {row['wall_s']} s = "
+                f"{row['trials_per_hour']}/h (steady {row['steady_trials_per_hour']}/h), "
+                f"util {row['gpu_util_mean_pct']}, rc {row['returncode']}"
+            )
     searches = {(r["gpus"], r["workers_per_gpu"]): r for r in rows if r["kind"] == "search_trials_per_hour"}
     base = searches.get(("0", 1), {"trials_per_hour": None, "steady_trials_per_hour": None})
 
     def speedup(key: tuple[str, int], field: str) -> float | None:
         return round(searches[key][field] / base[field], 2) if key in searches and base[field] else None
 
-    summary = {f"{field}:{g}x{n}": speedup((g, n), field) for field in ("trials_per_hour", "steady_trials_per_hour")
-               for g, n in searches if (g, n) != ("0", 1)}
+    summary = {
+        f"{field}:{g}x{n}": speedup((g, n), field)
+        for field in ("trials_per_hour", "steady_trials_per_hour")
+        for g, n in searches
+        if (g, n) != ("0", 1)
+    }
     print(summary)
     gpu = (env["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "_")
-    path = write_results(Path(args.out) / f"train_throughput_{gpu}{args.tag}.json", rows, summary=summary,
-                         gpu_count=torch.cuda.device_count())
+    path = write_results(
+        Path(args.out) / f"train_throughput_{gpu}{args.tag}.json",
+        rows,
+        summary=summary,
+        gpu_count=torch.cuda.device_count(),
+    )
     print(f"wrote {path}")
 
 

@@ -10,7 +10,6 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -65,15 +64,24 @@ def _build_parser() -> argparse.ArgumentParser:
     from nas.search.setup import PICKS, SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log each trial's candidate, training and scores to stderr; -vv adds debug detail")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log each trial's candidate, training and scores to stderr; -vv adds debug detail",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("search", help="run (or resume) a search study")
     s.add_argument("--space", default="hybrid_small", help="shipped space name or a YAML path (default hybrid_small)")
     s.add_argument("--task", default=None, help="task spec, e.g. mqar:seq_len=64 or data.npz (default: the space's)")
-    s.add_argument("--trials", type=_positive_int, default=20,
-                   help="trained trials to reach (default 20); candidates that break a hard budget are not counted")
+    s.add_argument(
+        "--trials",
+        type=_positive_int,
+        default=20,
+        help="trained trials to reach (default 20); candidates that break a hard budget are not counted",
+    )
     s.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
     s.add_argument("--study", default=None, help="study name (default: <space>-<task>-<target>)")
     s.add_argument("--storage", default=None, help=_STORAGE_HELP)
@@ -83,16 +91,31 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-latency-ms", type=_positive_float, default=None, help="hard latency budget")
     s.add_argument("--max-params", type=_positive_int, default=None, help="hard parameter budget")
     s.add_argument("--max-memory-mb", type=_positive_float, default=None, help="hard memory budget")
-    s.add_argument("--trial-timeout", type=_positive_float, default=None,
-                   help="fail a trial that runs longer than this many seconds")
+    s.add_argument(
+        "--trial-timeout",
+        type=_positive_float,
+        default=None,
+        help="fail a trial that runs longer than this many seconds",
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of the sampler and the task data (default 0)")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     lat = s.add_mutually_exclusive_group()
-    lat.add_argument("--measure", dest="measure", action="store_const", const=True, default=None,
-                     help="time each candidate's Triton kernels on this GPU (CUDA-graph replay); the default on "
-                          "a CUDA device when --target is auto or this GPU's profile")
-    lat.add_argument("--predict", dest="measure", action="store_const", const=False,
-                     help="predict latency from the --target profile even on a GPU")
+    lat.add_argument(
+        "--measure",
+        dest="measure",
+        action="store_const",
+        const=True,
+        default=None,
+        help="time each candidate's Triton kernels on this GPU (CUDA-graph replay); the default on "
+        "a CUDA device when --target is auto or this GPU's profile",
+    )
+    lat.add_argument(
+        "--predict",
+        dest="measure",
+        action="store_const",
+        const=False,
+        help="predict latency from the --target profile even on a GPU",
+    )
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
     s.add_argument("--trials-per-gpu", type=_positive_int, default=1, help="worker processes per GPU (default 1)")
     s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")
@@ -103,7 +126,9 @@ def _build_parser() -> argparse.ArgumentParser:
     w.add_argument("--trials", type=_positive_int, default=None, help="trained trials to reach (default: the study's)")
     w.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
     w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    w.add_argument("--worker-index", type=int, default=None, help="label of this worker's progress lines (default: pid)")
+    w.add_argument(
+        "--worker-index", type=int, default=None, help="label of this worker's progress lines (default: pid)"
+    )
 
     st = sub.add_parser("studies", help="list studies in a storage, or show one")
     st.add_argument("--storage", default=None, help=_STORAGE_HELP)
@@ -130,10 +155,18 @@ def _build_parser() -> argparse.ArgumentParser:
     which = e.add_mutually_exclusive_group()
     which.add_argument("--trial", type=int, default=None, help="export this trial number")
     which.add_argument("--pick", choices=PICKS, default="knee", help="choose from the front (default knee)")
-    e.add_argument("--max-latency-ms", type=_positive_float, default=None,
-                   help="pick only among front trials at or below this latency")
-    e.add_argument("--max-memory-mb", type=_positive_float, default=None,
-                   help="pick only among front trials at or below this memory")
+    e.add_argument(
+        "--max-latency-ms",
+        type=_positive_float,
+        default=None,
+        help="pick only among front trials at or below this latency",
+    )
+    e.add_argument(
+        "--max-memory-mb",
+        type=_positive_float,
+        default=None,
+        help="pick only among front trials at or below this memory",
+    )
     e.add_argument("--out", required=True, help="bundle directory (must be absent or empty)")
     e.add_argument("--force", action="store_true", help="replace a non-empty --out")
     e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
@@ -145,8 +178,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _search(args: argparse.Namespace) -> None:
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from nas.results.pareto import front
     from nas.search.storage import resolve_storage
@@ -155,31 +194,56 @@ def _search(args: argparse.Namespace) -> None:
 
     gpus = parse_gpus(args.gpus) if args.gpus else None
     slots = plan_slots(gpus, args.trials_per_gpu, args.workers)
-    config = SearchConfig(space=args.space, task=args.task, trials=args.trials, timeout=args.timeout,
-                          study=args.study, storage=resolve_storage(args.storage), sampler=args.sampler,
-                          target=args.target, latency_shape=args.latency_shape, max_latency_ms=args.max_latency_ms,
-                          max_params=args.max_params, max_memory_mb=args.max_memory_mb,
-                          trial_timeout=args.trial_timeout, seed=args.seed, measure=args.measure,
-                          device="cpu" if len(slots) > 1 and not gpus else args.device)
+    config = SearchConfig(
+        space=args.space,
+        task=args.task,
+        trials=args.trials,
+        timeout=args.timeout,
+        study=args.study,
+        storage=resolve_storage(args.storage),
+        sampler=args.sampler,
+        target=args.target,
+        latency_shape=args.latency_shape,
+        max_latency_ms=args.max_latency_ms,
+        max_params=args.max_params,
+        max_memory_mb=args.max_memory_mb,
+        trial_timeout=args.trial_timeout,
+        seed=args.seed,
+        measure=args.measure,
+        device="cpu" if len(slots) > 1 and not gpus else args.device,
+    )
     ctx, study = prepare(config)
     done, fresh = n_complete(study), not study.get_trials(deepcopy=False)
-    console.print(f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
-                  f"task {ctx.task.description or ctx.task.name}, latency "
-                  f"{'measured on this GPU' if ctx.measure else 'predicted for ' + ctx.profile.name} at {ctx.shape}, "
-                  f"device {ctx.device}; {done} trial(s) already trained", soft_wrap=True)
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("front {task.fields[front]}  best acc {task.fields[best]}"), TimeElapsedColumn(),
-               TimeRemainingColumn())
+    console.print(
+        f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
+        f"task {ctx.task.description or ctx.task.name}, latency "
+        f"{'measured on this GPU' if ctx.measure else 'predicted for ' + ctx.profile.name} at {ctx.shape}, "
+        f"device {ctx.device}; {done} trial(s) already trained",
+        soft_wrap=True,
+    )
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("front {task.fields[front]}  best acc {task.fields[best]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     # a terminal gets a live bar; a log (CI, nohup, a pipe) one line per finished trial
     lines = _TrialLines(study, config.trials, show_all=not console.is_terminal)
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
-        bar = progress.add_task("search", total=config.trials, completed=min(done, config.trials),
-                                front=len(front(study)), best="-")
+        bar = progress.add_task(
+            "search", total=config.trials, completed=min(done, config.trials), front=len(front(study)), best="-"
+        )
 
         def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
             best = front(study)
-            progress.update(bar, completed=min(n_complete(study), config.trials), front=len(best),
-                            best=f"{best[0].accuracy:.3f}" if best else "-")
+            progress.update(
+                bar,
+                completed=min(n_complete(study), config.trials),
+                front=len(best),
+                best=f"{best[0].accuracy:.3f}" if best else "-",
+            )
             for line in lines.new(study):
                 progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -188,22 +252,37 @@ def _search(args: argparse.Namespace) -> None:
         else:
             progress.console.print(f"{len(slots)} worker processes" + (f" on GPUs {','.join(gpus)}" if gpus else ""))
             try:
-                codes = run_workers(study, config.storage, config.trials, slots, timeout=config.timeout,
-                                    on_poll=on_trial, verbose=args.verbose)
+                codes = run_workers(
+                    study,
+                    config.storage,
+                    config.trials,
+                    slots,
+                    timeout=config.timeout,
+                    on_poll=on_trial,
+                    verbose=args.verbose,
+                )
             except BaseException:
                 _remove_if_empty(study, config.storage, fresh)
                 raise
             if any(codes):
-                kept = (f"study {study.study_name!r} had no trials and was removed"
-                        if _remove_if_empty(study, config.storage, fresh) else "finished trials are kept in the study")
+                kept = (
+                    f"study {study.study_name!r} had no trials and was removed"
+                    if _remove_if_empty(study, config.storage, fresh)
+                    else "finished trials are kept in the study"
+                )
                 raise UsageError(f"workers exited with codes {codes}; {kept}")
     skipped, truncated = n_infeasible(study), n_truncated(study)
     if skipped:
-        console.print(f"{skipped} candidate(s) broke a hard budget: recorded without training, not counted "
-                      f"toward --trials", soft_wrap=True)
+        console.print(
+            f"{skipped} candidate(s) broke a hard budget: recorded without training, not counted toward --trials",
+            soft_wrap=True,
+        )
     if truncated:
-        console.print(f"{truncated} trial(s) stopped early by the time budget (max_train_seconds): recorded with "
-                      f"their steps, kept off the front and the hypervolume", soft_wrap=True)
+        console.print(
+            f"{truncated} trial(s) stopped early by the time budget (max_train_seconds): recorded with "
+            f"their steps, kept off the front and the hypervolume",
+            soft_wrap=True,
+        )
     _print_front(study)
     storage_flag = f" --storage {config.storage}" if args.storage else ""
     console.print(f"next: nas report --study {study.study_name}{storage_flag}", soft_wrap=True)
@@ -253,27 +332,38 @@ def _trial_line(r: TrialRecord, trained: int, trials: int) -> str:
     if r.state.name != "COMPLETE":
         return f"trial {r.number}: {r.state.name.lower()}"
     if r.skipped_training is not None:
-        return (f"trial {r.number}: {r.arch_summary} {r.skipped_training}; not trained, "
-                f"not counted ({trained}/{trials} trained)")
-    line = (f"trial {r.number} ({trained}/{trials} trained): {r.arch_summary}, acc {r.accuracy:.3f}, "
-            f"latency {r.latency_ms:.4g} ms, {r.memory_mb:.3g} MB, {r.steps_text()} steps")
+        return (
+            f"trial {r.number}: {r.arch_summary} {r.skipped_training}; not trained, "
+            f"not counted ({trained}/{trials} trained)"
+        )
+    line = (
+        f"trial {r.number} ({trained}/{trials} trained): {r.arch_summary}, acc {r.accuracy:.3f}, "
+        f"latency {r.latency_ms:.4g} ms, {r.memory_mb:.3g} MB, {r.steps_text()} steps"
+    )
     return line + (f" — truncated ({r.truncation_text()}), kept off the front" if r.truncated else "")
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from nas.search.storage import resolve_storage
     from nas.search.record import record
+    from nas.search.storage import resolve_storage
     from nas.search.study import n_complete, run_search, worker_config
 
-    config = worker_config(args.study, resolve_storage(args.storage), trials=args.trials, device=args.device,
-                           worker=args.worker_index, timeout=args.timeout)
+    config = worker_config(
+        args.study,
+        resolve_storage(args.storage),
+        trials=args.trials,
+        device=args.device,
+        worker=args.worker_index,
+        timeout=args.timeout,
+    )
     label = f"worker {config.worker}: "
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         r = record(study, trial)
         if r.surplus is None:
-            console.print(label + _trial_line(r, n_complete(study), config.trials), markup=False,
-                          highlight=False, soft_wrap=True)
+            console.print(
+                label + _trial_line(r, n_complete(study), config.trials), markup=False, highlight=False, soft_wrap=True
+            )
 
     study = run_search(config, on_trial=on_trial)
     console.print(f"{label}study {args.study} has {n_complete(study)} trained trials", soft_wrap=True)
@@ -284,14 +374,23 @@ def _print_front(study: optuna.Study) -> None:
 
     trials = front(study)
     sources = sorted({r.latency_label() for r in trials})
-    table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials",
-                  caption=f"latency {'; '.join(sources)}" if sources else None)
+    table = Table(
+        title=f"Pareto front of {study.study_name}: {len(trials)} trials",
+        caption=f"latency {'; '.join(sources)}" if sources else None,
+    )
     for col in ("trial", "architecture", "params", "acc", "latency ms", "mem MB", "recipe"):
         table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right")
     for r in trials:
         interval = f" ±{r.latency.interval * 100:.0f}%" if r.latency is not None and r.latency.interval else ""
-        table.add_row(str(r.number), r.arch_summary, f"{r.params / 1e6:.2f}M", f"{r.accuracy:.3f}",
-                      f"{r.latency_ms:.4f}{interval}", f"{r.memory_mb:.2f}", r.recipe())
+        table.add_row(
+            str(r.number),
+            r.arch_summary,
+            f"{r.params / 1e6:.2f}M",
+            f"{r.accuracy:.3f}",
+            f"{r.latency_ms:.4f}{interval}",
+            f"{r.memory_mb:.2f}",
+            r.recipe(),
+        )
     console.print(table)
 
 
@@ -312,9 +411,14 @@ def _studies(args: argparse.Namespace) -> None:
     rows = []
     for s in summaries:
         states = [t.state for t in optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)]
-        rows.append((s.study_name, *(str(states.count(x)) for x in (TrialState.COMPLETE, TrialState.FAIL,
-                                                                    TrialState.RUNNING)),
-                     str(len(states)), f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-"))
+        rows.append(
+            (
+                s.study_name,
+                *(str(states.count(x)) for x in (TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)),
+                str(len(states)),
+                f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-",
+            )
+        )
     if not console.is_terminal:  # piped: whole names, one tab-separated row per study, for scripts
         _write_raw("".join("\t".join(row) + "\n" for row in [columns, *rows]))
         return
@@ -351,17 +455,23 @@ def _export(args: argparse.Namespace) -> None:
     from nas.search.study import resolve_device
 
     study, storage = _open_existing(args)
-    chosen = pick(study, args.pick, trial=args.trial, max_latency_ms=args.max_latency_ms,
-                  max_memory_mb=args.max_memory_mb)
+    chosen = pick(
+        study, args.pick, trial=args.trial, max_latency_ms=args.max_latency_ms, max_memory_mb=args.max_memory_mb
+    )
     device = str(resolve_device(args.device))
-    out = export(study, chosen, args.out, storage=storage, retrain_steps=args.retrain_steps, force=args.force,
-                 device=device)
+    out = export(
+        study, chosen, args.out, storage=storage, retrain_steps=args.retrain_steps, force=args.force, device=device
+    )
     how = f"trial {args.trial}" if args.trial is not None else f"--pick {args.pick}"
     accuracy = json.loads((out / "arch.json").read_text())["metrics"]["accuracy"]  # the bundle's, retrained or not
-    retrained = (f" after {args.retrain_steps} retraining steps (study: {chosen.accuracy:.3f})"
-                 if args.retrain_steps else "")
-    console.print(f"exported trial {chosen.number} ({how}): {chosen.arch_summary}, accuracy "
-                  f"{accuracy:.3f}{retrained}, latency {chosen.latency_ms:.4g} ms → {out}", soft_wrap=True)
+    retrained = (
+        f" after {args.retrain_steps} retraining steps (study: {chosen.accuracy:.3f})" if args.retrain_steps else ""
+    )
+    console.print(
+        f"exported trial {chosen.number} ({how}): {chosen.arch_summary}, accuracy "
+        f"{accuracy:.3f}{retrained}, latency {chosen.latency_ms:.4g} ms → {out}",
+        soft_wrap=True,
+    )
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)
 
 
@@ -374,16 +484,20 @@ def _profiles(args: argparse.Namespace) -> None:
             table.add_column(col)
         for name in list_profiles():
             p = load_profile(name)
-            table.add_row(name, p.description, f"{p.peak_tflops.bf16:g}", f"{p.memory_bandwidth_gb_s:g}", str(p.sm_count))
+            table.add_row(
+                name, p.description, f"{p.peak_tflops.bf16:g}", f"{p.memory_bandwidth_gb_s:g}", str(p.sm_count)
+            )
         console.print(table)
     elif args.action == "calibrate":
         from nas.latency.calibrate import calibrate
 
         path, report = calibrate(args.profile, args.out, on_progress=console.print)
         for shape, s in report.get("check", {}).items():
-            console.print(f"check {shape:7s}: {s['within_10pct']:.1%} within ±10 %, Spearman {s['spearman']:.4f}, "
-                          f"median ratio {s['median_ratio']:.3f}, 95th pct |error| {s['p95_abs_error']:.1%} "
-                          f"({s['n']} forwards the fit never saw)")
+            console.print(
+                f"check {shape:7s}: {s['within_10pct']:.1%} within ±10 %, Spearman {s['spearman']:.4f}, "
+                f"median ratio {s['median_ratio']:.3f}, 95th pct |error| {s['p95_abs_error']:.1%} "
+                f"({s['n']} forwards the fit never saw)"
+            )
         console.print(f"wrote {path}")
     else:
         p = load_profile(args.name)
@@ -450,8 +564,21 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from nas.space import SpaceError
     from nas.tasks import TaskError
 
-    return (UsageError, SearchError, SpaceError, TaskError, ProfileError, StorageError, ExportError, PickError,
-            ReportError, WorkerError, FaultError, SettingsError, DeviceError)
+    return (
+        UsageError,
+        SearchError,
+        SpaceError,
+        TaskError,
+        ProfileError,
+        StorageError,
+        ExportError,
+        PickError,
+        ReportError,
+        WorkerError,
+        FaultError,
+        SettingsError,
+        DeviceError,
+    )
 
 
 def _fail(e: Exception) -> int:
@@ -472,8 +599,15 @@ def _main(argv: Sequence[str] | None) -> int:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose >= 2 else optuna.logging.WARNING)
-        commands = {"search": _search, "worker": _worker, "studies": _studies, "report": _report, "export": _export,
-                    "profiles": _profiles, "spaces": _spaces}
+        commands = {
+            "search": _search,
+            "worker": _worker,
+            "studies": _studies,
+            "report": _report,
+            "export": _export,
+            "profiles": _profiles,
+            "spaces": _spaces,
+        }
         commands[args.command](args)
     except user_errors as e:
         return _fail(e)

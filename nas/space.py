@@ -19,8 +19,7 @@ from typing import Any
 import optuna
 import yaml
 
-from nas.spec import (ACTIVATIONS, FEATURE_MAPS, MIXERS, NORMS, OPTIMIZERS, ArchSpec, Candidate, LayerSpec,
-                      TrainSpec)
+from nas.spec import ACTIVATIONS, FEATURE_MAPS, MIXERS, NORMS, OPTIMIZERS, ArchSpec, Candidate, LayerSpec, TrainSpec
 from nas.tasks.base import Task
 
 __all__ = ["Choice", "SearchSpace", "SpaceError", "list_spaces", "load_space", "parse_space", "read_space_file"]
@@ -195,10 +194,12 @@ class SearchSpace:
             for d in self.d_model.values():
                 head_dim = d // heads
                 if padded_head_dim(head_dim) is None:
-                    raise SpaceError(f"{self.source}: layer.heads: {heads} heads on d_model={d} give head dim "
-                                     f"{head_dim}; the Triton kernels that measure latency on a GPU run even head "
-                                     f"dims up to {max(SUPPORTED_HEAD_DIMS)}: use more heads or narrower widths, "
-                                     f"or --predict")
+                    raise SpaceError(
+                        f"{self.source}: layer.heads: {heads} heads on d_model={d} give head dim "
+                        f"{head_dim}; the Triton kernels that measure latency on a GPU run even head "
+                        f"dims up to {max(SUPPORTED_HEAD_DIMS)}: use more heads or narrower widths, "
+                        f"or --predict"
+                    )
 
     def _sample_layer(self, trial: optuna.Trial, i: int) -> LayerSpec:
         def pick(field: str) -> Any:
@@ -242,11 +243,16 @@ def parse_space(raw: Any, source: str) -> SearchSpace:
         for heads in layer["heads"].values():
             bad = [d for d in d_model.values() if heads < 1 or d % heads]
             if bad:
-                raise r.fail("layer.heads", f"{heads} heads do not divide d_model={bad[0]}; every choice must "
-                             f"divide every width in {list(d_model.values())}")
+                raise r.fail(
+                    "layer.heads",
+                    f"{heads} heads do not divide d_model={bad[0]}; every choice must "
+                    f"divide every width in {list(d_model.values())}",
+                )
 
     if "linear_attention" in mixers and "feature_map" not in layer:
-        raise r.fail("layer.feature_map", f"is required when linear_attention is a choice; allowed {list(FEATURE_MAPS)}")
+        raise r.fail(
+            "layer.feature_map", f"is required when linear_attention is a choice; allowed {list(FEATURE_MAPS)}"
+        )
     if "short_conv" in layer and max(layer["short_conv"].values()) > 16:
         raise r.fail("layer.short_conv", "kernel sizes must be in [0, 16]")
     if min(train["lr"].values()) <= 0:
@@ -261,8 +267,17 @@ def parse_space(raw: Any, source: str) -> SearchSpace:
     seconds = raw.get("max_train_seconds")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):
         raise r.fail("max_train_seconds", f"{seconds!r} must be a positive number of seconds")
-    return SearchSpace(str(raw.get("name", Path(source).stem)), str(raw.get("description", "")), task, depth,
-                       d_model, layer, train, seconds, source)
+    return SearchSpace(
+        str(raw.get("name", Path(source).stem)),
+        str(raw.get("description", "")),
+        task,
+        depth,
+        d_model,
+        layer,
+        train,
+        seconds,
+        source,
+    )
 
 
 def read_space_file(path: Path) -> SearchSpace:

@@ -11,11 +11,11 @@ from typing import Protocol
 
 import torch
 
+from kernels.device import is_cuda
 from nas import settings
 from nas.optim import make_optimizer
 from nas.spec import TrainSpec
 from nas.tasks.base import Task
-from kernels.device import is_cuda
 
 __all__ = ["Budget", "TrainResult", "TrainingDiverged", "TrainingOOM", "TrialTimeout", "lr_factor", "evaluate", "train"]
 
@@ -84,7 +84,7 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[
     loss_sum = torch.zeros((), device=device)
     n = task.x_test.shape[0]
     for i in range(0, n, EVAL_BATCH):
-        x, y = task.x_test[i:i + EVAL_BATCH], task.y_test[i:i + EVAL_BATCH]
+        x, y = task.x_test[i : i + EVAL_BATCH], task.y_test[i : i + EVAL_BATCH]
         with _autocast(device):
             logits = model(x)
         h, t = task.correct(logits, y)
@@ -115,9 +115,17 @@ class _Alone:
         return None
 
 
-def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.device | str,
-          budget: Budget | None = None, step_hook: Callable[[int], None] | None = None,
-          compile_model: bool | None = None, share: Share | None = None) -> TrainResult:
+def train(
+    model: torch.nn.Module,
+    task: Task,
+    spec: TrainSpec,
+    *,
+    device: torch.device | str,
+    budget: Budget | None = None,
+    step_hook: Callable[[int], None] | None = None,
+    compile_model: bool | None = None,
+    share: Share | None = None,
+) -> TrainResult:
     """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad,
     TrainingOOM when the device runs out of memory, TrialTimeout past ``budget.deadline``.
     ``step_hook(n)`` runs before the n-th step (1-based); fault injection uses it.
@@ -145,8 +153,9 @@ def train(model: torch.nn.Module, task: Task, spec: TrainSpec, *, device: torch.
         if compile_model is None:
             compile_model = settings.get().train_compile
         forward = torch.compile(model) if compile_model else model
-        accuracy, test_loss, step, stopped, curve = _loop(model, forward, task, spec, opt, sched, gen, budget,
-                                                          step_hook, share, clock)
+        accuracy, test_loss, step, stopped, curve = _loop(
+            model, forward, task, spec, opt, sched, gen, budget, step_hook, share, clock
+        )
     finally:
         share.release_shared()  # after an exception too: queued steps must not overlap a measurement
     if not math.isfinite(test_loss):
@@ -207,7 +216,7 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, share,
             _check_finite(losses, norms, step)
             while (len(curve) + 1) * window <= step:  # each window that has completed since the last check
                 lo = len(curve) * window
-                curve.append((lo + window, losses[lo:lo + window].mean().item()))
+                curve.append((lo + window, losses[lo : lo + window].mean().item()))
             share.release_shared()  # a waiting latency measurement on this GPU goes now
         if out_of_time and step < spec.steps:
             stopped = "time budget"

@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
-import os
-
+import optuna
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # Before any kernel module is imported: every @triton.jit kernel then runs under Triton's
-    # interpreter on CPU tensors (tests/kernels compare them with their fp32 references).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import optuna  # noqa: E402
-import pytest  # noqa: E402
+@pytest.fixture(autouse=True)
+def _no_pending_interrupt():
+    """A test that simulates Ctrl-C leaves no request behind for the next one."""
+    from nas.search import interrupt
+
+    interrupt.reset()
+    yield
+    interrupt.reset()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test module (and so any kernel module) is imported: without CUDA every
+    @triton.jit kernel runs under Triton's interpreter on CPU tensors (tests/kernels compare them
+    with their fp32 references)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 TINY_SPACE = """\
 name: ci_tiny
@@ -76,7 +88,7 @@ def postgres_url() -> str:
     if not url:
         if os.environ.get("NAS_REQUIRE_POSTGRES"):
             pytest.fail("NAS_REQUIRE_POSTGRES is set but NAS_TEST_POSTGRES_URL is not")
-        pytest.skip("no PostgreSQL server: run eval \"$(.ci/postgres.sh)\" (CI does)")
+        pytest.skip('no PostgreSQL server: run eval "$(.ci/postgres.sh)" (CI does)')
     return url
 
 

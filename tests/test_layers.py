@@ -81,7 +81,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()
@@ -113,12 +113,15 @@ def test_layer_graph_has_no_circles():
         layers.setdefault(mine, set()).update(t for t in map(_layer, targets) if t != mine)
     cycle = _find_cycle(layers)
     assert cycle is None, "circle between layers: " + " -> ".join(cycle)
-    assert not any(t.startswith("nas") for k, ts in layers.items() if not k.startswith("nas") for t in ts), \
+    assert not any(t.startswith("nas") for k, ts in layers.items() if not k.startswith("nas") for t in ts), (
         "kernels, search_spaces and hardware_profiles never import nas"
+    )
 
 
 @pytest.mark.parametrize("statement", ["import nas.spec", "import nas", "import nas.cli"])
 def test_package_face_does_not_load_torch_or_optuna(statement):
-    code = f"{statement}; import sys; heavy = [m for m in ('torch', 'optuna') if m in sys.modules]; " \
-           "assert not heavy, heavy"
+    code = (
+        f"{statement}; import sys; heavy = [m for m in ('torch', 'optuna') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -16,16 +16,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_defaults_and_parsing():
     assert Settings.from_env({}) == Settings()
-    s = Settings.from_env({"NAS_STORAGE": "x.journal", "NAS_HEARTBEAT_SECONDS": "2", "NAS_TRAIN_COMPILE": "1",
-                           "NAS_OPTIM_FUSED": "0", "NAS_LINEAR_TMA": "0", "NAS_FAULT": " oom@1 "})
-    assert (s.storage, s.heartbeat_seconds, s.train_compile, s.optim_fused, s.linear_tma, s.fault) == \
-        ("x.journal", 2, True, False, False, "oom@1")
+    s = Settings.from_env(
+        {
+            "NAS_STORAGE": "x.journal",
+            "NAS_HEARTBEAT_SECONDS": "2",
+            "NAS_TRAIN_COMPILE": "1",
+            "NAS_OPTIM_FUSED": "0",
+            "NAS_LINEAR_TMA": "0",
+            "NAS_FAULT": " oom@1 ",
+        }
+    )
+    assert (s.storage, s.heartbeat_seconds, s.train_compile, s.optim_fused, s.linear_tma, s.fault) == (
+        "x.journal",
+        2,
+        True,
+        False,
+        False,
+        "oom@1",
+    )
     assert Settings.from_env({"NAS_OPTIM_FUSED": "1", "NAS_LINEAR_TMA": "1"}).optim_fused is None
     assert Settings.from_env({"NAS_LINEAR_TMA": "1"}).linear_tma is True
 
 
-@pytest.mark.parametrize("env", [{"NAS_HEARTBEAT_SECONDS": "0"}, {"NAS_HEARTBEAT_SECONDS": "1.5"},
-                                 {"NAS_TRAIN_COMPILE": "yes"}, {"NAS_LINEAR_TMA": "2"}], ids=lambda e: "=".join(*e.items()))
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"NAS_HEARTBEAT_SECONDS": "0"},
+        {"NAS_HEARTBEAT_SECONDS": "1.5"},
+        {"NAS_TRAIN_COMPILE": "yes"},
+        {"NAS_LINEAR_TMA": "2"},
+    ],
+    ids=lambda e: "=".join(*e.items()),
+)
 def test_bad_values_name_the_variable(env):
     with pytest.raises(SettingsError, match=next(iter(env))):
         Settings.from_env(env)
@@ -59,6 +81,9 @@ def test_no_other_module_reads_the_environment():
             rel = path.relative_to(ROOT).as_posix()
             if rel == "nas/settings.py" or rel in ALLOWED:
                 continue
-            offenders += [f"{rel}:{n}" for n, line in enumerate(path.read_text().splitlines(), 1)
-                          if re.search(r"os\.(environ|getenv)", line)]
+            offenders += [
+                f"{rel}:{n}"
+                for n, line in enumerate(path.read_text().splitlines(), 1)
+                if re.search(r"os\.(environ|getenv)", line)
+            ]
     assert not offenders, offenders

@@ -15,9 +15,9 @@ import torch
 import yaml
 
 import search_spaces
+from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space
 from nas.spec import Candidate
 from nas.tasks import Task
-from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -67,8 +67,9 @@ def check_candidate(space: SearchSpace, cand: Candidate, params: dict[str, Any],
         assert within(choice, getattr(tr, field)), f"train.{field}={getattr(tr, field)!r} not in {choice}"
         expected[f"train.{field}"] = getattr(tr, field)
     # a field with one choice is fixed, not a searched parameter
-    fixed = {name for name in expected if _choice(space, name).choices is not None
-             and len(_choice(space, name).choices) == 1}
+    fixed = {
+        name for name in expected if _choice(space, name).choices is not None and len(_choice(space, name).choices) == 1
+    }
     assert params == {k: v for k, v in expected.items() if k not in fixed}
     return {layer.mixer for layer in arch.layers}
 
@@ -157,8 +158,12 @@ def test_user_yaml_with_ranges_samples_inside_them(tmp_path):
 def test_exponent_without_dot_is_a_number(tmp_path):
     # YAML 1.1 reads 1e-3 as a string; users write it that way, so the loader takes it as 0.001
     path = tmp_path / "exp.yaml"
-    path.write_text(RANGES.replace(next(line for line in RANGES.splitlines() if line.strip().startswith("lr:")),
-                                   "  lr: {low: 1e-4, high: 1e-2, log: true}"))
+    path.write_text(
+        RANGES.replace(
+            next(line for line in RANGES.splitlines() if line.strip().startswith("lr:")),
+            "  lr: {low: 1e-4, high: 1e-2, log: true}",
+        )
+    )
     lr = load_space(path).train["lr"]
     assert (lr.low, lr.high, lr.log) == (1e-4, 1e-2, True)
 
@@ -187,12 +192,14 @@ def mutate(edit) -> dict[str, Any]:
 def drop(section: str | None, field: str):
     def edit(raw):
         (raw[section] if section else raw).pop(field)
+
     return edit
 
 
 def put(section: str | None, field: str, value: Any):
     def edit(raw):
         (raw[section] if section else raw)[field] = value
+
     return edit
 
 
@@ -211,8 +218,11 @@ MISTAKES = [
     ("empty-list", mutate(put("layer", "activation", [])), ["layer.activation", "empty"]),
     ("empty-range", mutate(put("train", "lr", {"low": 0.1, "high": 0.01})), ["train.lr", "empty range"]),
     ("empty-int-range", mutate(put(None, "depth", {"low": 4, "high": 2})), ["depth", "empty range"]),
-    ("log-low-zero", mutate(put("train", "weight_decay", {"low": 0.0, "high": 0.1, "log": True})),
-     ["train.weight_decay", "log"]),
+    (
+        "log-low-zero",
+        mutate(put("train", "weight_decay", {"low": 0.0, "high": 0.1, "log": True})),
+        ["train.weight_decay", "log"],
+    ),
     ("negative-low", mutate(put("train", "lr", {"low": -1.0, "high": 0.1, "log": True})), ["train.lr", ">= 0"]),
     ("range-bad-key", mutate(put("train", "lr", {"low": 0.1, "hi": 1.0})), ["train.lr", "'high'"]),
     ("range-for-categorical", mutate(put("layer", "mixer", {"low": 0, "high": 1})), ["layer.mixer", "list"]),
@@ -281,8 +291,9 @@ def test_unknown_shipped_name_lists_the_shipped_spaces():
         assert repr(name) in msg
 
 
-@pytest.mark.parametrize(("widths", "names"), [([24, 384], ["d_model=384", "head dim 384", "128"]),
-                                               ([24, 18], ["d_model=18", "head dim 9"])])
+@pytest.mark.parametrize(
+    ("widths", "names"), [([24, 384], ["d_model=384", "head dim 384", "128"]), ([24, 18], ["d_model=18", "head dim 9"])]
+)
 def test_measuring_needs_even_head_dims_up_to_128(tmp_path, widths, names):
     """Such a space loads (latency can be predicted for it) but cannot be measured on a GPU."""
     path = tmp_path / "wide.yaml"
@@ -312,7 +323,9 @@ def test_head_dim_rule_is_the_kernels(tmp_path):
     assert padded_head_dim(6) == min(SUPPORTED_HEAD_DIMS)
     for d, ok in ((2 * top, True), (4 * top, False), (14, False)):
         path = tmp_path / f"d{d}.yaml"
-        path.write_text(RANGES.replace("d_model: [24, 48]", f"d_model: [{d}]").replace("heads: [1, 2, 3, 6]", "heads: [2]"))
+        path.write_text(
+            RANGES.replace("d_model: [24, 48]", f"d_model: [{d}]").replace("heads: [1, 2, 3, 6]", "heads: [2]")
+        )
         if ok:
             load_space(path).check_measurable()
         else:
@@ -324,8 +337,8 @@ def test_the_readme_space_example_runs_as_written(tmp_path):
     """The README's space, copied into a file as a user would: it loads (it used to lack the
     required train.batch_size), documents max_train_seconds, and samples a candidate."""
     readme = (SHIPPED.parent / "README.md").read_text()
-    section = readme[readme.index("## Search spaces are data"):]
-    block = section[section.index("```yaml\n") + len("```yaml\n"):section.index("```\n", section.index("```yaml"))]
+    section = readme[readme.index("## Search spaces are data") :]
+    block = section[section.index("```yaml\n") + len("```yaml\n") : section.index("```\n", section.index("```yaml"))]
     path = tmp_path / "my_space.yaml"
     path.write_text(block)
     space = load_space(path)

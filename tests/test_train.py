@@ -38,11 +38,21 @@ ARCH = ArchSpec(32, (LayerSpec("attention", heads=2, mlp_ratio=2.0),), V, V)
 # ---------------------------------------------------------------- schedule
 
 
-@pytest.mark.parametrize("step, want", [
-    (0, 0.1), (4, 0.5), (9, 1.0),                      # warmup: (step + 1) / 10
-    (10, 1.0), (40, 0.75), (55, 0.5), (70, 0.25),      # cosine over the 90 steps after warmup
-    (100, 0.0), (130, 0.0),                            # ends at zero and stays there
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "step, want",
+    [
+        (0, 0.1),
+        (4, 0.5),
+        (9, 1.0),  # warmup: (step + 1) / 10
+        (10, 1.0),
+        (40, 0.75),
+        (55, 0.5),
+        (70, 0.25),  # cosine over the 90 steps after warmup
+        (100, 0.0),
+        (130, 0.0),  # ends at zero and stays there
+    ],
+    ids=lambda v: str(v),
+)
 def test_lr_factor_warmup_then_cosine(step, want):
     spec = TrainSpec(steps=100, warmup_frac=0.1)  # 10 warmup steps
     assert lr_factor(step, spec) == pytest.approx(want, abs=1e-12)
@@ -175,8 +185,17 @@ class ScriptedLoss(nn.Module):
 @pytest.mark.parametrize("steps, window", [(100, 5), (45, 2), (20, 1), (7, 1)], ids=lambda v: str(v))
 def test_curve_is_window_means_labelled_by_their_last_step(steps, window):
     task = previous_token_task(n_train=32, n_test=8)
-    task = Task("zeros", {}, V, V, "token", task.x_train, torch.zeros_like(task.y_train), task.x_test,
-                torch.zeros_like(task.y_test))
+    task = Task(
+        "zeros",
+        {},
+        V,
+        V,
+        "token",
+        task.x_train,
+        torch.zeros_like(task.y_train),
+        task.x_test,
+        torch.zeros_like(task.y_test),
+    )
     model = ScriptedLoss(V)
     result = train(model, task, TrainSpec(steps=steps, batch_size=4), device="cpu")
     assert window == max(1, steps // CURVE_POINTS)
@@ -205,8 +224,7 @@ class FixedLogits(nn.Module):
 def test_evaluate_counts_only_scored_positions_by_hand():
     # 2 rows × 3 positions, 2 classes; the model always prefers class 0 with probability e/(e+1)
     logits = torch.tensor([[[1.0, 0.0]] * 3] * 2)
-    y = torch.tensor([[0, IGNORE_INDEX, 1],
-                      [IGNORE_INDEX, IGNORE_INDEX, 1]])
+    y = torch.tensor([[0, IGNORE_INDEX, 1], [IGNORE_INDEX, IGNORE_INDEX, 1]])
     x = torch.tensor([[0, 0, 0], [1, 1, 1]])
     task = Task("hand", {}, 2, 2, "token", x, y, x, y)
     accuracy, loss = evaluate(FixedLogits(logits), task, CPU)

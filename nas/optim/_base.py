@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from nas import settings
 from kernels.optim.reference import clip_scale, compute_dtype, effective_grad, global_grad_norm, grad_noise_std
+from nas import settings
 
 __all__ = ["GradOptions", "GradTransform", "OptimizerBase"]
 
@@ -182,8 +182,9 @@ class OptimizerBase(torch.optim.Optimizer):
             if not params:
                 continue
             if group_fused:
-                transform = GradTransform(scale, noise_std, None, fused=True,
-                                          seed=noise_seed(opts.seed, self._noise_t, index))
+                transform = GradTransform(
+                    scale, noise_std, None, fused=True, seed=noise_seed(opts.seed, self._noise_t, index)
+                )
             else:
                 generator = self._generator(params[0].device) if noise_std > 0 else None
                 transform = GradTransform(scale, noise_std, generator)

@@ -25,9 +25,9 @@ from optuna.artifacts import download_artifact
 from safetensors.torch import load_file, save_file
 
 from nas.models import HybridModel, TritonModel, build, to_triton
-from nas.spec import ArchSpec, TrainSpec, arch_hash
 from nas.search.record import TrialRecord, study_setup
 from nas.search.storage import open_artifact_store
+from nas.spec import ArchSpec, TrainSpec, arch_hash
 from nas.tasks import Task, task_from_config
 
 __all__ = ["ONNX_OPSET", "ExportError", "export", "load", "trial_model"]
@@ -49,16 +49,22 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return {"hybrid-nas": version("hybrid-nas"), "torch": torch.__version__, "optuna": optuna.__version__,
-            "python": platform.python_version()}
+    return {
+        "hybrid-nas": version("hybrid-nas"),
+        "torch": torch.__version__,
+        "optuna": optuna.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def trial_model(trial: TrialRecord, storage: str) -> HybridModel:
     """The trained model of a completed trial, rebuilt from its arch and stored weights (CPU)."""
     artifact = trial.weights_artifact
     if artifact is None:
-        raise ExportError(f"trial {trial.number} has no stored weights (it was not trained: "
-                          f"{trial.skipped_training or 'no weights artifact'}); use --retrain-steps")
+        raise ExportError(
+            f"trial {trial.number} has no stored weights (it was not trained: "
+            f"{trial.skipped_training or 'no weights artifact'}); use --retrain-steps"
+        )
     model = build(trial.arch)
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "w.safetensors")
@@ -90,15 +96,32 @@ def _write_onnx(model: HybridModel, path: Path, seq_len: int) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # deprecations inside torch.export's pytree
-            torch.onnx.export(model, (example,), str(path), input_names=["tokens"], output_names=["logits"],
-                              dynamic_shapes={"tokens": {0: batch, 1: seq}}, opset_version=ONNX_OPSET, dynamo=True,
-                              external_data=False, verbose=False)
+            torch.onnx.export(
+                model,
+                (example,),
+                str(path),
+                input_names=["tokens"],
+                output_names=["logits"],
+                dynamic_shapes={"tokens": {0: batch, 1: seq}},
+                opset_version=ONNX_OPSET,
+                dynamo=True,
+                external_data=False,
+                verbose=False,
+            )
     finally:
         exporter_log.setLevel(level)
 
 
-def export(study: optuna.Study, trial: TrialRecord, out: str | Path, *, storage: str,
-           retrain_steps: int | None = None, force: bool = False, device: str = "cpu") -> Path:
+def export(
+    study: optuna.Study,
+    trial: TrialRecord,
+    out: str | Path,
+    *,
+    storage: str,
+    retrain_steps: int | None = None,
+    force: bool = False,
+    device: str = "cpu",
+) -> Path:
     """Write the bundle of ``trial`` into ``out`` (which must be absent or empty unless ``force``)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
@@ -123,20 +146,35 @@ def export(study: optuna.Study, trial: TrialRecord, out: str | Path, *, storage:
     try:
         record = {
             "format": "hybrid-nas-bundle/1",
-            "arch": arch.to_dict(), "arch_hash": arch_hash(arch), "train": train.to_dict(), "task": task_config,
-            "study": study.study_name, "trial": trial.number, "retrained_steps": retrain_steps, "trained": trained,
+            "arch": arch.to_dict(),
+            "arch_hash": arch_hash(arch),
+            "train": train.to_dict(),
+            "task": task_config,
+            "study": study.study_name,
+            "trial": trial.number,
+            "retrained_steps": retrain_steps,
+            "trained": trained,
             "metrics": {**trial.values, "accuracy": accuracy},
             "latency": trial.latency.to_dict() if trial.latency is not None else None,
-            "latency_label": trial.latency_label(), "memory": dict(trial.memory),
-            "params": trial.params, "versions": _versions(),
-            "exported": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "onnx": {"opset": ONNX_OPSET, "inputs": {"tokens": "int64 [batch, seq]"},
-                     "outputs": {"logits": "float32 [batch, seq, n_out]" if arch.readout == "token"
-                                 else "float32 [batch, n_out]"}},
+            "latency_label": trial.latency_label(),
+            "memory": dict(trial.memory),
+            "params": trial.params,
+            "versions": _versions(),
+            "exported": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "onnx": {
+                "opset": ONNX_OPSET,
+                "inputs": {"tokens": "int64 [batch, seq]"},
+                "outputs": {
+                    "logits": "float32 [batch, seq, n_out]" if arch.readout == "token" else "float32 [batch, n_out]"
+                },
+            },
         }
         (staging / "arch.json").write_text(json.dumps(record, indent=2) + "\n")
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(staging / "model.safetensors"),
-                  metadata={"arch_hash": arch_hash(arch)})
+        save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items()},
+            str(staging / "model.safetensors"),
+            metadata={"arch_hash": arch_hash(arch)},
+        )
         # safetensors creates its file private (0600); the bundle is meant to be shared like its other files
         (staging / "model.safetensors").chmod((staging / "arch.json").stat().st_mode & 0o777)
         seq_len = (task_config or {}).get("seq_len", 16)
@@ -158,7 +196,8 @@ def _card(r: dict[str, Any]) -> str:
     train = TrainSpec.from_dict(r["train"])
     label = r.get("latency_label") or lat.get("source", "?")
     if lat.get("interval"):
-        spread = f" (interval {lat['median_ms'] * (1 - lat['interval']):.4g}–{lat['median_ms'] * (1 + lat['interval']):.4g} ms)"
+        low, high = lat["median_ms"] * (1 - lat["interval"]), lat["median_ms"] * (1 + lat["interval"])
+        spread = f" (interval {low:.4g}–{high:.4g} ms)"
     elif lat.get("iqr_ms"):
         spread = f" ± {lat['iqr_ms']:.4g} (IQR)"
     else:
@@ -167,22 +206,27 @@ def _card(r: dict[str, Any]) -> str:
     task_line = ", ".join(f"{k}={v}" for k, v in task.items() if k != "name")
     retrained = f" (retrained for {r['retrained_steps']} steps)" if r["retrained_steps"] else ""
     done = (r.get("trained") or {}).get("steps")
-    steps = (f"{train.steps} steps" if done is None or done == train.steps else
-             f"{done} of {train.steps} planned steps (stopped early: {r['trained'].get('stopped') or 'time budget'})")
+    steps = (
+        f"{train.steps} steps"
+        if done is None or done == train.steps
+        else f"{done} of {train.steps} planned steps (stopped early: {r['trained'].get('stopped') or 'time budget'})"
+    )
     blocks = f"{arch.depth} block{'' if arch.depth == 1 else 's'}"
-    return _card_metadata(r) + f"""# {arch.summary()} — trial {r['trial']} of `{r['study']}`
+    return (
+        _card_metadata(r)
+        + f"""# {arch.summary()} — trial {r["trial"]} of `{r["study"]}`
 
 | metric | value |
 | --- | --- |
-| accuracy{retrained} | {m['accuracy']:.4f} |
-| latency | {m['latency_ms']:.4g} ms{spread}, **{label}** ({lat.get('dtype', '?')}, shape {lat.get('shape', '?')}) |
-| memory | {m['memory_mb']:.4g} MB (weights + peak activations + KV cache / state) |
-| parameters | {r['params']:,} |
+| accuracy{retrained} | {m["accuracy"]:.4f} |
+| latency | {m["latency_ms"]:.4g} ms{spread}, **{label}** ({lat.get("dtype", "?")}, shape {lat.get("shape", "?")}) |
+| memory | {m["memory_mb"]:.4g} MB (weights + peak activations + KV cache / state) |
+| parameters | {r["params"]:,} |
 
-Architecture: width {arch.d_model}, {blocks} — {', '.join(_layer_text(la) for la in arch.layers)};
-vocab {arch.vocab_size}, {arch.n_out} outputs, readout `{arch.readout}`. `arch_hash` {r['arch_hash']}.
+Architecture: width {arch.d_model}, {blocks} — {", ".join(_layer_text(la) for la in arch.layers)};
+vocab {arch.vocab_size}, {arch.n_out} outputs, readout `{arch.readout}`. `arch_hash` {r["arch_hash"]}.
 
-Task: `{task.get('name', '?')}` ({task_line}).
+Task: `{task.get("name", "?")}` ({task_line}).
 
 Recipe: {train.optimizer}, lr {train.lr:.3g} (warmup {train.warmup_frac:.0%}, cosine), weight decay
 {train.weight_decay:g}, {steps} of batch {train.batch_size}, grad clip {train.grad_clip:g},
@@ -196,11 +240,12 @@ model = nas.load("path/to/this/folder")       # HybridModel with these weights, 
 logits = model(tokens)                        # tokens: int64 [batch, seq]
 ```
 
-ONNX (opset {r['onnx']['opset']}): input `tokens` int64 `[batch, seq]`, output `logits`
-{r['onnx']['outputs']['logits']}; `batch` and `seq` are dynamic axes.
+ONNX (opset {r["onnx"]["opset"]}): input `tokens` int64 `[batch, seq]`, output `logits`
+{r["onnx"]["outputs"]["logits"]}; `batch` and `seq` are dynamic axes.
 
-Versions: {', '.join(f'{k} {v}' for k, v in r['versions'].items())}. Exported {r['exported']}.
+Versions: {", ".join(f"{k} {v}" for k, v in r["versions"].items())}. Exported {r["exported"]}.
 """
+    )
 
 
 def _card_metadata(r: dict[str, Any]) -> str:
@@ -210,12 +255,18 @@ def _card_metadata(r: dict[str, Any]) -> str:
         "library_name": "hybrid-nas",
         "tags": ["hybrid-nas", "neural-architecture-search", "hybrid-attention", task],
         "metrics": ["accuracy"],
-        "model-index": [{
-            "name": f"{r['study']}-trial{r['trial']}",
-            "results": [{"task": {"type": "sequence-modeling", "name": task},
-                         "dataset": {"type": task, "name": task},
-                         "metrics": [{"type": "accuracy", "value": round(float(r["metrics"]["accuracy"]), 4)}]}],
-        }],
+        "model-index": [
+            {
+                "name": f"{r['study']}-trial{r['trial']}",
+                "results": [
+                    {
+                        "task": {"type": "sequence-modeling", "name": task},
+                        "dataset": {"type": task, "name": task},
+                        "metrics": [{"type": "accuracy", "value": round(float(r["metrics"]["accuracy"]), 4)}],
+                    }
+                ],
+            }
+        ],
     }
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n"
 

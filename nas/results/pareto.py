@@ -18,6 +18,7 @@ from nas.search.setup import PICKS
 
 __all__ = ["PICKS", "PickError", "completed", "front", "knee", "pick", "reference_point"]
 
+
 class PickError(ValueError):
     """No trial satisfies the request; the message says what was asked and what exists."""
 
@@ -61,8 +62,14 @@ def knee(trials: list[TrialRecord]) -> TrialRecord:
     return min(trials, key=distance)
 
 
-def pick(study: optuna.Study, how: str = "knee", *, trial: int | None = None, max_latency_ms: float | None = None,
-         max_memory_mb: float | None = None) -> TrialRecord:
+def pick(
+    study: optuna.Study,
+    how: str = "knee",
+    *,
+    trial: int | None = None,
+    max_latency_ms: float | None = None,
+    max_memory_mb: float | None = None,
+) -> TrialRecord:
     """Choose a completed trial: by number, or from the feasible front within the budgets by
     ``how`` — ``knee`` (see :func:`knee`), ``accuracy`` (most accurate, then fastest) or
     ``latency`` (fastest, then most accurate)."""
@@ -78,14 +85,19 @@ def pick(study: optuna.Study, how: str = "knee", *, trial: int | None = None, ma
         return record(study, by_number[trial])
     if how not in PICKS:
         raise PickError(f"--pick {how!r} is not one of {list(PICKS)}")
-    candidates = [r for r in front(study)
-                  if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
-                  and (max_memory_mb is None or r.memory_mb <= max_memory_mb)]
+    candidates = [
+        r
+        for r in front(study)
+        if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
+        and (max_memory_mb is None or r.memory_mb <= max_memory_mb)
+    ]
     if not candidates:
         fastest = min(done, key=lambda r: r.latency_ms)
-        raise PickError(f"no front trial meets the budget (max latency {max_latency_ms} ms, max memory "
-                        f"{max_memory_mb} MB); the fastest completed trial takes {fastest.latency_ms:.4g} ms "
-                        f"and {fastest.memory_mb:.4g} MB")
+        raise PickError(
+            f"no front trial meets the budget (max latency {max_latency_ms} ms, max memory "
+            f"{max_memory_mb} MB); the fastest completed trial takes {fastest.latency_ms:.4g} ms "
+            f"and {fastest.memory_mb:.4g} MB"
+        )
     if how == "accuracy":
         return max(candidates, key=lambda r: (r.accuracy, -r.latency_ms))
     if how == "latency":

@@ -41,13 +41,19 @@ def hover_text(r: TrialRecord) -> str:
         spread = f" [{lat.low_ms:.4g}, {lat.high_ms:.4g}]"
     else:
         spread = ""
-    return "<br>".join([
-        html.escape(one_line(r)),
-        f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MB",
-        f"latency {r.latency_ms:.4g}{spread} ms, {html.escape(r.latency_label())}",
-        *([f"not trained: {html.escape(r.skipped_training)}"] if r.skipped_training else []),
-        *([f"not on the front: training stopped early ({html.escape(r.truncation_text())})"] if r.truncated else []),
-    ])
+    return "<br>".join(
+        [
+            html.escape(one_line(r)),
+            f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MB",
+            f"latency {r.latency_ms:.4g}{spread} ms, {html.escape(r.latency_label())}",
+            *([f"not trained: {html.escape(r.skipped_training)}"] if r.skipped_training else []),
+            *(
+                [f"not on the front: training stopped early ({html.escape(r.truncation_text())})"]
+                if r.truncated
+                else []
+            ),
+        ]
+    )
 
 
 def _split(study: optuna.Study) -> dict[str, list[TrialRecord]]:
@@ -66,6 +72,7 @@ def _split(study: optuna.Study) -> dict[str, list[TrialRecord]]:
 
 def _latency_error(trials: list[TrialRecord]) -> dict:
     """Error bars: a prediction's interval, a measurement's IQR (half each side)."""
+
     def bounds(r: TrialRecord) -> tuple[float, float]:
         lat = r.latency
         if lat is None:
@@ -92,13 +99,29 @@ def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
         ("truncated (not on the front)", groups["truncated"], dict(color=_INFEASIBLE, symbol="triangle-down", size=7)),
         ("dominated", groups["dominated"], dict(color=_DOMINATED, size=7)),
     ):
-        fig.add_trace(go.Scatter(x=[r.latency_ms for r in trials], y=[r.accuracy for r in trials], mode="markers",
-                                 name=name, marker=style, hovertext=[hover_text(r) for r in trials],
-                                 hoverinfo="text"))
-    fig.add_trace(go.Scatter(x=[r.latency_ms for r in best], y=[r.accuracy for r in best], mode="markers",
-                             name="Pareto front (accuracy, latency, memory)", error_x=_latency_error(best),
-                             marker=dict(color=_FRONT, size=10, line=dict(color="white", width=1)),
-                             hovertext=[hover_text(r) for r in best], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=[r.latency_ms for r in trials],
+                y=[r.accuracy for r in trials],
+                mode="markers",
+                name=name,
+                marker=style,
+                hovertext=[hover_text(r) for r in trials],
+                hoverinfo="text",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[r.latency_ms for r in best],
+            y=[r.accuracy for r in best],
+            mode="markers",
+            name="Pareto front (accuracy, latency, memory)",
+            error_x=_latency_error(best),
+            marker=dict(color=_FRONT, size=10, line=dict(color="white", width=1)),
+            hovertext=[hover_text(r) for r in best],
+            hoverinfo="text",
+        )
+    )
     # The staircase joins the trials that stay optimal in this 2D view (each more accurate than
     # every faster one); the others are on the front only through memory.
     stairs, best_acc = [], -1.0
@@ -106,29 +129,59 @@ def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
         if r.accuracy > best_acc:
             stairs.append(r)
             best_acc = r.accuracy
-    fig.add_trace(go.Scatter(x=[r.latency_ms for r in stairs], y=[r.accuracy for r in stairs], mode="lines",
-                             name="accuracy–latency front", line=dict(color=_FRONT, shape="hv", width=1.5),
-                             hoverinfo="skip"))
+    fig.add_trace(
+        go.Scatter(
+            x=[r.latency_ms for r in stairs],
+            y=[r.accuracy for r in stairs],
+            mode="lines",
+            name="accuracy–latency front",
+            line=dict(color=_FRONT, shape="hv", width=1.5),
+            hoverinfo="skip",
+        )
+    )
     if budgets.get("max_latency_ms"):
-        fig.add_vline(x=budgets["max_latency_ms"], line_dash="dash", line_color="black",
-                      annotation_text=f"max latency {budgets['max_latency_ms']:g} ms")
-    fig.update_layout(title="Accuracy vs latency", xaxis_title=_latency_axis(study),
-                      yaxis_title="accuracy", template="plotly_white", height=520)
+        fig.add_vline(
+            x=budgets["max_latency_ms"],
+            line_dash="dash",
+            line_color="black",
+            annotation_text=f"max latency {budgets['max_latency_ms']:g} ms",
+        )
+    fig.update_layout(
+        title="Accuracy vs latency",
+        xaxis_title=_latency_axis(study),
+        yaxis_title="accuracy",
+        template="plotly_white",
+        height=520,
+    )
     return fig
 
 
 def _front_3d(study: optuna.Study) -> go.Figure:
     groups = _split(study)
     fig = go.Figure()
-    for name, trials, color, size in (("infeasible", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
-                                      ("dominated", groups["dominated"], _DOMINATED, 4),
-                                      ("Pareto front", groups["front"], _FRONT, 6)):
-        fig.add_trace(go.Scatter3d(x=[r.latency_ms for r in trials], y=[r.memory_mb for r in trials],
-                                   z=[r.accuracy for r in trials], mode="markers", name=name,
-                                   marker=dict(color=color, size=size), hovertext=[hover_text(r) for r in trials],
-                                   hoverinfo="text"))
-    fig.update_layout(title="Accuracy × latency × memory", template="plotly_white", height=600,
-                      scene=dict(xaxis_title="latency ms", yaxis_title="memory MB", zaxis_title="accuracy"))
+    for name, trials, color, size in (
+        ("infeasible", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
+        ("dominated", groups["dominated"], _DOMINATED, 4),
+        ("Pareto front", groups["front"], _FRONT, 6),
+    ):
+        fig.add_trace(
+            go.Scatter3d(
+                x=[r.latency_ms for r in trials],
+                y=[r.memory_mb for r in trials],
+                z=[r.accuracy for r in trials],
+                mode="markers",
+                name=name,
+                marker=dict(color=color, size=size),
+                hovertext=[hover_text(r) for r in trials],
+                hoverinfo="text",
+            )
+        )
+    fig.update_layout(
+        title="Accuracy × latency × memory",
+        template="plotly_white",
+        height=600,
+        scene=dict(xaxis_title="latency ms", yaxis_title="memory MB", zaxis_title="accuracy"),
+    )
     return fig
 
 
@@ -161,8 +214,17 @@ def _parallel(study: optuna.Study) -> go.Figure:
         dim("latency ms", [r.latency_ms for r in trials]),
         dim("accuracy", [r.accuracy for r in trials]),
     ]
-    fig = go.Figure(go.Parcoords(line=dict(color=[r.accuracy for r in trials], colorscale="Viridis", showscale=True,
-                                           colorbar=dict(title="accuracy")), dimensions=dims))
+    fig = go.Figure(
+        go.Parcoords(
+            line=dict(
+                color=[r.accuracy for r in trials],
+                colorscale="Viridis",
+                showscale=True,
+                colorbar=dict(title="accuracy"),
+            ),
+            dimensions=dims,
+        )
+    )
     fig.update_layout(title="Architecture parameters, coloured by accuracy", template="plotly_white", height=480)
     return fig
 
@@ -183,8 +245,13 @@ def _table(study: optuna.Study) -> go.Figure:
         "latency ms": [_latency_cell(r) for r in best],
         "memory MB": [f"{r.memory_mb:.3g}" for r in best],
     }
-    fig = go.Figure(go.Table(columnwidth=[1, 6, 2, 3, 2], header=dict(values=list(cols), align="left"),
-                             cells=dict(values=list(cols.values()), align="left")))
+    fig = go.Figure(
+        go.Table(
+            columnwidth=[1, 6, 2, 3, 2],
+            header=dict(values=list(cols), align="left"),
+            cells=dict(values=list(cols.values()), align="left"),
+        )
+    )
     fig.update_layout(title=f"Pareto front: {len(best)} trials", height=120 + 28 * max(1, len(best)))
     return fig
 
@@ -194,8 +261,13 @@ def figures(study: optuna.Study) -> dict[str, go.Figure]:
     if not completed(study):
         raise ReportError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
     budgets = study_budgets(study)
-    return {"front2d": _front_2d(study, budgets), "front3d": _front_3d(study), "hypervolume": _hypervolume(study),
-            "parallel": _parallel(study), "front-table": _table(study)}
+    return {
+        "front2d": _front_2d(study, budgets),
+        "front3d": _front_3d(study),
+        "hypervolume": _hypervolume(study),
+        "parallel": _parallel(study),
+        "front-table": _table(study),
+    }
 
 
 def write_html(study: optuna.Study, out: str | Path) -> Path:
@@ -204,19 +276,26 @@ def write_html(study: optuna.Study, out: str | Path) -> Path:
     figs = figures(study)
     search = study_setup(study) or {}
     truncated = len(_split(study)["truncated"])
-    truncated_note = (f"; {truncated} trial(s) stopped early by the time budget, shown but kept off the front"
-                      if truncated else "")
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=name, config=PLOT_CONFIG)
-             for i, (name, fig) in enumerate(figs.items())]
-    head = (f"<h1>{html.escape(study.study_name)}</h1><p>space <b>{html.escape(str(search.get('space', '?')))}</b>, "
-            f"task <b>{html.escape(str(search.get('task', '?')))}</b>, latency at "
-            f"{html.escape(str(search.get('latency_shape', '?')))} for {html.escape(str(search.get('profile', '?')))}; "
-            f"{len(completed(study))} completed trials, {len(front(study))} on the front"
-            f"{truncated_note}.</p>")
-    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
-            f"{html.escape(study.study_name)} — hybrid-nas report</title>"
-            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}</style></head><body>"
-            f"{head}{''.join(parts)}</body></html>")
+    truncated_note = (
+        f"; {truncated} trial(s) stopped early by the time budget, shown but kept off the front" if truncated else ""
+    )
+    parts = [
+        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=name, config=PLOT_CONFIG)
+        for i, (name, fig) in enumerate(figs.items())
+    ]
+    head = (
+        f"<h1>{html.escape(study.study_name)}</h1><p>space <b>{html.escape(str(search.get('space', '?')))}</b>, "
+        f"task <b>{html.escape(str(search.get('task', '?')))}</b>, latency at "
+        f"{html.escape(str(search.get('latency_shape', '?')))} for {html.escape(str(search.get('profile', '?')))}; "
+        f"{len(completed(study))} completed trials, {len(front(study))} on the front"
+        f"{truncated_note}.</p>"
+    )
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
+        f"{html.escape(study.study_name)} — hybrid-nas report</title>"
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}</style></head><body>"
+        f"{head}{''.join(parts)}</body></html>"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     return out

@@ -51,10 +51,12 @@ def planned(trial_number: int) -> str | None:
 def step_hook(kind: str | None, model: torch.nn.Module) -> Callable[[int], None] | None:
     """A per-step callback for ``train`` that injects a training-time fault."""
     if kind == "oom":
+
         def hook(step: int) -> None:
             if step == 3:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected by NAS_FAULT=oom)")
     elif kind == "nan":
+
         def hook(step: int) -> None:
             if step == 2:
                 with torch.no_grad():
@@ -64,8 +66,9 @@ def step_hook(kind: str | None, model: torch.nn.Module) -> Callable[[int], None]
     return hook
 
 
-def training_budget(kind: str | None, max_seconds: float | None, deadline: float | None,
-                    now: float) -> tuple[float | None, float | None]:
+def training_budget(
+    kind: str | None, max_seconds: float | None, deadline: float | None, now: float
+) -> tuple[float | None, float | None]:
     """The (wall-clock guard, deadline) a trial trains under, with ``slow`` / ``timeout`` applied."""
     if kind == "slow":
         return 0.0, deadline
@@ -81,5 +84,6 @@ def check_scoring(kind: str | None) -> None:
     if kind == "compile":
         raise KernelCompileError("triton compilation failed: out of resource: shared memory (injected)")
     if kind == "mismatch":
-        raise KernelMismatchError("triton forward differs from the torch reference: max |err| 3.1e-01 > 2e-02 "
-                                  "(injected)")
+        raise KernelMismatchError(
+            "triton forward differs from the torch reference: max |err| 3.1e-01 > 2e-02 (injected)"
+        )

@@ -21,13 +21,13 @@ from safetensors.torch import save_file
 
 from hardware_profiles import HardwareProfile
 from kernels.device import is_cuda
-from nas.search import faults, gpu_share, record
 from nas.latency import KernelError, Latency, LatencyShape, MemoryEstimate, count_params, measure, memory, predict
 from nas.models import build
+from nas.search import faults, gpu_share, record
+from nas.space import SearchSpace
 from nas.spec import ArchSpec, arch_hash
 from nas.tasks import Task
 from nas.train import Budget, TrainingDiverged, TrainingOOM, TrialTimeout, train
-from nas.space import SearchSpace
 
 __all__ = ["Budgets", "TrialContext", "evaluate"]
 
@@ -107,31 +107,55 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         record.write_failure(trial, f"{type(e).__name__}: {e}")
         return TrialState.FAIL, None
     mem = memory(arch, ctx.shape)
-    record.write_scored(trial, arch, cand.train, params, lat, mem.to_dict(),
-                        latency_seconds=time.perf_counter() - scoring_start - waited, wait_seconds=waited)
+    record.write_scored(
+        trial,
+        arch,
+        cand.train,
+        params,
+        lat,
+        mem.to_dict(),
+        latency_seconds=time.perf_counter() - scoring_start - waited,
+        wait_seconds=waited,
+    )
     cons = _constraints(ctx.budgets, lat, mem.total_mb, params)
     for key, value in cons.items():
         trial.set_constraint(key, value)
     broken = [k for k, v in cons.items() if v > 0]
     if broken:
         record.write_skipped(trial, f"breaks the hard budget on {', '.join(broken)}")
-        logger.info("trial %d: %s breaks the hard budget on %s; not trained", trial.number, arch.summary(),
-                    ", ".join(broken))
+        logger.info(
+            "trial %d: %s breaks the hard budget on %s; not trained", trial.number, arch.summary(), ", ".join(broken)
+        )
         return TrialState.COMPLETE, _values(ctx, 0.0, lat, mem)
-    logger.info("trial %d: training %s (%s params, %s lr=%.2g, %d steps of batch %d) on %s", trial.number,
-                arch.summary(), f"{params:,}", cand.train.optimizer, cand.train.lr, cand.train.steps,
-                cand.train.batch_size, ctx.device)
+    logger.info(
+        "trial %d: training %s (%s params, %s lr=%.2g, %d steps of batch %d) on %s",
+        trial.number,
+        arch.summary(),
+        f"{params:,}",
+        cand.train.optimizer,
+        cand.train.lr,
+        cand.train.steps,
+        cand.train.batch_size,
+        ctx.device,
+    )
 
     model = build(arch, ctx.task, seed=cand.train.seed)
     timeout = ctx.budgets.trial_timeout
-    max_seconds, deadline = faults.training_budget(fault, ctx.space.max_train_seconds,
-                                                   None if timeout is None else start + timeout, time.monotonic())
+    max_seconds, deadline = faults.training_budget(
+        fault, ctx.space.max_train_seconds, None if timeout is None else start + timeout, time.monotonic()
+    )
     budget = Budget(max_seconds=max_seconds, deadline=deadline)
     reason = None
     try:
-        result = train(model, ctx.task, cand.train, device=ctx.device, budget=budget,
-                       share=gpu_share.current() if is_cuda(ctx.device) else None,
-                       step_hook=faults.step_hook(fault, model))
+        result = train(
+            model,
+            ctx.task,
+            cand.train,
+            device=ctx.device,
+            budget=budget,
+            share=gpu_share.current() if is_cuda(ctx.device) else None,
+            step_hook=faults.step_hook(fault, model),
+        )
     except TrainingDiverged as e:
         reason = f"diverged: {e}"
     except TrainingOOM as e:
@@ -143,19 +167,35 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         del model
         _release_memory(ctx.device)
         return TrialState.FAIL, None
-    record.write_trained(trial, curve=result.curve, seconds=result.seconds, steps=result.steps,
-                         planned_steps=cand.train.steps, stopped=result.stopped, test_loss=result.test_loss,
-                         weights_artifact=_upload_weights(ctx, trial, model))
-    logger.info("trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MB",
-                trial.number, result.accuracy, result.steps, result.seconds, result.stopped, lat.median_ms,
-                lat.source, mem.total_mb)
+    record.write_trained(
+        trial,
+        curve=result.curve,
+        seconds=result.seconds,
+        steps=result.steps,
+        planned_steps=cand.train.steps,
+        stopped=result.stopped,
+        test_loss=result.test_loss,
+        weights_artifact=_upload_weights(ctx, trial, model),
+    )
+    logger.info(
+        "trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MB",
+        trial.number,
+        result.accuracy,
+        result.steps,
+        result.seconds,
+        result.stopped,
+        lat.median_ms,
+        lat.source,
+        mem.total_mb,
+    )
     return TrialState.COMPLETE, _values(ctx, result.accuracy, lat, mem)
 
 
 def _values(ctx: TrialContext, accuracy: float, lat: Latency, mem: MemoryEstimate) -> list[float]:
     """The objectives by name, in the study's order."""
-    return record.values_in_order(ctx.objectives, {"accuracy": accuracy, "latency_ms": lat.median_ms,
-                                                    "memory_mb": mem.total_mb})
+    return record.values_in_order(
+        ctx.objectives, {"accuracy": accuracy, "latency_ms": lat.median_ms, "memory_mb": mem.total_mb}
+    )
 
 
 def _repeat_of(trial: optuna.Trial) -> int | None:
@@ -183,5 +223,6 @@ def _upload_weights(ctx: TrialContext, trial: optuna.Trial, model: torch.nn.Modu
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"trial{trial.number}.safetensors")
         save_file(state, path, metadata={"arch_hash": arch_hash(model.arch)})
-        return upload_artifact(artifact_store=ctx.artifacts, file_path=path, study_or_trial=trial,
-                               mimetype="application/octet-stream")
+        return upload_artifact(
+            artifact_store=ctx.artifacts, file_path=path, study_or_trial=trial, mimetype="application/octet-stream"
+        )

@@ -18,7 +18,15 @@ from optuna.storages.journal import JournalFileBackend
 
 from nas import settings
 
-__all__ = ["DEFAULT_STORAGE", "FlockLock", "StorageError", "artifact_dir", "open_artifact_store", "open_storage", "resolve_storage"]
+__all__ = [
+    "DEFAULT_STORAGE",
+    "FlockLock",
+    "StorageError",
+    "artifact_dir",
+    "open_artifact_store",
+    "open_storage",
+    "resolve_storage",
+]
 
 DEFAULT_STORAGE = "runs/studies.journal"
 HEARTBEAT_GRACE = 4  # a trial with no heartbeat for this many intervals belongs to a dead worker
@@ -71,8 +79,10 @@ def open_storage(storage: str) -> BaseStorage:
     if "://" in storage:
         scheme = storage.split("://", 1)[0].split("+", 1)[0]
         if scheme not in _RDB_SCHEMES:
-            raise StorageError(f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
-                               f"or one of {[s + '://' for s in _RDB_SCHEMES]}")
+            raise StorageError(
+                f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
+                f"or one of {[s + '://' for s in _RDB_SCHEMES]}"
+            )
         if storage.startswith(("postgresql://", "postgres://")):
             # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; this project ships psycopg2
             storage = "postgresql+psycopg2://" + storage.split("://", 1)[1]
@@ -80,9 +90,13 @@ def open_storage(storage: str) -> BaseStorage:
         try:
             with warnings.catch_warnings():  # heartbeat arguments are marked experimental
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return RDBStorage(storage, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None,
-                                  heartbeat_interval=beat, grace_period=HEARTBEAT_GRACE * beat,
-                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
+                return RDBStorage(
+                    storage,
+                    engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None,
+                    heartbeat_interval=beat,
+                    grace_period=HEARTBEAT_GRACE * beat,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3),
+                )
         except Exception as e:  # sqlalchemy/driver errors vary by backend; report them as one line
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise StorageError(f"storage URL {storage!r}: cannot open it ({first})") from None
@@ -98,7 +112,6 @@ def open_storage(storage: str) -> BaseStorage:
     except Exception as e:  # JSON errors from a file that is not a journal
         raise StorageError(f"storage {storage!r}: not an Optuna journal file ({type(e).__name__})") from None
     return journal
-
 
 
 def artifact_dir(storage: str) -> Path:

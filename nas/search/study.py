@@ -37,14 +37,28 @@ from optuna.trial import FrozenTrial, TrialState
 from hardware_profiles import HardwareProfile, load_profile
 from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import interrupt, record
-from nas.search.setup import SAMPLERS
 from nas.search.objective import Budgets, TrialContext, evaluate
+from nas.search.setup import SAMPLERS
 from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
-from nas.tasks import Task, load_task
 from nas.space import SearchSpace, load_space, parse_space
+from nas.tasks import Task, load_task
 
-__all__ = ["DIRECTIONS", "METRICS", "SAMPLERS", "SearchConfig", "SearchError", "make_sampler", "n_complete",
-           "n_infeasible", "n_truncated", "open_study", "prepare", "recover_stale_trials", "run_search", "worker_config"]
+__all__ = [
+    "DIRECTIONS",
+    "METRICS",
+    "SAMPLERS",
+    "SearchConfig",
+    "SearchError",
+    "make_sampler",
+    "n_complete",
+    "n_infeasible",
+    "n_truncated",
+    "open_study",
+    "prepare",
+    "recover_stale_trials",
+    "run_search",
+    "worker_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -121,16 +135,19 @@ class _TrialSeeded(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self._inner.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         return self._inner.sample_relative(study, trial, search_space)
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         return self._inner.sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self._inner.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
@@ -183,8 +200,10 @@ def resolve_measure(measure: bool | None, target: str, profile: HardwareProfile,
         local = detect_profile(gpu_name(device))
         return local is not None and local.name == profile.name
     if measure and not is_cuda(device):
-        raise SearchError("--measure times the candidates' kernels on a CUDA device; none is in use here "
-                          "(drop --measure to predict latency from a hardware profile)")
+        raise SearchError(
+            "--measure times the candidates' kernels on a CUDA device; none is in use here "
+            "(drop --measure to predict latency from a hardware profile)"
+        )
     return measure
 
 
@@ -204,8 +223,9 @@ def study_name(config: SearchConfig, space: SearchSpace, task_spec: str) -> str:
     return f"{space.name}-{task_part}-{config.target}"
 
 
-def open_study(name: str, storage: str, *, sampler: optuna.samplers.BaseSampler | None = None,
-               create: bool = True) -> optuna.Study:
+def open_study(
+    name: str, storage: str, *, sampler: optuna.samplers.BaseSampler | None = None, create: bool = True
+) -> optuna.Study:
     """Load study ``name``, or (with ``create``) make it with our directions and metric names.
 
     An existing study is only read here: a refused resume must leave its storage byte-identical.
@@ -226,8 +246,10 @@ def open_study(name: str, storage: str, *, sampler: optuna.samplers.BaseSampler 
             study.set_metric_names(list(METRICS))
         return study
     if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
-        raise SearchError(f"study {name!r} in {storage} was not created by nas search (its directions are "
-                          f"{[d.name.lower() for d in study.directions]})")
+        raise SearchError(
+            f"study {name!r} in {storage} was not created by nas search (its directions are "
+            f"{[d.name.lower() for d in study.directions]})"
+        )
     return study
 
 
@@ -296,9 +318,13 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         raise SearchError("--study must be a non-empty name (leave it out for <space>-<task>-<target>)")
     if config.seed < 0:
         raise SearchError(f"--seed must be >= 0, got {config.seed}")
-    for flag, value in (("--timeout", config.timeout), ("--trial-timeout", config.trial_timeout),
-                        ("--max-latency-ms", config.max_latency_ms), ("--max-params", config.max_params),
-                        ("--max-memory-mb", config.max_memory_mb)):
+    for flag, value in (
+        ("--timeout", config.timeout),
+        ("--trial-timeout", config.trial_timeout),
+        ("--max-latency-ms", config.max_latency_ms),
+        ("--max-params", config.max_params),
+        ("--max-memory-mb", config.max_memory_mb),
+    ):
         if value is not None and value <= 0:
             raise SearchError(f"{flag} must be > 0, got {value}")
     from nas.latency import parse_shape
@@ -319,47 +345,79 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency
         requested = bool(stored.get("measure", False))
         if requested and not is_cuda(device):
-            raise SearchError(f"study {name!r} measures latency on a GPU ({stored.get('profile')}); run this on a "
-                              f"CUDA device (--device cuda), or start another study with --predict")
+            raise SearchError(
+                f"study {name!r} measures latency on a GPU ({stored.get('profile')}); run this on a "
+                f"CUDA device (--device cuda), or start another study with --predict"
+            )
     measure = resolve_measure(requested, config.target, profile, device)
     if measure:
         space.check_measurable()
         if stored is not None and stored.get("measure") and stored.get("profile") != profile.name:
-            raise SearchError(f"study {name!r} holds latencies measured on {stored.get('profile')}; this GPU is "
-                              f"{profile.name}: join it from that kind of GPU, or use another --study name")
+            raise SearchError(
+                f"study {name!r} holds latencies measured on {stored.get('profile')}; this GPU is "
+                f"{profile.name}: join it from that kind of GPU, or use another --study name"
+            )
     sampler = make_sampler(config.sampler, config.seed)
     study = open_study(name, config.storage, sampler=sampler)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
-    setup = {"space": space.name, "space_source": space.source, "space_yaml": space_yaml, "task": task_spec,
-             "task_config": task.config, "target": config.target, "profile": profile.name,
-             "latency_shape": str(shape), "sampler": config.sampler, "seed": config.seed,
-             "measure": measure}
+    setup = {
+        "space": space.name,
+        "space_source": space.source,
+        "space_yaml": space_yaml,
+        "task": task_spec,
+        "task_config": task.config,
+        "target": config.target,
+        "profile": profile.name,
+        "latency_shape": str(shape),
+        "sampler": config.sampler,
+        "seed": config.seed,
+        "measure": measure,
+    }
     if stored is not None:
         for key in ("space", "task", "target", "latency_shape"):
             if stored.get(key) != setup[key]:
-                raise SearchError(f"study {name!r} was created with {key}={stored.get(key)!r}, not {setup[key]!r}; "
-                                  f"use the same settings or another --study name")
+                raise SearchError(
+                    f"study {name!r} was created with {key}={stored.get(key)!r}, not {setup[key]!r}; "
+                    f"use the same settings or another --study name"
+                )
         if bool(stored.get("measure", False)) != measure:
-            was, now = (("measured", "predicted") if stored.get("measure") else ("predicted", "measured"))
-            raise SearchError(f"study {name!r} holds {was} latencies and this run would record {now} ones "
-                              f"({'pass --measure on a CUDA device' if was == 'measured' else 'pass --predict'} "
-                              f"to match, or use another --study name)")
+            was, now = ("measured", "predicted") if stored.get("measure") else ("predicted", "measured")
+            raise SearchError(
+                f"study {name!r} holds {was} latencies and this run would record {now} ones "
+                f"({'pass --measure on a CUDA device' if was == 'measured' else 'pass --predict'} "
+                f"to match, or use another --study name)"
+            )
     else:
         record.write_study_setup(study, setup)
     budgets = Budgets(config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout)
-    recorded = {"max_latency_ms": budgets.max_latency_ms, "max_params": budgets.max_params,
-                "max_memory_mb": budgets.max_memory_mb, "trial_timeout": budgets.trial_timeout,
-                "trials": config.trials}
+    recorded = {
+        "max_latency_ms": budgets.max_latency_ms,
+        "max_params": budgets.max_params,
+        "max_memory_mb": budgets.max_memory_mb,
+        "trial_timeout": budgets.trial_timeout,
+        "trials": config.trials,
+    }
     before = record.study_budgets(study) or None
     if before != recorded:
         if before is not None:  # a resume that changes them says so: they are the study's, not this run's
-            changes = ", ".join(f"{key} {before.get(key)} -> {value}" for key, value in recorded.items()
-                                if before.get(key) != value)
-            logger.warning("study %r: recorded budgets changed (%s); workers and the report use the new ones",
-                           name, changes)
+            changes = ", ".join(
+                f"{key} {before.get(key)} -> {value}" for key, value in recorded.items() if before.get(key) != value
+            )
+            logger.warning(
+                "study %r: recorded budgets changed (%s); workers and the report use the new ones", name, changes
+            )
         record.write_study_budgets(study, recorded)  # the latest run's budgets: workers and the report read them
-    return TrialContext(space, task, profile, shape, device, budgets, open_artifact_store(config.storage),
-                        measure=measure, objectives=record.objectives_of(study)), study
+    return TrialContext(
+        space,
+        task,
+        profile,
+        shape,
+        device,
+        budgets,
+        open_artifact_store(config.storage),
+        measure=measure,
+        objectives=record.objectives_of(study),
+    ), study
 
 
 def _note_batch_clipping(space: SearchSpace, task: Task) -> None:
@@ -367,25 +425,49 @@ def _note_batch_clipping(space: SearchSpace, task: Task) -> None:
     clipped to it: a batch is drawn with replacement, so more rows only repeat rows)."""
     rows, largest = task.x_train.shape[0], max(space.train["batch_size"].values())
     if largest > rows:
-        logger.warning("train.batch_size: %d is more than the %d training rows of task %s; batches are "
-                       "clipped to %d", largest, rows, task.name, rows)
+        logger.warning(
+            "train.batch_size: %d is more than the %d training rows of task %s; batches are clipped to %d",
+            largest,
+            rows,
+            task.name,
+            rows,
+        )
 
 
-def worker_config(study: str, storage: str, *, trials: int | None = None, device: str = "auto",
-                  worker: int | None = None, timeout: float | None = None) -> SearchConfig:
+def worker_config(
+    study: str,
+    storage: str,
+    *,
+    trials: int | None = None,
+    device: str = "auto",
+    worker: int | None = None,
+    timeout: float | None = None,
+) -> SearchConfig:
     """The SearchConfig a worker joining ``study`` runs with, read back from what the study recorded."""
     existing = open_study(study, storage, create=False)
     setup, budgets = record.study_setup(existing), record.study_budgets(existing)
     if setup is None or "space_yaml" not in setup:
         raise SearchError(f"study {study!r} in {storage} was not started by nas search; start it with nas search")
-    return SearchConfig(space=setup["space"], space_yaml=setup["space_yaml"], task=setup["task"],
-                        trials=trials or budgets.get("trials", 20), timeout=timeout, study=study, storage=storage,
-                        sampler=setup.get("sampler", "tpe"), target=setup["target"],
-                        latency_shape=setup["latency_shape"], max_latency_ms=budgets.get("max_latency_ms"),
-                        max_params=budgets.get("max_params"), max_memory_mb=budgets.get("max_memory_mb"),
-                        trial_timeout=budgets.get("trial_timeout"), seed=setup.get("seed", 0), device=device,
-                        measure=setup.get("measure", False),
-                        worker=os.getpid() if worker is None else worker)
+    return SearchConfig(
+        space=setup["space"],
+        space_yaml=setup["space_yaml"],
+        task=setup["task"],
+        trials=trials or budgets.get("trials", 20),
+        timeout=timeout,
+        study=study,
+        storage=storage,
+        sampler=setup.get("sampler", "tpe"),
+        target=setup["target"],
+        latency_shape=setup["latency_shape"],
+        max_latency_ms=budgets.get("max_latency_ms"),
+        max_params=budgets.get("max_params"),
+        max_memory_mb=budgets.get("max_memory_mb"),
+        trial_timeout=budgets.get("trial_timeout"),
+        seed=setup.get("seed", 0),
+        device=device,
+        measure=setup.get("measure", False),
+        worker=os.getpid() if worker is None else worker,
+    )
 
 
 @contextlib.contextmanager
@@ -422,13 +504,20 @@ def _recover(study: optuna.Study) -> None:
 
 def _surplus(study: optuna.Study, trial: optuna.Trial, trials: int) -> bool:
     """True when earlier-numbered trials already fill the budget (another worker got there first)."""
-    ahead = [r for r in record.records(study, (TrialState.COMPLETE, TrialState.RUNNING))
-             if r.number < trial.number and (r.state == TrialState.RUNNING or r.trained)]
+    ahead = [
+        r
+        for r in record.records(study, (TrialState.COMPLETE, TrialState.RUNNING))
+        if r.number < trial.number and (r.state == TrialState.RUNNING or r.trained)
+    ]
     return len(ahead) >= trials
 
 
-def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
-               ctx_study: tuple[TrialContext, optuna.Study] | None = None) -> optuna.Study:
+def run_search(
+    config: SearchConfig,
+    *,
+    on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+    ctx_study: tuple[TrialContext, optuna.Study] | None = None,
+) -> optuna.Study:
     """Evaluate trials until ``config.trials`` have been trained in storage (or the timeout passes).
 
     Safe to run in several processes on one study: a worker starts a trial only while trained
@@ -478,8 +567,9 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
         if on_trial is not None:
             on_trial(study, frozen)
         if failures >= MAX_FAILURES_IN_A_ROW:
-            raise SearchError(f"{failures} trials in a row failed (last: {done.failure}); "
-                              "check the space's lr ranges and the task")
+            raise SearchError(
+                f"{failures} trials in a row failed (last: {done.failure}); check the space's lr ranges and the task"
+            )
         if untrained >= MAX_UNTRAINED_IN_A_ROW:
             raise SearchError(_untrained_message(untrained, done, n_complete(study), config.trials))
     return study
@@ -487,8 +577,12 @@ def run_search(config: SearchConfig, *, on_trial: Callable[[optuna.Study, Frozen
 
 def _untrained_message(count: int, last: record.TrialRecord, trained: int, trials: int) -> str:
     if last.duplicate_of is not None:
-        return (f"{count} candidates in a row repeated configurations already tried; the space seems exhausted "
-                f"after {trained} of {trials} trained trials (widen the space or ask for fewer --trials)")
-    return (f"{count} candidates in a row broke a hard budget (last: {last.skipped_training}); "
-            f"the space has too few feasible candidates ({trained} of {trials} trained so far): loosen the "
-            f"budget or narrow the space")
+        return (
+            f"{count} candidates in a row repeated configurations already tried; the space seems exhausted "
+            f"after {trained} of {trials} trained trials (widen the space or ask for fewer --trials)"
+        )
+    return (
+        f"{count} candidates in a row broke a hard budget (last: {last.skipped_training}); "
+        f"the space has too few feasible candidates ({trained} of {trials} trained so far): loosen the "
+        f"budget or narrow the space"
+    )

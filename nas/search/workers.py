@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import optuna
 
+from kernels.device import worker_device
 from nas.search import gpu_share
 
 __all__ = ["Slot", "WorkerError", "parse_gpus", "plan_slots", "run_workers"]
@@ -60,14 +61,37 @@ def plan_slots(gpus: list[str] | None, per_gpu: int, workers: int) -> list[Slot]
 
 
 def _command(study: str, storage: str, trials: int, slot: Slot, timeout: float | None, verbose: int) -> list[str]:
-    cmd = [sys.executable, "-m", "nas", *["-v"] * verbose, "worker", "--study", study, "--storage", storage,
-           "--trials", str(trials), "--worker-index", str(slot.index), "--device", "cpu" if slot.gpu is None else "cuda"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nas",
+        *["-v"] * verbose,
+        "worker",
+        "--study",
+        study,
+        "--storage",
+        storage,
+        "--trials",
+        str(trials),
+        "--worker-index",
+        str(slot.index),
+        "--device",
+        worker_device(slot.gpu),
+    ]
     return cmd + (["--timeout", str(timeout)] if timeout else [])
 
 
-def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot], *, timeout: float | None = None,
-                on_poll: Callable[[optuna.Study], None] | None = None, poll_seconds: float = 1.0,
-                verbose: int = 0) -> list[int]:
+def run_workers(
+    study: optuna.Study,
+    storage: str,
+    trials: int,
+    slots: list[Slot],
+    *,
+    timeout: float | None = None,
+    on_poll: Callable[[optuna.Study], None] | None = None,
+    poll_seconds: float = 1.0,
+    verbose: int = 0,
+) -> list[int]:
     """Run one ``nas worker`` per slot until all exit; returns their exit codes. Their stdout
     (a line per trial) is dropped: ``on_poll`` reports progress from storage; errors and ``-v``
     logs (``verbose``) go to stderr.
@@ -86,8 +110,11 @@ def run_workers(study: optuna.Study, storage: str, trials: int, slots: list[Slot
         # spinning on the same cores slow each other down many times over (GPU workers too: their
         # host-side work is small, launch-bound CPU ops).
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(slots))))
-        procs.append(subprocess.Popen(_command(study.study_name, storage, trials, slot, timeout, verbose), env=env,
-                                      stdout=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                _command(study.study_name, storage, trials, slot, timeout, verbose), env=env, stdout=subprocess.DEVNULL
+            )
+        )
         logger.info("worker %d started (pid %d, gpu %s)", slot.index, procs[-1].pid, slot.gpu)
     try:
         while any(p.poll() is None for p in procs):

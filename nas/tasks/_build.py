@@ -26,8 +26,16 @@ def streams(task: str, seed: int, n_train: int, n_test: int) -> tuple[np.random.
     return np.random.default_rng([seed, 0]), np.random.default_rng([seed, 1])
 
 
-def pack(name: str, config: dict[str, Any], vocab_size: int, n_out: int, readout: str,
-         train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], description: str) -> Task:
+def pack(
+    name: str,
+    config: dict[str, Any],
+    vocab_size: int,
+    n_out: int,
+    readout: str,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    description: str,
+) -> Task:
     """A Task from numpy (x, y) pairs; tensors become int64 and own their memory."""
     xtr, ytr = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in train)
     xte, yte = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in test)

@@ -45,13 +45,13 @@ class Task:
     def to(self, device: torch.device | str) -> Task:
         """The same task with its tensors on ``device`` (generated once, moved once)."""
         move = {k: getattr(self, k).to(device) for k in ("x_train", "y_train", "x_test", "y_test")}
-        return Task(self.name, self.config, self.vocab_size, self.n_out, self.readout, **move,
-                    description=self.description)
+        return Task(
+            self.name, self.config, self.vocab_size, self.n_out, self.readout, **move, description=self.description
+        )
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over scored positions. logits ``[N, T, C]`` or ``[N, C]``."""
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
-                               ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE_INDEX)
 
     @staticmethod
     def correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

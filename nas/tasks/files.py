@@ -126,11 +126,21 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
         raise TaskError(f"{path}: {x.shape[0]} row(s); need at least {MIN_ROWS} (to train on and to test)")
     train, test = _split(x.shape[0], seed, test_frac, path)
     if (y[test] == IGNORE_INDEX).all() or (y[train] == IGNORE_INDEX).all():
-        raise TaskError(f"{path}: with seed={seed}, test_frac={test_frac} one split has no scored targets; "
-                        "score more rows or change test_frac")
+        raise TaskError(
+            f"{path}: with seed={seed}, test_frac={test_frac} one split has no scored targets; "
+            "score more rows or change test_frac"
+        )
     config = dict(name="npz", seed=seed, path=str(file), test_frac=test_frac, n_out=n_out, sha256=digest)
-    return pack("npz", config, int(x.max()) + 1, n_out or needed, readout, (x[train], y[train]),
-                (x[test], y[test]), f"{file.name}: {x.shape[0]}×{x.shape[1]} readout={readout}")
+    return pack(
+        "npz",
+        config,
+        int(x.max()) + 1,
+        n_out or needed,
+        readout,
+        (x[train], y[train]),
+        (x[test], y[test]),
+        f"{file.name}: {x.shape[0]}×{x.shape[1]} readout={readout}",
+    )
 
 
 def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float = 0.1, sha256: str = "") -> Task:
@@ -143,8 +153,10 @@ def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float 
     if seq_len < 1:
         raise TaskError(f"{path}: seq_len must be >= 1, got {seq_len}")
     if len(text) < MIN_ROWS * seq_len + 1:  # MIN_ROWS windows of seq_len + 1 characters, overlapping by one
-        raise TaskError(f"{path}: {len(text)} characters; seq_len={seq_len} needs at least {MIN_ROWS * seq_len + 1} "
-                        f"({MIN_ROWS} windows)")
+        raise TaskError(
+            f"{path}: {len(text)} characters; seq_len={seq_len} needs at least {MIN_ROWS * seq_len + 1} "
+            f"({MIN_ROWS} windows)"
+        )
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
     chars, tokens = np.unique(codepoints, return_inverse=True)
     windows = (len(tokens) - 1) // seq_len
@@ -152,5 +164,13 @@ def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float 
     seqs = tokens[starts]
     train, test = _split(windows, seed, test_frac, path)
     config = dict(name="text", seed=seed, path=str(file), seq_len=seq_len, test_frac=test_frac, sha256=digest)
-    return pack("text", config, len(chars), len(chars), "token", (seqs[train, :-1], seqs[train, 1:]),
-                (seqs[test, :-1], seqs[test, 1:]), f"{file.name}: char LM, {len(chars)} symbols, {windows} windows")
+    return pack(
+        "text",
+        config,
+        len(chars),
+        len(chars),
+        "token",
+        (seqs[train, :-1], seqs[train, 1:]),
+        (seqs[test, :-1], seqs[test, 1:]),
+        f"{file.name}: char LM, {len(chars)} symbols, {windows} windows",
+    )

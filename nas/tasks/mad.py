@@ -44,8 +44,16 @@ from nas.tasks.base import IGNORE_INDEX, Task
 __all__ = ["in_context_recall", "noisy_in_context_recall", "selective_copying"]
 
 
-def _recall(rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, multi_query: bool,
-            noise_vocab_size: int, frac_noise: float, train_all_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+def _recall(
+    rng: np.random.Generator,
+    n: int,
+    vocab_size: int,
+    seq_len: int,
+    multi_query: bool,
+    noise_vocab_size: int,
+    frac_noise: float,
+    train_all_tokens: bool,
+) -> tuple[np.ndarray, np.ndarray]:
     plain = vocab_size - noise_vocab_size - (0 if multi_query else 1)  # keys + values
     n_keys, slots = plain // 2, seq_len // 2 - 1
     rows = np.arange(n)[:, None]
@@ -91,37 +99,87 @@ def _recall_task(config: dict) -> Task:
     require(noise_vocab_size >= 0, name, f"noise_vocab_size must be >= 0, got {noise_vocab_size}")
     require(frac_noise == 0 or noise_vocab_size >= 1, name, "frac_noise > 0 needs noise_vocab_size >= 1")
     plain = c["vocab_size"] - noise_vocab_size - (0 if c["multi_query"] else 1)
-    require(plain >= 2, name, f"vocab_size={c['vocab_size']} leaves {plain} key/value tokens after "
-            f"noise_vocab_size={noise_vocab_size}{'' if c['multi_query'] else ' and the copy prefix'} (need >= 2)")
+    require(
+        plain >= 2,
+        name,
+        f"vocab_size={c['vocab_size']} leaves {plain} key/value tokens after "
+        f"noise_vocab_size={noise_vocab_size}{'' if c['multi_query'] else ' and the copy prefix'} (need >= 2)",
+    )
     train_rng, test_rng = streams(name, c["seed"], c["n_train"], c["n_test"])
     args = (c["vocab_size"], seq_len, c["multi_query"], noise_vocab_size, frac_noise)
     train = _recall(train_rng, c["n_train"], *args, c["train_all_tokens"])
     test = _recall(test_rng, c["n_test"], *args, False)
     noisy = f" noise={frac_noise}/{noise_vocab_size}" if frac_noise else ""
-    return pack(name, config, c["vocab_size"], c["vocab_size"], "token", train, test,
-                f"MAD in-context recall V={c['vocab_size']} T={seq_len}{noisy}")
+    return pack(
+        name,
+        config,
+        c["vocab_size"],
+        c["vocab_size"],
+        "token",
+        train,
+        test,
+        f"MAD in-context recall V={c['vocab_size']} T={seq_len}{noisy}",
+    )
 
 
-def in_context_recall(*, seed: int = 0, vocab_size: int = 16, seq_len: int = 128, multi_query: bool = True,
-                      train_all_tokens: bool = True, n_train: int = 12_800, n_test: int = 1_280) -> Task:
+def in_context_recall(
+    *,
+    seed: int = 0,
+    vocab_size: int = 16,
+    seq_len: int = 128,
+    multi_query: bool = True,
+    train_all_tokens: bool = True,
+    n_train: int = 12_800,
+    n_test: int = 1_280,
+) -> Task:
     """MAD in-context recall. x ``[N, seq_len - 1]`` (``seq_len`` if not multi_query) int64;
     y likewise: test scores recalled values only, train every next token if ``train_all_tokens``."""
-    return _recall_task(dict(name="mad_recall", seed=seed, vocab_size=vocab_size, seq_len=seq_len,
-                             multi_query=multi_query, train_all_tokens=train_all_tokens, n_train=n_train,
-                             n_test=n_test))
+    return _recall_task(
+        dict(
+            name="mad_recall",
+            seed=seed,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            multi_query=multi_query,
+            train_all_tokens=train_all_tokens,
+            n_train=n_train,
+            n_test=n_test,
+        )
+    )
 
 
-def noisy_in_context_recall(*, seed: int = 0, vocab_size: int = 32, seq_len: int = 128, noise_vocab_size: int = 16,
-                            frac_noise: float = 0.2, multi_query: bool = True, train_all_tokens: bool = True,
-                            n_train: int = 12_800, n_test: int = 1_280) -> Task:
+def noisy_in_context_recall(
+    *,
+    seed: int = 0,
+    vocab_size: int = 32,
+    seq_len: int = 128,
+    noise_vocab_size: int = 16,
+    frac_noise: float = 0.2,
+    multi_query: bool = True,
+    train_all_tokens: bool = True,
+    n_train: int = 12_800,
+    n_test: int = 1_280,
+) -> Task:
     """MAD noisy in-context recall: in-context recall with noise slots that are never scored at test."""
-    return _recall_task(dict(name="mad_noisy_recall", seed=seed, vocab_size=vocab_size, seq_len=seq_len,
-                             noise_vocab_size=noise_vocab_size, frac_noise=frac_noise, multi_query=multi_query,
-                             train_all_tokens=train_all_tokens, n_train=n_train, n_test=n_test))
+    return _recall_task(
+        dict(
+            name="mad_noisy_recall",
+            seed=seed,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            noise_vocab_size=noise_vocab_size,
+            frac_noise=frac_noise,
+            multi_query=multi_query,
+            train_all_tokens=train_all_tokens,
+            n_train=n_train,
+            n_test=n_test,
+        )
+    )
 
 
-def _selective_copy(rng: np.random.Generator, n: int, vocab_size: int, seq_len: int,
-                    m: int) -> tuple[np.ndarray, np.ndarray]:
+def _selective_copy(
+    rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, m: int
+) -> tuple[np.ndarray, np.ndarray]:
     blanks = seq_len - 2 * m - 1  # blanks mixed into the data region
     tokens = rng.integers(0, vocab_size - 2, size=(n, m))  # [N, m]
     before = rng.integers(0, m, size=(n, blanks))  # the token each blank is inserted before
@@ -131,23 +189,48 @@ def _selective_copy(rng: np.random.Generator, n: int, vocab_size: int, seq_len: 
     np.put_along_axis(x, where, tokens, axis=1)
     x[:, m + blanks] = vocab_size - 1
     y = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int64)
-    y[:, seq_len - m:] = tokens
+    y[:, seq_len - m :] = tokens
     return x, y
 
 
-def selective_copying(*, seed: int = 0, vocab_size: int = 16, seq_len: int = 256, num_tokens_to_copy: int = 16,
-                      n_train: int = 12_800, n_test: int = 1_280) -> Task:
+def selective_copying(
+    *,
+    seed: int = 0,
+    vocab_size: int = 16,
+    seq_len: int = 256,
+    num_tokens_to_copy: int = 16,
+    n_train: int = 12_800,
+    n_test: int = 1_280,
+) -> Task:
     """MAD selective copying. x ``[N, seq_len]`` int64; y ``[N, seq_len]`` int64, the copied tokens
     in order on the last ``num_tokens_to_copy`` positions and IGNORE_INDEX elsewhere."""
     name = "mad_selective_copy"
     require(vocab_size >= 3, name, f"vocab_size must be >= 3 (tokens, blank, copy marker), got {vocab_size}")
     require(num_tokens_to_copy >= 1, name, f"num_tokens_to_copy must be >= 1, got {num_tokens_to_copy}")
-    require(seq_len > 2 * num_tokens_to_copy + 1, name, f"seq_len={seq_len} must exceed 2*num_tokens_to_copy+1 "
-            f"= {2 * num_tokens_to_copy + 1}")
+    require(
+        seq_len > 2 * num_tokens_to_copy + 1,
+        name,
+        f"seq_len={seq_len} must exceed 2*num_tokens_to_copy+1 = {2 * num_tokens_to_copy + 1}",
+    )
     train_rng, test_rng = streams(name, seed, n_train, n_test)
     train = _selective_copy(train_rng, n_train, vocab_size, seq_len, num_tokens_to_copy)
     test = _selective_copy(test_rng, n_test, vocab_size, seq_len, num_tokens_to_copy)
-    config = dict(name=name, seed=seed, vocab_size=vocab_size, seq_len=seq_len,
-                  num_tokens_to_copy=num_tokens_to_copy, n_train=n_train, n_test=n_test)
-    return pack(name, config, vocab_size, vocab_size, "token", train, test,
-                f"MAD selective copying V={vocab_size} T={seq_len} copy={num_tokens_to_copy}")
+    config = dict(
+        name=name,
+        seed=seed,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        num_tokens_to_copy=num_tokens_to_copy,
+        n_train=n_train,
+        n_test=n_test,
+    )
+    return pack(
+        name,
+        config,
+        vocab_size,
+        vocab_size,
+        "token",
+        train,
+        test,
+        f"MAD selective copying V={vocab_size} T={seq_len} copy={num_tokens_to_copy}",
+    )

@@ -38,8 +38,9 @@ def _draw(rng: np.random.Generator, n: int, width: int, k: int, log_weights: np.
     return np.concatenate(parts).astype(np.int64)
 
 
-def _generate(rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, num_kv_pairs: int,
-              power_a: float) -> tuple[np.ndarray, np.ndarray]:
+def _generate(
+    rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float
+) -> tuple[np.ndarray, np.ndarray]:
     context = 2 * num_kv_pairs
     key_vocab = vocab_size // 2
     # [N, D] distinct keys from [1, V/2) and distinct values from [V/2, V), as Zoology samples them
@@ -67,24 +68,54 @@ def _generate(rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, n
     return x, y
 
 
-def mqar(*, seed: int = 0, vocab_size: int = 128, seq_len: int = 64, num_kv_pairs: int = 8,
-         power_a: float = 0.01, n_train: int = 8192, n_test: int = 512) -> Task:
+def mqar(
+    *,
+    seed: int = 0,
+    vocab_size: int = 128,
+    seq_len: int = 64,
+    num_kv_pairs: int = 8,
+    power_a: float = 0.01,
+    n_train: int = 8192,
+    n_test: int = 512,
+) -> Task:
     """MQAR with Zoology's generator; train and test come from independent seeded streams.
 
     x ``[N, seq_len]`` int64 tokens; y ``[N, seq_len]`` int64, the bound value at the
     ``num_kv_pairs`` query positions of each row and IGNORE_INDEX elsewhere.
     """
     require(num_kv_pairs >= 1, "mqar", f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
-    require(vocab_size // 2 - 1 >= num_kv_pairs, "mqar",
-            f"vocab_size={vocab_size} has too few keys for num_kv_pairs={num_kv_pairs} "
-            f"(need vocab_size >= {2 * num_kv_pairs + 2})")
-    require(seq_len >= 4 * num_kv_pairs, "mqar", f"seq_len={seq_len} is too short for {num_kv_pairs} pairs "
-            f"and their queries (need >= {4 * num_kv_pairs})")
+    require(
+        vocab_size // 2 - 1 >= num_kv_pairs,
+        "mqar",
+        f"vocab_size={vocab_size} has too few keys for num_kv_pairs={num_kv_pairs} "
+        f"(need vocab_size >= {2 * num_kv_pairs + 2})",
+    )
+    require(
+        seq_len >= 4 * num_kv_pairs,
+        "mqar",
+        f"seq_len={seq_len} is too short for {num_kv_pairs} pairs and their queries (need >= {4 * num_kv_pairs})",
+    )
     require(0 < power_a <= 1, "mqar", f"power_a must be in (0, 1], got {power_a}")
     train_rng, test_rng = streams("mqar", seed, n_train, n_test)
     train = _generate(train_rng, n_train, vocab_size, seq_len, num_kv_pairs, power_a)
     test = _generate(test_rng, n_test, vocab_size, seq_len, num_kv_pairs, power_a)
-    config = dict(name="mqar", seed=seed, vocab_size=vocab_size, seq_len=seq_len,
-                  num_kv_pairs=num_kv_pairs, power_a=power_a, n_train=n_train, n_test=n_test)
-    return pack("mqar", config, vocab_size, vocab_size, "token", train, test,
-                f"MQAR V={vocab_size} T={seq_len} kv={num_kv_pairs}")
+    config = dict(
+        name="mqar",
+        seed=seed,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        num_kv_pairs=num_kv_pairs,
+        power_a=power_a,
+        n_train=n_train,
+        n_test=n_test,
+    )
+    return pack(
+        "mqar",
+        config,
+        vocab_size,
+        vocab_size,
+        "token",
+        train,
+        test,
+        f"MQAR V={vocab_size} T={seq_len} kv={num_kv_pairs}",
+    )

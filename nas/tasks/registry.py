@@ -66,8 +66,12 @@ def _coerce(name: str, key: str, value: Any, kind: type) -> Any:
         except (KeyError, ValueError, OverflowError):
             raise TaskError(f"{name}: {key}={value!r} is not {_what(kind)}") from None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = (kind is bool and isinstance(value, bool)) or (kind is str and isinstance(value, str)) or (
-        kind is float and number) or (kind is int and number and float(value).is_integer())
+    ok = (
+        (kind is bool and isinstance(value, bool))
+        or (kind is str and isinstance(value, str))
+        or (kind is float and number)
+        or (kind is int and number and float(value).is_integer())
+    )
     if not ok:
         raise TaskError(f"{name}: {key}={value!r} is not {_what(kind)}")
     return kind(value)

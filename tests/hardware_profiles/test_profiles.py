@@ -19,8 +19,7 @@ from hardware_profiles import (
 )
 
 SHIPPED = ("a100_80gb", "h100_sxm", "h200", "l4", "rtx4090")
-NUMBERS = ("sm_count", "l2_bytes", "smem_per_sm_bytes", "memory_bandwidth_gb_s",
-           "peak_tflops", "launch_overhead_us")
+NUMBERS = ("sm_count", "l2_bytes", "smem_per_sm_bytes", "memory_bandwidth_gb_s", "peak_tflops", "launch_overhead_us")
 
 
 def test_list_profiles_has_the_shipped_ones() -> None:
@@ -36,8 +35,11 @@ def test_shipped_profile_loads_and_validates(name: str) -> None:
     assert profile.sm_count > 0 and profile.l2_bytes > 0 and profile.smem_per_sm_bytes > 0
     assert profile.bandwidth_bytes_per_s == profile.memory_bandwidth_gb_s * 1e9 > 0
     # Tensor cores: bf16/fp16 twice tf32, tf32 at least the fp32 vector rate (dense figures).
-    assert profile.peak_flops("bf16") == profile.peak_flops("fp16") == pytest.approx(
-        2 * profile.peak_flops("tf32"), rel=0.01)
+    assert (
+        profile.peak_flops("bf16")
+        == profile.peak_flops("fp16")
+        == pytest.approx(2 * profile.peak_flops("tf32"), rel=0.01)
+    )
     assert profile.peak_flops("tf32") >= profile.peak_flops("fp32") > 0
     assert 0 < profile.launch_overhead_us < 50
     for field in NUMBERS:
@@ -83,24 +85,36 @@ def _with(**changes: Any) -> dict[str, Any]:
 
 BAD = [
     pytest.param(_without("sm_count"), r"missing field 'sm_count'", id="missing-field"),
-    pytest.param(_with(memory_bandwidth_gb_s=-4800),
-                 r"'memory_bandwidth_gb_s' must be a positive number, got -4800", id="negative-bandwidth"),
-    pytest.param(_with(memory_bandwidth_gb_s="fast"), r"'memory_bandwidth_gb_s' must be a positive number",
-                 id="text-bandwidth"),
+    pytest.param(
+        _with(memory_bandwidth_gb_s=-4800),
+        r"'memory_bandwidth_gb_s' must be a positive number, got -4800",
+        id="negative-bandwidth",
+    ),
+    pytest.param(
+        _with(memory_bandwidth_gb_s="fast"), r"'memory_bandwidth_gb_s' must be a positive number", id="text-bandwidth"
+    ),
     pytest.param(_with(sm_count=13.5), r"'sm_count' must be a positive integer", id="fractional-sms"),
     pytest.param(_with(sm_count=True), r"'sm_count' must be a positive integer", id="bool-sms"),
     pytest.param(_with(hbm_gb=141), r"unknown field 'hbm_gb'; allowed: \[", id="unknown-field"),
-    pytest.param(_with(peak_tflops={"fp32": 67, "tf32": 494.5, "bf16": 989.5}),
-                 r"'peak_tflops' is missing dtype 'fp16'; required: \['fp32', 'tf32', 'bf16', 'fp16'\]",
-                 id="missing-dtype"),
-    pytest.param(_with(peak_tflops={"fp32": 67, "tf32": 1, "bf16": 1, "fp16": 1, "fp8": 2}),
-                 r"'peak_tflops' has unknown key 'fp8'; allowed: \['fp32'", id="unknown-dtype"),
+    pytest.param(
+        _with(peak_tflops={"fp32": 67, "tf32": 494.5, "bf16": 989.5}),
+        r"'peak_tflops' is missing dtype 'fp16'; required: \['fp32', 'tf32', 'bf16', 'fp16'\]",
+        id="missing-dtype",
+    ),
+    pytest.param(
+        _with(peak_tflops={"fp32": 67, "tf32": 1, "bf16": 1, "fp16": 1, "fp8": 2}),
+        r"'peak_tflops' has unknown key 'fp8'; allowed: \['fp32'",
+        id="unknown-dtype",
+    ),
     pytest.param(_with(device_names="NVIDIA H200"), r"'device_names' must be a list", id="device-names-str"),
-    pytest.param(_with(calibrated={"bandwidth_fraction": 1.5}),
-                 r"'calibrated.bandwidth_fraction' must be a fraction in \(0, 1\], got 1.5",
-                 id="fraction-over-1"),
-    pytest.param(_with(calibrated={"flops": 0.5}), r"'calibrated' has unknown key 'flops'; allowed: \[",
-                 id="unknown-calibration"),
+    pytest.param(
+        _with(calibrated={"bandwidth_fraction": 1.5}),
+        r"'calibrated.bandwidth_fraction' must be a fraction in \(0, 1\], got 1.5",
+        id="fraction-over-1",
+    ),
+    pytest.param(
+        _with(calibrated={"flops": 0.5}), r"'calibrated' has unknown key 'flops'; allowed: \[", id="unknown-calibration"
+    ),
     pytest.param(_with(source={"sms": "x"}), r"'source' has unknown key 'sms'", id="unknown-source"),
     pytest.param(["h200"], r"expected a mapping of profile fields, got list", id="not-a-mapping"),
 ]
@@ -135,8 +149,12 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
 
 
 def test_calibrated_section_is_read(tmp_path: Path) -> None:
-    calibrated = {"bandwidth_fraction": 0.85, "flops_fraction": {"bf16": 0.7, "fp32": "8.5e-1"},
-                  "launch_overhead_us": 3, "measured_with": "NVIDIA H200, torch 2.13"}
+    calibrated = {
+        "bandwidth_fraction": 0.85,
+        "flops_fraction": {"bf16": 0.7, "fp32": "8.5e-1"},
+        "launch_overhead_us": 3,
+        "measured_with": "NVIDIA H200, torch 2.13",
+    }
     profile = load_profile(_write(tmp_path, _with(calibrated=calibrated)))
     assert profile.calibrated.bandwidth_fraction == 0.85
     assert profile.calibrated.flops_fraction("bf16") == 0.7
@@ -153,18 +171,22 @@ def test_profile_is_frozen_and_hashable() -> None:
     assert hash(profile) == hash(load_profile("h200"))
 
 
-@pytest.mark.parametrize(("device_name", "expected"), [
-    ("NVIDIA H200", "h200"),
-    ("NVIDIA H100 80GB HBM3", "h100_sxm"),
-    ("NVIDIA A100-SXM4-80GB", "a100_80gb"),
-    ("NVIDIA L4", "l4"),
-    ("NVIDIA GeForce RTX 4090", "rtx4090"),
-    ("  nvidia   h200 ", "h200"),
-    ("NVIDIA H200 NVL", None),
-    ("NVIDIA H100 PCIe", None),
-    ("Tesla T4", None),
-    ("", None),
-], ids=lambda v: repr(v))
+@pytest.mark.parametrize(
+    ("device_name", "expected"),
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+        ("NVIDIA A100-SXM4-80GB", "a100_80gb"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA GeForce RTX 4090", "rtx4090"),
+        ("  nvidia   h200 ", "h200"),
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA H100 PCIe", None),
+        ("Tesla T4", None),
+        ("", None),
+    ],
+    ids=lambda v: repr(v),
+)
 def test_detect_profile_by_device_name(device_name: str, expected: str | None) -> None:
     profile = detect_profile(device_name)
     assert (profile.name if profile else None) == expected

@@ -1,7 +1,7 @@
 """kernels/optim/triton: the fused multi-tensor steps against kernels.optim.reference.
 
-Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET must be
-set before ``kernels.optim.triton`` decorates them, so this module sets it before importing it.
+Without CUDA the kernels run under Triton's interpreter on CPU tensors (tests/conftest.py sets
+TRITON_INTERPRET before any test module imports a kernel).
 With CUDA the interpreter tests are skipped and the ``gpu`` tests run 100 compiled steps against
 the CPU reference.
 """
@@ -9,24 +9,19 @@ the CPU reference.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from triton.runtime.interpreter import InterpretedFunction
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are decorated (import below)
-
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-
-from kernels.optim import configs  # noqa: E402
-from kernels.optim import reference as ref  # noqa: E402
-from kernels.optim import triton as fused  # noqa: E402
-from kernels.optim.configs import StepConfig  # noqa: E402
-from nas.optim import SGD, AdamW, GradOptions, Lion, OptimizerBase, RAdam  # noqa: E402
-from tests.optim.problems import run_pair  # noqa: E402
+from kernels.optim import configs
+from kernels.optim import reference as ref
+from kernels.optim import triton as fused
+from kernels.optim.configs import StepConfig
+from nas.optim import SGD, AdamW, GradOptions, Lion, OptimizerBase, RAdam
+from tests.optim.problems import run_pair
 
 INTERPRETED = isinstance(fused._step_kernel, InterpretedFunction)
 CUDA = torch.device("cuda")

@@ -24,8 +24,24 @@ def existing(tmp_path_factory) -> tuple[Path, Path, str]:
     tmp = tmp_path_factory.mktemp("cli")
     space = write_space(tmp)
     storage = tmp / "studies.journal"
-    assert main(["search", "--space", str(space), "--trials", "2", "--storage", str(storage), "--study", "keep",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--space",
+                str(space),
+                "--trials",
+                "2",
+                "--storage",
+                str(storage),
+                "--study",
+                "keep",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     from nas.search.storage import open_storage
 
     optuna.create_study(study_name="foreign", storage=open_storage(str(storage)), directions=["maximize"] * 3)
@@ -93,18 +109,32 @@ BAD = [
     ("negative-budget", lambda f, s, st: ["search", "--space", s, "--max-latency-ms", "-1"], "--max-latency-ms"),
     ("unknown-sampler", lambda f, s, st: ["search", "--space", s, "--sampler", "cmaes"], "--sampler"),
     ("cuda-missing", lambda f, s, st: ["search", "--space", s, "--device", "cuda"], "no CUDA device"),
-    ("resume-other-space", lambda f, s, st: ["search", "--space", "hybrid_tiny", "--study", "keep"], "was created with"),
+    (
+        "resume-other-space",
+        lambda f, s, st: ["search", "--space", "hybrid_tiny", "--study", "keep"],
+        "was created with",
+    ),
     ("empty-study-name", lambda f, s, st: ["search", "--space", s, "--study", ""], "--study must be a non-empty name"),
-    ("blank-study-name", lambda f, s, st: ["search", "--space", s, "--study", "  "], "--study must be a non-empty name"),
+    (
+        "blank-study-name",
+        lambda f, s, st: ["search", "--space", s, "--study", "  "],
+        "--study must be a non-empty name",
+    ),
     ("seed-negative", lambda f, s, st: ["search", "--space", s, "--seed", "-1"], "--seed must be >= 0"),
-    ("two-row-npz", lambda f, s, st: ["search", "--space", s, "--task", str(f["two_rows"])],
-     "2 row(s); need at least 10"),
+    (
+        "two-row-npz",
+        lambda f, s, st: ["search", "--space", s, "--task", str(f["two_rows"])],
+        "2 row(s); need at least 10",
+    ),
     ("unknown-study", lambda f, s, st: ["studies", "--study", "ghost"], "no study named 'ghost'"),
     ("unknown-profile-show", lambda f, s, st: ["profiles", "show", "tpu9"], "tpu9"),
     ("unknown-command", lambda f, s, st: ["frobnicate"], "invalid choice"),
     ("measure-without-gpu", lambda f, s, st: ["search", "--space", s, "--measure"], "--measure times"),
-    ("measure-and-predict", lambda f, s, st: ["search", "--space", s, "--measure", "--predict"],
-     "not allowed with argument --measure"),
+    (
+        "measure-and-predict",
+        lambda f, s, st: ["search", "--space", s, "--measure", "--predict"],
+        "not allowed with argument --measure",
+    ),
     ("gpus-missing", lambda f, s, st: ["search", "--space", s, "--gpus", "0"], "no CUDA device 0"),
     ("gpus-malformed", lambda f, s, st: ["search", "--space", s, "--gpus", "0,zero"], "distinct device indices"),
     ("workers-zero", lambda f, s, st: ["search", "--space", s, "--workers", "0"], "--workers"),
@@ -115,15 +145,27 @@ BAD = [
     ("worker-bad-storage", lambda f, s, st: ["worker", "--study", "keep", "--storage", "mongodb://x"], "unsupported"),
     ("report-unknown-study", lambda f, s, st: ["report", "--study", "ghost"], "no study named 'ghost'"),
     ("report-no-study-flag", lambda f, s, st: ["report"], "--study"),
-    ("export-unknown-trial", lambda f, s, st: ["export", "--study", "keep", "--trial", "999", "--out",
-                                               str(f["dir"] / "x")], "has no trial 999"),
-    ("export-nonempty-out", lambda f, s, st: ["export", "--study", "keep", "--out", str(f["nonempty"])],
-     "exists and is not empty"),
+    (
+        "export-unknown-trial",
+        lambda f, s, st: ["export", "--study", "keep", "--trial", "999", "--out", str(f["dir"] / "x")],
+        "has no trial 999",
+    ),
+    (
+        "export-nonempty-out",
+        lambda f, s, st: ["export", "--study", "keep", "--out", str(f["nonempty"])],
+        "exists and is not empty",
+    ),
     ("export-bad-pick", lambda f, s, st: ["export", "--study", "keep", "--pick", "cheapest", "--out", "x"], "--pick"),
-    ("export-infeasible", lambda f, s, st: ["export", "--study", "keep", "--max-latency-ms", "1e-9", "--out",
-                                            str(f["dir"] / "x")], "no front trial meets the budget"),
-    ("export-retrain-zero", lambda f, s, st: ["export", "--study", "keep", "--retrain-steps", "0", "--out", "x"],
-     "--retrain-steps"),
+    (
+        "export-infeasible",
+        lambda f, s, st: ["export", "--study", "keep", "--max-latency-ms", "1e-9", "--out", str(f["dir"] / "x")],
+        "no front trial meets the budget",
+    ),
+    (
+        "export-retrain-zero",
+        lambda f, s, st: ["export", "--study", "keep", "--retrain-steps", "0", "--out", "x"],
+        "--retrain-steps",
+    ),
     ("export-no-out", lambda f, s, st: ["export", "--study", "keep"], "--out"),
 ]
 
@@ -162,7 +204,6 @@ def test_wrapped_ctrl_c_exits_130_and_other_errors_propagate(monkeypatch, capsys
     from tests.nas.test_study import _wrapped_interrupt
 
     handler = signal.getsignal(signal.SIGINT)
-    monkeypatch.setattr("nas.search.interrupt._requested", False)
     try:
         monkeypatch.setattr("nas.cli._main", _wrapped_interrupt)
         assert main(["spaces"]) == 130
@@ -181,8 +222,15 @@ def test_wrapped_ctrl_c_exits_130_and_other_errors_propagate(monkeypatch, capsys
 def _nas(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``nas ARGV`` in a fresh process with stdout and stderr piped (not a terminal)."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "nas", *argv], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "nas", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _params(storage: str, study: str) -> list[dict]:
@@ -198,8 +246,19 @@ def test_resume_through_the_cli_continues_the_sequence(tmp_path):
     to replay 0-2); the same 3-trial command from scratch proposes the same first 3."""
     storage, again = str(tmp_path / "d.journal"), str(tmp_path / "again.journal")
     for trials, where in (("3", storage), ("6", storage), ("3", again)):
-        run = _nas("search", "--space", "hybrid_tiny", "--trials", trials, "--storage", where, "--study", "r",
-                   "--device", "cpu")
+        run = _nas(
+            "search",
+            "--space",
+            "hybrid_tiny",
+            "--trials",
+            trials,
+            "--storage",
+            where,
+            "--study",
+            "r",
+            "--device",
+            "cpu",
+        )
         assert run.returncode == 0, run.stderr
     configs = _params(storage, "r")
     assert len(configs) == 6 and all(c not in configs[:i] for i, c in enumerate(configs))
@@ -211,8 +270,22 @@ def test_two_processes_on_one_study_propose_distinct_configurations(tmp_path):
     """Two nas search processes started together on one study: 12 trials, 12 configurations (they
     used to run in lock-step, proposing the same candidate pairwise)."""
     storage = str(tmp_path / "p.journal")
-    cmd = [sys.executable, "-m", "nas", "search", "--space", "hybrid_tiny", "--trials", "12", "--storage", storage,
-           "--study", "p", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nas",
+        "search",
+        "--space",
+        "hybrid_tiny",
+        "--trials",
+        "12",
+        "--storage",
+        storage,
+        "--study",
+        "p",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for _ in range(2)]
     for p in procs:
@@ -232,11 +305,14 @@ def test_workers_accept_a_user_space_without_name(tmp_path):
     space = tmp_path / "my_space.yaml"
     space.write_text(write_space(tmp_path, steps=2).read_text().replace("name: ci_tiny\n", ""))
     storage = str(tmp_path / "w.journal")
-    run = _nas("search", "--space", str(space), "--trials", "4", "--workers", "2", "--study", "w2", "--storage", storage)
+    run = _nas(
+        "search", "--space", str(space), "--trials", "4", "--workers", "2", "--study", "w2", "--storage", storage
+    )
     assert run.returncode == 0, run.stderr
     assert len(_params(storage, "w2")) == 4
-    run = _nas("worker", "--study", "w2", "--storage", storage, "--trials", "6", "--device", "cpu",
-               "--worker-index", "7")
+    run = _nas(
+        "worker", "--study", "w2", "--storage", storage, "--trials", "6", "--device", "cpu", "--worker-index", "7"
+    )
     assert run.returncode == 0, run.stderr
     assert len(_params(storage, "w2")) == 6
     assert "worker 7: trial" in run.stdout and "worker 7: study w2 has 6 trained trials" in run.stdout
@@ -245,8 +321,10 @@ def test_workers_accept_a_user_space_without_name(tmp_path):
 def test_workers_that_fail_leave_no_empty_study(tmp_path, monkeypatch, capsys):
     storage = str(tmp_path / "w.journal")
     monkeypatch.setattr("nas.search.workers.run_workers", lambda *a, **k: [1, 1])
-    assert main(["search", "--space", str(write_space(tmp_path)), "--workers", "2", "--study", "w", "--storage",
-                 storage]) == 2
+    assert (
+        main(["search", "--space", str(write_space(tmp_path)), "--workers", "2", "--study", "w", "--storage", storage])
+        == 2
+    )
     assert "workers exited with codes [1, 1]; study 'w' had no trials and was removed" in capsys.readouterr().err
     from nas.search.storage import open_storage
 
@@ -260,6 +338,7 @@ def test_profiles_show_prints_the_profile_file(capsys):
     assert capsys.readouterr().out == Path(load_profile("h200").path).read_text()
 
 
+@pytest.mark.slow
 def test_spaces_piped_to_a_file_is_that_space_file(name="hybrid_small"):
     """``nas spaces NAME > mine.yaml`` is how a user starts their own space: the piped output is
     the shipped file itself (long comment lines used to be wrapped at 80 columns: invalid YAML)."""
@@ -307,13 +386,28 @@ def test_a_log_gets_one_line_per_trial_and_the_steps_trained(tmp_path, monkeypat
     space = write_space(tmp_path, steps=5)
     space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
     monkeypatch.setenv("COLUMNS", "200")
-    assert main(["search", "--space", str(space), "--trials", "2", "--storage", str(tmp_path / "s.journal"),
-                 "--study", "log", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--space",
+                str(space),
+                "--trials",
+                "2",
+                "--storage",
+                str(tmp_path / "s.journal"),
+                "--study",
+                "log",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("trial ")]
     assert [line.split(":")[0] for line in lines] == ["trial 0 (1/2 trained)", "trial 1 (2/2 trained)"]
-    assert all(line.endswith(", 1/5 steps — truncated (time budget: 1/5 steps), kept off the front")
-               for line in lines)
+    assert all(line.endswith(", 1/5 steps — truncated (time budget: 1/5 steps), kept off the front") for line in lines)
     assert "Pareto front of log: 0 trials" in out  # a truncated trial never reaches the front
     assert "2 trial(s) stopped early by the time budget" in out
 

@@ -19,6 +19,8 @@ from nas.search.record import records
 from nas.search.storage import open_storage
 from tests.conftest import write_space
 
+pytestmark = pytest.mark.slow  # end-to-end: a nas search, then nas export and ONNX
+
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
@@ -34,8 +36,10 @@ def bundle(study):
     """The front's most accurate trial, exported once for the tests that read a bundle."""
     st, storage, tmp = study
     out = tmp / "bundle"
-    assert main(["export", "--study", "e", "--storage", storage, "--trial", str(front(st)[0].number),
-                 "--out", str(out)]) == 0
+    assert (
+        main(["export", "--study", "e", "--storage", storage, "--trial", str(front(st)[0].number), "--out", str(out)])
+        == 0
+    )
     return out
 
 
@@ -73,8 +77,13 @@ def _knee_by_hand(trials):
     def s(v, lo, hi):
         return 0.0 if hi == lo else (v - lo) / (hi - lo)
 
-    return min(trials, key=lambda t: (math.hypot(1 - s(t.accuracy, min(acc), max(acc)),
-                                                 s(t.latency_ms, min(lat), max(lat))), -t.accuracy))
+    return min(
+        trials,
+        key=lambda t: (
+            math.hypot(1 - s(t.accuracy, min(acc), max(acc)), s(t.latency_ms, min(lat), max(lat))),
+            -t.accuracy,
+        ),
+    )
 
 
 def test_picks_choose_the_documented_trial(study):
@@ -94,8 +103,24 @@ def test_cli_knee_with_budget_exports_that_trial(study):
     best = front(st)
     budget = sorted(t.latency_ms for t in best)[len(best) // 2]
     out = tmp / "knee"
-    assert main(["export", "--study", "e", "--storage", storage, "--pick", "knee", "--max-latency-ms", str(budget),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--study",
+                "e",
+                "--storage",
+                storage,
+                "--pick",
+                "knee",
+                "--max-latency-ms",
+                str(budget),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert _exported_trial(out) == _knee_by_hand([t for t in best if t.latency_ms <= budget]).number
 
 
@@ -103,28 +128,62 @@ def test_retrain_steps_retrains(study, capsys):
     st, storage, tmp = study
     out = tmp / "retrained"
     chosen = front(st)[0]
-    assert main(["export", "--study", "e", "--storage", storage, "--trial", str(chosen.number), "--retrain-steps",
-                 "60", "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--study",
+                "e",
+                "--storage",
+                storage,
+                "--trial",
+                str(chosen.number),
+                "--retrain-steps",
+                "60",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     record = json.loads((out / "arch.json").read_text())
     assert record["retrained_steps"] == 60 and record["train"]["steps"] == 60
     assert record["trained"] == {"steps": 60, "stopped": "completed"}
     # the console states the accuracy the bundle holds, not the study's
     printed = capsys.readouterr().out
-    assert f"accuracy {record['metrics']['accuracy']:.3f} after 60 retraining steps (study: {chosen.accuracy:.3f})" \
+    assert (
+        f"accuracy {record['metrics']['accuracy']:.3f} after 60 retraining steps (study: {chosen.accuracy:.3f})"
         in printed
+    )
     retrained = nas.load(out)
     original = trial_model(chosen, storage)
-    assert any(not torch.equal(a, b) for a, b in zip(retrained.state_dict().values(), original.state_dict().values()))
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(retrained.state_dict().values(), original.state_dict().values(), strict=True)
+    )
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--study", "none-done", "--out", "X"], "no completed trial"),
-    (["--study", "e", "--trial", "999", "--out", "X"], "has no trial 999"),
-    (["--study", "e", "--max-latency-ms", "0.000001", "--out", "X"], "no front trial meets the budget"),
-    (["--study", "e", "--out", "NONEMPTY"], "exists and is not empty"),
-    (["--study", "ghost", "--out", "X"], "no study named 'ghost'"),
-    (["--study", "e", "--trial", "1", "--pick", "latency", "--out", "X"], "not allowed with argument"),
-], ids=["no-completed-trial", "unknown-trial", "infeasible-budget", "non-empty-out", "unknown-study", "trial-and-pick"])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--study", "none-done", "--out", "X"], "no completed trial"),
+        (["--study", "e", "--trial", "999", "--out", "X"], "has no trial 999"),
+        (["--study", "e", "--max-latency-ms", "0.000001", "--out", "X"], "no front trial meets the budget"),
+        (["--study", "e", "--out", "NONEMPTY"], "exists and is not empty"),
+        (["--study", "ghost", "--out", "X"], "no study named 'ghost'"),
+        (["--study", "e", "--trial", "1", "--pick", "latency", "--out", "X"], "not allowed with argument"),
+    ],
+    ids=[
+        "no-completed-trial",
+        "unknown-trial",
+        "infeasible-budget",
+        "non-empty-out",
+        "unknown-study",
+        "trial-and-pick",
+    ],
+)
 def test_export_errors_one_line_exit_2(study, capsys, argv, words):
     st, storage, tmp = study
     from nas.search.study import open_study
@@ -168,8 +227,12 @@ def test_card_counts_blocks_and_states_the_steps_trained(bundle):
     from nas.results.export import _card
 
     record = json.loads((bundle / "arch.json").read_text())
-    one_block = {**record, "arch": {**record["arch"], "layers": record["arch"]["layers"][:1]},
-                 "trained": {"steps": 12, "stopped": "time budget"}, "train": {**record["train"], "steps": 30}}
+    one_block = {
+        **record,
+        "arch": {**record["arch"], "layers": record["arch"]["layers"][:1]},
+        "trained": {"steps": 12, "stopped": "time budget"},
+        "train": {**record["train"], "steps": 30},
+    }
     card = _card(one_block)
     assert "1 block —" in card and "1 blocks" not in card
     assert "12 of 30 planned steps (stopped early: time budget) of batch" in card
@@ -183,8 +246,24 @@ def test_a_training_cut_short_is_exported_with_the_steps_it_took(tmp_path):
     space = write_space(tmp_path, steps=5)
     space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
     storage = str(tmp_path / "s.journal")
-    assert main(["search", "--space", str(space), "--trials", "1", "--storage", storage, "--study", "cut",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--space",
+                str(space),
+                "--trials",
+                "1",
+                "--storage",
+                storage,
+                "--study",
+                "cut",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert main(["export", "--study", "cut", "--storage", storage, "--trial", "0", "--out", str(tmp_path / "b")]) == 0
     record = json.loads((tmp_path / "b" / "arch.json").read_text())
     assert record["trained"] == {"steps": 1, "stopped": "time budget"} and record["train"]["steps"] == 5

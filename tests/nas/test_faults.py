@@ -31,8 +31,14 @@ def test_injected_fault_fails_one_trial_and_the_study_continues(tmp_path, monkey
     monkeypatch.setenv("NAS_FAULT", f"{kind}@1")
     # the timeout fault makes trial 1's deadline already past when it trains: the other trials keep a
     # generous --trial-timeout, so none of them can time out however busy the machine is
-    config = SearchConfig(space=str(write_space(tmp_path, steps=8)), trials=3, storage=str(tmp_path / "s.journal"),
-                          study="f", device="cpu", trial_timeout=600 if kind == "timeout" else None)
+    config = SearchConfig(
+        space=str(write_space(tmp_path, steps=8)),
+        trials=3,
+        storage=str(tmp_path / "s.journal"),
+        study="f",
+        device="cpu",
+        trial_timeout=600 if kind == "timeout" else None,
+    )
     study = run_search(config)
     trials = study.get_trials()
     assert trials[1].state == TrialState.FAIL
@@ -51,8 +57,13 @@ def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp
     from nas.search.study import n_complete, n_truncated
 
     monkeypatch.setenv("NAS_FAULT", "slow@1")
-    config = SearchConfig(space=str(write_space(tmp_path, steps=8)), trials=3, storage=str(tmp_path / "s.journal"),
-                          study="slow", device="cpu")
+    config = SearchConfig(
+        space=str(write_space(tmp_path, steps=8)),
+        trials=3,
+        storage=str(tmp_path / "s.journal"),
+        study="slow",
+        device="cpu",
+    )
     study = run_search(config)
     by_number = {r.number: r for r in records(study)}
     slow = by_number[1]
@@ -74,12 +85,28 @@ def test_fault_spec_is_parsed(monkeypatch):
         planned(1)
 
 
+@pytest.mark.slow
 def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
     storage = str(tmp_path / "s.journal")
-    cmd = [sys.executable, "-m", "nas", "search", "--space", str(write_space(tmp_path, steps=400)), "--trials", "3",
-           "--storage", storage, "--study", "c", "--device", "cpu"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "nas",
+        "search",
+        "--space",
+        str(write_space(tmp_path, steps=400)),
+        "--trials",
+        "3",
+        "--storage",
+        storage,
+        "--study",
+        "c",
+        "--device",
+        "cpu",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
     def trials() -> list[optuna.trial.FrozenTrial]:
         try:

@@ -119,8 +119,14 @@ def _train(share, **budget):
 
     task = load_task("mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=64,n_test=32")
     arch = ArchSpec(16, [LayerSpec("attention", 1, None, 0, 2.0)], task.vocab_size, task.vocab_size)
-    return train(build(arch, task, seed=0), task, TrainSpec("adamw", 3e-3, 0.0, 0.0, 48, 8), device="cpu",
-                 budget=Budget(**budget), share=share)
+    return train(
+        build(arch, task, seed=0),
+        task,
+        TrainSpec("adamw", 3e-3, 0.0, 0.0, 48, 8),
+        device="cpu",
+        budget=Budget(**budget),
+        share=share,
+    )
 
 
 def test_training_takes_windows_and_does_not_count_pauses(monkeypatch):

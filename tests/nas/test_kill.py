@@ -9,10 +9,13 @@ import sys
 import time
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from nas.search.storage import open_storage
 from tests.conftest import write_space
+
+pytestmark = pytest.mark.slow  # end-to-end: kills a running nas search and resumes it
 
 
 def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
@@ -25,8 +28,22 @@ def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
 def test_sigkill_mid_trial_then_resume(tmp_path):
     space = write_space(tmp_path, steps=150)  # ~0.5 s a trial: wide windows to land mid-trial
     storage = str(tmp_path / "s.journal")
-    cmd = [sys.executable, "-m", "nas", "search", "--space", str(space), "--trials", "6", "--storage", storage,
-           "--study", "k", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nas",
+        "search",
+        "--space",
+        str(space),
+        "--trials",
+        "6",
+        "--storage",
+        storage,
+        "--study",
+        "k",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 120

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -19,10 +18,13 @@ from nas.search.record import record
 from nas.search.storage import open_storage
 from tests.conftest import write_space
 
+pytestmark = pytest.mark.slow  # end-to-end: a nas search, then nas report in Chromium
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 # CI installs Chromium and sets this, so a missing browser fails there instead of skipping
-needs_chromium = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("NAS_REQUIRE_CHROMIUM"),
-                                    reason="no Chromium on PATH (CI installs it)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("NAS_REQUIRE_CHROMIUM"), reason="no Chromium on PATH (CI installs it)"
+)
 
 
 class _Tree(HTMLParser):
@@ -63,10 +65,22 @@ def _classes(node) -> set[str]:
 
 def _render(html_path: Path, tmp_path: Path) -> dict:
     """The DOM after scripts ran, from Chromium with every host unresolvable and a dead proxy."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-           "--disable-background-networking", "--disable-component-update", "--proxy-server=http://127.0.0.1:9",
-           "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={tmp_path / 'chrome'}",
-           "--virtual-time-budget=10000", "--dump-dom", html_path.resolve().as_uri()]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-sync",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--proxy-server=http://127.0.0.1:9",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--user-data-dir={tmp_path / 'chrome'}",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        html_path.resolve().as_uri(),
+    ]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
     tree = _Tree()
     tree.feed(dom)
@@ -78,8 +92,24 @@ def study_with_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     storage = str(tmp / "s.journal")
     space = write_space(tmp)
-    assert main(["search", "--space", str(space), "--trials", "6", "--storage", storage, "--study", "r",
-                 "--max-latency-ms", "0.03"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--space",
+                str(space),
+                "--trials",
+                "6",
+                "--storage",
+                storage,
+                "--study",
+                "r",
+                "--max-latency-ms",
+                "0.03",
+            ]
+        )
+        == 0
+    )
     out = tmp / "report.html"
     assert main(["report", "--study", "r", "--storage", storage, "--out", str(out)]) == 0
     return optuna.load_study(study_name="r", storage=open_storage(storage)), out, tmp
@@ -140,7 +170,21 @@ def test_report_unknown_study_and_empty_study(study_with_report, capsys):
 def test_png_without_a_browser_says_so(study_with_report, capsys, monkeypatch):
     _, _, tmp = study_with_report
     monkeypatch.setattr("nas.results.report.find_chrome", lambda: None)
-    assert main(["report", "--study", "r", "--storage", str(tmp / "s.journal"), "--out", str(tmp / "r2.html"),
-                 "--png", str(tmp / "png")]) == 2
+    assert (
+        main(
+            [
+                "report",
+                "--study",
+                "r",
+                "--storage",
+                str(tmp / "s.journal"),
+                "--out",
+                str(tmp / "r2.html"),
+                "--png",
+                str(tmp / "png"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs Chrome or Chromium" in err

@@ -12,9 +12,20 @@ import pytest
 from optuna.trial import TrialState
 
 from nas.results.pareto import front
+from nas.search.study import (
+    DIRECTIONS,
+    METRICS,
+    SAMPLERS,
+    SearchConfig,
+    SearchError,
+    n_complete,
+    n_infeasible,
+    open_study,
+    prepare,
+    run_search,
+    worker_config,
+)
 from nas.spec import ArchSpec, TrainSpec
-from nas.search.study import (DIRECTIONS, METRICS, SAMPLERS, SearchConfig, SearchError, n_complete, n_infeasible,
-                       open_study, prepare, run_search, worker_config)
 from tests.conftest import write_space
 
 
@@ -54,8 +65,11 @@ def test_hard_budget_skips_training_and_is_infeasible(tmp_path, tiny_space, monk
     --trials, and the search stops after MAX_UNTRAINED_IN_A_ROW of them with a message."""
     monkeypatch.setattr("nas.search.study.MAX_UNTRAINED_IN_A_ROW", 4)
     config = _config(tmp_path, tiny_space, trials=3, max_params=10)
-    with pytest.raises(SearchError, match="4 candidates in a row broke a hard budget.*too few feasible candidates "
-                                          r"\(0 of 3 trained"):
+    with pytest.raises(
+        SearchError,
+        match="4 candidates in a row broke a hard budget.*too few feasible candidates "
+        r"\(0 of 3 trained",
+    ):
         run_search(config)
     study = open_study(config.study, config.storage)
     infeasible = study.get_trials(states=(TrialState.COMPLETE,))
@@ -86,7 +100,8 @@ def test_budget_keeps_feasible_candidates(tmp_path, tiny_space):
 def test_divergence_fails_the_trial_and_the_study_goes_on(tmp_path, monkeypatch):
     space = write_space(tmp_path, steps=40).read_text()
     space = space.replace("optimizer: [adamw, lion, radam, sgd]", "optimizer: [sgd]").replace(
-        "lr: {low: 1.0e-3, high: 1.0e-2, log: true}", "lr: [1.0e+12]\n  grad_clip: [0.0]")
+        "lr: {low: 1.0e-3, high: 1.0e-2, log: true}", "lr: [1.0e+12]\n  grad_clip: [0.0]"
+    )
     path = tmp_path / "diverge.yaml"
     path.write_text(space)
     config = _config(tmp_path, path, trials=1)
@@ -173,7 +188,9 @@ def test_measured_latency_is_recorded_as_measured(tmp_path, tiny_space, monkeypa
     run_search(config, ctx_study=(dataclasses.replace(ctx, measure=True), study))
     trials = study.get_trials()
     assert trials[0].user_attrs["latency_source"] == "measured" and trials[0].values[1] == 0.123
-    assert trials[0].user_attrs["latency"]["iqr_ms"] == 0.002 and trials[0].user_attrs["latency_device"] == "NVIDIA H200"
+    assert (
+        trials[0].user_attrs["latency"]["iqr_ms"] == 0.002 and trials[0].user_attrs["latency_device"] == "NVIDIA H200"
+    )
     assert trials[1].state == TrialState.FAIL and "KernelMismatchError" in trials[1].user_attrs["failure"]
     assert len(calls) == 3 and calls[0] == ArchSpec.from_dict(trials[0].user_attrs["arch"])
 
@@ -229,12 +246,14 @@ def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
     """A space with head dim 256 predicts fine, but is refused (one line naming the field) when
     latency would be measured."""
     from nas.space import SpaceError
-
     from tests.conftest import TINY_SPACE
 
     space = tmp_path / "wide.yaml"
-    space.write_text(TINY_SPACE.replace("STEPS", "2").replace("d_model: [16]", "d_model: [512]")
-                     .replace("heads: [1, 2]", "heads: [2]"))
+    space.write_text(
+        TINY_SPACE.replace("STEPS", "2")
+        .replace("d_model: [16]", "d_model: [512]")
+        .replace("heads: [1, 2]", "heads: [2]")
+    )
     run_search(_config(tmp_path, space, trials=1, study="wide"))
     monkeypatch.setattr("nas.search.study.resolve_measure", lambda *a: True)
     with pytest.raises(SpaceError, match="layer.heads: 2 heads on d_model=512 give head dim 256"):
@@ -265,7 +284,6 @@ def test_ctrl_c_in_any_form_records_the_trial_interrupted(tmp_path, tiny_space, 
 
     fake = {"plain": plain, "wrapped": _wrapped_interrupt, "flag only": flag_only}[raised]
     monkeypatch.setattr("nas.search.study.evaluate", fake)
-    monkeypatch.setattr("nas.search.interrupt._requested", False)
     config = _config(tmp_path, tiny_space, trials=2)
     with pytest.raises(KeyboardInterrupt):
         run_search(config)
@@ -279,7 +297,6 @@ def test_an_error_without_ctrl_c_is_not_an_interrupt(tmp_path, tiny_space, monke
         raise ValueError("a bug")
 
     monkeypatch.setattr("nas.search.study.evaluate", boom)
-    monkeypatch.setattr("nas.search.interrupt._requested", False)
     with pytest.raises(ValueError, match="a bug"):
         run_search(_config(tmp_path, tiny_space, trials=1))
 
@@ -306,9 +323,12 @@ def test_a_seeded_run_repeated_from_scratch_proposes_the_same_trials(tmp_path, t
 def _two_configs_space(tmp_path: Path) -> Path:
     """A space with exactly two configurations (only layer0.mlp_ratio is searched)."""
     text = write_space(tmp_path, steps=2).read_text()
-    for old, new in {"depth: {low: 1, high: 2}": "depth: [1]", "mixer: [attention, linear_attention, none]":
-                     "mixer: [none]", "optimizer: [adamw, lion, radam, sgd]": "optimizer: [adamw]",
-                     "lr: {low: 1.0e-3, high: 1.0e-2, log: true}": "lr: [1.0e-3]"}.items():
+    for old, new in {
+        "depth: {low: 1, high: 2}": "depth: [1]",
+        "mixer: [attention, linear_attention, none]": "mixer: [none]",
+        "optimizer: [adamw, lion, radam, sgd]": "optimizer: [adamw]",
+        "lr: {low: 1.0e-3, high: 1.0e-2, log: true}": "lr: [1.0e-3]",
+    }.items():
         text = text.replace(old, new)
     path = tmp_path / "two.yaml"
     path.write_text(text)
@@ -328,8 +348,12 @@ def test_a_completed_configuration_is_not_trained_again(tmp_path, monkeypatch):
     assert sorted(c["layer0.mlp_ratio"] for c in configs) == [0, 2]
     repeats = study.get_trials(states=(TrialState.PRUNED,))
     assert len(repeats) == 10
-    assert all(configs[[c["layer0.mlp_ratio"] for c in configs].index(t.params["layer0.mlp_ratio"])] == t.params
-               and t.user_attrs["duplicate_of"] in (0, 1, 2) and "curve" not in t.user_attrs for t in repeats)
+    assert all(
+        configs[[c["layer0.mlp_ratio"] for c in configs].index(t.params["layer0.mlp_ratio"])] == t.params
+        and t.user_attrs["duplicate_of"] in (0, 1, 2)
+        and "curve" not in t.user_attrs
+        for t in repeats
+    )
     study.enqueue_trial(configs[0])
     run_search(config)
     assert _configs(study)[2] == configs[0]
@@ -365,8 +389,12 @@ def test_a_resume_that_changes_recorded_budgets_says_so(tmp_path, tiny_space, ca
         assert not _notes(caplog)  # same settings: nothing to say
         _, study = prepare(_config(tmp_path, tiny_space, trials=1, max_latency_ms=5.0))
     assert study.user_attrs["budgets"]["trials"] == 1
-    assert _notes(caplog) == [("study 't': recorded budgets changed (max_latency_ms None -> 5.0, trials 2 -> 1); "
-                               "workers and the report use the new ones")]
+    assert _notes(caplog) == [
+        (
+            "study 't': recorded budgets changed (max_latency_ms None -> 5.0, trials 2 -> 1); "
+            "workers and the report use the new ones"
+        )
+    ]
 
 
 def test_batches_larger_than_the_task_are_clipped_with_a_notice(tmp_path, caplog):
@@ -376,7 +404,8 @@ def test_batches_larger_than_the_task_are_clipped_with_a_notice(tmp_path, caplog
     with caplog.at_level("WARNING", logger="nas.search.study"):
         study = run_search(_config(tmp_path, space, trials=4))
     assert _notes(caplog) == [
-        "train.batch_size: 100000 is more than the 128 training rows of task mqar; batches are clipped to 128"]
+        "train.batch_size: 100000 is more than the 128 training rows of task mqar; batches are clipped to 128"
+    ]
     batches = {t.user_attrs["train"]["batch_size"] for t in study.get_trials(states=(TrialState.COMPLETE,))}
     assert batches == {8, 128}
 
@@ -388,4 +417,8 @@ def test_time_budget_records_the_steps_actually_trained(tmp_path):
     space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
     study = run_search(_config(tmp_path, space, trials=1))
     t = study.get_trials(states=(TrialState.COMPLETE,))[0]
-    assert (t.user_attrs["steps_done"], t.user_attrs["stopped"], t.user_attrs["train"]["steps"]) == (1, "time budget", 5)
+    assert (t.user_attrs["steps_done"], t.user_attrs["stopped"], t.user_attrs["train"]["steps"]) == (
+        1,
+        "time budget",
+        5,
+    )

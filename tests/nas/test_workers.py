@@ -10,23 +10,41 @@ import sys
 import time
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from nas.search.storage import open_storage
 from nas.search.study import SearchConfig, prepare
 from tests.conftest import unique_name, write_space
 
+pytestmark = pytest.mark.slow  # end-to-end: worker processes of the CLI on one study
+
 
 def _start(tmp_path, storage: str, trials: int, steps: int) -> str:
     name = unique_name("w")
-    prepare(SearchConfig(space=str(write_space(tmp_path, steps=steps)), trials=trials, storage=storage, study=name,
-                         device="cpu"))
+    prepare(
+        SearchConfig(
+            space=str(write_space(tmp_path, steps=steps)), trials=trials, storage=storage, study=name, device="cpu"
+        )
+    )
     return name
 
 
 def _worker(name: str, storage: str, index: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "nas", "worker", "--study", name, "--storage", storage, "--worker-index", str(index),
-           "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nas",
+        "worker",
+        "--study",
+        name,
+        "--storage",
+        storage,
+        "--worker-index",
+        str(index),
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
@@ -57,8 +75,11 @@ def test_sigkill_ten_times_loses_nothing(tmp_path, storage_url):
         proc = _worker(name, storage_url, kill)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # wait until this worker is inside a trial
-            running = [t for t in _trials(name, storage_url)
-                       if t.state == TrialState.RUNNING and t.user_attrs.get("pid") == proc.pid]
+            running = [
+                t
+                for t in _trials(name, storage_url)
+                if t.state == TrialState.RUNNING and t.user_attrs.get("pid") == proc.pid
+            ]
             if running or proc.poll() is not None:
                 break
             time.sleep(0.05)
@@ -84,8 +105,9 @@ def test_heartbeat_requeues_a_trial_of_a_dead_remote_worker(tmp_path, postgres_u
     Optuna's heartbeat check and re-queued with its parameters by the retry callback."""
     monkeypatch.setenv("NAS_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("NAS_HEARTBEAT_SECONDS", "1")
-    config = SearchConfig(space=str(write_space(tmp_path, steps=3)), trials=2, storage=postgres_url,
-                          study=unique_name("hb"), device="cpu")
+    config = SearchConfig(
+        space=str(write_space(tmp_path, steps=3)), trials=2, storage=postgres_url, study=unique_name("hb"), device="cpu"
+    )
     ctx, study = prepare(config)
     remote = study.ask({"depth": optuna.distributions.IntDistribution(1, 2)})
     remote.set_user_attr("host", "another-host")

@@ -25,8 +25,16 @@ def test_every_spec_optimizer_is_covered() -> None:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_make_optimizer_maps_fields_and_default_betas(name: str) -> None:
-    spec = TrainSpec(optimizer=name, lr=3e-3, weight_decay=0.05, eps=1e-7, grad_clip=0.5,
-                     grad_noise=0.01, grad_noise_gamma=0.6, seed=9)
+    spec = TrainSpec(
+        optimizer=name,
+        lr=3e-3,
+        weight_decay=0.05,
+        eps=1e-7,
+        grad_clip=0.5,
+        grad_noise=0.01,
+        grad_noise_gamma=0.6,
+        seed=9,
+    )
     cls, betas = EXPECTED[name]
     opt = make_optimizer(spec, [torch.zeros(3, requires_grad=True)])
     assert type(opt) is cls

@@ -31,7 +31,11 @@ def test_clipping_equals_clip_grad_norm_before_step(make) -> None:
     initial, clipped, preclipped = run_pair(
         lambda g: make(g, grad_options=GradOptions(max_norm=MAX_NORM)),
         lambda g: make(g),
-        dtype=torch.float64, lr=0.01, weight_decay=0.1, before_b=_clip_before_step, grad_scale=GRAD_SCALE,
+        dtype=torch.float64,
+        lr=0.01,
+        weight_decay=0.1,
+        before_b=_clip_before_step,
+        grad_scale=GRAD_SCALE,
     )
     assert_moved(initial, clipped)
     for a, b in zip(clipped, preclipped, strict=True):
@@ -42,7 +46,11 @@ def test_clipped_adamw_matches_torch_adamw_with_clip_grad_norm() -> None:
     _, ours, ref = run_pair(
         lambda g: AdamW(g, grad_options=GradOptions(max_norm=MAX_NORM)),
         lambda g: torch.optim.AdamW(g),
-        dtype=torch.float32, lr=0.01, weight_decay=0.1, before_b=_clip_before_step, grad_scale=GRAD_SCALE,
+        dtype=torch.float32,
+        lr=0.01,
+        weight_decay=0.1,
+        before_b=_clip_before_step,
+        grad_scale=GRAD_SCALE,
     )
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
@@ -53,7 +61,9 @@ def test_clipping_below_threshold_changes_nothing(make) -> None:
     _, loose, unclipped = run_pair(
         lambda g: make(g, grad_options=GradOptions(max_norm=1e6)),
         lambda g: make(g),
-        dtype=torch.float32, lr=0.01, weight_decay=0.1,
+        dtype=torch.float32,
+        lr=0.01,
+        weight_decay=0.1,
     )
     for a, b in zip(loose, unclipped, strict=True):
         assert torch.equal(a, b)
@@ -62,8 +72,9 @@ def test_clipping_below_threshold_changes_nothing(make) -> None:
 @pytest.mark.parametrize("max_norm", [0.0, MAX_NORM], ids=["clip-off", "clip-on"])
 def test_last_grad_norm_is_the_true_global_norm(max_norm: float) -> None:
     params = make_params(torch.float32)
-    opt = AdamW([{"params": params[:2]}, {"params": params[2:], "lr": 0.1}],
-                grad_options=GradOptions(max_norm=max_norm))
+    opt = AdamW(
+        [{"params": params[:2]}, {"params": params[2:], "lr": 0.1}], grad_options=GradOptions(max_norm=max_norm)
+    )
     assert opt.last_grad_norm is None
     for p in params:
         p.grad = torch.randn(p.shape) * GRAD_SCALE

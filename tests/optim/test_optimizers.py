@@ -34,7 +34,9 @@ def test_sgd_coupled_weight_decay_matches_torch(kw: dict, dtype: torch.dtype, rt
     initial, ours, ref = run_pair(
         lambda g: SGD(g, decoupled_weight_decay=False, **kw),
         lambda g: torch.optim.SGD(g, **kw),
-        dtype=dtype, lr=0.05, weight_decay=0.1,
+        dtype=dtype,
+        lr=0.05,
+        weight_decay=0.1,
     )
     assert_moved(initial, ours)
     _assert_close(ours, ref, rtol, atol)
@@ -51,13 +53,19 @@ def _decay_before_step(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -
 
 @pytest.mark.parametrize("dtype,rtol,atol", DTYPES)
 @pytest.mark.parametrize("kw", SGD_CASES)
-def test_sgd_decoupled_weight_decay_matches_manual_decay(kw: dict, dtype: torch.dtype, rtol: float, atol: float) -> None:
+def test_sgd_decoupled_weight_decay_matches_manual_decay(
+    kw: dict, dtype: torch.dtype, rtol: float, atol: float
+) -> None:
     def torch_sgd_without_decay(g: list[dict]) -> torch.optim.Optimizer:
         return torch.optim.SGD([{**group, "weight_decay": 0.0} for group in g], **kw)
 
     initial, ours, ref = run_pair(
-        lambda g: SGD(g, **kw), torch_sgd_without_decay,
-        dtype=dtype, lr=0.05, weight_decay=0.5, before_b=_decay_before_step,
+        lambda g: SGD(g, **kw),
+        torch_sgd_without_decay,
+        dtype=dtype,
+        lr=0.05,
+        weight_decay=0.5,
+        before_b=_decay_before_step,
     )
     assert_moved(initial, ours)
     _assert_close(ours, ref, rtol, atol)
@@ -68,7 +76,9 @@ def test_sgd_decoupled_and_coupled_decay_differ() -> None:
     _, coupled, decoupled = run_pair(
         lambda g: SGD(g, momentum=0.9, decoupled_weight_decay=False),
         lambda g: SGD(g, momentum=0.9),
-        dtype=torch.float64, lr=0.05, weight_decay=0.5,
+        dtype=torch.float64,
+        lr=0.05,
+        weight_decay=0.5,
     )
     assert not torch.allclose(coupled[0], decoupled[0], rtol=1e-3)
 
@@ -79,7 +89,9 @@ def test_adamw_matches_torch(wd: float, dtype: torch.dtype, rtol: float, atol: f
     initial, ours, ref = run_pair(
         lambda g: AdamW(g, betas=(0.8, 0.99), eps=1e-6),
         lambda g: torch.optim.AdamW(g, betas=(0.8, 0.99), eps=1e-6),
-        dtype=dtype, lr=0.01, weight_decay=wd,
+        dtype=dtype,
+        lr=0.01,
+        weight_decay=wd,
     )
     assert_moved(initial, ours)
     _assert_close(ours, ref, rtol, atol)
@@ -92,14 +104,22 @@ def test_radam_matches_torch_decoupled(wd: float, dtype: torch.dtype, rtol: floa
     initial, ours, ref = run_pair(
         lambda g: RAdam(g, betas=(0.9, 0.9)),
         lambda g: torch.optim.RAdam(g, betas=(0.9, 0.9), decoupled_weight_decay=True),
-        dtype=dtype, lr=0.01, weight_decay=wd,
+        dtype=dtype,
+        lr=0.01,
+        weight_decay=wd,
     )
     assert_moved(initial, ours)
     _assert_close(ours, ref, rtol, atol)
 
 
-def _lion_paper(params: list[torch.Tensor], grads_per_step: list[list[torch.Tensor | None]], lrs: list[float],
-                beta1: float, beta2: float, wd: float) -> list[torch.Tensor]:
+def _lion_paper(
+    params: list[torch.Tensor],
+    grads_per_step: list[list[torch.Tensor | None]],
+    lrs: list[float],
+    beta1: float,
+    beta2: float,
+    wd: float,
+) -> list[torch.Tensor]:
     """Chen et al. 2023, Algorithm 2, in float64, one param group."""
     p = [x.detach().double().clone() for x in params]
     m = [torch.zeros_like(x) for x in p]

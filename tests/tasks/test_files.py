@@ -43,9 +43,9 @@ def test_class_labels(tmp_path):
     task = load_npz(path=save(tmp_path / "c.npz", x=x, y=labels))
     assert (task.readout, task.n_out) == ("last", 3)
     assert task.y_train.shape == (len(task.x_train),) and len(task.x_test) == 1  # round(1.2) = 1
-    lookup = {tuple(r): int(lab) for r, lab in zip(x.tolist(), labels)}
+    lookup = {tuple(r): int(lab) for r, lab in zip(x.tolist(), labels, strict=True)}
     for xs, ys in ((task.x_train, task.y_train), (task.x_test, task.y_test)):
-        assert all(lookup[tuple(r)] == int(lab) for r, lab in zip(xs.tolist(), ys))
+        assert all(lookup[tuple(r)] == int(lab) for r, lab in zip(xs.tolist(), ys, strict=True))
 
 
 def test_split_by_seed_and_rebuild_from_config(tmp_path):
@@ -71,9 +71,12 @@ def test_text_is_a_char_lm(tmp_path):
     windows = (len(text) - 1) // 10
     assert len(task.x_train) + len(task.x_test) == windows and len(task.x_test) == round(windows * 0.2)
     assert torch.equal(task.y_train[:, :-1], task.x_train[:, 1:])
-    decoded = {"".join(chars[i] for i in row) + chars[int(last)]
-               for row, last in zip(torch.cat([task.x_train, task.x_test]).tolist(),
-                                    torch.cat([task.y_train, task.y_test])[:, -1])}
+    decoded = {
+        "".join(chars[i] for i in row) + chars[int(last)]
+        for row, last in zip(
+            torch.cat([task.x_train, task.x_test]).tolist(), torch.cat([task.y_train, task.y_test])[:, -1], strict=True
+        )
+    }
     assert decoded == {text[i * 10 : i * 10 + 11] for i in range(windows)}
     assert torch.equal(task_from_config(task.config).x_test, task.x_test)
 
@@ -110,9 +113,31 @@ def _bad_npz(tmp_path, case):
     return str(p)
 
 
-BAD = ["missing-file", "not-an-npz", "empty-file", "npy-inside", "truncated", "missing-x", "missing-y", "x-1d",
-       "x-3d", "y-3d", "y-shape", "n-mismatch", "x-float", "y-float", "x-bool", "x-object", "negative-token",
-       "target-minus-5", "target-below-ignore", "label-ignore", "nothing-scored", "one-row", "no-tokens"]
+BAD = [
+    "missing-file",
+    "not-an-npz",
+    "empty-file",
+    "npy-inside",
+    "truncated",
+    "missing-x",
+    "missing-y",
+    "x-1d",
+    "x-3d",
+    "y-3d",
+    "y-shape",
+    "n-mismatch",
+    "x-float",
+    "y-float",
+    "x-bool",
+    "x-object",
+    "negative-token",
+    "target-minus-5",
+    "target-below-ignore",
+    "label-ignore",
+    "nothing-scored",
+    "one-row",
+    "no-tokens",
+]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -125,23 +150,31 @@ def test_every_bad_npz_is_one_clear_task_error(tmp_path, case):
     assert len(message) < 200
 
 
-@pytest.mark.parametrize("params, needle", [
-    (dict(n_out=3), "n_out=3 is below"),
-    (dict(test_frac=0.0), "test_frac"),
-    (dict(test_frac=1.0), "test_frac"),
-    (dict(seed=-2), "seed"),
-], ids=["n_out-small", "test_frac-0", "test_frac-1", "seed"])
+@pytest.mark.parametrize(
+    "params, needle",
+    [
+        (dict(n_out=3), "n_out=3 is below"),
+        (dict(test_frac=0.0), "test_frac"),
+        (dict(test_frac=1.0), "test_frac"),
+        (dict(seed=-2), "seed"),
+    ],
+    ids=["n_out-small", "test_frac-0", "test_frac-1", "seed"],
+)
 def test_bad_npz_parameters(tmp_path, params, needle):
     x, y = token_arrays()
     with pytest.raises(TaskError, match=needle):
         load_npz(path=save(tmp_path / "d.npz", x=x, y=y), **params)
 
 
-@pytest.mark.parametrize("content, params, needle", [
-    (b"\xff\xfe bad bytes", dict(seq_len=2), "not UTF-8"),
-    (b"short", dict(seq_len=4), "5 characters"),
-    (b"long enough text", dict(seq_len=0), "seq_len"),
-], ids=["not-utf8", "too-short", "seq_len-0"])
+@pytest.mark.parametrize(
+    "content, params, needle",
+    [
+        (b"\xff\xfe bad bytes", dict(seq_len=2), "not UTF-8"),
+        (b"short", dict(seq_len=4), "5 characters"),
+        (b"long enough text", dict(seq_len=0), "seq_len"),
+    ],
+    ids=["not-utf8", "too-short", "seq_len-0"],
+)
 def test_bad_text_files(tmp_path, content, params, needle):
     path = tmp_path / "t.txt"
     path.write_bytes(content)

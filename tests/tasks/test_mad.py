@@ -40,10 +40,13 @@ def stream_of(x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
 RECALL = [
     pytest.param(in_context_recall, dict(vocab_size=16, seq_len=64), 16, id="recall-V16-T64"),
     pytest.param(in_context_recall, dict(vocab_size=13, seq_len=30), 13, id="recall-V13-T30-odd-vocab"),
-    pytest.param(noisy_in_context_recall, dict(vocab_size=32, noise_vocab_size=16, seq_len=64), 16,
-                 id="noisy-V32-T64"),
-    pytest.param(noisy_in_context_recall, dict(vocab_size=27, noise_vocab_size=5, frac_noise=0.6, seq_len=42), 22,
-                 id="noisy-V27-T42-heavy"),
+    pytest.param(noisy_in_context_recall, dict(vocab_size=32, noise_vocab_size=16, seq_len=64), 16, id="noisy-V32-T64"),
+    pytest.param(
+        noisy_in_context_recall,
+        dict(vocab_size=27, noise_vocab_size=5, frac_noise=0.6, seq_len=42),
+        22,
+        id="noisy-V27-T42-heavy",
+    ),
 ]
 
 
@@ -54,7 +57,7 @@ def test_recall_targets_match_mad_definition(fn, params, n_plain):
     assert (task.readout, task.vocab_size, task.n_out) == ("token", params["vocab_size"], params["vocab_size"])
     x, y = task.x_test.numpy(), task.y_test.numpy()
     assert ((x >= 0) & (x < task.vocab_size)).all()
-    for s, row_y in zip(stream_of(task.x_test, task.y_test), y):
+    for s, row_y in zip(stream_of(task.x_test, task.y_test), y, strict=True):
         assert np.array_equal(row_y, expected_recall_targets(s, n_plain, multi_query=True))
     assert not (y[x >= n_plain] != IGNORE_INDEX).any(), "noise tokens are never scored"
     # MAD trains on every next token
@@ -65,7 +68,7 @@ def test_recall_targets_match_mad_definition(fn, params, n_plain):
 
 def test_recall_masked_training_and_single_query():
     task = in_context_recall(seed=0, vocab_size=16, seq_len=32, train_all_tokens=False, n_train=40, n_test=4)
-    for s, row_y in zip(stream_of(task.x_train, task.y_train), task.y_train.numpy()):
+    for s, row_y in zip(stream_of(task.x_train, task.y_train), task.y_train.numpy(), strict=True):
         assert np.array_equal(row_y, expected_recall_targets(s, 16, multi_query=True))
 
     single = in_context_recall(seed=0, vocab_size=16, seq_len=32, multi_query=False, n_train=4, n_test=40)
@@ -73,7 +76,7 @@ def test_recall_masked_training_and_single_query():
     assert single.seq_len == 32  # the copy prefix makes the stream seq_len + 1 long
     assert (x[:, -2] == 15).all() and not (x[:, :-2] == 15).any(), "copy prefix V-1 only before the probe"
     assert ((y != IGNORE_INDEX).sum(axis=1) == 1).all() and (y[:, -1] != IGNORE_INDEX).all()
-    for s, row_y in zip(stream_of(single.x_test, single.y_test), y):
+    for s, row_y in zip(stream_of(single.x_test, single.y_test), y, strict=True):
         # without the prefix (and its target) the row is a plain stream scored only at the probe
         expected = expected_recall_targets(np.delete(s, -3), 15, multi_query=False)
         assert np.array_equal(np.delete(row_y, -3), expected)
@@ -105,8 +108,9 @@ def test_selective_copying_invariants():
     assert len(layouts) > 150, "blank placement is random per row"
 
 
-@pytest.mark.parametrize("fn", [in_context_recall, noisy_in_context_recall, selective_copying],
-                         ids=["recall", "noisy", "copy"])
+@pytest.mark.parametrize(
+    "fn", [in_context_recall, noisy_in_context_recall, selective_copying], ids=["recall", "noisy", "copy"]
+)
 def test_deterministic_by_seed(fn):
     small = dict(seq_len=32, n_train=30, n_test=10) | ({"num_tokens_to_copy": 4} if fn is selective_copying else {})
     a, b, c = fn(seed=4, **small), fn(seed=4, **small), fn(seed=5, **small)
@@ -121,28 +125,52 @@ def test_defaults_are_mad_baselines():
     def defaults(fn):
         return {k: p.default for k, p in inspect.signature(fn).parameters.items()}
 
-    assert defaults(in_context_recall) == dict(seed=0, vocab_size=16, seq_len=128, multi_query=True,
-                                               train_all_tokens=True, n_train=12_800, n_test=1_280)
-    assert defaults(noisy_in_context_recall) == dict(seed=0, vocab_size=32, seq_len=128, noise_vocab_size=16,
-                                                     frac_noise=0.2, multi_query=True, train_all_tokens=True,
-                                                     n_train=12_800, n_test=1_280)
-    assert defaults(selective_copying) == dict(seed=0, vocab_size=16, seq_len=256, num_tokens_to_copy=16,
-                                               n_train=12_800, n_test=1_280)
+    assert defaults(in_context_recall) == dict(
+        seed=0, vocab_size=16, seq_len=128, multi_query=True, train_all_tokens=True, n_train=12_800, n_test=1_280
+    )
+    assert defaults(noisy_in_context_recall) == dict(
+        seed=0,
+        vocab_size=32,
+        seq_len=128,
+        noise_vocab_size=16,
+        frac_noise=0.2,
+        multi_query=True,
+        train_all_tokens=True,
+        n_train=12_800,
+        n_test=1_280,
+    )
+    assert defaults(selective_copying) == dict(
+        seed=0, vocab_size=16, seq_len=256, num_tokens_to_copy=16, n_train=12_800, n_test=1_280
+    )
 
 
-@pytest.mark.parametrize("fn, params, needle", [
-    (in_context_recall, dict(seq_len=33), "even"),
-    (in_context_recall, dict(seq_len=2), ">= 4"),
-    (in_context_recall, dict(vocab_size=1), "key/value tokens"),
-    (noisy_in_context_recall, dict(frac_noise=1.0), "frac_noise"),
-    (noisy_in_context_recall, dict(noise_vocab_size=0), "noise_vocab_size >= 1"),
-    (noisy_in_context_recall, dict(noise_vocab_size=31), "key/value tokens"),
-    (selective_copying, dict(seq_len=33), "must exceed"),
-    (selective_copying, dict(vocab_size=2), "vocab_size"),
-    (selective_copying, dict(num_tokens_to_copy=0), "num_tokens_to_copy"),
-    (selective_copying, dict(n_test=0), "n_test"),
-], ids=["odd-T", "tiny-T", "tiny-V", "all-noise", "no-noise-vocab", "noise-eats-vocab", "copy-T", "copy-V",
-        "copy-0", "n_test"])
+@pytest.mark.parametrize(
+    "fn, params, needle",
+    [
+        (in_context_recall, dict(seq_len=33), "even"),
+        (in_context_recall, dict(seq_len=2), ">= 4"),
+        (in_context_recall, dict(vocab_size=1), "key/value tokens"),
+        (noisy_in_context_recall, dict(frac_noise=1.0), "frac_noise"),
+        (noisy_in_context_recall, dict(noise_vocab_size=0), "noise_vocab_size >= 1"),
+        (noisy_in_context_recall, dict(noise_vocab_size=31), "key/value tokens"),
+        (selective_copying, dict(seq_len=33), "must exceed"),
+        (selective_copying, dict(vocab_size=2), "vocab_size"),
+        (selective_copying, dict(num_tokens_to_copy=0), "num_tokens_to_copy"),
+        (selective_copying, dict(n_test=0), "n_test"),
+    ],
+    ids=[
+        "odd-T",
+        "tiny-T",
+        "tiny-V",
+        "all-noise",
+        "no-noise-vocab",
+        "noise-eats-vocab",
+        "copy-T",
+        "copy-V",
+        "copy-0",
+        "n_test",
+    ],
+)
 def test_bad_parameters_raise_task_error(fn, params, needle):
     with pytest.raises(TaskError, match=needle):
         fn(**{"n_train": 4, "n_test": 4, **params})

@@ -42,8 +42,12 @@ def check_rows(x: np.ndarray, y: np.ndarray, vocab_size: int, d: int) -> None:
 @pytest.mark.parametrize("params", CASES)
 def test_rows_satisfy_zoology_invariants(params):
     task = mqar(seed=1, n_train=300, n_test=60, **params)
-    assert (task.name, task.readout, task.vocab_size, task.n_out) == ("mqar", "token", params["vocab_size"],
-                                                                      params["vocab_size"])
+    assert (task.name, task.readout, task.vocab_size, task.n_out) == (
+        "mqar",
+        "token",
+        params["vocab_size"],
+        params["vocab_size"],
+    )
     assert task.seq_len == params["seq_len"]
     for x, y in ((task.x_train, task.y_train), (task.x_test, task.y_test)):
         assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape
@@ -102,15 +106,19 @@ def test_deterministic_by_seed_and_splits_independent():
     assert torch.equal(mqar(seed=5, n_train=80, **small).x_test, a.x_test)
 
 
-@pytest.mark.parametrize("params, needle", [
-    (dict(vocab_size=16, num_kv_pairs=8), "too few keys"),
-    (dict(seq_len=31, num_kv_pairs=8), "too short"),
-    (dict(num_kv_pairs=0), "num_kv_pairs"),
-    (dict(power_a=0.0), "power_a"),
-    (dict(power_a=1.5), "power_a"),
-    (dict(n_train=0), "n_train"),
-    (dict(seed=-1), "seed"),
-], ids=["vocab", "seq_len", "kv0", "power0", "power>1", "n_train", "seed"])
+@pytest.mark.parametrize(
+    "params, needle",
+    [
+        (dict(vocab_size=16, num_kv_pairs=8), "too few keys"),
+        (dict(seq_len=31, num_kv_pairs=8), "too short"),
+        (dict(num_kv_pairs=0), "num_kv_pairs"),
+        (dict(power_a=0.0), "power_a"),
+        (dict(power_a=1.5), "power_a"),
+        (dict(n_train=0), "n_train"),
+        (dict(seed=-1), "seed"),
+    ],
+    ids=["vocab", "seq_len", "kv0", "power0", "power>1", "n_train", "seed"],
+)
 def test_bad_parameters_raise_task_error(params, needle):
     with pytest.raises(TaskError, match=needle):
         mqar(**{"n_train": 4, "n_test": 4, **params})

@@ -6,8 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from nas.tasks import (IGNORE_INDEX, Task, TaskError, in_context_recall, list_tasks, load_task, mqar,
-                       selective_copying, task_from_config)
+from nas.tasks import (
+    IGNORE_INDEX,
+    Task,
+    TaskError,
+    in_context_recall,
+    list_tasks,
+    load_task,
+    mqar,
+    selective_copying,
+    task_from_config,
+)
 
 SMALL = {
     "mqar": "vocab_size=32,seq_len=32,num_kv_pairs=4,n_train=40,n_test=12",
@@ -75,38 +84,46 @@ def test_path_specs(files, tmp_path):
         load_task(f"{npz}:path=other.npz")
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("transformer", "unknown task 'transformer'; known: mad_noisy_recall, mad_recall"),
-    ("data.csv", "unknown task 'data.csv'"),
-    ("", "names no task"),
-    (":seq_len=4", "names no task"),
-    ("mqar:heads=4", "unknown parameter(s) heads; allowed: n_test, n_train, num_kv_pairs, power_a, seed"),
-    ("mqar:vocab_size=1.5", "vocab_size='1.5' is not an int"),
-    ("mqar:vocab_size=lots", "vocab_size='lots' is not an int"),
-    ("mqar:power_a=low", "power_a='low' is not a float"),
-    ("mad_recall:multi_query=yes", "multi_query='yes' is not true/false"),
-    ("mqar:vocab_size", "expected key=value, got 'vocab_size'"),
-    ("mqar:=3", "expected key=value"),
-    ("mqar:seq_len=8,seq_len=16", "'seq_len' given twice"),
-    ("npz", "npz: missing parameter(s) path"),
-    ("mqar:num_kv_pairs=100", "too few keys"),
-    ("nowhere/missing.npz", "nowhere/missing.npz: no such file"),
-], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("transformer", "unknown task 'transformer'; known: mad_noisy_recall, mad_recall"),
+        ("data.csv", "unknown task 'data.csv'"),
+        ("", "names no task"),
+        (":seq_len=4", "names no task"),
+        ("mqar:heads=4", "unknown parameter(s) heads; allowed: n_test, n_train, num_kv_pairs, power_a, seed"),
+        ("mqar:vocab_size=1.5", "vocab_size='1.5' is not an int"),
+        ("mqar:vocab_size=lots", "vocab_size='lots' is not an int"),
+        ("mqar:power_a=low", "power_a='low' is not a float"),
+        ("mad_recall:multi_query=yes", "multi_query='yes' is not true/false"),
+        ("mqar:vocab_size", "expected key=value, got 'vocab_size'"),
+        ("mqar:=3", "expected key=value"),
+        ("mqar:seq_len=8,seq_len=16", "'seq_len' given twice"),
+        ("npz", "npz: missing parameter(s) path"),
+        ("mqar:num_kv_pairs=100", "too few keys"),
+        ("nowhere/missing.npz", "nowhere/missing.npz: no such file"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None,
+)
 def test_bad_specs_are_one_line_task_errors(spec, needle):
     with pytest.raises(TaskError) as err:
         load_task(spec)
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("config, needle", [
-    ({"seed": 0}, "with a 'name'"),
-    ("mqar", "with a 'name'"),
-    ({"name": "mqar", "colour": "red"}, "unknown parameter(s) colour"),
-    ({"name": "mqar", "vocab_size": True}, "vocab_size=True is not an int"),
-    ({"name": "mqar", "vocab_size": 64.5}, "is not an int"),
-    ({"name": "mad_recall", "multi_query": 1}, "multi_query=1 is not true/false"),
-    ({"name": "npz", "path": 3}, "path=3 is not a string"),
-], ids=["no-name", "not-a-dict", "unknown", "bool-for-int", "fraction", "int-for-bool", "int-for-path"])
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({"seed": 0}, "with a 'name'"),
+        ("mqar", "with a 'name'"),
+        ({"name": "mqar", "colour": "red"}, "unknown parameter(s) colour"),
+        ({"name": "mqar", "vocab_size": True}, "vocab_size=True is not an int"),
+        ({"name": "mqar", "vocab_size": 64.5}, "is not an int"),
+        ({"name": "mad_recall", "multi_query": 1}, "multi_query=1 is not true/false"),
+        ({"name": "npz", "path": 3}, "path=3 is not a string"),
+    ],
+    ids=["no-name", "not-a-dict", "unknown", "bool-for-int", "fraction", "int-for-bool", "int-for-path"],
+)
 def test_bad_configs(config, needle):
     with pytest.raises(TaskError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         task_from_config(config)
@@ -114,5 +131,13 @@ def test_bad_configs(config, needle):
 
 def test_config_defaults_are_filled_in():
     cfg = in_context_recall(n_train=2, n_test=2, seq_len=8).config
-    assert cfg == dict(name="mad_recall", seed=0, vocab_size=16, seq_len=8, multi_query=True, train_all_tokens=True,
-                       n_train=2, n_test=2)
+    assert cfg == dict(
+        name="mad_recall",
+        seed=0,
+        vocab_size=16,
+        seq_len=8,
+        multi_query=True,
+        train_all_tokens=True,
+        n_train=2,
+        n_test=2,
+    )

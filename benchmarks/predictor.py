@@ -228,6 +228,12 @@ def report(rows_path: Path, profile_arg: str, out: Path, calibration_rows: Path 
         entry["label"] = calibrated[0].label() if calibrated else None
         inside = sum(lat.low_ms <= m <= lat.high_ms for lat, m in zip(calibrated, measured, strict=True))
         entry["inside_interval"] = inside / len(rows) if rows else None
+        if profile.calibrated.interval is not None:  # the calibration's own interval, before any widening
+            own = sum(
+                abs(lat.median_ms / m - 1) <= profile.calibrated.interval
+                for lat, m in zip(calibrated, measured, strict=True)
+            )
+            entry["inside_calibration_interval"] = own / len(rows) if rows else None
         results[shape] = entry
     errors = sum("error" in r for r in data["held_out_rows"])
     gpu = (data.get("gpu") or "gpu").lower().replace("nvidia ", "").replace(" ", "_")

@@ -6,7 +6,7 @@
 On a GPU (``--gpu``): draws its own random architectures over the whole space family
 (``nas.latency.calibrate.random_arch``: depth 1-8, d 32-512, 1-16 heads with even head dims
 ≤ 128, every mixer / feature map / short conv / MLP ratio / activation / norm, vocab 64-8192,
-token or last readout) — the held-out set from ``--seed`` (2), disjoint from the calibration's
+token or last readout) — the held-out set from ``--seed`` (3), disjoint from the calibration's
 fit set (seed 1) and check set (seed 1001) — and measures each at 1×256, 8×1024 and 32×512 with
 ``nas.latency.measure``. With ``--calibrate`` it first calibrates this GPU's profile in the same
 process (kernel grid, fit set, check set: ``nas.latency.calibrate``) and writes the profile with
@@ -15,9 +15,15 @@ cut short still leaves its data.
 
 Everywhere (``--rows``): predicts every measured row with the profile's calibration (or with the
 one ``--profile`` names) and reports, per shape: share within ±10 %, Spearman, median ratio
-predicted/measured — and the same for two baselines on the same rows: FLOPs only (one
-scale fitted on the calibration's fit set) and the uncalibrated roofline. Writes
-``predictor_<gpu>.json`` with GPU name, versions, date.
+predicted/measured, the share inside the predicted interval — and the same for two baselines on
+the same rows: FLOPs only (one scale per shape, fitted on the calibration's whole-model rows,
+``--calibration-rows``) and the uncalibrated roofline. Writes ``predictor_<gpu>.json`` with GPU
+name, versions, date.
+
+``--refit ROWS``: fits the profile's calibration on the CPU from saved GPU rows — the kernel grid,
+and every whole-model row (fit, check and held-out sets of every run in the file; ``run`` tells
+the runs apart) — and writes it into ``--profile``. ``--dry-run``: the ``--gpu`` path without a
+GPU (rows get the prediction × noise as their "measured" time), to test the command.
 """
 
 from __future__ import annotations
@@ -34,8 +40,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hardware_profiles import load_profile  # noqa: E402
 from nas.latency import op_costs, parse_shape, predict  # noqa: E402
 from nas.latency._model import nnls_relative  # noqa: E402
-from nas.latency.calibrate import (SHAPES, calibration_section, check_summary, fit, kernel_grid,  # noqa: E402
-                                   measure_models, random_archs, time_kernels, warm, write_calibration)
+from nas.latency.calibrate import (  # noqa: E402
+    SHAPES,
+    calibration_section,
+    check_summary,
+    fit,
+    kernel_grid,
+    measure_models,
+    random_archs,
+    time_kernels,
+    warm,
+    write_calibration,
+)
+
+CALIBRATION_ROWS = Path(__file__).resolve().parent / "results" / "predictor_rows_h200.json"
 from nas.spec import ArchSpec  # noqa: E402
 
 FIT_SEED, CHECK_SEED = 1, 1001
@@ -47,9 +65,32 @@ def _dump(path: Path, data: object) -> None:
     tmp.replace(path)
 
 
-def run_gpu(args: argparse.Namespace) -> Path:
-    import torch
+def _dry_measure(profile):
+    """``measure_models`` without a GPU: the prediction × 1 ± 5 % noise, for ``--dry-run``."""
+    import random
 
+    rng = random.Random(0)
+
+    def measure(models, *, on_row=None, deadline=float("inf")):
+        rows = []
+        for arch, shape in models:
+            if time.monotonic() > deadline:
+                break
+            row = {
+                "arch": arch.to_dict(),
+                "shape": str(shape),
+                "ms": predict(arch, shape, profile).median_ms * rng.uniform(0.95, 1.05),
+                "iqr_ms": 0.0,
+            }
+            rows.append(row)
+            if on_row:
+                on_row(row)
+        return rows
+
+    return measure
+
+
+def run_gpu(args: argparse.Namespace) -> Path:
     from nas.latency.calibrate import environment, require_gpu
 
     out = Path(args.out)
@@ -57,14 +98,26 @@ def run_gpu(args: argparse.Namespace) -> Path:
     start = time.monotonic()
     deadline = start + args.budget_s
     profile = load_profile(args.profile)
-    sms = require_gpu(profile)
-    env = environment()
+    if args.dry_run:
+        sms, env = profile.sm_count, {"gpu": "dry run", "date": time.strftime("%Y-%m-%d")}
+        measure = _dry_measure(profile)
+    else:
+        sms, env, measure = require_gpu(profile), environment(), measure_models
+    run = f"{env['date']} {time.strftime('%H:%M:%S')}"
     held = [(a, s) for a in random_archs(args.seed, args.archs) for s in SHAPES]
     fit_set = [(a, s) for a in random_archs(FIT_SEED, args.fit_archs) for s in SHAPES] if args.calibrate else []
     check_set = [(a, s) for a in random_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if args.calibrate else []
     cases = kernel_grid() if args.calibrate else []
-    data: dict = {**env, "sm_count": sms, "seeds": {"fit": FIT_SEED, "check": CHECK_SEED, "held_out": args.seed},
-                  "kernel_rows": [], "fit_rows": [], "check_rows": [], "held_out_rows": [], "timeline": {}}
+    data: dict = {
+        **env,
+        "sm_count": sms,
+        "seeds": {"fit": FIT_SEED, "check": CHECK_SEED, "held_out": args.seed},
+        "kernel_rows": [],
+        "fit_rows": [],
+        "check_rows": [],
+        "held_out_rows": [],
+        "timeline": {},
+    }
     rows_path = out / "predictor_rows.json"
 
     def mark(what: str) -> None:
@@ -72,29 +125,30 @@ def run_gpu(args: argparse.Namespace) -> Path:
         print(f"[{data['timeline'][what]:7.1f} s] {what}", flush=True)
         _dump(rows_path, data)
 
-    warm(cases, fit_set + check_set + held, workers=args.workers)
+    if not args.dry_run:
+        warm(cases, fit_set + check_set + held, workers=args.workers)
     mark(f"warm-up: {len(cases)} kernels, {len(fit_set) + len(check_set) + len(held)} forwards compiled")
 
     def keep(key: str):
         def on_row(row: dict) -> None:
-            data[key].append(row)
+            data[key].append({**row, "run": run})
             if len(data[key]) % 25 == 0:
                 _dump(rows_path, data)
+
         return on_row
 
     if args.calibrate:
         time_kernels(cases, on_row=keep("kernel_rows"), deadline=deadline)
         mark("kernel grid timed")
-        measure_models(fit_set, on_row=keep("fit_rows"), deadline=deadline)
+        measure(fit_set, on_row=keep("fit_rows"), deadline=deadline)
         mark("fit set measured")
-        measure_models(check_set, on_row=keep("check_rows"), deadline=deadline)
+        measure(check_set, on_row=keep("check_rows"), deadline=deadline)
         mark("check set measured")
         model, report = fit(data["kernel_rows"], data["fit_rows"], data["check_rows"], sm_count=sms)
         path = write_calibration(profile, calibration_section(model, report, env, sms), out / Path(profile.path).name)
         mark(f"calibration written to {path}: {json.dumps(report.get('check', {}).get('all'))}")
-    measure_models(held, on_row=keep("held_out_rows"), deadline=deadline)
+    measure(held, on_row=keep("held_out_rows"), deadline=deadline)
     mark("held-out set measured")
-    torch.cuda.synchronize()
     return rows_path
 
 
@@ -103,10 +157,13 @@ def refit(rows_path: Path, profile_arg: str, out: str | None) -> Path:
     write it into the profile, with the GPU, versions, fingerprint and date of the timing run."""
     data = json.loads(rows_path.read_text())
     profile = load_profile(profile_arg)
-    model, rep = fit(data["kernel_rows"], data["fit_rows"], data["check_rows"], sm_count=data["sm_count"])
+    model_rows = [r for key in ("fit_rows", "check_rows", "held_out_rows") for r in data[key]]
+    model, rep = fit(data["kernel_rows"], model_rows, sm_count=data["sm_count"])
     env = {k: data[k] for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")}
     path = write_calibration(profile, calibration_section(model, rep, env, data["sm_count"]), out or profile.path)
-    print(f"wrote {path}; check: {json.dumps(rep.get('check'), indent=1)}")
+    print(f"wrote {path}; interval ±{rep['interval']:.1%}")
+    for name in ("cv", "across_runs"):
+        print(name, json.dumps(rep.get(name), indent=1))
     return path
 
 
@@ -114,54 +171,104 @@ def _flops(arch: ArchSpec, shape: str) -> float:
     return float(sum(op.flops for op in op_costs(arch, parse_shape(shape))))
 
 
-def report(rows_path: Path, profile_arg: str, out: Path) -> Path:
+def _flops_scales(calibration_rows: Path) -> dict[str, float]:
+    """The FLOPs-only baseline: ms per FLOP per shape, fitted (relative error) on the whole-model
+    rows the calibration was fitted on."""
+    data = json.loads(calibration_rows.read_text())
+    rows = [r for key in ("fit_rows", "check_rows", "held_out_rows") for r in data[key] if "ms" in r]
+    return {
+        shape: nnls_relative(
+            [[_flops(ArchSpec.from_dict(r["arch"]), shape)] for r in rows if r["shape"] == shape],
+            [r["ms"] for r in rows if r["shape"] == shape],
+        )[0]
+        for shape in sorted({r["shape"] for r in rows})
+    }
+
+
+def report(rows_path: Path, profile_arg: str, out: Path, calibration_rows: Path = CALIBRATION_ROWS) -> Path:
     data = json.loads(rows_path.read_text())
     profile = load_profile(profile_arg)
-    roofline_profile = dataclasses.replace(profile, calibrated=dataclasses.replace(
-        profile.calibrated, kernel_model_json=None, interval=None))
+    roofline_profile = dataclasses.replace(
+        profile, calibrated=dataclasses.replace(profile.calibrated, kernel_model_json=None, interval=None)
+    )
     fit_rows = [r for r in data["fit_rows"] if "ms" in r]
-    flops_scale = nnls_relative([[_flops(ArchSpec.from_dict(r["arch"]), r["shape"])] for r in fit_rows],
-                                [r["ms"] for r in fit_rows])[0] if fit_rows else None
+    flops_scales = _flops_scales(calibration_rows)
     held = [r for r in data["held_out_rows"] if "ms" in r]
+    if calibration_rows.resolve() != rows_path.resolve():  # a held-out row must be one the fit never saw
+        seen = json.loads(calibration_rows.read_text())
+        fitted = {
+            json.dumps(r["arch"], sort_keys=True)
+            for key in ("fit_rows", "check_rows", "held_out_rows")
+            for r in seen[key]
+        }
+        overlap = sum(json.dumps(r["arch"], sort_keys=True) in fitted for r in held)
+        if overlap:
+            raise SystemExit(f"{overlap} held-out rows are architectures the calibration was fitted on")
     results: dict = {}
     shapes = [str(s) for s in SHAPES if any(r["shape"] == str(s) for r in held)]
     for shape in [*shapes, "all"]:
         rows = [r for r in held if shape in ("all", r["shape"])]
         archs = [ArchSpec.from_dict(r["arch"]) for r in rows]
         measured = [r["ms"] for r in rows]
-        calibrated = [predict(a, parse_shape(r["shape"]), profile) for a, r in zip(archs, rows)]
-        entry = {"calibrated": check_summary([lat.median_ms for lat in calibrated], measured),
-                 "uncalibrated_roofline": check_summary(
-                     [predict(a, parse_shape(r["shape"]), roofline_profile, reference=None).median_ms
-                      for a, r in zip(archs, rows)], measured)}
-        if flops_scale:
-            entry["flops_only"] = check_summary([flops_scale * _flops(a, r["shape"]) for a, r in zip(archs, rows)],
-                                                measured)
+        calibrated = [predict(a, parse_shape(r["shape"]), profile) for a, r in zip(archs, rows, strict=True)]
+        entry = {
+            "calibrated": check_summary([lat.median_ms for lat in calibrated], measured),
+            "uncalibrated_roofline": check_summary(
+                [
+                    predict(a, parse_shape(r["shape"]), roofline_profile, reference=None).median_ms
+                    for a, r in zip(archs, rows, strict=True)
+                ],
+                measured,
+            ),
+        }
+        if all(r["shape"] in flops_scales for r in rows):
+            entry["flops_only"] = check_summary(
+                [flops_scales[r["shape"]] * _flops(a, r["shape"]) for a, r in zip(archs, rows, strict=True)], measured
+            )
         entry["label"] = calibrated[0].label() if calibrated else None
-        inside = sum(lat.low_ms <= m <= lat.high_ms for lat, m in zip(calibrated, measured))
+        inside = sum(lat.low_ms <= m <= lat.high_ms for lat, m in zip(calibrated, measured, strict=True))
         entry["inside_interval"] = inside / len(rows) if rows else None
+        if profile.calibrated.interval is not None:  # the calibration's own interval, before any widening
+            own = sum(
+                abs(lat.median_ms / m - 1) <= profile.calibrated.interval
+                for lat, m in zip(calibrated, measured, strict=True)
+            )
+            entry["inside_calibration_interval"] = own / len(rows) if rows else None
         results[shape] = entry
     errors = sum("error" in r for r in data["held_out_rows"])
     gpu = (data.get("gpu") or "gpu").lower().replace("nvidia ", "").replace(" ", "_")
-    summary = {k: data.get(k) for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date", "sm_count",
-                                        "seeds", "timeline")}
-    summary |= {"profile": profile.name, "calibration_date": profile.calibrated.get("date"),
-                "held_out_architectures": len({json.dumps(r["arch"], sort_keys=True) for r in held}),
-                "held_out_rows": len(held), "held_out_errors": errors, "fit_rows": len(fit_rows),
-                "check_rows": sum("ms" in r for r in data["check_rows"]),
-                "kernel_rows": sum("us" in r for r in data["kernel_rows"]), "results": results}
+    summary = {
+        k: data.get(k)
+        for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date", "sm_count", "seeds", "timeline")
+    }
+    summary |= {
+        "profile": profile.name,
+        "calibration_date": profile.calibrated.get("date"),
+        "held_out_architectures": len({json.dumps(r["arch"], sort_keys=True) for r in held}),
+        "held_out_rows": len(held),
+        "held_out_errors": errors,
+        "fit_rows": len(fit_rows),
+        "check_rows": sum("ms" in r for r in data["check_rows"]),
+        "calibration_interval": profile.calibrated.interval,
+        "kernel_rows": sum("us" in r for r in data["kernel_rows"]),
+        "results": results,
+    }
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"predictor_{gpu}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{data.get('gpu')}  torch {data.get('torch')}  triton {data.get('triton')}  {len(held)} held-out rows "
-          f"({summary['held_out_architectures']} architectures, {errors} errors)")
+    print(
+        f"{data.get('gpu')}  torch {data.get('torch')}  triton {data.get('triton')}  {len(held)} held-out rows "
+        f"({summary['held_out_architectures']} architectures, {errors} errors)"
+    )
     print(f"{'shape':8s} {'predictor':22s} {'±10%':>6s} {'spearman':>9s} {'median ratio':>13s} {'p95 |err|':>10s}")
     for shape, entry in results.items():
         for name in ("calibrated", "flops_only", "uncalibrated_roofline"):
             if name in entry:
                 s = entry[name]
-                print(f"{shape:8s} {name:22s} {s['within_10pct']:6.1%} {s['spearman']:9.4f} {s['median_ratio']:13.3f} "
-                      f"{s['p95_abs_error']:10.1%}")
+                print(
+                    f"{shape:8s} {name:22s} {s['within_10pct']:6.1%} {s['spearman']:9.4f} {s['median_ratio']:13.3f} "
+                    f"{s['p95_abs_error']:10.1%}"
+                )
     print(f"wrote {path}")
     return path
 
@@ -176,19 +283,30 @@ def main() -> None:
     parser.add_argument("--archs", type=int, default=160, help="held-out architectures (× 3 shapes)")
     parser.add_argument("--fit-archs", type=int, default=50)
     parser.add_argument("--check-archs", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=2, help="seed of the held-out set (fit: 1, check: 1001)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=3,
+        help="seed of the held-out set (fit: 1, check: 1001; 2 was held out in the first runs and is now fitted on)",
+    )
     parser.add_argument("--workers", type=int, default=None, help="compile warm-up processes")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this many seconds")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument(
+        "--calibration-rows",
+        default=str(CALIBRATION_ROWS),
+        help="the rows the calibration was fitted on (FLOPs baseline; held-out rows must not be in it)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="with --gpu: no GPU, predictions × noise as times")
     args = parser.parse_args()
     if args.gpu:
         rows = run_gpu(args)
         profile = str(Path(args.out) / Path(load_profile(args.profile).path).name) if args.calibrate else args.profile
-        report(rows, profile, Path(args.out))
+        report(rows, profile, Path(args.out), rows if args.calibrate else Path(args.calibration_rows))
     elif args.refit:
         refit(Path(args.refit), args.profile, None)
     elif args.rows:
-        report(Path(args.rows), args.profile, Path(args.out))
+        report(Path(args.rows), args.profile, Path(args.out), Path(args.calibration_rows))
     else:
         parser.error("pass --gpu (on a CUDA machine) or --rows PATH")
 

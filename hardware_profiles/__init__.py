@@ -120,15 +120,38 @@ class HardwareProfile:
         return dict(self.sources).get(field)
 
 
-_REQUIRED = ("name", "device_names", "sm_count", "l2_bytes", "smem_per_sm_bytes",
-             "memory_bandwidth_gb_s", "peak_tflops", "launch_overhead_us")
+_REQUIRED = (
+    "name",
+    "device_names",
+    "sm_count",
+    "l2_bytes",
+    "smem_per_sm_bytes",
+    "memory_bandwidth_gb_s",
+    "peak_tflops",
+    "launch_overhead_us",
+)
 _OPTIONAL = ("description", "source", "calibrated")
-_NUMBERS = ("sm_count", "l2_bytes", "smem_per_sm_bytes", "memory_bandwidth_gb_s",
-            "peak_tflops", "launch_overhead_us")  # the fields a `source:` note may describe
+_NUMBERS = (
+    "sm_count",
+    "l2_bytes",
+    "smem_per_sm_bytes",
+    "memory_bandwidth_gb_s",
+    "peak_tflops",
+    "launch_overhead_us",
+)  # the fields a `source:` note may describe
 _PROVENANCE_KEYS = ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")
-_CALIBRATION_KEYS = ("bandwidth_fraction", "flops_fraction", "launch_overhead_us", "measured_with",
-                     *_PROVENANCE_KEYS, "sm_count", "interval", "check", "kernel_model")
-_KERNEL_MODEL_KEYS = ("coefficients", "scales", "gap_us", "intercept_us")
+_CALIBRATION_KEYS = (
+    "bandwidth_fraction",
+    "flops_fraction",
+    "launch_overhead_us",
+    "measured_with",
+    *_PROVENANCE_KEYS,
+    "sm_count",
+    "interval",
+    "check",
+    "kernel_model",
+)
+_KERNEL_MODEL_KEYS = ("coefficients", "gap_us", "intercept_us", "per_ktoken_us")
 
 
 def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> float:
@@ -158,12 +181,12 @@ def _fraction(where: str, field: str, value: Any) -> float:
 
 def _mapping(where: str, field: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ProfileError(f"{where}: field {field!r} must be a mapping with keys from "
-                           f"{list(allowed)}, got {type(value).__name__}")
+        raise ProfileError(
+            f"{where}: field {field!r} must be a mapping with keys from {list(allowed)}, got {type(value).__name__}"
+        )
     unknown = sorted(str(k) for k in value if k not in allowed)
     if unknown:
-        raise ProfileError(f"{where}: field {field!r} has unknown key {unknown[0]!r}; "
-                           f"allowed: {list(allowed)}")
+        raise ProfileError(f"{where}: field {field!r} has unknown key {unknown[0]!r}; allowed: {list(allowed)}")
     return value
 
 
@@ -178,14 +201,21 @@ def _calibration(where: str, raw: Any) -> Calibration:
     model = data.get("kernel_model")
     if model is not None:
         model = _mapping(where, "calibrated.kernel_model", model, _KERNEL_MODEL_KEYS)
-        coefficients = _mapping(where, "calibrated.kernel_model.coefficients", model.get("coefficients") or {},
-                                tuple(str(k) for k in (model.get("coefficients") or {})))
+        coefficients = _mapping(
+            where,
+            "calibrated.kernel_model.coefficients",
+            model.get("coefficients") or {},
+            tuple(str(k) for k in (model.get("coefficients") or {})),
+        )
         for cls, coef in coefficients.items():
             if not isinstance(coef, list) or not all(
-                    isinstance(c, int | float) and not isinstance(c, bool) and c >= 0 for c in coef):
-                raise ProfileError(f"{where}: field 'calibrated.kernel_model.coefficients.{cls}' must be a list of "
-                                   f"non-negative numbers, got {coef!r}")
-        for key in ("gap_us", "intercept_us"):
+                isinstance(c, int | float) and not isinstance(c, bool) and c >= 0 for c in coef
+            ):
+                raise ProfileError(
+                    f"{where}: field 'calibrated.kernel_model.coefficients.{cls}' must be a list of "
+                    f"non-negative numbers, got {coef!r}"
+                )
+        for key in ("gap_us", "intercept_us", "per_ktoken_us"):
             if key in model:
                 _positive(where, f"calibrated.kernel_model.{key}", model[key] + 1)  # >= 0
     check = data.get("check")
@@ -194,13 +224,13 @@ def _calibration(where: str, raw: Any) -> Calibration:
     sm_count = data.get("sm_count")
     interval = data.get("interval")
     return Calibration(
-        bandwidth_fraction=None if bandwidth is None else _fraction(
-            where, "calibrated.bandwidth_fraction", bandwidth),
+        bandwidth_fraction=None if bandwidth is None else _fraction(where, "calibrated.bandwidth_fraction", bandwidth),
         flops_fractions=tuple(
             (dtype, _fraction(where, f"calibrated.flops_fraction.{dtype}", flops[dtype]))
-            for dtype in DTYPES if dtype in flops),
-        launch_overhead_us=None if overhead is None else _positive(
-            where, "calibrated.launch_overhead_us", overhead),
+            for dtype in DTYPES
+            if dtype in flops
+        ),
+        launch_overhead_us=None if overhead is None else _positive(where, "calibrated.launch_overhead_us", overhead),
         measured_with=None if measured_with is None else str(measured_with),
         provenance=tuple((k, str(data[k])) for k in _PROVENANCE_KEYS if data.get(k) is not None),
         sm_count=None if sm_count is None else _positive(where, "calibrated.sm_count", sm_count, integer=True),
@@ -224,13 +254,14 @@ def _parse(where: str, data: Any) -> HardwareProfile:
         raise ProfileError(f"{where}: field 'name' must be a non-empty string, got {data['name']!r}")
     names = data["device_names"]
     if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
-        raise ProfileError(f"{where}: field 'device_names' must be a list of GPU name strings "
-                           f"as torch.cuda.get_device_name() returns them, got {names!r}")
+        raise ProfileError(
+            f"{where}: field 'device_names' must be a list of GPU name strings "
+            f"as torch.cuda.get_device_name() returns them, got {names!r}"
+        )
     peaks = _mapping(where, "peak_tflops", data["peak_tflops"], DTYPES)
     for dtype in DTYPES:
         if dtype not in peaks:
-            raise ProfileError(f"{where}: field 'peak_tflops' is missing dtype {dtype!r}; "
-                               f"required: {list(DTYPES)}")
+            raise ProfileError(f"{where}: field 'peak_tflops' is missing dtype {dtype!r}; required: {list(DTYPES)}")
     sources = _mapping(where, "source", data.get("source") or {}, _NUMBERS)
     return HardwareProfile(
         name=data["name"].strip(),
@@ -274,8 +305,9 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
         if not path.is_file():
             raise ProfileError(f"{text}: profile file not found")
     else:
-        raise ProfileError(f"unknown hardware profile {text!r}; available: {list_profiles()} "
-                           f"(or the path of a .yaml file)")
+        raise ProfileError(
+            f"unknown hardware profile {text!r}; available: {list_profiles()} (or the path of a .yaml file)"
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:

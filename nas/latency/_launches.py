@@ -7,8 +7,7 @@ attention / linear attention → [unpadding] → out linear (+residual); norm �
 MLP down (+residual); final norm; head.
 
 Every launch belongs to a *class* (one set of fitted coefficients: ``linear.tma``,
-``attention.D64``, ``norm.rmsnorm``, …) and a *group* (the whole-model correction scales one group
-at a time: the family, except that each linear kernel path is its own group). Its features are the
+``attention.D64``, ``norm.rmsnorm``, …). Its features are the
 work of the busiest SM, which is where wave quantisation enters: a kernel of ``P`` programs
 (tiles) on ``S`` SMs runs ``⌈P/S⌉`` of them on the busiest SM, so 133 tiles on 132 SMs cost two
 tiles' time, not 133/132. Features per family (``FEATURES`` names them; every feature has a
@@ -78,12 +77,11 @@ _CONV_TILE = 64  # kernels.conv.configs.HOPPER: 64 × 64 tiles
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch: its op name, coefficient class, correction group and features
-    (``FEATURES[family(cls)]`` order)."""
+    """One kernel launch: its op name, coefficient class and features (``FEATURES[family(cls)]``
+    order)."""
 
     name: str
     cls: str
-    group: str
     x: tuple[float, ...]
 
 
@@ -124,7 +122,6 @@ def _linear(
     return Launch(
         name,
         cls,
-        cls,
         (
             1.0,
             w,
@@ -142,7 +139,7 @@ def _attention(name: str, B: int, T: int, H: int, D: int, sms: int) -> Launch:
     w = _cdiv(B * H * q_blocks, sms)
     mean_blocks = (q_blocks + 1) / 2  # causal: query block i reads i + 1 key blocks of 128
     moved = 4 * B * T * H * D * _SIZE * _MB  # q, k, v read, o written
-    return Launch(name, f"attention.D{D}", "attention", (1.0, w, w * mean_blocks * D / 64, q_blocks * D / 64, moved))
+    return Launch(name, f"attention.D{D}", (1.0, w, w * mean_blocks * D / 64, q_blocks * D / 64, moved))
 
 
 def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: str, sms: int) -> Launch:
@@ -158,7 +155,6 @@ def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: st
     return Launch(
         name,
         f"linear_attention.D{D}",
-        "linear_attention",
         (
             1.0,
             w,
@@ -176,17 +172,17 @@ def _norm(name: str, kind: str, rows: int, d: int, sms: int) -> Launch:
     per_program = max(1, _NORM_ELEMENTS // width)
     w = _cdiv(_cdiv(rows, per_program), sms)
     moved = (2 * rows * d + 2 * d) * _SIZE * _MB
-    return Launch(name, f"norm.{kind}", "norm", (1.0, w, moved))  # a program moves ~4096 elements: waves say it
+    return Launch(name, f"norm.{kind}", (1.0, w, moved))  # a program moves ~4096 elements: waves say it
 
 
 def _conv(name: str, B: int, T: int, C: int, width: int, sms: int) -> Launch:
     w = _cdiv(_cdiv(T, _CONV_TILE) * _cdiv(C, _CONV_TILE) * B, sms)
     moved = (2 * B * T * C + C * (width + 1)) * _SIZE * _MB
-    return Launch(name, "conv", "conv", (1.0, w, w * width, moved))
+    return Launch(name, "conv", (1.0, w, w * width, moved))
 
 
 def _copy(name: str, elements: int, passes: float = 2.0) -> Launch:
-    return Launch(name, "copy", "copy", (1.0, passes * elements * _SIZE * _MB))
+    return Launch(name, "copy", (1.0, passes * elements * _SIZE * _MB))
 
 
 def _padding(prefix: str, B: int, T: int, H: int, D: int, P: int, mixer: str, feature_map: str | None) -> list[Launch]:
@@ -220,7 +216,7 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
     their features on a GPU of ``sm_count`` SMs. ValueError for a head dim no kernel runs."""
     d, B, T = arch.d_model, shape.batch, shape.seq_len
     M = B * T
-    out = [Launch("embed", "embed", "embed", (1.0, (M * 8 + 2 * M * d) * _SIZE * _MB))]
+    out = [Launch("embed", "embed", (1.0, (M * 8 + 2 * M * d) * _SIZE * _MB))]
     for i, layer in enumerate(arch.layers):
         prefix = f"layers.{i}"
         if layer.mixer != "none":

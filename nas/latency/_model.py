@@ -1,41 +1,41 @@
-"""The calibrated per-kernel cost model: fitting (``fit_kernels``, ``fit_whole``) and evaluation.
+"""The calibrated per-kernel cost model: fitting (``fit_kernels``, ``fit_forwards``) and evaluation.
 
 Two stages, both non-negative least squares on *relative* error (each row divided by its
 measured time, so a 5 µs kernel counts as much as a 5 ms one):
 
 1. per kernel class, ``t(launch) = c · x`` over the launch features of ``nas.latency._launches``
    (isolated kernels timed on a grid of shapes, each in a CUDA graph of back-to-back launches,
-   so ``c[launch]`` holds the per-launch graph gap too);
-2. per whole model, ``t = Σ_group s_group · Σ t(launch) + gap · launches + intercept`` over
-   random architectures measured with ``nas.latency.measure``: what a kernel costs inside a
-   forward (its inputs hot in L2 from the previous kernel, the weights cold) differs from the
-   isolated timing by a few per cent per family, and the forward adds graph overhead.
+   so ``c[launch]`` holds the per-launch graph gap too) — the *prior*;
+2. the same coefficients refitted on whole forwards measured with ``nas.latency.measure``. A
+   forward's time is linear in the coefficients: ``t = Σ_class c_class · Σ_launches x + gap ·
+   launches + intercept + per_ktoken · tokens/1000``, so every class is fitted on what it costs
+   *inside* a forward (inputs hot in L2 from the previous kernel, weights cold, the autotuner's
+   pick for that shape), not on an isolated timing scaled by one factor per family. The stage-1
+   fit is the prior: each coefficient is pulled toward it in proportion to how much of the
+   forwards' time its feature carries (``strength``), so a class few forwards exercise keeps its
+   kernel-grid cost. The token term is what the launch features miss at larger activations (L2
+   misses between kernels); it generalises to shapes the fit never saw, unlike an intercept per
+   shape.
 
-``transfer`` rescales a fit to another GPU by datasheet ratios (see its docstring).
+``cross_validate`` gives held-out residuals (folds over architectures, never splitting one
+architecture's shapes) for the interval. ``transfer`` rescales a fit to another GPU by datasheet
+ratios (see its docstring).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ._launches import FEATURES, KINDS, Launch, family
 
-__all__ = ["GROUPS", "KernelModel", "fit_kernels", "fit_whole", "nnls_relative"]
+__all__ = ["DEFAULT_STRENGTH", "KernelModel", "cross_validate", "fit_forwards", "fit_kernels", "nnls_relative"]
 
-GROUPS = (
-    "linear.tma",
-    "linear.short_k",
-    "linear.small_m",
-    "linear.long_k",
-    "attention",
-    "linear_attention",
-    "norm",
-    "conv",
-    "embed",
-    "copy",
-)
+# stage 2's pull toward the kernel-grid fit (see fit_forwards); chosen by 5-fold cross-validation
+# over architectures on the H200 rows (benchmarks/results/predictor_rows_h200.json): 1e-3 to 1e-2
+# give the same held-out error, 1.0 (close to the kernel grid) is clearly worse
+DEFAULT_STRENGTH = 3e-3
 
 
 def nnls_relative(
@@ -64,14 +64,14 @@ def nnls_relative(
 
 @dataclass(frozen=True)
 class KernelModel:
-    """Coefficients (µs per feature unit) per kernel class, whole-model scales per group, the
-    per-launch graph gap and a per-forward intercept (µs); fitted with kernels ``sm_count`` SMs
-    wide (features are recomputed with the target's SM count when predicting)."""
+    """Coefficients (µs per feature unit) per kernel class, the per-launch graph gap, a
+    per-forward intercept and a per-forward cost per 1000 tokens (µs); fitted with kernels
+    ``sm_count`` SMs wide (features are recomputed with the target's SM count when predicting)."""
 
     coefficients: tuple[tuple[str, tuple[float, ...]], ...]
-    scales: tuple[tuple[str, float], ...] = ()
     gap_us: float = 0.0
     intercept_us: float = 0.0
+    per_ktoken_us: float = 0.0
 
     def coefficient(self, cls: str) -> tuple[float, ...]:
         found = dict(self.coefficients).get(cls)
@@ -80,15 +80,19 @@ class KernelModel:
         return found
 
     def kernel_us(self, launch: Launch) -> float:
-        """Isolated time of one launch (stage 1)."""
+        """Time of one launch by its class's coefficients (no graph gap)."""
         return sum(c * v for c, v in zip(self.coefficient(launch.cls), launch.x, strict=True))
 
     def launch_us(self, launch: Launch) -> float:
-        """Time of one launch inside a forward (stage 2 scale and gap applied)."""
-        return dict(self.scales).get(launch.group, 1.0) * self.kernel_us(launch) + self.gap_us
+        """Time of one launch inside a forward (the graph gap included)."""
+        return self.kernel_us(launch) + self.gap_us
 
-    def forward_us(self, launches: Iterable[Launch]) -> float:
-        return self.intercept_us + sum(self.launch_us(launch) for launch in launches)
+    def overhead_us(self, tokens: int) -> float:
+        """The per-forward cost outside the launches at ``tokens`` = batch × sequence length."""
+        return self.intercept_us + self.per_ktoken_us * tokens / 1e3
+
+    def forward_us(self, launches: Iterable[Launch], tokens: int) -> float:
+        return self.overhead_us(tokens) + sum(self.launch_us(launch) for launch in launches)
 
     def covers(self, launches: Iterable[Launch]) -> bool:
         known = dict(self.coefficients)
@@ -98,9 +102,9 @@ class KernelModel:
         """The YAML form (``calibrated.kernel_model`` of a profile): plain lists and floats."""
         return {
             "coefficients": {cls: [float(f"{c:.6g}") for c in coef] for cls, coef in self.coefficients},
-            "scales": {g: float(f"{s:.6g}") for g, s in self.scales},
             "gap_us": float(f"{self.gap_us:.6g}"),
             "intercept_us": float(f"{self.intercept_us:.6g}"),
+            "per_ktoken_us": float(f"{self.per_ktoken_us:.6g}"),
         }
 
     @classmethod
@@ -115,9 +119,9 @@ class KernelModel:
                 )
         return cls(
             coefficients=tuple((str(k), tuple(float(c) for c in v)) for k, v in coefficients.items()),
-            scales=tuple((str(k), float(v)) for k, v in (data.get("scales") or {}).items()),
             gap_us=float(data.get("gap_us", 0.0)),
             intercept_us=float(data.get("intercept_us", 0.0)),
+            per_ktoken_us=float(data.get("per_ktoken_us", 0.0)),
         )
 
     def transfer(self, ratios: dict[str, float]) -> KernelModel:
@@ -125,7 +129,7 @@ class KernelModel:
         kind (``_launches.KINDS``): ``launch`` and ``wave`` by the ratio of nominal launch
         overheads, ``tensor`` by (SMs / bf16 peak) target over source (features are per-SM
         work), ``vector`` likewise with the fp32 peak, ``bytes`` by source over target bandwidth.
-        The gap and intercept scale like ``launch``."""
+        The gap and the per-forward terms scale like ``launch``."""
         coefficients = tuple(
             (cls, tuple(c * ratios[KINDS[name]] for c, name in zip(coef, FEATURES[family(cls)], strict=True)))
             for cls, coef in self.coefficients
@@ -135,6 +139,7 @@ class KernelModel:
             coefficients=coefficients,
             gap_us=self.gap_us * ratios["launch"],
             intercept_us=self.intercept_us * ratios["launch"],
+            per_ktoken_us=self.per_ktoken_us * ratios["launch"],
         )
 
 
@@ -150,26 +155,93 @@ def fit_kernels(rows: Iterable[tuple[Launch, float]]) -> KernelModel:
     return KernelModel(tuple(coefficients))
 
 
-@dataclass(frozen=True)
-class _WholeRow:
-    per_group: dict[str, float] = field(default_factory=dict)
-    launches: int = 0
+def _forward_columns(model: KernelModel, launches: Sequence[Launch], tokens: int) -> list[float]:
+    """One forward's row of the stage-2 system: per class of ``model`` (in its order) the summed
+    features of its launches, then launches, 1 and tokens / 1000."""
+    import numpy as np
+
+    offsets, width = {}, 0
+    for cls, coef in model.coefficients:
+        offsets[cls] = width
+        width += len(coef)
+    row = np.zeros(width + 3)
+    for launch in launches:
+        start = offsets[launch.cls]
+        row[start : start + len(launch.x)] += launch.x
+    row[width:] = (len(launches), 1.0, tokens / 1e3)
+    return row.tolist()
 
 
-def fit_whole(model: KernelModel, rows: Iterable[tuple[Sequence[Launch], float]]) -> KernelModel:
-    """Stage 2: group scales, per-launch gap and intercept from (launches of a forward, measured
-    µs) rows, with the stage-1 coefficients fixed. A group absent from every row keeps scale 1."""
-    data = []
-    for launches, us in rows:
-        per_group: dict[str, float] = {}
-        for launch in launches:
-            per_group[launch.group] = per_group.get(launch.group, 0.0) + model.kernel_us(launch)
-        data.append((_WholeRow(per_group, len(launches)), us))
-    groups = [g for g in GROUPS if any(r.per_group.get(g, 0.0) > 0 for r, _ in data)]
-    X = [[r.per_group.get(g, 0.0) for g in groups] + [r.launches, 1.0] for r, _ in data]
-    coef = nnls_relative(X, [us for _, us in data])
-    scales = tuple((g, coef[i]) for i, g in enumerate(groups))
-    return replace(model, scales=scales, gap_us=coef[-2], intercept_us=coef[-1])
+def fit_forwards(
+    prior: KernelModel, rows: Iterable[tuple[Sequence[Launch], int, float]], *, strength: float = DEFAULT_STRENGTH
+) -> KernelModel:
+    """Stage 2: every class's coefficients, the graph gap, the intercept and the token term from
+    (launches of a forward, tokens, measured µs) rows, each coefficient pulled toward ``prior``'s.
+
+    Minimises ``Σ_rows ((a·c − t)/t)² + strength · n · Σ_j (s_j (c_j − p_j))²`` over ``c ≥ 0``,
+    where ``s_j`` is the mean share of a forward's time one unit of ``c_j`` buys (the column mean
+    of ``a/t``): a deviation from the prior costs what the same relative error on every forward
+    would. A class no forward launches has ``s_j = 0`` and keeps the prior exactly. Every
+    launch's class must be one of ``prior``'s (``prior.covers``)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    data = [(_forward_columns(prior, launches, tokens), us) for launches, tokens, us in rows]
+    if not data:
+        raise ValueError("fit_forwards: no forward rows")
+    X = np.asarray([r for r, _ in data], dtype=float)
+    t = np.asarray([us for _, us in data], dtype=float)
+    if not (t > 0).all():
+        raise ValueError("fit_forwards: every measured time must be > 0")
+    p = np.asarray([c for _, coef in prior.coefficients for c in coef], dtype=float)
+    k = len(p)
+    A = X / t[:, None]
+    share = A[:, :k].mean(axis=0)
+    penalty = np.zeros((k, A.shape[1]))
+    penalty[np.arange(k), np.arange(k)] = math.sqrt(strength * len(t)) * share
+    system = np.vstack([A, penalty])
+    target = np.concatenate([np.ones(len(t)), penalty[:, :k] @ p])
+    scale = np.linalg.norm(system, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(system / scale, target, maxiter=50 * system.shape[1])
+    coef = coef / scale
+    idle = share == 0  # no forward launches it: the prior, exactly
+    coef[:k][idle] = p[idle]
+    coefficients, i = [], 0
+    for cls, prior_coef in prior.coefficients:
+        coefficients.append((cls, tuple(float(c) for c in coef[i : i + len(prior_coef)])))
+        i += len(prior_coef)
+    return KernelModel(
+        tuple(coefficients), gap_us=float(coef[k]), intercept_us=float(coef[k + 1]), per_ktoken_us=float(coef[k + 2])
+    )
+
+
+def cross_validate(
+    prior: KernelModel,
+    rows: Sequence[tuple[Sequence[Launch], int, float]],
+    groups: Sequence[str],
+    *,
+    folds: int = 5,
+    strength: float = DEFAULT_STRENGTH,
+    seed: int = 0,
+) -> list[float]:
+    """Held-out relative errors (predicted / measured − 1) of ``fit_forwards``, one per row: the
+    groups (architectures) are dealt into ``folds`` folds at random (``seed``), and each fold is
+    predicted by the fit on the others, so no architecture is ever predicted by a fit that saw it
+    at another shape."""
+    import random
+
+    names = sorted(set(groups))
+    random.Random(seed).shuffle(names)
+    fold_of = {g: i % folds for i, g in enumerate(names)}
+    errors = [math.nan] * len(rows)
+    for f in range(min(folds, len(names))):
+        train = [row for row, g in zip(rows, groups, strict=True) if fold_of[g] != f]
+        model = fit_forwards(prior, train, strength=strength)
+        for i, ((launches, tokens, us), g) in enumerate(zip(rows, groups, strict=True)):
+            if fold_of[g] == f:
+                errors[i] = model.forward_us(launches, tokens) / us - 1.0
+    return errors
 
 
 def relative_errors(predicted: Sequence[float], measured: Sequence[float]) -> list[float]:

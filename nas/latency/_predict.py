@@ -191,8 +191,8 @@ def predict(
                 interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
                 basis = f"transferred from {source.name}"
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
-            if model.intercept_us:
-                breakdown.append(("graph", model.intercept_us * 1e-3))
+            if overhead := model.overhead_us(shape.tokens):
+                breakdown.append(("graph", overhead * 1e-3))
             return Latency(
                 median_ms=sum(ms for _, ms in breakdown),
                 iqr_ms=0.0,

@@ -11,11 +11,14 @@
    copies of head padding — over ``kernel_grid()``: d 32-512, the three latency shapes, vocab
    sizes that do and do not fill the last tile, so wave quantisation over the SM count shows;
    each kernel back to back in a CUDA graph, the per-launch graph gap included;
-3. fits stage 1 of ``nas.latency._model`` on those timings, then stage 2 (group scales, graph
-   gap, intercept) on whole random architectures measured with ``measure`` (``random_arch``);
-4. checks the fit on other random architectures (a different seed): relative errors per shape,
-   the share within ±10 %, Spearman; the 95th percentile of |error| is the interval every
-   calibrated prediction carries;
+3. fits stage 1 of ``nas.latency._model`` on those timings (the prior), then stage 2 (every
+   class's coefficients refitted on whole forwards, pulled toward the prior; graph gap,
+   intercept, token term) on random architectures measured with ``measure`` (``random_arch``);
+4. cross-validates stage 2 over architectures (5 folds; one architecture's shapes never split)
+   and, where the rows come from several GPU runs (``run`` key: machines differ by a few per
+   cent), also fits on all runs but one and predicts that one: the 95th percentile of |error|
+   over both sets of held-out residuals is the interval every calibrated prediction carries.
+   Check rows (other architectures, a different seed), if given, are reported apart;
 5. writes the ``calibrated:`` section of the profile YAML (GPU, driver, torch, triton, kernels
    fingerprint, date, interval, check, kernel model), keeping the rest of the file as it was.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import glob
+import json
 import logging
 import math
 import os
@@ -45,7 +49,7 @@ from hardware_profiles import HardwareProfile, ProfileError, load_profile
 from nas.spec import ACTIVATIONS, FEATURE_MAPS, NORMS, ArchSpec, LayerSpec
 
 from ._launches import Launch, launches, padded_head_dim
-from ._model import KernelModel, fit_kernels, fit_whole, quantile, relative_errors
+from ._model import DEFAULT_STRENGTH, KernelModel, cross_validate, fit_forwards, fit_kernels, quantile, relative_errors
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
@@ -67,7 +71,8 @@ log = logging.getLogger(__name__)
 
 SHAPES = tuple(parse_shape(s) for s in ("1x256", "8x1024", "32x512"))
 D_GRID = (32, 48, 64, 96, 128, 192, 256, 384, 512)
-INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of |relative error| on the check set
+INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of held-out |relative error|
+CV_FOLDS = 5
 
 
 class CalibrationError(ProfileError):
@@ -149,7 +154,7 @@ class KernelCase:
         if self.family == "conv":
             return L._conv("conv", a["B"], a["T"], a["C"], a["width"], sm_count)
         if self.family == "embed":
-            return L.Launch("embed", "embed", "embed", (1.0, (a["M"] * 8 + 2 * a["M"] * a["d"]) * 2e-6))
+            return L.Launch("embed", "embed", (1.0, (a["M"] * 8 + 2 * a["M"] * a["d"]) * 2e-6))
         return L._copy("copy", a["n"], passes=1.0 if a["op"] == "zeros" else 2.0)
 
 
@@ -423,35 +428,78 @@ def _model_launches(row: dict, sm_count: int) -> list[Launch]:
     return launches(ArchSpec.from_dict(row["arch"]), parse_shape(row["shape"]), sm_count)
 
 
+def _forward(row: dict, sm_count: int) -> tuple[list[Launch], int, float]:
+    """A whole-model row as stage 2 takes it: launches, tokens, measured µs."""
+    return _model_launches(row, sm_count), parse_shape(row["shape"]).tokens, row["ms"] * 1e3
+
+
+def _per_shape(rows: Sequence[dict], predicted: Sequence[float]) -> dict[str, dict[str, float]]:
+    """``check_summary`` over all rows and per shape (smallest first)."""
+    measured = [r["ms"] for r in rows]
+    out = {"all": check_summary(predicted, measured)}
+    for shape in sorted({r["shape"] for r in rows}, key=lambda s: parse_shape(s).tokens):
+        idx = [i for i, r in enumerate(rows) if r["shape"] == shape]
+        out[shape] = check_summary([predicted[i] for i in idx], [measured[i] for i in idx])
+    return out
+
+
 def fit(
-    kernel_rows: Sequence[dict], model_rows: Sequence[dict], check_rows: Sequence[dict], *, sm_count: int
+    kernel_rows: Sequence[dict],
+    model_rows: Sequence[dict],
+    check_rows: Sequence[dict] = (),
+    *,
+    sm_count: int,
+    strength: float = DEFAULT_STRENGTH,
 ) -> tuple[KernelModel, dict[str, Any]]:
     """The kernel model from timing rows (``time_kernels`` / ``measure_models`` output; rows with
-    an error are skipped) and its check on ``check_rows``: per shape and overall
-    ``check_summary``, the interval (95th percentile of |relative error|) under ``interval``."""
-    model = fit_kernels(
+    an error are skipped; a whole-model row may carry ``run``, the GPU run it was measured in) and
+    its held-out errors: ``cv`` (cross-validation over architectures), ``across_runs`` (each run
+    predicted by the fit on the others, when there are several), ``check`` (``check_rows``, when
+    given), each per shape and overall (``check_summary``); ``interval`` is the 95th percentile of
+    |error| over the cross-validation and across-runs residuals together."""
+    prior = fit_kernels(
         (KernelCase(r["family"], tuple(sorted(r["args"].items()))).launch(sm_count), r["us"])
         for r in kernel_rows
         if "us" in r
     )
-    good = [r for r in model_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
+    good = [r for r in model_rows if "ms" in r and prior.covers(_model_launches(r, sm_count))]
     if len(good) < sum("ms" in r for r in model_rows):
         log.warning(
             "%d whole-model rows launch kernel classes the kernel grid did not time; left out of the fit",
             sum("ms" in r for r in model_rows) - len(good),
         )
-    if good:
-        model = fit_whole(model, ((_model_launches(r, sm_count), r["ms"] * 1e3) for r in good))
-    check = [r for r in check_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
     report: dict[str, Any] = {"fit_models": len(good), "kernel_rows": sum("us" in r for r in kernel_rows)}
+    if not good:
+        return prior, report
+    forwards = [_forward(r, sm_count) for r in good]
+    model = fit_forwards(prior, forwards, strength=strength)
+    held_out: list[float] = []
+    archs = [json.dumps(r["arch"], sort_keys=True) for r in good]
+    if len(set(archs)) >= CV_FOLDS:
+        errors = cross_validate(prior, forwards, archs, folds=CV_FOLDS, strength=strength)
+        report["cv"] = _per_shape(good, [r["ms"] * (1 + e) for r, e in zip(good, errors, strict=True)])
+        held_out += errors
+    runs = sorted({str(r.get("run", "")) for r in good})
+    if len(runs) > 1:
+        across = {}
+        for run in runs:
+            inside = [i for i, r in enumerate(good) if str(r.get("run", "")) == run]
+            others = fit_forwards(
+                prior, [f for f, r in zip(forwards, good, strict=True) if str(r.get("run", "")) != run]
+            )
+            errors = [others.forward_us(forwards[i][0], forwards[i][1]) / forwards[i][2] - 1 for i in inside]
+            across[run] = _per_shape(
+                [good[i] for i in inside], [good[i]["ms"] * (1 + e) for i, e in zip(inside, errors, strict=True)]
+            )
+            held_out += errors
+        report["across_runs"] = across
+    check = [r for r in check_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
     if check:
-        pred = [model.forward_us(_model_launches(r, sm_count)) / 1e3 for r in check]
-        meas = [r["ms"] for r in check]
-        report["check"] = {"all": check_summary(pred, meas)}
-        for shape in sorted({r["shape"] for r in check}, key=lambda s: parse_shape(s).tokens):
-            idx = [i for i, r in enumerate(check) if r["shape"] == shape]
-            report["check"][shape] = check_summary([pred[i] for i in idx], [meas[i] for i in idx])
-        report["interval"] = report["check"]["all"]["p95_abs_error"]
+        predicted = [model.forward_us(*_forward(r, sm_count)[:2]) / 1e3 for r in check]
+        report["check"] = _per_shape(check, predicted)
+        held_out += relative_errors(predicted, [r["ms"] for r in check])
+    if held_out:
+        report["interval"] = quantile([abs(e) for e in held_out], INTERVAL_QUANTILE)
     return model, report
 
 
@@ -541,7 +589,13 @@ def calibration_section(
         **env,
         "sm_count": sm_count,
         "interval": _round(report.get("interval")),
-        "check": _round(report.get("check", {})),
+        # the held-out errors behind the interval: cross-validation over architectures, each GPU run
+        # predicted by the fit on the others, the check set
+        "check": {
+            name: _round(report[key])
+            for key, name in (("cv", "cross_validation"), ("across_runs", "across_runs"), ("check", "check_set"))
+            if key in report
+        },
         "kernel_model": model.to_dict(),
     }
 

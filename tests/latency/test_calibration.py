@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import warnings
 
@@ -22,28 +23,32 @@ from nas.latency.calibrate import (
     random_archs,
     write_calibration,
 )
+from nas.spec import ArchSpec
 
 SMS = 132
 IDENTIFIABLE = ("linear.tma", "linear.short_k", "attention.D64", "linear_attention.D32", "conv", "copy")
 
 
-def _synthetic(seed: int = 0) -> tuple[KernelModel, list[dict], list[dict], list[dict]]:
+def _synthetic(
+    seed: int = 0, archs: int = 40, noise: float = 0.0, slower: dict[str, float] | None = None
+) -> tuple[KernelModel, list[dict], list[dict], list[dict]]:
+    """Kernel rows timed by a known model; forwards costed by the same model (classes in
+    ``slower`` that much slower inside a forward) + 5 µs + 0.3 µs per 1000 tokens, times
+    ``exp(N(0, noise))``; a check set from another seed."""
     rng = random.Random(seed)
     cases = kernel_grid()
     classes = sorted({c.launch(SMS).cls for c in cases})
     truth = KernelModel(tuple((cls, tuple(rng.uniform(0.2, 3.0) for _ in FEATURES[family(cls)])) for cls in classes))
     kernel_rows = [{"family": c.family, "args": dict(c.args), "us": truth.kernel_us(c.launch(SMS))} for c in cases]
+    slower = slower or {}
 
-    def row(arch, shape):  # in a forward: every kernel 10 % slower, 0.4 µs gap each, 5 µs per forward
+    def row(arch, shape):
         work = launches(arch, shape, SMS)
-        return {
-            "arch": arch.to_dict(),
-            "shape": str(shape),
-            "ms": (1.1 * sum(truth.kernel_us(w) for w in work) + 0.4 * len(work) + 5.0) / 1e3,
-        }
+        us = sum(slower.get(w.cls, 1.0) * truth.kernel_us(w) for w in work) + 5.0 + 0.3 * shape.tokens / 1e3
+        return {"arch": arch.to_dict(), "shape": str(shape), "ms": us * math.exp(rng.gauss(0.0, noise)) / 1e3}
 
-    fit_rows = [row(a, s) for a in random_archs(1, 30) for s in SHAPES]
-    check_rows = [row(a, s) for a in random_archs(1001, 10) for s in SHAPES]
+    fit_rows = [row(a, s) for a in random_archs(1, archs) for s in SHAPES]
+    check_rows = [row(a, s) for a in random_archs(1001, archs) for s in SHAPES]
     return truth, kernel_rows, fit_rows, check_rows
 
 
@@ -51,15 +56,65 @@ def test_fit_recovers_known_coefficients():
     truth, kernel_rows, fit_rows, check_rows = _synthetic()
     model, report = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS)
     for cls in IDENTIFIABLE:
-        assert model.coefficient(cls) == pytest.approx(truth.coefficient(cls), rel=1e-3), cls
-    assert model.gap_us == pytest.approx(0.4, rel=1e-3)
-    assert model.intercept_us == pytest.approx(5.0, rel=1e-3)
-    assert all(s == pytest.approx(1.1, rel=1e-3) for _, s in model.scales)
-    assert report["check"]["all"]["within_10pct"] == 1.0 and report["interval"] < 1e-6
+        assert model.coefficient(cls) == pytest.approx(truth.coefficient(cls), rel=1e-2, abs=1e-3), cls
+    assert model.intercept_us == pytest.approx(5.0, rel=1e-2)
+    assert model.per_ktoken_us == pytest.approx(0.3, rel=1e-2)
+    for key in ("cv", "check"):
+        assert report[key]["all"]["within_10pct"] == 1.0
+    assert report["interval"] < 1e-3
+
+
+def test_forward_fit_moves_a_class_off_its_kernel_timing():
+    """A class 30 % slower inside a forward than on the kernel grid is refitted; a strong pull
+    toward the kernel grid keeps the grid's coefficients."""
+    truth, kernel_rows, fit_rows, check_rows = _synthetic(archs=60, slower={"linear.tma": 1.3})
+    model, report = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS)
+    pinned, pinned_report = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS, strength=1e6)
+    tma = [
+        w
+        for r in check_rows
+        for w in launches(ArchSpec.from_dict(r["arch"]), parse_shape(r["shape"]), SMS)
+        if w.cls == "linear.tma"
+    ]
+    truth_us = sum(truth.kernel_us(w) for w in tma)
+    assert sum(model.kernel_us(w) for w in tma) == pytest.approx(1.3 * truth_us, rel=0.03)
+    assert sum(pinned.kernel_us(w) for w in tma) == pytest.approx(truth_us, rel=1e-3)
+    assert report["check"]["all"]["within_10pct"] == 1.0
+    assert pinned_report["interval"] > report["interval"]
+
+
+def test_interval_covers_the_stated_share_of_held_out_errors():
+    """Measured times with 4 % log-normal noise: the interval (from cross-validated residuals,
+    not the fit's own) must cover about 95 % of forwards the fit never saw, and stay within a
+    small multiple of the noise's own 95th percentile (7.8 %; the rest is the fit's error with
+    120 forwards for ~90 coefficients)."""
+    _, kernel_rows, fit_rows, check_rows = _synthetic(archs=40, noise=0.04)
+    model, report = fit(kernel_rows, fit_rows, sm_count=SMS)
+    errors = [
+        model.forward_us(
+            launches(ArchSpec.from_dict(r["arch"]), parse_shape(r["shape"]), SMS), parse_shape(r["shape"]).tokens
+        )
+        / 1e3
+        / r["ms"]
+        - 1
+        for r in check_rows
+    ]
+    covered = sum(abs(e) <= report["interval"] for e in errors) / len(errors)
+    assert 0.90 <= covered, (covered, report["interval"])
+    assert report["interval"] < 4 * 0.04
+
+
+def test_interval_includes_the_shift_between_runs():
+    """Two GPU runs 6 % apart: each run predicted by the fit on the other is part of the interval."""
+    _, kernel_rows, fit_rows, _ = _synthetic(archs=40)
+    runs = [{**r, "run": "a"} for r in fit_rows[:60]] + [{**r, "ms": r["ms"] * 1.06, "run": "b"} for r in fit_rows[60:]]
+    _, report = fit(kernel_rows, runs, sm_count=SMS)
+    assert set(report["across_runs"]) == {"a", "b"}
+    assert report["interval"] > 0.04
 
 
 def test_fit_sees_a_wrong_kernel_model():
-    """Timings from another cost law must not fit: the check reports the error."""
+    """Timings from another cost law must not fit: the held-out errors report it."""
     truth, kernel_rows, fit_rows, check_rows = _synthetic()
     for r in fit_rows[: len(fit_rows) // 2]:
         r["ms"] *= 1.5  # half the forwards 50 % slower than their kernels say

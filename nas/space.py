@@ -186,7 +186,7 @@ class SearchSpace:
         """SpaceError unless every (d_model, heads) gives a head dim the GPU kernels run (the
         kernels' rule, ``padded_head_dim``): asked only where latency is measured, so a space (or a
         study recorded with one) that predicts latency stays usable on any machine."""
-        from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim  # loads torch: only when measuring
+        from kernels.attention import SUPPORTED_HEAD_DIMS, padded_head_dim  # loads torch: only when measuring
 
         if set(self.layer["mixer"].values()) == {"none"}:
             return

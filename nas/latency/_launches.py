@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kernels.attention import padded_head_dim  # the kernels' head-dim rule, asked, not restated
 from nas.spec import ArchSpec
 
 from ._costs import mlp_hidden
@@ -201,14 +202,6 @@ def _padding(prefix: str, B: int, T: int, H: int, D: int, P: int, mixer: str, fe
             ops.append(_copy(f"{prefix}.pad_fix", tokens * H * (P - D if feature_map == "elu+1" else D)))
         ops.append(_copy(f"{prefix}.unpad", tokens * H * D))
     return ops
-
-
-def padded_head_dim(head_dim: int) -> int | None:
-    """The kernels' head dim for a model head dim: itself or the next supported one (zero-padded);
-    None when no kernel runs it (odd, or above the largest)."""
-    supported = (16, 32, 64, 128)  # kernels.attention / kernels.linear_attention SUPPORTED_HEAD_DIMS
-    fits = [s for s in supported if s >= head_dim]
-    return fits[0] if fits and head_dim % 2 == 0 else None
 
 
 def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]:

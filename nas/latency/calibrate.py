@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from hardware_profiles import HardwareProfile, ProfileError, load_profile
+from kernels.device import CUDA, resolve, sm_count
 from nas.spec import ACTIVATIONS, FEATURE_MAPS, NORMS, ArchSpec, LayerSpec
 
 from ._launches import Launch, launches, padded_head_dim
@@ -201,7 +202,7 @@ def kernel_grid() -> list[KernelCase]:
     return cases
 
 
-def _kernel_fn(case: KernelCase, device: str = "cuda") -> Callable[[], object]:
+def _kernel_fn(case: KernelCase, device: str = CUDA) -> Callable[[], object]:
     """A zero-argument callable launching ``case``'s kernel on fresh random inputs (bf16) on
     ``device`` (CPU only under ``TRITON_INTERPRET=1``, for tests)."""
     import torch
@@ -291,7 +292,7 @@ def _warm_chunk(tasks: list[tuple[str, Any]]) -> int:
 
                 arch, shape = ArchSpec.from_dict(payload[0]), parse_shape(payload[1])
                 tm = to_triton(build(arch, seed=0).cuda())
-                tm(torch.randint(0, arch.vocab_size, (shape.batch, shape.seq_len), device="cuda"))
+                tm(torch.randint(0, arch.vocab_size, (shape.batch, shape.seq_len), device=CUDA))
         except Exception:  # noqa: BLE001 - the timed pass reports the error for this task
             failed += 1
     torch.cuda.synchronize()
@@ -619,7 +620,7 @@ def require_gpu(profile: HardwareProfile) -> int:
             f"(device_names {list(profile.device_names)}); use --profile "
             f"{found.name if found else 'PATH of a profile listing it'}"
         )
-    return torch.cuda.get_device_properties(0).multi_processor_count
+    return sm_count(resolve(CUDA))
 
 
 def calibrate(

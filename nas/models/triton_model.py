@@ -80,7 +80,7 @@ class TritonModel:
     """tokens ``[B, T]`` int64 → logits, computed by ``kernels/``; see the module docstring."""
 
     def __init__(self, model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> None:
-        from kernels._common import SUPPORTED_HEAD_DIMS, padded_head_dim
+        from kernels.attention import SUPPORTED_HEAD_DIMS, padded_head_dim
         from kernels.linear import set_tma
 
         set_tma(settings.get().linear_tma)  # NAS_LINEAR_TMA: the app's choice, handed to the kernels

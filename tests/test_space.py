@@ -342,7 +342,7 @@ def test_the_readme_space_example_runs_as_written(tmp_path):
     path = tmp_path / "my_space.yaml"
     path.write_text(block)
     space = load_space(path)
-    assert space.name == "my_space" and space.max_train_seconds == 20
+    assert space.name == "my_space" and space.max_train_seconds == 60
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     assert isinstance(space.sample(study.ask(), stub_task()), Candidate)
     assert "`max_train_seconds`" in section.split("```")[2]  # and the text after the example explains it

@@ -10,7 +10,7 @@ from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK
 from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
 from kernels.linear_attention.reference import FEATURE_MAP_FNS
 
-__all__ = ["FEATURE_MAP_FNS", "causal_linear_attention", "SelfAttention", "LinearAttention"]
+__all__ = ["FEATURE_MAP_FNS", "LinearAttention", "SelfAttention", "causal_depthwise_conv", "causal_linear_attention"]
 
 
 def causal_linear_attention(
@@ -24,6 +24,7 @@ def causal_linear_attention(
     chunks a running state carries the prefix sums.
     """
     B, H, T, D = q.shape
+    chunk = min(chunk, T)  # a sequence shorter than a chunk is one chunk: no padding to compute
     pad = (-T) % chunk
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
@@ -41,6 +42,23 @@ def causal_linear_attention(
         denom = scores.sum(-1) + (q * kprefix.unsqueeze(3)).sum(-1)  # [B, H, N, C]
         out = out / (denom.unsqueeze(-1) + NORMALIZER_EPS)
     return out.reshape(B, H, n * chunk, D)[:, :, :T]
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``y[:, t] = bias + Σ_j weight[:, 0, j] · x[:, t - K + 1 + j]`` (zeros before the start).
+
+    x ``[B, T, C]``, weight ``[C, 1, K]`` (an ``nn.Conv1d`` with ``groups=C``), bias ``[C]``. The
+    same as that convolution with K-1 zeros of left padding, computed as K shifted multiply-adds
+    in x's own layout: for the short kernels of a mixer (K ≤ 8) this avoids two transposes and
+    the CPU's depthwise-convolution backward, the slowest op of a small candidate's step.
+    """
+    K, T = weight.shape[-1], x.shape[1]
+    padded = F.pad(x, (0, 0, K - 1, 0))  # [B, T + K - 1, C]
+    taps = weight[:, 0, :].t()  # [K, C]
+    out = bias + padded[:, :T] * taps[0]
+    for j in range(1, K):
+        out = out + padded[:, j : j + T] * taps[j]
+    return out
 
 
 def rope_tables(T: int, D: int, *, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,8 +96,7 @@ class _HeadsMixer(nn.Module):
         B, T, _ = x.shape
         qkv = self.qkv(x)  # [B, T, 3d]
         if self.conv is not None:
-            # padded by K-1 on both sides; keeping the first T outputs makes it causal
-            qkv = self.conv(qkv.transpose(1, 2))[..., :T].transpose(1, 2)
+            qkv = causal_depthwise_conv(qkv, self.conv.weight, self.conv.bias)
         qkv = qkv.view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [3, B, H, T, Dh]
         return qkv[0], qkv[1], qkv[2]
 

@@ -128,7 +128,8 @@ def export(
         raise ExportError(f"--out {out} exists and is not empty; pass --force to overwrite it")
     if retrain_steps is not None and retrain_steps <= 0:
         raise ExportError(f"--retrain-steps must be >= 1, got {retrain_steps}")
-    task_config = (study_setup(study) or {}).get("task_config")
+    setup = study_setup(study)
+    task_config = dict(setup.task_config) if setup is not None and setup.task_config else None
     if retrain_steps is None:
         model, accuracy = trial_model(trial, storage), trial.accuracy
         # the steps the search actually trained: a time budget may have stopped it before train.steps

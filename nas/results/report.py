@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from nas.results.pareto import completed, front, reference_point
 from nas.search.record import TrialRecord, objectives_of, study_budgets, study_setup
+from nas.search.setup import StudyBudgets
 
 __all__ = ["PLOT_CONFIG", "ReportError", "figures", "hover_text", "write_html", "write_pngs", "find_chrome"]
 
@@ -260,7 +261,7 @@ def figures(study: optuna.Study) -> dict[str, go.Figure]:
     """The report's figures by element id, in page order."""
     if not completed(study):
         raise ReportError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
-    budgets = study_budgets(study)
+    budgets = (study_budgets(study) or StudyBudgets()).to_dict()
     return {
         "front2d": _front_2d(study, budgets),
         "front3d": _front_3d(study),
@@ -274,7 +275,8 @@ def write_html(study: optuna.Study, out: str | Path) -> Path:
     """One self-contained HTML file (plotly.js inline, no CDN, no cloud buttons)."""
     out = Path(out)
     figs = figures(study)
-    search = study_setup(study) or {}
+    setup = study_setup(study)
+    search = setup.to_dict() if setup is not None else {}
     truncated = len(_split(study)["truncated"])
     truncated_note = (
         f"; {truncated} trial(s) stopped early by the time budget, shown but kept off the front" if truncated else ""

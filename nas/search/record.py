@@ -27,6 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.latency import Latency
+from nas.search.setup import SearchSetup, StudyBudgets
 from nas.spec import ArchSpec, TrainSpec
 
 __all__ = [
@@ -362,19 +363,22 @@ def was_enqueued(trial: FrozenTrial) -> bool:
 # ---------------------------------------------------------------- the study's own record
 
 
-def study_setup(study: optuna.Study) -> dict[str, Any] | None:
-    """The setup the study recorded (``nas search``'s run configuration, as strings), or None."""
-    return study.user_attrs.get("search")
+def study_setup(study: optuna.Study) -> SearchSetup | None:
+    """How the study searches, as ``nas search`` recorded it when creating it; None for a study
+    that nas search did not create."""
+    data = study.user_attrs.get("search")
+    return SearchSetup.from_dict(data) if data and "space_yaml" in data else None
 
 
-def study_budgets(study: optuna.Study) -> dict[str, Any]:
-    """The hard budgets (and trial count) the latest run recorded."""
-    return dict(study.user_attrs.get("budgets", {}))
+def study_budgets(study: optuna.Study) -> StudyBudgets | None:
+    """The trial count and hard budgets the latest run recorded (None before the first run)."""
+    data = study.user_attrs.get("budgets")
+    return StudyBudgets.from_dict(data) if data is not None else None
 
 
-def write_study_setup(study: optuna.Study, setup: Mapping[str, Any]) -> None:
-    study.set_user_attr("search", dict(setup))
+def write_study_setup(study: optuna.Study, setup: SearchSetup) -> None:
+    study.set_user_attr("search", setup.to_dict())
 
 
-def write_study_budgets(study: optuna.Study, budgets: Mapping[str, Any]) -> None:
-    study.set_user_attr("budgets", dict(budgets))
+def write_study_budgets(study: optuna.Study, budgets: StudyBudgets) -> None:
+    study.set_user_attr("budgets", budgets.to_dict())

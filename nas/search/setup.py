@@ -1,9 +1,86 @@
-"""The vocabulary of a run's options, importable without torch or optuna (the CLI's parser and
-``nas --help`` use it; the modules that act on an option import it from here)."""
+"""What a run asks for and what a study records about how it searches, typed and importable
+without torch or optuna (the CLI's parser and ``nas --help`` use the option vocabulary here).
+
+``SearchSetup`` is written into the study once, when ``nas search`` creates it, and read back by
+every resume and worker (``nas worker`` needs nothing else); ``StudyBudgets`` holds the hard
+budgets and trial count of the latest run. Both are versioned dicts in the study's user
+attributes, written and read through ``nas.search.record``; studies written before versions
+existed read with defaults for what they lack.
+"""
 
 from __future__ import annotations
 
-__all__ = ["PICKS", "SAMPLERS"]
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["PICKS", "SAMPLERS", "SETUP_VERSION", "SearchSetup", "StudyBudgets"]
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random")  # --sampler
 PICKS = ("knee", "accuracy", "latency")  # nas export --pick
+SETUP_VERSION = 1
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class SearchSetup:
+    """How a study searches: fixed when it is created; a resume must agree on ``IDENTITY``."""
+
+    space: str  # the space's name
+    space_yaml: str  # the space file's text: workers on other hosts rebuild the space from it
+    task: str  # the task spec (e.g. "mqar:seq_len=64", a data file path)
+    target: str  # --target as given ("auto" or a profile)
+    profile: str  # the profile it resolved to
+    latency_shape: str  # "BATCHxSEQ"
+    sampler: str = "tpe"
+    seed: int = 0
+    measure: bool = False  # latencies measured on a GPU (else predicted)
+    space_source: str = ""  # where the space was read from
+    task_config: Mapping[str, Any] | None = field(default=None, compare=False)  # rebuilds the task (export)
+    version: int = SETUP_VERSION
+
+    IDENTITY = ("space", "task", "target", "latency_shape")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SearchSetup:
+        return cls(**{"version": 0, **_known(cls, data)})
+
+    def differs(self, other: SearchSetup) -> tuple[str, Any, Any] | None:
+        """The first identity field on which ``other`` (this run's) differs: (field, ours, theirs)."""
+        for name in self.IDENTITY:
+            if getattr(self, name) != getattr(other, name):
+                return name, getattr(self, name), getattr(other, name)
+        return None
+
+
+@dataclass(frozen=True)
+class StudyBudgets:
+    """The trial count and hard budgets the latest run of a study asked for."""
+
+    max_latency_ms: float | None = None
+    max_params: int | None = None
+    max_memory_mb: float | None = None
+    trial_timeout: float | None = None
+    trials: int = 20
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StudyBudgets:
+        return cls(**_known(cls, data))
+
+    def changes(self, new: StudyBudgets) -> list[str]:
+        """``trials 10 -> 20``-style lines for each field ``new`` changes."""
+        return [
+            f"{name} {getattr(self, name)} -> {getattr(new, name)}"
+            for name in self.to_dict()
+            if getattr(self, name) != getattr(new, name)
+        ]

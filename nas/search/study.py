@@ -38,7 +38,7 @@ from hardware_profiles import HardwareProfile, load_profile
 from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import interrupt, record
 from nas.search.objective import Budgets, TrialContext, evaluate
-from nas.search.setup import SAMPLERS
+from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space
 from nas.tasks import Task, load_task
@@ -207,7 +207,7 @@ def resolve_measure(measure: bool | None, target: str, profile: HardwareProfile,
     return measure
 
 
-def _recorded_setup(name: str, storage: str) -> dict | None:
+def _recorded_setup(name: str, storage: str) -> SearchSetup | None:
     """The ``search`` setup study ``name`` recorded, or None (no such study yet: nothing is created)."""
     try:
         existing = open_study(name, storage, create=False)
@@ -343,45 +343,45 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     stored = _recorded_setup(name, config.storage)
     requested = config.measure
     if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency
-        requested = bool(stored.get("measure", False))
+        requested = stored.measure
         if requested and not is_cuda(device):
             raise SearchError(
-                f"study {name!r} measures latency on a GPU ({stored.get('profile')}); run this on a "
+                f"study {name!r} measures latency on a GPU ({stored.profile}); run this on a "
                 f"CUDA device (--device cuda), or start another study with --predict"
             )
     measure = resolve_measure(requested, config.target, profile, device)
     if measure:
         space.check_measurable()
-        if stored is not None and stored.get("measure") and stored.get("profile") != profile.name:
+        if stored is not None and stored.measure and stored.profile != profile.name:
             raise SearchError(
-                f"study {name!r} holds latencies measured on {stored.get('profile')}; this GPU is "
+                f"study {name!r} holds latencies measured on {stored.profile}; this GPU is "
                 f"{profile.name}: join it from that kind of GPU, or use another --study name"
             )
     sampler = make_sampler(config.sampler, config.seed)
     study = open_study(name, config.storage, sampler=sampler)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
-    setup = {
-        "space": space.name,
-        "space_source": space.source,
-        "space_yaml": space_yaml,
-        "task": task_spec,
-        "task_config": task.config,
-        "target": config.target,
-        "profile": profile.name,
-        "latency_shape": str(shape),
-        "sampler": config.sampler,
-        "seed": config.seed,
-        "measure": measure,
-    }
+    setup = SearchSetup(
+        space=space.name,
+        space_yaml=space_yaml,
+        task=task_spec,
+        target=config.target,
+        profile=profile.name,
+        latency_shape=str(shape),
+        sampler=config.sampler,
+        seed=config.seed,
+        measure=measure,
+        space_source=space.source,
+        task_config=task.config,
+    )
     if stored is not None:
-        for key in ("space", "task", "target", "latency_shape"):
-            if stored.get(key) != setup[key]:
-                raise SearchError(
-                    f"study {name!r} was created with {key}={stored.get(key)!r}, not {setup[key]!r}; "
-                    f"use the same settings or another --study name"
-                )
-        if bool(stored.get("measure", False)) != measure:
-            was, now = ("measured", "predicted") if stored.get("measure") else ("predicted", "measured")
+        if (differs := stored.differs(setup)) is not None:
+            key, was, now = differs
+            raise SearchError(
+                f"study {name!r} was created with {key}={was!r}, not {now!r}; "
+                f"use the same settings or another --study name"
+            )
+        if stored.measure != measure:
+            was, now = ("measured", "predicted") if stored.measure else ("predicted", "measured")
             raise SearchError(
                 f"study {name!r} holds {was} latencies and this run would record {now} ones "
                 f"({'pass --measure on a CUDA device' if was == 'measured' else 'pass --predict'} "
@@ -390,19 +390,17 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     else:
         record.write_study_setup(study, setup)
     budgets = Budgets(config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout)
-    recorded = {
-        "max_latency_ms": budgets.max_latency_ms,
-        "max_params": budgets.max_params,
-        "max_memory_mb": budgets.max_memory_mb,
-        "trial_timeout": budgets.trial_timeout,
-        "trials": config.trials,
-    }
-    before = record.study_budgets(study) or None
+    recorded = StudyBudgets(
+        trials=config.trials,
+        max_latency_ms=budgets.max_latency_ms,
+        max_params=budgets.max_params,
+        max_memory_mb=budgets.max_memory_mb,
+        trial_timeout=budgets.trial_timeout,
+    )
+    before = record.study_budgets(study)
     if before != recorded:
         if before is not None:  # a resume that changes them says so: they are the study's, not this run's
-            changes = ", ".join(
-                f"{key} {before.get(key)} -> {value}" for key, value in recorded.items() if before.get(key) != value
-            )
+            changes = ", ".join(before.changes(recorded))
             logger.warning(
                 "study %r: recorded budgets changed (%s); workers and the report use the new ones", name, changes
             )
@@ -445,27 +443,27 @@ def worker_config(
 ) -> SearchConfig:
     """The SearchConfig a worker joining ``study`` runs with, read back from what the study recorded."""
     existing = open_study(study, storage, create=False)
-    setup, budgets = record.study_setup(existing), record.study_budgets(existing)
-    if setup is None or "space_yaml" not in setup:
+    setup, budgets = record.study_setup(existing), record.study_budgets(existing) or StudyBudgets()
+    if setup is None:
         raise SearchError(f"study {study!r} in {storage} was not started by nas search; start it with nas search")
     return SearchConfig(
-        space=setup["space"],
-        space_yaml=setup["space_yaml"],
-        task=setup["task"],
-        trials=trials or budgets.get("trials", 20),
+        space=setup.space,
+        space_yaml=setup.space_yaml,
+        task=setup.task,
+        trials=trials or budgets.trials,
         timeout=timeout,
         study=study,
         storage=storage,
-        sampler=setup.get("sampler", "tpe"),
-        target=setup["target"],
-        latency_shape=setup["latency_shape"],
-        max_latency_ms=budgets.get("max_latency_ms"),
-        max_params=budgets.get("max_params"),
-        max_memory_mb=budgets.get("max_memory_mb"),
-        trial_timeout=budgets.get("trial_timeout"),
-        seed=setup.get("seed", 0),
+        sampler=setup.sampler,
+        target=setup.target,
+        latency_shape=setup.latency_shape,
+        max_latency_ms=budgets.max_latency_ms,
+        max_params=budgets.max_params,
+        max_memory_mb=budgets.max_memory_mb,
+        trial_timeout=budgets.trial_timeout,
+        seed=setup.seed,
         device=device,
-        measure=setup.get("measure", False),
+        measure=setup.measure,
         worker=os.getpid() if worker is None else worker,
     )
 

@@ -3,6 +3,7 @@ study written before records existed still opens; truncated trials stay off the 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from pathlib import Path
@@ -14,7 +15,9 @@ from optuna.trial import TrialState, create_trial
 
 from nas.latency import Latency, parse_shape
 from nas.results.pareto import front, pick
-from nas.search.record import OBJECTIVES, RECORD_VERSION, TRUNCATED, TrialRecord, records, values_in_order
+from nas.search.record import OBJECTIVES, RECORD_VERSION, TRUNCATED, TrialRecord, records, study_setup, values_in_order
+from nas.search.setup import SearchSetup, StudyBudgets
+from nas.search.study import worker_config
 from nas.spec import ArchSpec, LayerSpec, TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,3 +129,28 @@ def test_a_study_written_before_records_still_opens(tmp_path):
     assert set(figures(study)) == {"front2d", "front3d", "hypervolume", "parallel", "front-table"}
     model = trial_model(chosen, storage)
     assert model.arch == chosen.arch
+    setup = study_setup(study)  # the study's own record: read typed, a worker rebuilds its run from it
+    assert setup.version == 0 and setup.space == "hybrid_tiny" and setup.task_config["name"] == "mqar"
+    config = worker_config("written-by-0.1", storage, worker=1)
+    assert (config.space_yaml, config.trials, config.max_latency_ms) == (setup.space_yaml, 3, 1.0)
+
+
+def test_search_setup_and_budgets_round_trip_and_name_what_differs():
+    setup = SearchSetup(
+        space="s",
+        space_yaml="depth: 1\n",
+        task="mqar",
+        target="auto",
+        profile="h200",
+        latency_shape="1x256",
+        seed=3,
+        measure=True,
+        task_config={"name": "mqar", "seq_len": 32},
+    )
+    assert SearchSetup.from_dict(setup.to_dict()) == setup and setup.version == 1
+    assert SearchSetup.from_dict({**setup.to_dict(), "unknown_later_field": 1}) == setup  # newer writers
+    other = dataclasses.replace(setup, task="mad_recall", seed=9)
+    assert setup.differs(other) == ("task", "mqar", "mad_recall") and setup.differs(setup) is None
+    budgets = StudyBudgets(max_latency_ms=0.5, trials=10)
+    assert StudyBudgets.from_dict(budgets.to_dict()) == budgets
+    assert budgets.changes(StudyBudgets(max_latency_ms=0.5, trials=12)) == ["trials 10 -> 12"]

@@ -22,6 +22,9 @@ requires_interpreter = pytest.mark.skipif(not INTERPRETED, reason="interpreter t
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+Shape = tuple[int, int, int, int]  # (B, T, H, D)
+
+
 def seeded(*key: object) -> torch.Generator:
     """A CPU generator seeded by the test case: fresh draws per case, reproducible per case."""
     return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
@@ -71,3 +74,8 @@ def check_qkv_kernel(
     qkv = random_qkv(B, T, H, D, dtype, device)
     out = kernel(qkv, H, out=poisoned(B, T, H, D, dtype, device))
     assert_rel_close(out, reference(*head_views(qkv, H)), bound)
+
+
+def config_params(pairs: Iterable[tuple[int, object]], name: Callable[[object], str]) -> list:
+    """pytest params ``(head dim, config)``, each pair once and in order, with readable ids."""
+    return [pytest.param(D, c, id=f"D{D}-{name(c)}") for D, c in dict.fromkeys(pairs)]

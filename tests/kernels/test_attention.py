@@ -19,18 +19,8 @@ from kernels.attention import AttentionConfig, configs
 from kernels.attention import reference as ref
 from kernels.attention import triton as fa
 from nas.models.mixers import SelfAttention, apply_rope, rope_tables
-from tests.kernels._support import (
-    CPU,
-    CUDA,
-    assert_rel_close,
-    check_qkv_kernel,
-    head_views,
-    poisoned,
-    qkv_cases,
-    random_qkv,
-    requires_cuda,
-    requires_interpreter,
-)
+from tests.kernels import _support as support
+from tests.kernels._support import CPU, CUDA, Shape, requires_cuda, requires_interpreter
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
 # bf16/fp16 round q (with the folded scale), k, v and p to 8/11-bit mantissas on the GPU.
@@ -40,45 +30,26 @@ ROPE = [pytest.param(True, id="rope"), pytest.param(False, id="norope")]
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    assert_rel_close(actual, expected, TOLERANCES[dtype])
+    support.assert_rel_close(actual, expected, TOLERANCES[dtype])
 
 
-def _check(
-    B: int,
-    T: int,
-    H: int,
-    D: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    *,
-    causal: bool,
-    rope: bool,
-    config: AttentionConfig | None = None,
-) -> None:
-    """``flash_attention_qkv`` on a fresh projection against the reference; with ``rope`` the
-    model's tables in q's dtype."""
+def _check(shape: Shape, dtype: torch.dtype, device: torch.device, *, causal: bool, rope: bool, config=None) -> None:
+    """``flash_attention_qkv`` (``config``: an AttentionConfig, or the autotuner's) on a fresh
+    projection against the reference; with ``rope`` the model's tables in q's dtype."""
+    T, D = shape[1], shape[3]
     tables = rope_tables(T, D, device=device, dtype=dtype) if rope else None
-    check_qkv_kernel(
-        partial(fa.flash_attention_qkv, causal=causal, rope=tables, config=config),
-        partial(ref.attention, causal=causal, rope_tables=tables),
-        (B, T, H, D),
-        dtype,
-        device,
-        TOLERANCES[dtype],
-    )
+    kernel = partial(fa.flash_attention_qkv, causal=causal, rope=tables, config=config)
+    expected = partial(ref.attention, causal=causal, rope_tables=tables)
+    support.check_qkv_kernel(kernel, expected, shape, dtype, device, TOLERANCES[dtype])
 
 
 # Every config the autotuner may be handed, with its head dim: the per-GPU tables, and the
 # interpreter's at each supported head dim.
-EVERY_CONFIG = [
-    pytest.param(D, c, id=f"D{D}-{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}")
-    for D, c in dict.fromkeys(
-        [
-            *((D, c) for table in (configs.HOPPER, configs.DEFAULT) for D, cs in table.items() for c in cs),
-            *((D, configs.INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS),
-        ]
-    )
-]
+_TABLES = [(D, c) for table in (configs.HOPPER, configs.DEFAULT) for D, cs in table.items() for c in cs]
+EVERY_CONFIG = support.config_params(
+    _TABLES + [(D, configs.INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS],
+    lambda c: f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +63,7 @@ EVERY_CONFIG = [
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D", [16, 32])
 def test_matches_reference_on_qkv_views(D: int, causal: bool, rope: bool) -> None:
-    _check(2, 37, 3, D, torch.float32, CPU, causal=causal, rope=rope)
+    _check((2, 37, 3, D), torch.float32, CPU, causal=causal, rope=rope)
 
 
 @requires_interpreter
@@ -102,7 +73,7 @@ def test_lengths_contiguous_layout(T: int, causal: bool) -> None:
     """[B, H, T, D] contiguous tensors, lengths at and around block edges, a custom scale."""
     B, H, D = 1, 2, 16
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
-    out = fa.flash_attention(q, k, v, causal=causal, scale=0.3, out=poisoned(B, T, H, D, torch.float32, CPU))
+    out = fa.flash_attention(q, k, v, causal=causal, scale=0.3, out=support.poisoned(B, T, H, D, torch.float32, CPU))
     _assert_close(out, ref.attention(q, k, v, causal=causal, scale=0.3), torch.float32)
 
 
@@ -111,7 +82,7 @@ def test_lengths_contiguous_layout(T: int, causal: bool) -> None:
 def test_fp16_in_interpreter(causal: bool) -> None:
     """Half precision through the same code path. (bf16 is left to the GPU tests: the Triton 3.9
     interpreter's bf16 ``tl.dot`` multiplies raw bit patterns.)"""
-    _check(2, 37, 3, 32, torch.float16, CPU, causal=causal, rope=True)
+    _check((2, 37, 3, 32), torch.float16, CPU, causal=causal, rope=True)
 
 
 @requires_interpreter
@@ -119,7 +90,7 @@ def test_fp16_in_interpreter(causal: bool) -> None:
 def test_every_config(D: int, config: AttentionConfig) -> None:
     """The contract over every config: each tiling, run as given, with RoPE, causal, at an odd
     length (T = 150: a ragged query block and a masked key tail at every tile size)."""
-    _check(1, 150, 2, D, torch.float32, CPU, causal=True, rope=True, config=config)
+    _check((1, 150, 2, D), torch.float32, CPU, causal=True, rope=True, config=config)
 
 
 @requires_interpreter
@@ -127,8 +98,8 @@ def test_every_config(D: int, config: AttentionConfig) -> None:
 def test_matches_model_rope_and_sdpa(rope: bool) -> None:
     """The kernel computes apply_rope + F.scaled_dot_product_attention of nas.models.mixers."""
     B, T, H, D = 2, 37, 3, 32
-    qkv = random_qkv(B, T, H, D, torch.float32, CPU)
-    q, k, v = head_views(qkv, H)
+    qkv = support.random_qkv(B, T, H, D, torch.float32, CPU)
+    q, k, v = support.head_views(qkv, H)
     if rope:
         cos, sin = rope_tables(T, D, device=q.device, dtype=q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -159,7 +130,9 @@ def test_unaligned_views_are_copied() -> None:
     k = torch.randn(B, H, T * D + 1)[..., 1:].view(B, H, T, D)
     v = torch.randn(B, T, H, D).transpose(1, 2)
     cos, sin = (t.t().contiguous().t() for t in rope_tables(T, D, device=CPU, dtype=torch.float32))
-    out = fa.flash_attention(q, k, v, causal=True, rope=(cos, sin), out=poisoned(B, T, H, D, torch.float32, CPU))
+    out = fa.flash_attention(
+        q, k, v, causal=True, rope=(cos, sin), out=support.poisoned(B, T, H, D, torch.float32, CPU)
+    )
     _assert_close(out, ref.attention(q, k, v, causal=True, rope_tables=(cos, sin)), torch.float32)
 
 
@@ -191,7 +164,7 @@ def test_bad_inputs_raise() -> None:
 # (D, T, dtype): H = 16 and lengths that are multiples of 16 share compiled kernels with the
 # benchmark; 1000 has a partial query block and a masked key tail; fp16 at one length keeps the
 # compile count down.
-GPU_CASES = qkv_cases(
+GPU_CASES = support.qkv_cases(
     (D, T, dtype)
     for D in (64, 128)
     for T, dtype in [(1000, torch.bfloat16), (4096, torch.bfloat16), (4096, torch.float16)]
@@ -203,14 +176,14 @@ GPU_CASES = qkv_cases(
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D,T,dtype", GPU_CASES)
 def test_gpu_matches_reference(D: int, T: int, dtype: torch.dtype, causal: bool) -> None:
-    _check(1, T, 16, D, dtype, CUDA, causal=causal, rope=False)
+    _check((1, T, 16, D), dtype, CUDA, causal=causal, rope=False)
 
 
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("D,T", [(16, 1000), (32, 1000), (64, 4096), (128, 4096)])
 def test_gpu_rope_and_small_heads(D: int, T: int) -> None:
-    _check(1, T, 16, D, torch.bfloat16, CUDA, causal=True, rope=True)
+    _check((1, T, 16, D), torch.bfloat16, CUDA, causal=True, rope=True)
 
 
 @pytest.mark.gpu
@@ -220,4 +193,4 @@ def test_gpu_rope_and_small_heads(D: int, T: int) -> None:
 def test_gpu_every_config(D: int, config: AttentionConfig, causal: bool) -> None:
     """Each tiling compiled and run in bf16 at a ragged length (without RoPE: at D = 128 the
     128×128 tile with RoPE needs more shared memory than sm_90 has; the autotuner skips it)."""
-    _check(1, 1000, 16, D, torch.bfloat16, CUDA, causal=causal, rope=False, config=config)
+    _check((1, 1000, 16, D), torch.bfloat16, CUDA, causal=causal, rope=False, config=config)

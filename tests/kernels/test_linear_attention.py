@@ -18,18 +18,8 @@ from kernels.linear_attention import reference as ref
 from kernels.linear_attention import triton as la
 from nas.models.mixers import FEATURE_MAP_FNS, LinearAttention, causal_linear_attention
 from nas.spec import FEATURE_MAPS as SPEC_FEATURE_MAPS
-from tests.kernels._support import (
-    CPU,
-    CUDA,
-    assert_rel_close,
-    check_qkv_kernel,
-    head_views,
-    poisoned,
-    qkv_cases,
-    random_qkv,
-    requires_cuda,
-    requires_interpreter,
-)
+from tests.kernels import _support as support
+from tests.kernels._support import CPU, CUDA, Shape, requires_cuda, requires_interpreter
 
 # Relative Frobenius error bound per dtype: fp32 in the interpreter is exact math up to rounding;
 # on the GPU φ(q), φ(k), the scores and v enter the matmuls rounded to bf16/fp16, φ(q)·S is tf32.
@@ -39,42 +29,25 @@ CONTRACT_FEATURES = ["identity", "elu+1"]  # the unnormalized and a normalized m
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    assert_rel_close(actual, expected, TOLERANCES[dtype])
+    support.assert_rel_close(actual, expected, TOLERANCES[dtype])
 
 
-def _check(
-    B: int,
-    T: int,
-    H: int,
-    D: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    *,
-    feature_map: str,
-    config: ChunkConfig | None = None,
-) -> None:
-    """``linear_attention_qkv`` on a fresh projection against the reference."""
-    check_qkv_kernel(
-        partial(la.linear_attention_qkv, feature_map=feature_map, config=config),
-        partial(ref.linear_attention, feature_map=feature_map),
-        (B, T, H, D),
-        dtype,
-        device,
-        TOLERANCES[dtype],
-    )
+def _check(shape: Shape, dtype: torch.dtype, device: torch.device, *, feature_map: str, config=None) -> None:
+    """``linear_attention_qkv`` (``config``: a ChunkConfig, or the autotuner's) on a fresh
+    projection against the reference."""
+    kernel = partial(la.linear_attention_qkv, feature_map=feature_map, config=config)
+    expected = partial(ref.linear_attention, feature_map=feature_map)
+    support.check_qkv_kernel(kernel, expected, shape, dtype, device, TOLERANCES[dtype])
 
 
 # Every config the autotuner may be handed, with its head dim: the per-GPU tables and the
 # interpreter's (split 2) at each supported head dim.
-EVERY_CONFIG = [
-    pytest.param(D, c, id=f"D{D}-c{c.chunk}v{c.block_v}w{c.num_warps}s{c.num_stages}x{c.split}")
-    for D, c in dict.fromkeys(
-        [
-            *((D, c) for D, cs in configs.HOPPER.items() for c in cs),
-            *((D, c) for D in configs.SUPPORTED_HEAD_DIMS for c in (*configs.DEFAULT, *configs.INTERPRETER)),
-        ]
-    )
-]
+_ANYWHERE = (*configs.DEFAULT, *configs.INTERPRETER)
+EVERY_CONFIG = support.config_params(
+    [(D, c) for D, cs in configs.HOPPER.items() for c in cs]
+    + [(D, c) for D in configs.SUPPORTED_HEAD_DIMS for c in _ANYWHERE],
+    lambda c: f"c{c.chunk}v{c.block_v}w{c.num_warps}s{c.num_stages}x{c.split}",
+)
 
 
 def _decode(
@@ -98,7 +71,7 @@ def _decode(
 @pytest.mark.parametrize("feature_map", FEATURES)
 @pytest.mark.parametrize("D", [16, 32])
 def test_matches_reference_on_qkv_views(D: int, feature_map: str) -> None:
-    _check(2, 37, 3, D, torch.float32, CPU, feature_map=feature_map)
+    _check((2, 37, 3, D), torch.float32, CPU, feature_map=feature_map)
 
 
 @requires_interpreter
@@ -107,7 +80,7 @@ def test_lengths_contiguous_layout(T: int) -> None:
     """[B, H, T, D] contiguous tensors; lengths inside one chunk and at chunk edges."""
     B, H, D = 1, 2, 16
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
-    out = la.linear_attention(q, k, v, feature_map="elu+1", out=poisoned(B, T, H, D, torch.float32, CPU))
+    out = la.linear_attention(q, k, v, feature_map="elu+1", out=support.poisoned(B, T, H, D, torch.float32, CPU))
     _assert_close(out, ref.linear_attention(q, k, v, feature_map="elu+1"), torch.float32)
 
 
@@ -116,7 +89,7 @@ def test_lengths_contiguous_layout(T: int) -> None:
 def test_matches_model_chunked_form(feature_map: str) -> None:
     """The kernel computes nas.models.mixers.causal_linear_attention of the mapped q, k."""
     B, T, H, D = 2, 37, 3, 32
-    q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
+    q, k, v = support.head_views(support.random_qkv(B, T, H, D, torch.float32, CPU), H)
     phi = FEATURE_MAP_FNS[feature_map]
     normalize = feature_map != "identity"
     qf = phi(q) if normalize else phi(q) * D**-0.5
@@ -142,7 +115,7 @@ def test_linear_attention_mixer_end_to_end(feature_map: str) -> None:
 def test_decode_steps_equal_chunked_forward(feature_map: str) -> None:
     """T decode steps from a zero state give the forward's outputs and its final state."""
     B, T, H, D = 2, 37, 2, 16
-    q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
+    q, k, v = support.head_views(support.random_qkv(B, T, H, D, torch.float32, CPU), H)
     out, state_T, z_T = la.linear_attention(q, k, v, feature_map=feature_map, return_state=True)
     state, z = torch.zeros(B, H, D, D), torch.zeros(B, H, D)
     _assert_close(_decode(q, k, v, state, z, feature_map), out, torch.float32)
@@ -158,10 +131,16 @@ def test_sequence_split_matches_reference(split: int, feature_map: str) -> None:
     state: T = 53 is three full 16-token chunks and a 5-token tail; split 3 gives segments of 1, 1
     and 2 chunks (the tail in the last), split 8 more segments than chunks (the empty ones exit)."""
     B, T, H, D = 2, 53, 2, 32
-    q, k, v = head_views(random_qkv(B, T, H, D, torch.float32, CPU), H)
+    q, k, v = support.head_views(support.random_qkv(B, T, H, D, torch.float32, CPU), H)
     config = la.ChunkConfig(16, 16, 4, 1, split=split)
     out, state, z = la.linear_attention(
-        q, k, v, feature_map=feature_map, return_state=True, config=config, out=poisoned(B, T, H, D, torch.float32, CPU)
+        q,
+        k,
+        v,
+        feature_map=feature_map,
+        return_state=True,
+        config=config,
+        out=support.poisoned(B, T, H, D, torch.float32, CPU),
     )
     _assert_close(out, ref.linear_attention(q, k, v, feature_map=feature_map), torch.float32)
     state_ref, z_ref = torch.zeros(B, H, D, D), torch.zeros(B, H, D)
@@ -187,7 +166,7 @@ def test_step_matches_reference_step() -> None:
 def test_fp16_in_interpreter() -> None:
     """Half precision through the same code path. (bf16 is left to the GPU tests: the Triton 3.9
     interpreter's bf16 ``tl.dot`` multiplies raw bit patterns.)"""
-    _check(2, 37, 3, 32, torch.float16, CPU, feature_map="elu+1")
+    _check((2, 37, 3, 32), torch.float16, CPU, feature_map="elu+1")
 
 
 @requires_interpreter
@@ -196,7 +175,7 @@ def test_fp16_in_interpreter() -> None:
 def test_every_config(D: int, config: ChunkConfig, feature_map: str) -> None:
     """The contract over every config: each tiling, run as given, at an odd length (T = 150: two
     full 64-token chunks and a tail; nine 16-token chunks and a tail), unnormalized and normalized."""
-    _check(1, 150, 2, D, torch.float32, CPU, feature_map=feature_map, config=config)
+    _check((1, 150, 2, D), torch.float32, CPU, feature_map=feature_map, config=config)
 
 
 def test_feature_maps_agree_with_the_spec() -> None:
@@ -232,7 +211,7 @@ def test_bad_inputs_raise() -> None:
 
 # (D, T, dtype): H = 16 and lengths that are multiples of 16 share compiled kernels with the
 # benchmark; 1000 ends in a partial chunk; fp16 at one length keeps the compile count down.
-GPU_CASES = qkv_cases(
+GPU_CASES = support.qkv_cases(
     [
         (64, 4096, torch.bfloat16),
         (128, 4096, torch.bfloat16),
@@ -249,7 +228,7 @@ GPU_CASES = qkv_cases(
 @pytest.mark.parametrize("feature_map", FEATURES)
 @pytest.mark.parametrize("D,T,dtype", GPU_CASES)
 def test_gpu_matches_reference(D: int, T: int, dtype: torch.dtype, feature_map: str) -> None:
-    _check(1, T, 16, D, dtype, CUDA, feature_map=feature_map)
+    _check((1, T, 16, D), dtype, CUDA, feature_map=feature_map)
 
 
 @pytest.mark.gpu
@@ -258,7 +237,7 @@ def test_gpu_matches_reference(D: int, T: int, dtype: torch.dtype, feature_map: 
 @pytest.mark.parametrize("D,config", EVERY_CONFIG)
 def test_gpu_every_config(D: int, config: ChunkConfig, feature_map: str) -> None:
     """Each tiling compiled and run in bf16 at a ragged length."""
-    _check(1, 1000, 16, D, torch.bfloat16, CUDA, feature_map=feature_map, config=config)
+    _check((1, 1000, 16, D), torch.bfloat16, CUDA, feature_map=feature_map, config=config)
 
 
 @pytest.mark.gpu
@@ -268,7 +247,7 @@ def test_gpu_prefill_then_decode(feature_map: str) -> None:
     """Forward over the first 1000 tokens with its state, then 24 decode steps, equal the forward
     over all 1024 tokens."""
     B, T, H, D, prefix = 2, 1024, 16, 64, 1000
-    q, k, v = head_views(random_qkv(B, T, H, D, torch.bfloat16, CUDA), H)
+    q, k, v = support.head_views(support.random_qkv(B, T, H, D, torch.bfloat16, CUDA), H)
     full = la.linear_attention(q, k, v, feature_map=feature_map)
     _, state, z = la.linear_attention(
         q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], feature_map=feature_map, return_state=True

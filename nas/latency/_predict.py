@@ -193,19 +193,22 @@ def predict(
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
             if overhead := model.overhead_us(shape.tokens):
                 breakdown.append(("graph", overhead * 1e-3))
-            return Latency(
-                median_ms=sum(ms for _, ms in breakdown),
-                iqr_ms=0.0,
-                source="predicted",
-                device=profile.name,
-                dtype=dtype,
-                shape=shape,
-                breakdown=tuple(breakdown),
-                notes=notes,
-                interval=interval * widen,
-                basis=basis,
-            )
-    breakdown = _roofline(arch, shape, profile, dtype)
+            return _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes)
+    return _predicted(
+        profile, dtype, shape, _roofline(arch, shape, profile, dtype), UNCALIBRATED_INTERVAL, "uncalibrated"
+    )
+
+
+def _predicted(
+    profile: HardwareProfile,
+    dtype: str,
+    shape: LatencyShape,
+    breakdown: list[tuple[str, float]],
+    interval: float,
+    basis: str,
+    notes: tuple = (),
+) -> Latency:
+    """A prediction: the breakdown's sum, with its interval and what it rests on."""
     return Latency(
         median_ms=sum(ms for _, ms in breakdown),
         iqr_ms=0.0,
@@ -214,6 +217,7 @@ def predict(
         dtype=dtype,
         shape=shape,
         breakdown=tuple(breakdown),
-        interval=UNCALIBRATED_INTERVAL,
-        basis="uncalibrated",
+        notes=notes,
+        interval=interval,
+        basis=basis,
     )

@@ -100,6 +100,8 @@ def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
         ("truncated (not on the front)", groups["truncated"], dict(color=_INFEASIBLE, symbol="triangle-down", size=7)),
         ("dominated", groups["dominated"], dict(color=_DOMINATED, size=7)),
     ):
+        if not trials and name.startswith("truncated"):
+            continue  # drawn only when some training was cut short
         fig.add_trace(
             go.Scatter(
                 x=[r.latency_ms for r in trials],
@@ -237,24 +239,19 @@ def _latency_cell(r: TrialRecord) -> str:
     return f"{r.latency_ms:.4g} ({lat.source if lat is not None else '?'})"
 
 
-def _table(study: optuna.Study) -> go.Figure:
+def front_table_html(study: optuna.Study) -> str:
+    """The front as a plain HTML table: every row shows, however many (a plotly table figure has a
+    fixed height and clipped long fronts), and it reads without scripts."""
     best = front(study)
-    cols = {
-        "trial": [r.number for r in best],
-        "architecture": [one_line(r) for r in best],
-        "accuracy": [f"{r.accuracy:.3f}" for r in best],
-        "latency ms": [_latency_cell(r) for r in best],
-        "memory MB": [f"{r.memory_mb:.3g}" for r in best],
-    }
-    fig = go.Figure(
-        go.Table(
-            columnwidth=[1, 6, 2, 3, 2],
-            header=dict(values=list(cols), align="left"),
-            cells=dict(values=list(cols.values()), align="left"),
-        )
+    header = ("trial", "architecture", "accuracy", "latency ms", "memory MB")
+    rows = [(str(r.number), one_line(r), f"{r.accuracy:.3f}", _latency_cell(r), f"{r.memory_mb:.3g}") for r in best]
+    cell = "<td>{}</td>".format
+    body = "".join("<tr>" + "".join(cell(html.escape(v)) for v in row) + "</tr>" for row in rows)
+    return (
+        f"<h2>Pareto front: {len(best)} trials</h2>"
+        f"<table id='front-table'><thead><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr></thead>"
+        f"<tbody>{body}</tbody></table>"
     )
-    fig.update_layout(title=f"Pareto front: {len(best)} trials", height=120 + 28 * max(1, len(best)))
-    return fig
 
 
 def figures(study: optuna.Study) -> dict[str, go.Figure]:
@@ -267,7 +264,6 @@ def figures(study: optuna.Study) -> dict[str, go.Figure]:
         "front3d": _front_3d(study),
         "hypervolume": _hypervolume(study),
         "parallel": _parallel(study),
-        "front-table": _table(study),
     }
 
 
@@ -295,8 +291,10 @@ def write_html(study: optuna.Study, out: str | Path) -> Path:
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
         f"{html.escape(study.study_name)} — hybrid-nas report</title>"
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}</style></head><body>"
-        f"{head}{''.join(parts)}</body></html>"
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+        "table{border-collapse:collapse}th,td{text-align:left;padding:3px 10px;border-bottom:1px solid #ddd}"
+        "</style></head><body>"
+        f"{head}{''.join(parts)}{front_table_html(study)}</body></html>"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")

@@ -219,7 +219,9 @@ def _repeat_of(trial: optuna.Trial) -> int | None:
     user asked for with ``study.enqueue_trial``: training it again is what was asked)."""
     others = [  # a configuration early stopping pruned counts as tried: it would be stopped again
         t
-        for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED))
+        for t in trial.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED)
+        )
         if t.state != TrialState.PRUNED or record.record(trial.study, t).pruned_at is not None
     ]
     this = next(t for t in others if t.number == trial.number)

@@ -37,8 +37,8 @@ from optuna.trial import FrozenTrial, TrialState
 from hardware_profiles import HardwareProfile, load_profile
 from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import interrupt, record
-from nas.search.pruning import CostAwarePruner
 from nas.search.objective import Budgets, TrialContext, evaluate
+from nas.search.pruning import CostAwarePruner
 from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space

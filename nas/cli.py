@@ -116,6 +116,13 @@ def _build_parser() -> argparse.ArgumentParser:
         const=False,
         help="predict latency from the --target profile even on a GPU",
     )
+    s.add_argument(
+        "--prune",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="early stopping on known costs: stop a trial at a rung (1/8, 1/4, 1/2 of its steps) when even its "
+        "best case is dominated at its latency and memory; fixed when the study is created (default off)",
+    )
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
     s.add_argument("--trials-per-gpu", type=_positive_int, default=1, help="worker processes per GPU (default 1)")
     s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")
@@ -189,7 +196,15 @@ def _search(args: argparse.Namespace) -> None:
 
     from nas.results.pareto import front
     from nas.search.storage import resolve_storage
-    from nas.search.study import SearchConfig, n_complete, n_infeasible, n_truncated, prepare, run_search
+    from nas.search.study import (
+        SearchConfig,
+        n_complete,
+        n_infeasible,
+        n_pruned,
+        n_truncated,
+        prepare,
+        run_search,
+    )
     from nas.search.workers import parse_gpus, plan_slots, run_workers
 
     gpus = parse_gpus(args.gpus) if args.gpus else None
@@ -210,6 +225,7 @@ def _search(args: argparse.Namespace) -> None:
         trial_timeout=args.trial_timeout,
         seed=args.seed,
         measure=args.measure,
+        prune=args.prune,
         device="cpu" if len(slots) > 1 and not gpus else args.device,
     )
     ctx, study = prepare(config)
@@ -271,7 +287,7 @@ def _search(args: argparse.Namespace) -> None:
                     else "finished trials are kept in the study"
                 )
                 raise UsageError(f"workers exited with codes {codes}; {kept}")
-    skipped, truncated = n_infeasible(study), n_truncated(study)
+    skipped, truncated, pruned = n_infeasible(study), n_truncated(study), n_pruned(study)
     if skipped:
         console.print(
             f"{skipped} candidate(s) broke a hard budget: recorded without training, not counted toward --trials",
@@ -281,6 +297,12 @@ def _search(args: argparse.Namespace) -> None:
         console.print(
             f"{truncated} trial(s) stopped early by the time budget (max_train_seconds): recorded with "
             f"their steps, kept off the front and the hypervolume",
+            soft_wrap=True,
+        )
+    if pruned:
+        console.print(
+            f"{pruned} trial(s) stopped early at a rung (their best case was dominated at their cost): recorded "
+            f"as PRUNED with their partial curve, not counted toward --trials",
             soft_wrap=True,
         )
     _print_front(study)
@@ -329,6 +351,8 @@ def _trial_line(r: TrialRecord, trained: int, trials: int) -> str:
         return f"trial {r.number} failed: {r.failure or '?'}"
     if r.duplicate_of is not None:
         return f"trial {r.number}: same configuration as trial {r.duplicate_of}; not trained again"
+    if r.pruned_at is not None:
+        return f"trial {r.number}: {r.arch_summary} stopped early — {r.prune_reason}; not counted"
     if r.state.name != "COMPLETE":
         return f"trial {r.number}: {r.state.name.lower()}"
     if r.skipped_training is not None:

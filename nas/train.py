@@ -17,7 +17,19 @@ from nas.optim import make_optimizer
 from nas.spec import TrainSpec
 from nas.tasks.base import Task
 
-__all__ = ["Budget", "TrainResult", "TrainingDiverged", "TrainingOOM", "TrialTimeout", "lr_factor", "evaluate", "train"]
+__all__ = [
+    "RUNGS",
+    "Budget",
+    "TrainResult",
+    "TrainingDiverged",
+    "TrainingOOM",
+    "TrainingStopped",
+    "TrialTimeout",
+    "evaluate",
+    "lr_factor",
+    "rung_steps",
+    "train",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +37,8 @@ CURVE_POINTS = 20  # learning-curve samples per run
 COMPILE_ENV = "NAS_TRAIN_COMPILE"  # "1": train through torch.compile (see train)
 CHECK_EVERY = 16  # steps between non-finite checks: one host sync per window, not per step
 EVAL_BATCH = 256
+RUNGS = (1 / 8, 1 / 4, 1 / 2)  # fractions of the planned steps where ``on_rung`` is asked whether to go on
+RUNG_ROWS = 256  # test rows scored at a rung: a cheap estimate (±3 % at 256 rows), not the final score
 
 
 class TrainingDiverged(RuntimeError):
@@ -41,6 +55,15 @@ class TrainingOOM(RuntimeError):
 
 class TrialTimeout(RuntimeError):
     """The trial's hard deadline passed during training."""
+
+
+class TrainingStopped(RuntimeError):
+    """``on_rung`` asked to stop at ``step`` (early stopping): the rung's accuracy and the
+    learning curve so far come with it, so the partial run can be recorded."""
+
+    def __init__(self, step: int, accuracy: float, curve: tuple[tuple[int, float], ...], seconds: float) -> None:
+        super().__init__(f"stopped at step {step} (rung accuracy {accuracy:.3f})")
+        self.step, self.accuracy, self.curve, self.seconds = step, accuracy, curve, seconds
 
 
 @dataclass(frozen=True)
@@ -71,20 +94,27 @@ def lr_factor(step: int, spec: TrainSpec) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+def rung_steps(steps: int) -> tuple[int, ...]:
+    """The steps (1-based, ascending, distinct, before the last) at which a training of ``steps``
+    steps reports a rung: ``RUNGS`` of it, rounded; none for a training too short to have them."""
+    return tuple(sorted({round(f * steps) for f in RUNGS} - {0, steps}))
+
+
 def _autocast(device: torch.device) -> torch.autocast:
     # bf16 on GPU (no loss scaling needed); fp32 on CPU, where bf16 matmuls are slow
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=is_cuda(device))
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, task: Task, device: torch.device) -> tuple[float, float]:
-    """(accuracy, mean loss) of ``model`` over the scored positions of the test split."""
+def evaluate(model: torch.nn.Module, task: Task, device: torch.device, rows: int | None = None) -> tuple[float, float]:
+    """(accuracy, mean loss) of ``model`` over the scored positions of the test split (its first
+    ``rows`` rows when given)."""
     model.eval()
     hits = total = torch.zeros((), dtype=torch.long, device=device)
     loss_sum = torch.zeros((), device=device)
-    n = task.x_test.shape[0]
+    n = task.x_test.shape[0] if rows is None else min(rows, task.x_test.shape[0])
     for i in range(0, n, EVAL_BATCH):
-        x, y = task.x_test[i : i + EVAL_BATCH], task.y_test[i : i + EVAL_BATCH]
+        x, y = task.x_test[i : min(n, i + EVAL_BATCH)], task.y_test[i : min(n, i + EVAL_BATCH)]
         with _autocast(device):
             logits = model(x)
         h, t = task.correct(logits, y)
@@ -123,12 +153,15 @@ def train(
     device: torch.device | str,
     budget: Budget | None = None,
     step_hook: Callable[[int], None] | None = None,
+    on_rung: Callable[[int, float], bool] | None = None,
     compile_model: bool | None = None,
     share: Share | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``task`` per ``spec``; raises TrainingDiverged on a non-finite loss/grad,
     TrainingOOM when the device runs out of memory, TrialTimeout past ``budget.deadline``.
     ``step_hook(n)`` runs before the n-th step (1-based); fault injection uses it.
+    ``on_rung(step, accuracy)`` runs after each of ``rung_steps(spec.steps)`` with the accuracy on
+    the first ``RUNG_ROWS`` test rows; when it returns True training stops (TrainingStopped).
 
     The task's tensors are moved to ``device`` once; batches are drawn there by a seeded generator,
     so a step involves no host round trip.
@@ -154,7 +187,7 @@ def train(
             compile_model = settings.get().train_compile
         forward = torch.compile(model) if compile_model else model
         accuracy, test_loss, step, stopped, curve = _loop(
-            model, forward, task, spec, opt, sched, gen, budget, step_hook, share, clock
+            model, forward, task, spec, opt, sched, gen, budget, step_hook, on_rung, share, clock
         )
     finally:
         share.release_shared()  # after an exception too: queued steps must not overlap a measurement
@@ -180,7 +213,7 @@ class _Clock:
         return deadline is not None and time.monotonic() - self.paused > deadline
 
 
-def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, share, clock):
+def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, on_rung, share, clock):
     """The training steps and the final evaluation of ``train``; returns (accuracy, test loss,
     steps, how it stopped, curve). GPU work runs while holding ``share`` (windows of steps)."""
     device, n_train = task.x_train.device, task.x_train.shape[0]
@@ -189,6 +222,7 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, share,
     norms = torch.zeros(spec.steps, device=device)
     curve: list[tuple[int, float]] = []
     stopped, step = "completed", 0
+    rungs = set(rung_steps(spec.steps)) if on_rung is not None else set()
     while step < spec.steps:
         clock.paused += share.acquire_shared()
         try:
@@ -212,11 +246,15 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, share,
         if clock.past(budget.deadline):
             raise TrialTimeout(f"stopped at step {step} of {spec.steps}")
         out_of_time = budget.max_seconds is not None and clock.elapsed() > budget.max_seconds
+        if step in rungs:  # still holding the share: the rung's evaluation is GPU work
+            _check_finite(losses, norms, step)
+            _extend_curve(curve, losses, window, step)
+            accuracy, _ = evaluate(model, task, device, rows=RUNG_ROWS)
+            if on_rung(step, accuracy):
+                raise TrainingStopped(step, accuracy, tuple(curve), clock.elapsed())
         if step % CHECK_EVERY == 0 or step == spec.steps or out_of_time:
             _check_finite(losses, norms, step)
-            while (len(curve) + 1) * window <= step:  # each window that has completed since the last check
-                lo = len(curve) * window
-                curve.append((lo + window, losses[lo : lo + window].mean().item()))
+            _extend_curve(curve, losses, window, step)
             share.release_shared()  # a waiting latency measurement on this GPU goes now
         if out_of_time and step < spec.steps:
             stopped = "time budget"
@@ -224,6 +262,12 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, share,
     clock.paused += share.acquire_shared()
     accuracy, test_loss = evaluate(model, task, device)
     return accuracy, test_loss, step, stopped, curve
+
+
+def _extend_curve(curve: list[tuple[int, float]], losses: torch.Tensor, window: int, step: int) -> None:
+    while (len(curve) + 1) * window <= step:  # each window that has completed since the last check
+        lo = len(curve) * window
+        curve.append((lo + window, losses[lo : lo + window].mean().item()))
 
 
 def _check_finite(losses: torch.Tensor, norms: torch.Tensor, step: int) -> None:

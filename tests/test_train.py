@@ -283,3 +283,30 @@ def test_compiled_training_matches_eager(monkeypatch):
     assert counters["stats"]["unique_graphs"] > 0, "the training forward never ran through the compiled model"
     assert compiled.steps == eager.steps
     assert compiled.test_loss == pytest.approx(eager.test_loss, rel=1e-4)
+
+
+# ---------------------------------------------------------------- rungs (early stopping)
+
+
+@pytest.mark.parametrize("steps, want", [(16, (2, 4, 8)), (5, (1, 2)), (2, (1,)), (1, ())], ids=str)
+def test_rung_steps_are_fractions_of_the_planned_steps(steps, want):
+    assert train_module.rung_steps(steps) == want
+
+
+def test_rungs_are_reported_without_changing_the_training():
+    task = previous_token_task(n_train=128, n_test=32)
+    spec = TrainSpec(lr=1e-2, steps=16, batch_size=8, seed=3)
+    seen = []
+    asked = train(build(ARCH, seed=1), task, spec, device="cpu", on_rung=lambda s, a: seen.append((s, a)) is not None)
+    plain = train(build(ARCH, seed=1), task, spec, device="cpu")
+    assert [s for s, _ in seen] == [2, 4, 8] and all(0.0 <= a <= 1.0 for _, a in seen)
+    assert (asked.accuracy, asked.test_loss, asked.curve) == (plain.accuracy, plain.test_loss, plain.curve)
+
+
+def test_a_rung_that_says_stop_stops_with_the_partial_curve():
+    task = previous_token_task(n_train=128, n_test=32)
+    spec = TrainSpec(lr=1e-2, steps=16, batch_size=8)
+    with pytest.raises(train_module.TrainingStopped) as stop:
+        train(build(ARCH, seed=1), task, spec, device="cpu", on_rung=lambda step, _acc: step >= 4)
+    assert stop.value.step == 4 and [s for s, _ in stop.value.curve] == [1, 2, 3, 4]
+    assert 0.0 <= stop.value.accuracy <= 1.0 and stop.value.seconds > 0

@@ -23,11 +23,11 @@ from hardware_profiles import HardwareProfile
 from kernels.device import is_cuda
 from nas.latency import KernelError, Latency, LatencyShape, MemoryEstimate, count_params, measure, memory, predict
 from nas.models import build
-from nas.search import faults, gpu_share, record
+from nas.search import faults, gpu_share, pruning, record
 from nas.space import SearchSpace
 from nas.spec import ArchSpec, arch_hash
 from nas.tasks import Task
-from nas.train import Budget, TrainingDiverged, TrainingOOM, TrialTimeout, train
+from nas.train import Budget, TrainingDiverged, TrainingOOM, TrainingStopped, TrialTimeout, train
 
 __all__ = ["Budgets", "TrialContext", "evaluate"]
 
@@ -57,6 +57,7 @@ class TrialContext:
     artifacts: FileSystemArtifactStore
     measure: bool = False  # time the TritonModel on this GPU instead of predicting
     objectives: tuple[str, ...] = tuple(record.OBJECTIVES)  # the study's objective names, in value order
+    pruner: pruning.CostAwarePruner | None = None  # early stopping at rungs (None: train every trial to the end)
 
 
 def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
@@ -146,6 +147,13 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     )
     budget = Budget(max_seconds=max_seconds, deadline=deadline)
     reason = None
+    stop_reasons: list[str] = []
+
+    def on_rung(step: int, accuracy: float) -> bool:
+        why = pruning.rung(ctx.pruner, trial, step, accuracy)
+        stop_reasons.extend([why] if why is not None else [])
+        return why is not None
+
     try:
         result = train(
             model,
@@ -155,7 +163,14 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
             budget=budget,
             share=gpu_share.current() if is_cuda(ctx.device) else None,
             step_hook=faults.step_hook(fault, model),
+            on_rung=on_rung if ctx.pruner is not None else None,
         )
+    except TrainingStopped as e:
+        record.write_pruned(trial, step=e.step, reason=stop_reasons[-1], curve=e.curve, seconds=e.seconds)
+        logger.info("trial %d: stopped early (%s)", trial.number, stop_reasons[-1])
+        del model
+        _release_memory(ctx.device)
+        return TrialState.PRUNED, None
     except TrainingDiverged as e:
         reason = f"diverged: {e}"
     except TrainingOOM as e:
@@ -199,10 +214,16 @@ def _values(ctx: TrialContext, accuracy: float, lat: Latency, mem: MemoryEstimat
 
 
 def _repeat_of(trial: optuna.Trial) -> int | None:
-    """The number of another completed or running trial with exactly ``trial``'s parameters; None
+    """The number of another completed, running or early-stopped trial with exactly ``trial``'s parameters; None
     when there is none, or when ``trial``'s parameters were enqueued (a re-queued trial, or one a
     user asked for with ``study.enqueue_trial``: training it again is what was asked)."""
-    others = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+    others = [  # a configuration early stopping pruned counts as tried: it would be stopped again
+        t
+        for t in trial.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED)
+        )
+        if t.state != TrialState.PRUNED or record.record(trial.study, t).pruned_at is not None
+    ]
     this = next(t for t in others if t.number == trial.number)
     if record.was_enqueued(this):
         return None

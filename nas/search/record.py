@@ -11,8 +11,12 @@ Trial states as the engine uses them:
   guard stopped training early (recorded, shown with its steps, kept off the front through the
   ``truncated`` constraint);
 - COMPLETE, ``skipped_training``: the candidate broke a hard budget (infeasible), accuracy 0;
-- PRUNED: ``duplicate_of`` (a configuration already tried) or ``surplus`` (other workers filled
-  the budget); FAIL: ``failure`` says why.
+- PRUNED: ``duplicate_of`` (a configuration already tried), ``surplus`` (other workers filled
+  the budget) or ``pruned_at`` (early stopping, ``nas.search.pruning``: the step of the rung, with
+  ``prune_reason`` and the partial curve); FAIL: ``failure`` says why.
+
+A trial's rungs (``(step, accuracy)`` on a small held-out batch, reported during training) are
+Optuna's intermediate values, so they live in storage and survive a killed worker.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ __all__ = [
     "was_enqueued",
     "write_duplicate",
     "write_failure",
+    "write_pruned",
+    "write_rung",
     "write_scored",
     "write_skipped",
     "write_start",
@@ -104,6 +110,9 @@ class TrialRecord:
     host: str | None = None
     latency_seconds: float | None = None
     latency_wait_seconds: float | None = None
+    pruned_at: int | None = None  # early stopping: the step of the rung it was stopped at
+    prune_reason: str | None = None
+    rungs: tuple[tuple[int, float], ...] = ()  # (step, held-out accuracy): Optuna's intermediate values
     version: int = RECORD_VERSION
 
     # ---- derived views
@@ -170,7 +179,8 @@ class TrialRecord:
     def from_trial(cls, trial: FrozenTrial, objectives: Sequence[str] = tuple(OBJECTIVES)) -> TrialRecord:
         values = dict(zip(objectives, trial.values, strict=True)) if trial.values is not None else {}
         feasible = all(v <= 0 for v in trial.constraints.values())
-        return cls.from_dict(trial.number, trial.state, trial.user_attrs, values, feasible=feasible)
+        rungs = tuple(sorted((int(s), float(v)) for s, v in trial.intermediate_values.items()))
+        return cls.from_dict(trial.number, trial.state, trial.user_attrs, values, feasible=feasible, rungs=rungs)
 
     @classmethod
     def from_dict(
@@ -181,8 +191,9 @@ class TrialRecord:
         values: Mapping[str, float] | None = None,
         *,
         feasible: bool = True,
+        rungs: tuple[tuple[int, float], ...] = (),
     ) -> TrialRecord:
-        """Inverse of ``to_dict``, with the trial's number, state, values and feasibility beside it."""
+        """Inverse of ``to_dict``, with the trial's number, state, values, feasibility and rungs beside it."""
         a = attrs
         latency = a.get("latency")
         return cls(
@@ -211,6 +222,9 @@ class TrialRecord:
             host=a.get("host"),
             latency_seconds=a.get("latency_seconds"),
             latency_wait_seconds=a.get("latency_wait_seconds"),
+            pruned_at=a.get("pruned_at"),
+            prune_reason=a.get("prune_reason"),
+            rungs=rungs,
             version=int(a.get("record_version", 0)),
         )
 
@@ -243,6 +257,8 @@ class TrialRecord:
             "host",
             "latency_seconds",
             "latency_wait_seconds",
+            "pruned_at",
+            "prune_reason",
         ):
             d[name] = getattr(self, name)
         return {k: v for k, v in d.items() if v is not None}
@@ -324,6 +340,28 @@ def write_trained(
     }.items():
         trial.set_user_attr(key, value)
     trial.set_constraint(TRUNCATED, max(0, planned_steps - steps) / max(1, planned_steps))
+
+
+def write_rung(trial: optuna.Trial, step: int, accuracy: float) -> None:
+    """A rung's held-out accuracy, as Optuna's intermediate value at ``step``. Written through the
+    storage because ``Trial.report`` refuses multi-objective studies (optuna#3450); it is what
+    ``report`` stores, and pruners read it back as ``FrozenTrial.intermediate_values``."""
+    trial.storage.set_trial_intermediate_value(trial._trial_id, step, float(accuracy))  # noqa: SLF001
+
+
+def write_pruned(
+    trial: optuna.Trial, *, step: int, reason: str, curve: Sequence[tuple[int, float]], seconds: float
+) -> None:
+    """Stopped early at the rung at ``step`` (the trial is told PRUNED): why, and the partial run."""
+    for key, value in {
+        "pruned_at": step,
+        "prune_reason": reason,
+        "steps_done": step,
+        "stopped": "pruned",
+        "curve": [list(p) for p in curve],
+        "train_seconds": round(seconds, 3),
+    }.items():
+        trial.set_user_attr(key, value)
 
 
 def write_failure(trial: optuna.Trial, reason: str) -> None:

@@ -39,6 +39,7 @@ class SearchSetup:
     sampler: str = "tpe"
     seed: int = 0
     measure: bool = False  # latencies measured on a GPU (else predicted)
+    prune: bool = False  # early stopping on known costs (nas.search.pruning); studies before it: off
     space_source: str = ""  # where the space was read from
     task_config: Mapping[str, Any] | None = field(default=None, compare=False)  # rebuilds the task (export)
     version: int = SETUP_VERSION

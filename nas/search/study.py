@@ -38,6 +38,7 @@ from hardware_profiles import HardwareProfile, load_profile
 from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import interrupt, record
 from nas.search.objective import Budgets, TrialContext, evaluate
+from nas.search.pruning import CostAwarePruner
 from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space
@@ -52,6 +53,7 @@ __all__ = [
     "make_sampler",
     "n_complete",
     "n_infeasible",
+    "n_pruned",
     "n_truncated",
     "open_study",
     "prepare",
@@ -103,6 +105,8 @@ class SearchConfig:
     # None = measure when the search runs on a CUDA device and targets it (--target auto, or the
     # profile of the local GPU), otherwise predict.
     measure: bool | None = None
+    # Early stopping on known costs (nas.search.pruning): None = what the study recorded (off for a new one)
+    prune: bool | None = None
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -291,6 +295,11 @@ def n_infeasible(study: optuna.Study) -> int:
     return sum(not r.trained for r in record.records(study, (TrialState.COMPLETE,)))
 
 
+def n_pruned(study: optuna.Study) -> int:
+    """Trials early stopping stopped at a rung (PRUNED, partly trained); not counted by --trials."""
+    return sum(r.pruned_at is not None for r in record.records(study, (TrialState.PRUNED,)))
+
+
 def n_truncated(study: optuna.Study) -> int:
     """Trained trials whose training the wall-clock guard stopped early (kept off the front)."""
     return sum(r.truncated for r in record.records(study, (TrialState.COMPLETE,)))
@@ -357,6 +366,12 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
                 f"study {name!r} holds latencies measured on {stored.profile}; this GPU is "
                 f"{profile.name}: join it from that kind of GPU, or use another --study name"
             )
+    prune = bool(stored.prune if config.prune is None and stored is not None else config.prune)
+    if stored is not None and stored.prune != prune:
+        raise SearchError(
+            f"study {name!r} was created with early stopping {'on' if stored.prune else 'off'}; "
+            f"drop --{'no-' if stored.prune else ''}prune to resume it, or use another --study name"
+        )
     sampler = make_sampler(config.sampler, config.seed)
     study = open_study(name, config.storage, sampler=sampler)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
@@ -370,6 +385,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         sampler=config.sampler,
         seed=config.seed,
         measure=measure,
+        prune=prune,
         space_source=space.source,
         task_config=task.config,
     )
@@ -405,6 +421,9 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
                 "study %r: recorded budgets changed (%s); workers and the report use the new ones", name, changes
             )
         record.write_study_budgets(study, recorded)  # the latest run's budgets: workers and the report read them
+    pruner = CostAwarePruner() if prune else None
+    if pruner is not None:
+        study.pruner = pruner  # what Trial.should_prune would ask (optuna-native tools see it)
     return TrialContext(
         space,
         task,
@@ -415,6 +434,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         open_artifact_store(config.storage),
         measure=measure,
         objectives=record.objectives_of(study),
+        pruner=pruner,
     ), study
 
 
@@ -464,6 +484,7 @@ def worker_config(
         seed=setup.seed,
         device=device,
         measure=setup.measure,
+        prune=setup.prune,
         worker=os.getpid() if worker is None else worker,
     )
 
@@ -521,7 +542,8 @@ def run_search(
     Safe to run in several processes on one study: a worker starts a trial only while trained
     plus running trials are below the budget, and gives a trial back (pruned, ``surplus``) when a
     race let earlier trials fill it. Candidates that break a hard budget, or repeat a configuration
-    already tried (pruned, ``duplicate_of``), are recorded without training and not counted; after
+    already tried (pruned, ``duplicate_of``), are recorded without training and not counted, nor
+    are trials early stopping stopped at a rung (pruned, ``pruned_at``); after
     ``MAX_UNTRAINED_IN_A_ROW`` of them in a row the search stops with a SearchError.
     """
     ctx, study = ctx_study or prepare(config)
@@ -574,6 +596,12 @@ def run_search(
 
 
 def _untrained_message(count: int, last: record.TrialRecord, trained: int, trials: int) -> str:
+    if last.pruned_at is not None:
+        return (
+            f"{count} candidates in a row were not trained to the end (the last stopped early: "
+            f"{last.prune_reason}); {trained} of {trials} trained so far: the front may be out of reach of "
+            f"this space's remaining candidates (ask for fewer --trials, or run with --no-prune)"
+        )
     if last.duplicate_of is not None:
         return (
             f"{count} candidates in a row repeated configurations already tried; the space seems exhausted "

@@ -420,3 +420,30 @@ def test_verbose_logs_each_trial(tmp_path, caplog):
     assert main(["-v", *argv, "--trials", "1", "--study", "loud"]) == 0
     story = [r.getMessage() for r in caplog.records if r.name == "nas.search.objective"]
     assert story[0].startswith("trial 0: training ") and story[1].startswith("trial 0: accuracy ")
+
+
+@pytest.mark.slow
+def test_prune_is_recorded_with_the_study_and_a_resume_asking_otherwise_is_refused(tmp_path, capsys):
+    from nas.search.record import study_setup
+    from nas.search.study import open_study
+
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(write_space(tmp_path, steps=16)), "--storage", storage, "--device", "cpu"]
+    assert main([*argv, "--trials", "1", "--study", "p", "--prune"]) == 0
+    assert study_setup(open_study("p", storage, create=False)).prune
+    before = study_checksum(storage, "p")
+    assert main([*argv, "--trials", "2", "--study", "p", "--no-prune"]) == 2
+    assert "created with early stopping on; drop --no-prune" in capsys.readouterr().err
+    assert study_checksum(storage, "p") == before
+    assert main([*argv, "--trials", "1", "--study", "q"]) == 0  # default: off
+    assert not study_setup(open_study("q", storage, create=False)).prune
+
+
+def test_a_pruned_trial_gets_a_line_with_its_rung_and_reason():
+    from optuna.trial import TrialState
+
+    from nas.cli import _trial_line
+    from nas.search.record import TrialRecord
+
+    r = TrialRecord(4, TrialState.PRUNED, arch_summary="A", pruned_at=2, prune_reason="rung at step 2/16: …")
+    assert _trial_line(r, 1, 3) == "trial 4: A stopped early — rung at step 2/16: …; not counted"

@@ -1,0 +1,83 @@
+"""Early stopping on known costs: an Optuna pruner for nas search's multi-objective studies.
+
+A candidate's latency and memory are known before it trains (``record.write_scored``); only its
+accuracy is uncertain. So whether it can still reach the front is a one-dimensional question at
+its cost: at each rung (``nas.train.RUNGS`` of its planned steps) training reports the accuracy on
+a small held-out batch, and the trial is stopped when even an optimistic extrapolation of it,
+
+    best case = 1 - (1 - accuracy) · (step / planned steps)
+
+(the error shrinks at least in proportion to the steps still to train — far faster than any
+curve we have seen flatten, and it lets a trial at chance early on reach a high bound), stays
+``margin`` below the accuracy of a completed, feasible, fully trained trial at no more latency
+and no more memory. That trial would dominate it, so it cannot reach the front. With no such
+trial (an empty front, or a candidate cheaper than all of them) the trial is never stopped.
+
+Optuna's pruners refuse multi-objective studies (``Trial.report`` raises; optuna#3450), so the
+rung is written as the trial's intermediate value through the storage (``record.write_rung``) and
+``CostAwarePruner.prune`` is called with the stored trial, as ``Trial.should_prune`` would. A
+stopped trial is told PRUNED with ``pruned_at``/``prune_reason`` and its partial curve; it is not
+on the front, not in the hypervolume and not counted toward ``--trials``.
+"""
+
+from __future__ import annotations
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.search import record
+
+__all__ = ["MARGIN", "CostAwarePruner", "best_case", "rung"]
+
+MARGIN = 0.02  # accuracy a dominating trial must beat the best case by (the rung batch is noisy)
+
+
+def best_case(accuracy: float, step: int, planned_steps: int) -> float:
+    """The optimistic final accuracy of a trial at ``accuracy`` after ``step`` of ``planned_steps``."""
+    done = min(1.0, max(0.0, step / max(1, planned_steps)))
+    return 1.0 - (1.0 - accuracy) * done
+
+
+class CostAwarePruner(BasePruner):
+    """Stops a trial whose best-case accuracy is dominated at its known latency and memory."""
+
+    def __init__(self, margin: float = MARGIN) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {margin}")
+        self.margin = margin
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return self.reason(study, trial) is not None
+
+    def reason(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
+        """Why ``trial`` should stop at its latest rung; None when it may still reach the front."""
+        r = record.record(study, trial)
+        if not r.rungs or r.latency is None or "total_mb" not in r.memory or r.planned_steps is None:
+            return None
+        step, accuracy = r.rungs[-1]
+        latency, memory = r.latency.median_ms, float(r.memory["total_mb"])
+        bound = best_case(accuracy, step, r.planned_steps)
+        rivals = [
+            o
+            for o in record.records(study, (TrialState.COMPLETE,))
+            if o.trained and o.feasible and not o.truncated and o.number != r.number
+            if o.latency_ms <= latency and o.memory_mb <= memory
+        ]
+        if not rivals:
+            return None
+        best = max(rivals, key=lambda o: (o.accuracy, -o.latency_ms))
+        if best.accuracy < bound + self.margin:
+            return None
+        return (
+            f"rung at step {step}/{r.planned_steps}: accuracy {accuracy:.3f}, best case {bound:.3f}; trial "
+            f"{best.number} reached {best.accuracy:.3f} at {best.latency_ms:.4g} ms and {best.memory_mb:.3g} MB "
+            f"(no more latency or memory)"
+        )
+
+
+def rung(pruner: CostAwarePruner, trial: optuna.Trial, step: int, accuracy: float) -> str | None:
+    """Record the rung of ``trial`` at ``step`` and ask ``pruner``; the reason to stop, or None."""
+    record.write_rung(trial, step, accuracy)
+    frozen = trial.storage.get_trial(trial._trial_id)  # noqa: SLF001 - Trial.should_prune reads the same
+    return pruner.reason(trial.study, frozen)

@@ -14,6 +14,7 @@ of serving latencies of kernels that no longer exist.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -52,11 +53,33 @@ def cache_key(
     return "|".join((arch_hash_, str(shape), dtype, gpu, torch_version, triton_version, kernels))
 
 
+def _code_of(path: Path) -> bytes:
+    """What a file's code does, without what only reads differently: the AST (no line numbers,
+    comments or formatting) with docstrings removed, for Python that parses; the bytes otherwise."""
+    source = path.read_bytes()
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False).encode()
+
+
 def source_fingerprint(files: Iterable[Path], root: Path) -> str:
-    """12 hex digits of SHA-256 over the files' paths (relative to ``root``) and bytes, in path order."""
+    """12 hex digits of SHA-256 over the files' paths (relative to ``root``) and code
+    (``_code_of``: a reformat, a comment or a docstring does not change it), in path order."""
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + _code_of(path) + b"\0")
     return digest.hexdigest()[:12]
 
 

@@ -632,9 +632,13 @@ def calibrate(
     seed: int = 1,
     budget_s: float = 540.0,
     on_progress: Callable[[str], None] | None = None,
+    rows_out: str | os.PathLike[str] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Time, fit, check and write (see the module docstring). ``profile_name``: a shipped name or a
-    path; None detects the current GPU's. Returns the written path and the report."""
+    path; None detects the current GPU's. ``rows_out``: also write every timing row there (JSON:
+    the GPU, versions, SM count, ``kernel_rows``, ``fit_rows``, ``check_rows``), so the fit can be
+    redone or widened on any machine (``benchmarks/predictor.py --refit``). Returns the written
+    path and the report."""
     from hardware_profiles import detect_profile
 
     say = on_progress or log.info
@@ -664,7 +668,21 @@ def calibrate(
     model_rows = measure_models(fit_set, deadline=deadline)
     say("measuring the check set")
     check_rows = measure_models(check_set, deadline=deadline + 60)
+    env = environment()
+    if rows_out is not None:
+        run = f"{env['date']} {time.strftime('%H:%M:%S')}"
+        data = {
+            **env,
+            "sm_count": sm_count,
+            "seeds": {"fit": seed, "check": seed + 1000},
+            "kernel_rows": kernel_rows,
+            "fit_rows": [{**r, "run": run} for r in model_rows],
+            "check_rows": [{**r, "run": run} for r in check_rows],
+            "held_out_rows": [],
+        }
+        Path(rows_out).write_text(json.dumps(data, indent=1, default=str))
+        say(f"timing rows written to {rows_out}")
     model, report = fit(kernel_rows, model_rows, check_rows, sm_count=sm_count)
-    section = calibration_section(model, report, environment(), sm_count)
+    section = calibration_section(model, report, env, sm_count)
     path = write_calibration(profile, section, out or profile.path)
     return path, report

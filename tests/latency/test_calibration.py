@@ -259,3 +259,35 @@ def test_cli_calibrate_without_gpu_exits_2(capsys):
 def test_cli_calibrate_unknown_profile_exits_2(capsys):
     assert main(["profiles", "calibrate", "--profile", "nope"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_cli_calibrate_saves_rows_that_refit_to_the_same_model(tmp_path, monkeypatch, capsys):
+    """``nas profiles calibrate --rows`` (the GPU parts replaced by a known model) writes every
+    timing row; fitting those rows again gives the coefficients written into the profile."""
+    from nas.latency import calibrate as cal
+
+    truth, kernel_rows, fit_rows, check_rows = _synthetic(archs=8)
+    by_key = {(r["family"], tuple(sorted(r["args"].items()))): r for r in kernel_rows}
+    forwards = {(str(r["arch"]), r["shape"]): r for r in fit_rows + check_rows}
+    env = {"gpu": "NVIDIA H200", "driver": "1", "torch": "2.11", "triton": "3.6", "date": "2026-12-01"}
+    monkeypatch.setattr(cal, "require_gpu", lambda profile: SMS)
+    monkeypatch.setattr(cal, "warm", lambda *a, **k: None)
+    monkeypatch.setattr(cal, "environment", lambda: {**env, "kernels_fingerprint": "abc"})
+    monkeypatch.setattr(cal, "time_kernels", lambda cases, **k: [dict(by_key[(c.family, c.args)]) for c in cases])
+    monkeypatch.setattr(
+        cal,
+        "measure_models",
+        lambda models, **k: [dict(forwards[(str(a.to_dict()), str(s))]) for a, s in models],
+    )
+    rows_path, out = tmp_path / "rows.json", tmp_path / "h200.yaml"
+    args = ["profiles", "calibrate", "--profile", "h200", "--out", str(out), "--rows", str(rows_path)]
+    monkeypatch.setattr(cal, "random_archs", lambda seed, n: random_archs(1 if seed == 1 else 1001, 8))
+    assert main(args) == 0
+    saved = __import__("json").loads(rows_path.read_text())
+    assert saved["gpu"] == "NVIDIA H200" and saved["sm_count"] == SMS
+    assert len(saved["kernel_rows"]) == len(kernel_rows) and len(saved["fit_rows"]) == len(fit_rows)
+    assert all(r["run"] for r in saved["fit_rows"] + saved["check_rows"])
+    refitted, _ = fit(saved["kernel_rows"], saved["fit_rows"], saved["check_rows"], sm_count=SMS)
+    written = load_profile(str(out)).calibrated
+    assert written.get("kernels_fingerprint") == "abc"
+    assert written.kernel_model == refitted.to_dict()

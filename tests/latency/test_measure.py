@@ -73,8 +73,8 @@ def test_latency_read_back_from_the_cache_equals_the_one_written(tmp_path):
 
 
 def test_kernel_code_is_part_of_the_key(tmp_path):
-    """The fingerprint changes with any kernel file's bytes or name and with a new file; it is
-    stable otherwise; the real one covers kernels/ and the Triton model's forward."""
+    """The fingerprint changes with any kernel file's code or name and with a new file; it is
+    stable otherwise (a reformat, comment or docstring is not code); the real one covers kernels/ and the Triton model's forward."""
     from nas.latency._measure import kernels_fingerprint, source_fingerprint
 
     (tmp_path / "kernels" / "linear").mkdir(parents=True)
@@ -87,6 +87,11 @@ def test_kernel_code_is_part_of_the_key(tmp_path):
     assert source_fingerprint([a, b], tmp_path) != base
     a.write_text("HOPPER = (1, 2)\n")
     assert source_fingerprint([a, b], tmp_path) == base
+    a.write_text('"""Tilings."""\n\n# sm_90\nHOPPER = (\n    1,\n    2,\n)\n')  # docstring, comment, format
+    assert source_fingerprint([a, b], tmp_path) == base
+    a.write_text('HOPPER = (1, 2)\nSMALL = "not a docstring"\n')  # a string that is code
+    assert source_fingerprint([a, b], tmp_path) != base
+    a.write_text("HOPPER = (1, 2)\n")
     c = tmp_path / "kernels" / "extra.py"
     c.write_text("")
     assert source_fingerprint([a, b, c], tmp_path) != base

@@ -74,7 +74,8 @@ def test_latency_read_back_from_the_cache_equals_the_one_written(tmp_path):
 
 def test_kernel_code_is_part_of_the_key(tmp_path):
     """The fingerprint changes with any kernel file's code or name and with a new file; it is
-    stable otherwise (a reformat, comment or docstring is not code); the real one covers kernels/ and the Triton model's forward."""
+    stable otherwise (a reformat, comment or docstring is not code); the real one covers kernels/
+    and the Triton model's forward."""
     from nas.latency._measure import kernels_fingerprint, source_fingerprint
 
     (tmp_path / "kernels" / "linear").mkdir(parents=True)

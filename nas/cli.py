@@ -150,6 +150,8 @@ def _build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--profile", default=None, help="profile name or YAML path (default: the one listing this GPU)")
     cal.add_argument("--out", default=None, help="where to write the calibrated profile (default: over the profile)")
     cal.add_argument("--rows", default=None, metavar="JSON", help="also save every timing row there (to refit later)")
+    cal.add_argument("--fit-archs", type=_positive_int, default=60, help="random architectures fitted on (× 3 shapes)")
+    cal.add_argument("--check-archs", type=_positive_int, default=40, help="architectures held out as the check")
 
     r = sub.add_parser("report", help="write the study's offline HTML report (and optionally PNGs)")
     r.add_argument("--study", required=True, help="name of the study to report")
@@ -516,7 +518,14 @@ def _profiles(args: argparse.Namespace) -> None:
     elif args.action == "calibrate":
         from nas.latency.calibrate import calibrate
 
-        path, report = calibrate(args.profile, args.out, on_progress=console.print, rows_out=args.rows)
+        path, report = calibrate(
+            args.profile,
+            args.out,
+            fit_archs=args.fit_archs,
+            check_archs=args.check_archs,
+            on_progress=console.print,
+            rows_out=args.rows,
+        )
         for shape, s in report.get("check", {}).items():
             console.print(
                 f"check {shape:7s}: {s['within_10pct']:.1%} within ±10 %, Spearman {s['spearman']:.4f}, "

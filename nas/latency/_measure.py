@@ -53,9 +53,27 @@ def cache_key(
     return "|".join((arch_hash_, str(shape), dtype, gpu, torch_version, triton_version, kernels))
 
 
+def _canonical(node: object) -> str:
+    """An AST as text that does not depend on the Python version that parsed it: node names and
+    their fields, leaving out empty ones (3.12 added ``type_params=[]`` to every function, for
+    one), never line numbers."""
+    if isinstance(node, ast.AST):
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value is None or value == []:
+                continue
+            fields.append(f"{name}={_canonical(value)}")
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(_canonical(v) for v in node)}]"
+    return repr(node)
+
+
 def _code_of(path: Path) -> bytes:
-    """What a file's code does, without what only reads differently: the AST (no line numbers,
-    comments or formatting) with docstrings removed, for Python that parses; the bytes otherwise."""
+    """What a file's code does, without what only reads differently: its AST (no line numbers,
+    comments or formatting) with docstrings removed, in a form every Python 3.11+ writes alike;
+    the bytes for a file that does not parse."""
     source = path.read_bytes()
     try:
         tree = ast.parse(source)
@@ -71,7 +89,7 @@ def _code_of(path: Path) -> bytes:
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree, include_attributes=False).encode()
+    return _canonical(tree).encode()
 
 
 def source_fingerprint(files: Iterable[Path], root: Path) -> str:

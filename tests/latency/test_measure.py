@@ -172,3 +172,20 @@ def test_measure_on_gpu_follows_an_explicit_device(tmp_path):
         build(arch, seed=0), parse_shape("1x64"), device=f"cuda:{index}", cache=LatencyCache(tmp_path / "lat.json")
     )
     assert lat.source == "measured" and lat.device == torch.cuda.get_device_name(index)
+
+
+def test_fingerprint_text_is_the_same_on_every_python():
+    """The code form behind the fingerprint names no empty field (3.12 gave every function
+    ``type_params=[]``; 3.13 changed ``ast.dump``'s defaults) and no position, so a calibration
+    taken under one Python matches the kernels under another."""
+    import ast
+
+    from nas.latency._measure import _canonical
+
+    tree = ast.parse("def f(x: int) -> int:\n    return x + 1\n")
+    tree.body[0].type_params = []  # what 3.12+ parses; must not show
+    assert _canonical(tree) == (
+        "Module(body=[FunctionDef(name='f',args=arguments(args=[arg(arg='x',annotation=Name(id='int',ctx=Load()))]),"
+        "body=[Return(value=BinOp(left=Name(id='x',ctx=Load()),op=Add(),right=Constant(value=1)))],"
+        "returns=Name(id='int',ctx=Load()))])"
+    )

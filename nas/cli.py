@@ -37,6 +37,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+_EPSILON_HELP = (
+    "accuracies closer than this count as equal on the front (default: 1 / the task's test rows, its resolution)"
+)
+
+
+def _epsilon(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -123,6 +138,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="early stopping on known costs: stop a trial at a rung (1/8, 1/4, 1/2 of its steps) when even its "
         "best case is dominated at its latency and memory; fixed when the study is created (default off)",
     )
+    s.add_argument(
+        "--no-baselines",
+        dest="baselines",
+        action="store_false",
+        help="do not start a new study with its reference architectures (all-attention, all-linear, 3:1 hybrid)",
+    )
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
     s.add_argument("--trials-per-gpu", type=_positive_int, default=1, help="worker processes per GPU (default 1)")
     s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")
@@ -158,6 +179,7 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--storage", default=None, help=_STORAGE_HELP)
     r.add_argument("--out", default=None, help="HTML path (default runs/<study>-report.html)")
     r.add_argument("--png", default=None, metavar="DIR", help="also write each figure as PNG into DIR (kaleido)")
+    r.add_argument("--accuracy-epsilon", type=_epsilon, default=None, help=_EPSILON_HELP)
 
     e = sub.add_parser("export", help="export one architecture: arch.json, safetensors, ONNX, model card")
     e.add_argument("--study", required=True, help="name of the study to export from")
@@ -177,6 +199,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="pick only among front trials at or below this memory",
     )
+    e.add_argument("--accuracy-epsilon", type=_epsilon, default=None, help=_EPSILON_HELP)
     e.add_argument("--out", required=True, help="bundle directory (must be absent or empty)")
     e.add_argument("--force", action="store_true", help="replace a non-empty --out")
     e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
@@ -188,6 +211,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _search(args: argparse.Namespace) -> None:
+    from optuna.trial import TrialState
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -198,6 +222,7 @@ def _search(args: argparse.Namespace) -> None:
     )
 
     from nas.results.pareto import front
+    from nas.search import record
     from nas.search.storage import resolve_storage
     from nas.search.study import (
         SearchConfig,
@@ -229,10 +254,13 @@ def _search(args: argparse.Namespace) -> None:
         seed=args.seed,
         measure=args.measure,
         prune=args.prune,
+        baselines=args.baselines,
         device="cpu" if len(slots) > 1 and not gpus else args.device,
     )
     ctx, study = prepare(config)
-    done, fresh = n_complete(study), not study.get_trials(deepcopy=False)
+    # a study this run created holds nothing yet but the baselines it queued
+    fresh = all(t.state == TrialState.WAITING and record.baseline_of(t) for t in study.get_trials(deepcopy=False))
+    done = n_complete(study)
     console.print(
         f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
         f"task {ctx.task.description or ctx.task.name}, latency "
@@ -315,13 +343,14 @@ def _search(args: argparse.Namespace) -> None:
 
 
 def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
-    """Delete ``study`` when this run created it and no trial was recorded (a failed start leaves
-    nothing behind); returns whether it was deleted."""
+    """Delete ``study`` when this run created it and no trial started (a failed start leaves
+    nothing behind; the baselines it queued are still only waiting); returns whether it was deleted."""
     import optuna
+    from optuna.trial import TrialState
 
     from nas.search.storage import open_storage
 
-    if not fresh or study.get_trials(deepcopy=False):
+    if not fresh or any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False)):
         return False
     optuna.delete_study(study_name=study.study_name, storage=open_storage(storage))
     return True
@@ -363,8 +392,9 @@ def _trial_line(r: TrialRecord, trained: int, trials: int) -> str:
             f"trial {r.number}: {r.arch_summary} {r.skipped_training}; not trained, "
             f"not counted ({trained}/{trials} trained)"
         )
+    ref = f" baseline {r.baseline}:" if r.baseline else ""
     line = (
-        f"trial {r.number} ({trained}/{trials} trained): {r.arch_summary}, acc {r.accuracy:.3f}, "
+        f"trial {r.number} ({trained}/{trials} trained):{ref} {r.arch_summary}, acc {r.accuracy:.3f}, "
         f"latency {r.latency_ms:.4g} ms, {r.memory_mb:.3g} MB, {r.steps_text()} steps"
     )
     return line + (f" — truncated ({r.truncation_text()}), kept off the front" if r.truncated else "")
@@ -397,21 +427,29 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _print_front(study: optuna.Study) -> None:
-    from nas.results.pareto import front
+    from nas.results.pareto import completed, front
 
     trials = front(study)
+    on_front = {r.number for r in trials}
+    refs = [r for r in completed(study) if r.baseline is not None and r.number not in on_front]
     sources = sorted({r.latency_label() for r in trials})
     table = Table(
         title=f"Pareto front of {study.study_name}: {len(trials)} trials",
         caption=f"latency {'; '.join(sources)}" if sources else None,
     )
     for col in ("trial", "architecture", "params", "acc", "latency ms", "mem MB", "recipe"):
-        table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right")
-    for r in trials:
+        table.add_column(
+            col, justify="left" if col in ("architecture", "recipe") else "right", overflow="fold"
+        )  # a narrow terminal wraps a baseline's label, never cuts it
+    for r in trials + refs:  # the baselines that missed the front follow it, dimmed
         interval = f" ±{r.latency.interval * 100:.0f}%" if r.latency is not None and r.latency.interval else ""
+        if r.number in on_front:
+            label = r.arch_summary + (f" ({r.baseline})" if r.baseline else "")
+        else:
+            label = f"[dim]{r.arch_summary} ({r.baseline}, not on the front)[/]"
         table.add_row(
             str(r.number),
-            r.arch_summary,
+            label,
             f"{r.params / 1e6:.2f}M",
             f"{r.accuracy:.3f}",
             f"{r.latency_ms:.4f}{interval}",
@@ -434,14 +472,17 @@ def _studies(args: argparse.Namespace) -> None:
         summaries = [s for s in summaries if s.study_name == args.study]
         if not summaries:
             raise UsageError(f"no study named {args.study!r} in {storage}")
-    columns = ("study", "complete", "failed", "running", "total", "started")
+    columns = ("study", "complete", "pruned", "failed", "running", "total", "started")
     rows = []
     for s in summaries:
         states = [t.state for t in optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)]
         rows.append(
             (
                 s.study_name,
-                *(str(states.count(x)) for x in (TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)),
+                *(
+                    str(states.count(x))
+                    for x in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+                ),
                 str(len(states)),
                 f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-",
             )
@@ -469,10 +510,10 @@ def _report(args: argparse.Namespace) -> None:
     from nas.results.report import write_html, write_pngs
 
     study, _ = _open_existing(args)
-    out = write_html(study, args.out or f"runs/{study.study_name}-report.html")
+    out = write_html(study, args.out or f"runs/{study.study_name}-report.html", args.accuracy_epsilon)
     console.print(f"report: {out}")
     if args.png:
-        for path in write_pngs(study, args.png):
+        for path in write_pngs(study, args.png, args.accuracy_epsilon):
             console.print(f"png: {path}")
 
 
@@ -483,7 +524,12 @@ def _export(args: argparse.Namespace) -> None:
 
     study, storage = _open_existing(args)
     chosen = pick(
-        study, args.pick, trial=args.trial, max_latency_ms=args.max_latency_ms, max_memory_mb=args.max_memory_mb
+        study,
+        args.pick,
+        trial=args.trial,
+        max_latency_ms=args.max_latency_ms,
+        max_memory_mb=args.max_memory_mb,
+        epsilon=args.accuracy_epsilon,
     )
     device = str(resolve_device(args.device))
     out = export(

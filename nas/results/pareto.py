@@ -3,7 +3,10 @@
 Everything here works on ``TrialRecord`` (objectives by name). A trial is on the front when it
 is complete, feasible (its hard budgets hold and its training was not cut short by the
 wall-clock guard) and no other such trial dominates it (Optuna's ``best_trials`` over the study's
-directions, which already leave infeasible trials out).
+directions, which already leave infeasible trials out) — nor *ε-dominates* it: accuracies closer
+than the task's test-set resolution (``accuracy_epsilon``: 1 / test rows, e.g. 0.9980 and 1.0000
+on 512 test rows) count as equal, so the faster or smaller of two such trials stands for both.
+The displayed front, the knee and the exports use it; the study's hypervolume stays Optuna's.
 """
 
 from __future__ import annotations
@@ -13,10 +16,20 @@ import math
 import optuna
 from optuna.trial import TrialState
 
-from nas.search.record import TrialRecord, objectives_of, record, records
+from nas.search.record import TrialRecord, objectives_of, record, records, study_setup
 from nas.search.setup import PICKS
 
-__all__ = ["PICKS", "PickError", "completed", "front", "knee", "pick", "reference_point"]
+__all__ = [
+    "PICKS",
+    "PickError",
+    "accuracy_epsilon",
+    "completed",
+    "epsilon_dominates",
+    "front",
+    "knee",
+    "pick",
+    "reference_point",
+]
 
 
 class PickError(ValueError):
@@ -27,11 +40,35 @@ def completed(study: optuna.Study) -> list[TrialRecord]:
     return records(study, (TrialState.COMPLETE,))
 
 
-def front(study: optuna.Study) -> list[TrialRecord]:
-    """Feasible Pareto-optimal completed trials, most accurate first (then fastest)."""
+def accuracy_epsilon(study: optuna.Study, override: float | None = None) -> float:
+    """The accuracy difference the study's test set cannot resolve: ``override`` when given, else
+    1 / the test rows the study recorded (``SearchSetup.test_size``); 0 for a study that
+    recorded none (written before it was kept)."""
+    if override is not None:
+        if not 0.0 <= override < 1.0:
+            raise ValueError(f"--accuracy-epsilon must be in [0, 1), got {override}")
+        return override
+    setup = study_setup(study)
+    return 1.0 / setup.test_size if setup is not None and setup.test_size else 0.0
+
+
+def epsilon_dominates(a: TrialRecord, b: TrialRecord, epsilon: float) -> bool:
+    """``a`` is no worse than ``b`` on every objective — accuracy within ``epsilon`` counts as
+    equal — and better on one (accuracy by more than ``epsilon``)."""
+    no_worse = a.accuracy >= b.accuracy - epsilon and a.latency_ms <= b.latency_ms and a.memory_mb <= b.memory_mb
+    better = a.accuracy > b.accuracy + epsilon or a.latency_ms < b.latency_ms or a.memory_mb < b.memory_mb
+    return no_worse and better
+
+
+def front(study: optuna.Study, epsilon: float | None = None) -> list[TrialRecord]:
+    """Feasible completed trials no other one (ε-)dominates, most accurate first (then fastest).
+    ``epsilon``: see ``accuracy_epsilon`` (None: the study's own)."""
     objectives = objectives_of(study)
     best = [TrialRecord.from_trial(t, objectives) for t in study.best_trials]
-    return sorted((r for r in best if r.feasible and not r.truncated), key=lambda r: (-r.accuracy, r.latency_ms))
+    best = [r for r in best if r.feasible and not r.truncated]
+    eps = accuracy_epsilon(study, epsilon)
+    kept = [r for r in best if not any(epsilon_dominates(o, r, eps) for o in best if o is not r)]
+    return sorted(kept, key=lambda r: (-r.accuracy, r.latency_ms))
 
 
 def reference_point(trials: list[TrialRecord]) -> dict[str, float]:
@@ -69,6 +106,7 @@ def pick(
     trial: int | None = None,
     max_latency_ms: float | None = None,
     max_memory_mb: float | None = None,
+    epsilon: float | None = None,
 ) -> TrialRecord:
     """Choose a completed trial: by number, or from the feasible front within the budgets by
     ``how`` — ``knee`` (see :func:`knee`), ``accuracy`` (most accurate, then fastest) or
@@ -87,7 +125,7 @@ def pick(
         raise PickError(f"--pick {how!r} is not one of {list(PICKS)}")
     candidates = [
         r
-        for r in front(study)
+        for r in front(study, epsilon)
         if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
         and (max_memory_mb is None or r.memory_mb <= max_memory_mb)
     ]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import optuna
 import plotly.graph_objects as go
+from optuna.trial import TrialState
 
-from nas.results.pareto import completed, front, reference_point
-from nas.search.record import TrialRecord, objectives_of, study_budgets, study_setup
+from nas.results.pareto import accuracy_epsilon, completed, front, reference_point
+from nas.search.record import TrialRecord, objectives_of, records, study_budgets, study_setup
 from nas.search.setup import StudyBudgets
 
 __all__ = ["PLOT_CONFIG", "ReportError", "figures", "hover_text", "write_html", "write_pngs", "find_chrome"]
@@ -47,6 +48,7 @@ def hover_text(r: TrialRecord) -> str:
             html.escape(one_line(r)),
             f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MB",
             f"latency {r.latency_ms:.4g}{spread} ms, {html.escape(r.latency_label())}",
+            *([f"baseline: {html.escape(r.baseline)}"] if r.baseline else []),
             *([f"not trained: {html.escape(r.skipped_training)}"] if r.skipped_training else []),
             *(
                 [f"not on the front: training stopped early ({html.escape(r.truncation_text())})"]
@@ -57,10 +59,10 @@ def hover_text(r: TrialRecord) -> str:
     )
 
 
-def _split(study: optuna.Study) -> dict[str, list[TrialRecord]]:
+def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[TrialRecord]]:
     """Completed trials by how they are drawn: front, dominated, truncated (training cut short by
     the wall-clock guard) and infeasible (a hard budget broken)."""
-    best = front(study)
+    best = front(study, epsilon)
     ids = {r.number for r in best}
     done = completed(study)
     return {
@@ -91,8 +93,8 @@ def _latency_axis(study: optuna.Study) -> str:
     return f"latency ms ({'; '.join(labels)})"
 
 
-def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
-    groups = _split(study)
+def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) -> go.Figure:
+    groups = _split(study, epsilon)
     best = groups["front"]
     fig = go.Figure()
     for name, trials, style in (
@@ -125,6 +127,21 @@ def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
             hoverinfo="text",
         )
     )
+    refs = [r for r in completed(study) if r.baseline is not None and r.trained]
+    if refs:  # the reference architectures, ringed and named wherever they landed
+        fig.add_trace(
+            go.Scatter(
+                x=[r.latency_ms for r in refs],
+                y=[r.accuracy for r in refs],
+                mode="markers+text",
+                name="baselines",
+                text=[r.baseline for r in refs],
+                textposition="bottom center",
+                marker=dict(symbol="diamond-open", color="black", size=15, line=dict(width=2)),
+                hovertext=[hover_text(r) for r in refs],
+                hoverinfo="text",
+            )
+        )
     # The staircase joins the trials that stay optimal in this 2D view (each more accurate than
     # every faster one); the others are on the front only through memory.
     stairs, best_acc = [], -1.0
@@ -159,8 +176,8 @@ def _front_2d(study: optuna.Study, budgets: dict) -> go.Figure:
     return fig
 
 
-def _front_3d(study: optuna.Study) -> go.Figure:
-    groups = _split(study)
+def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure:
+    groups = _split(study, epsilon)
     fig = go.Figure()
     for name, trials, color, size in (
         ("infeasible", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
@@ -239,12 +256,25 @@ def _latency_cell(r: TrialRecord) -> str:
     return f"{r.latency_ms:.4g} ({lat.source if lat is not None else '?'})"
 
 
-def front_table_html(study: optuna.Study) -> str:
+def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
     """The front as a plain HTML table: every row shows, however many (a plotly table figure has a
-    fixed height and clipped long fronts), and it reads without scripts."""
-    best = front(study)
-    header = ("trial", "architecture", "accuracy", "latency ms", "memory MB")
-    rows = [(str(r.number), one_line(r), f"{r.accuracy:.3f}", _latency_cell(r), f"{r.memory_mb:.3g}") for r in best]
+    fixed height and clipped long fronts), and it reads without scripts. The baselines follow
+    the front rows, marked, wherever they landed."""
+    best = front(study, epsilon)
+    ids = {r.number for r in best}
+    refs = [r for r in completed(study) if r.baseline is not None and r.number not in ids]
+    header = ("trial", "architecture", "accuracy", "latency ms", "memory MB", "note")
+    rows = [
+        (
+            str(r.number),
+            one_line(r),
+            f"{r.accuracy:.3f}",
+            _latency_cell(r),
+            f"{r.memory_mb:.3g}",
+            _note(r, r.number in ids),
+        )
+        for r in best + refs
+    ]
     cell = "<td>{}</td>".format
     body = "".join("<tr>" + "".join(cell(html.escape(v)) for v in row) + "</tr>" for row in rows)
     return (
@@ -254,29 +284,46 @@ def front_table_html(study: optuna.Study) -> str:
     )
 
 
-def figures(study: optuna.Study) -> dict[str, go.Figure]:
-    """The report's figures by element id, in page order."""
+def _note(r: TrialRecord, on_front: bool) -> str:
+    """``baseline: all-attention`` (``…, not on the front``) for a reference trial, else empty."""
+    if r.baseline is None:
+        return ""
+    return f"baseline: {r.baseline}" + ("" if on_front else ", not on the front")
+
+
+def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.Figure]:
+    """The report's figures by element id, in page order (``epsilon``: ``pareto.accuracy_epsilon``)."""
     if not completed(study):
         raise ReportError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
     budgets = (study_budgets(study) or StudyBudgets()).to_dict()
     return {
-        "front2d": _front_2d(study, budgets),
-        "front3d": _front_3d(study),
+        "front2d": _front_2d(study, budgets, epsilon),
+        "front3d": _front_3d(study, epsilon),
         "hypervolume": _hypervolume(study),
         "parallel": _parallel(study),
     }
 
 
-def write_html(study: optuna.Study, out: str | Path) -> Path:
-    """One self-contained HTML file (plotly.js inline, no CDN, no cloud buttons)."""
+def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = None) -> Path:
+    """One self-contained HTML file (plotly.js inline, no CDN, no cloud buttons); ``epsilon``:
+    the accuracy resolution of the front (``pareto.accuracy_epsilon``; None: the study's)."""
     out = Path(out)
-    figs = figures(study)
+    figs = figures(study, epsilon)
     setup = study_setup(study)
     search = setup.to_dict() if setup is not None else {}
-    truncated = len(_split(study)["truncated"])
+    truncated = len(_split(study, epsilon)["truncated"])
     truncated_note = (
         f"; {truncated} trial(s) stopped early by the time budget, shown but kept off the front" if truncated else ""
     )
+    pruned = [r for r in records(study, (TrialState.PRUNED,)) if r.pruned_at is not None]
+    if pruned:
+        truncated_note += (
+            f"; {len(pruned)} trial(s) stopped early by the pruner (dominated at their cost: "
+            f"{sum(r.train_seconds or 0.0 for r in pruned):.0f} s of training)"
+        )
+    eps = accuracy_epsilon(study, epsilon)
+    if eps:
+        truncated_note += f"; accuracies within {eps:.2g} (1 / test rows) count as equal on the front"
     parts = [
         fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=name, config=PLOT_CONFIG)
         for i, (name, fig) in enumerate(figs.items())
@@ -285,7 +332,7 @@ def write_html(study: optuna.Study, out: str | Path) -> Path:
         f"<h1>{html.escape(study.study_name)}</h1><p>space <b>{html.escape(str(search.get('space', '?')))}</b>, "
         f"task <b>{html.escape(str(search.get('task', '?')))}</b>, latency at "
         f"{html.escape(str(search.get('latency_shape', '?')))} for {html.escape(str(search.get('profile', '?')))}; "
-        f"{len(completed(study))} completed trials, {len(front(study))} on the front"
+        f"{len(completed(study))} completed trials, {len(front(study, epsilon))} on the front"
         f"{truncated_note}.</p>"
     )
     page = (
@@ -294,7 +341,7 @@ def write_html(study: optuna.Study, out: str | Path) -> Path:
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
         "table{border-collapse:collapse}th,td{text-align:left;padding:3px 10px;border-bottom:1px solid #ddd}"
         "</style></head><body>"
-        f"{head}{''.join(parts)}{front_table_html(study)}</body></html>"
+        f"{head}{''.join(parts)}{front_table_html(study, epsilon)}</body></html>"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -310,7 +357,7 @@ def find_chrome() -> str | None:
     return None
 
 
-def write_pngs(study: optuna.Study, out_dir: str | Path) -> list[Path]:
+def write_pngs(study: optuna.Study, out_dir: str | Path, epsilon: float | None = None) -> list[Path]:
     """Each figure as ``<id>.png`` through kaleido and a system Chrome/Chromium."""
     chrome = find_chrome()
     if chrome is None:
@@ -325,7 +372,7 @@ def write_pngs(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, fig in figures(study).items():
+    for name, fig in figures(study, epsilon).items():
         path = out_dir / f"{name}.png"
         fig.write_image(str(path), width=1100, height=fig.layout.height or 520)
         paths.append(path)

@@ -149,10 +149,14 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     reason = None
     stop_reasons: list[str] = []
 
+    reference = record.baseline_of(trial) is not None  # a baseline is trained in full: it is the yardstick
+
     def on_rung(step: int, accuracy: float) -> bool:
         why = pruning.rung(ctx.pruner, trial, step, accuracy)
-        stop_reasons.extend([why] if why is not None else [])
-        return why is not None
+        if why is None or reference:
+            return False
+        stop_reasons.append(why)
+        return True
 
     try:
         result = train(

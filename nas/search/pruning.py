@@ -10,8 +10,14 @@ a small held-out batch, and the trial is stopped when even an optimistic extrapo
 (the error shrinks at least in proportion to the steps still to train — far faster than any
 curve we have seen flatten, and it lets a trial at chance early on reach a high bound), stays
 ``margin`` below the accuracy of a completed, feasible, fully trained trial at no more latency
-and no more memory. That trial would dominate it, so it cannot reach the front. With no such
-trial (an empty front, or a candidate cheaper than all of them) the trial is never stopped.
+and no more memory. That trial would dominate it, so it cannot reach the front. A candidate
+cheaper than every such trial is never stopped this way.
+
+While the front is still empty (the first trials, or every one so far over a hard budget or cut
+short), the fallback is successive halving among trials of similar cost (latency and memory
+within ``COST_BAND``×): at a rung, a trial goes on only if its accuracy is among the best
+``1/ETA`` of the trials — running, stopped or complete — that reported the same rung (ASHA's rule,
+Li et al. 2020, here within a cost band since cost is known), and only once ``ETA`` trials have.
 
 Optuna's pruners refuse multi-objective studies (``Trial.report`` raises; optuna#3450), so the
 rung is written as the trial's intermediate value through the storage (``record.write_rung``) and
@@ -28,9 +34,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.search import record
 
-__all__ = ["MARGIN", "CostAwarePruner", "best_case", "rung"]
+__all__ = ["COST_BAND", "ETA", "MARGIN", "CostAwarePruner", "best_case", "rung"]
 
 MARGIN = 0.02  # accuracy a dominating trial must beat the best case by (the rung batch is noisy)
+ETA = 3  # successive halving: the best 1/ETA at a rung go on
+COST_BAND = 2.0  # successive halving compares trials whose latency and memory are within this factor
 
 
 def best_case(accuracy: float, step: int, planned_steps: int) -> float:
@@ -58,12 +66,14 @@ class CostAwarePruner(BasePruner):
         step, accuracy = r.rungs[-1]
         latency, memory = r.latency.median_ms, float(r.memory["total_mb"])
         bound = best_case(accuracy, step, r.planned_steps)
-        rivals = [
+        finished = [
             o
             for o in record.records(study, (TrialState.COMPLETE,))
             if o.trained and o.feasible and not o.truncated and o.number != r.number
-            if o.latency_ms <= latency and o.memory_mb <= memory
         ]
+        if not finished:
+            return self._halving(study, r, step, accuracy)
+        rivals = [o for o in finished if o.latency_ms <= latency and o.memory_mb <= memory]
         if not rivals:
             return None
         best = max(rivals, key=lambda o: (o.accuracy, -o.latency_ms))
@@ -73,6 +83,38 @@ class CostAwarePruner(BasePruner):
             f"rung at step {step}/{r.planned_steps}: accuracy {accuracy:.3f}, best case {bound:.3f}; trial "
             f"{best.number} reached {best.accuracy:.3f} at {best.latency_ms:.4g} ms and {best.memory_mb:.3g} MB "
             f"(no more latency or memory)"
+        )
+
+    def _halving(self, study: optuna.Study, r: record.TrialRecord, step: int, accuracy: float) -> str | None:
+        """Successive halving at ``r``'s latest rung among trials of similar cost (module docstring)."""
+        fraction = step / r.planned_steps
+        latency, memory = r.latency.median_ms, float(r.memory["total_mb"])
+
+        def similar(o: record.TrialRecord) -> bool:
+            if o.latency is None or "total_mb" not in o.memory or o.planned_steps is None:
+                return False
+            other_memory = float(o.memory["total_mb"])
+            return max(o.latency.median_ms, latency) <= COST_BAND * min(o.latency.median_ms, latency) and max(
+                other_memory, memory
+            ) <= COST_BAND * min(other_memory, memory)
+
+        peers = [
+            acc
+            for o in record.records(study, (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+            if o.number != r.number and similar(o)
+            for s, acc in o.rungs
+            if abs(s / o.planned_steps - fraction) < 1e-9
+        ]
+        n = len(peers) + 1
+        if n < ETA:
+            return None
+        keep = -(-n // ETA)
+        rank = 1 + sum(acc > accuracy for acc in peers)  # ties go on
+        if rank <= keep:
+            return None
+        return (
+            f"successive halving at step {step}/{r.planned_steps} (no front yet): accuracy {accuracy:.3f} ranks "
+            f"{rank} of {n} trials of similar cost (latency and memory within {COST_BAND:g}×); the best {keep} go on"
         )
 
 

@@ -113,6 +113,7 @@ class TrialRecord:
     pruned_at: int | None = None  # early stopping: the step of the rung it was stopped at
     prune_reason: str | None = None
     rungs: tuple[tuple[int, float], ...] = ()  # (step, held-out accuracy): Optuna's intermediate values
+    baseline: str | None = None  # a reference architecture every study starts with (nas.search.baselines)
     version: int = RECORD_VERSION
 
     # ---- derived views
@@ -225,6 +226,7 @@ class TrialRecord:
             pruned_at=a.get("pruned_at"),
             prune_reason=a.get("prune_reason"),
             rungs=rungs,
+            baseline=a.get("baseline"),
             version=int(a.get("record_version", 0)),
         )
 
@@ -259,6 +261,7 @@ class TrialRecord:
             "latency_wait_seconds",
             "pruned_at",
             "prune_reason",
+            "baseline",
         ):
             d[name] = getattr(self, name)
         return {k: v for k, v in d.items() if v is not None}
@@ -388,8 +391,21 @@ def fail_stale(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
     storage.set_trial_user_attr(trial._trial_id, "failure", reason)  # noqa: SLF001
     if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):  # noqa: SLF001
         return False
-    study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number})
+    again = {"requeued_from": trial.number}
+    if "baseline" in trial.user_attrs:
+        again["baseline"] = trial.user_attrs["baseline"]
+    study.enqueue_trial(trial.params, user_attrs=again)
     return True
+
+
+def baseline_of(trial: optuna.Trial | FrozenTrial) -> str | None:
+    """The baseline label of a trial (``enqueue_baseline``), or None for a sampled one."""
+    return trial.user_attrs.get("baseline")
+
+
+def enqueue_baseline(study: optuna.Study, label: str, params: Mapping[str, Any]) -> None:
+    """Queue a reference architecture (``nas.search.baselines``) as the study's next trial, labelled."""
+    study.enqueue_trial(dict(params), user_attrs={"baseline": label})
 
 
 def was_enqueued(trial: FrozenTrial) -> bool:

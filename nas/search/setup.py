@@ -41,6 +41,7 @@ class SearchSetup:
     measure: bool = False  # latencies measured on a GPU (else predicted)
     prune: bool = False  # early stopping on known costs (nas.search.pruning); studies before it: off
     space_source: str = ""  # where the space was read from
+    test_size: int | None = None  # test rows accuracy is scored on: its resolution is 1 / test_size
     task_config: Mapping[str, Any] | None = field(default=None, compare=False)  # rebuilds the task (export)
     version: int = SETUP_VERSION
 

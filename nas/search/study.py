@@ -37,6 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hardware_profiles import HardwareProfile, load_profile
 from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import interrupt, record
+from nas.search.baselines import baselines
 from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.pruning import CostAwarePruner
 from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
@@ -107,6 +108,8 @@ class SearchConfig:
     measure: bool | None = None
     # Early stopping on known costs (nas.search.pruning): None = what the study recorded (off for a new one)
     prune: bool | None = None
+    # Queue the reference architectures (nas.search.baselines) when this run creates the study
+    baselines: bool = True
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -228,11 +231,19 @@ def study_name(config: SearchConfig, space: SearchSpace, task_spec: str) -> str:
 
 
 def open_study(
-    name: str, storage: str, *, sampler: optuna.samplers.BaseSampler | None = None, create: bool = True
+    name: str,
+    storage: str,
+    *,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    create: bool = True,
+    on_create: Callable[[optuna.Study], None] | None = None,
 ) -> optuna.Study:
     """Load study ``name``, or (with ``create``) make it with our directions and metric names.
 
-    An existing study is only read here: a refused resume must leave its storage byte-identical.
+    ``on_create`` runs once, in the one process whose ``create_study`` made the study (the
+    storage refuses a second creator, which joins instead): what a study must receive exactly
+    once, such as its baselines, goes there. An existing study is only read here: a refused
+    resume must leave its storage byte-identical.
     """
     store = open_storage(storage)
     try:
@@ -248,6 +259,8 @@ def open_study(
         with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in practice
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(METRICS))
+        if on_create is not None:
+            on_create(study)
         return study
     if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
         raise SearchError(
@@ -373,7 +386,12 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
             f"drop --{'no-' if stored.prune else ''}prune to resume it, or use another --study name"
         )
     sampler = make_sampler(config.sampler, config.seed)
-    study = open_study(name, config.storage, sampler=sampler)
+
+    def enqueue_baselines(new: optuna.Study) -> None:
+        for baseline in baselines(space) if config.baselines else ():
+            record.enqueue_baseline(new, baseline.label, baseline.params)
+
+    study = open_study(name, config.storage, sampler=sampler, on_create=enqueue_baselines)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
     setup = SearchSetup(
         space=space.name,
@@ -388,6 +406,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         prune=prune,
         space_source=space.source,
         task_config=task.config,
+        test_size=len(task.x_test),
     )
     if stored is not None:
         if (differs := stored.differs(setup)) is not None:

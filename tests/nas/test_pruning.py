@@ -169,3 +169,25 @@ def test_pruning_is_off_by_default_and_fixed_when_the_study_is_created(tmp_path)
         prepare(_config(tmp_path, trials=2, prune=True))
     ctx, _ = prepare(_config(tmp_path, trials=2))  # no flag: the study's setting
     assert ctx.pruner is None
+
+
+def test_with_no_front_successive_halving_stops_the_worst_of_similar_cost(tmp_path):
+    from nas.search.pruning import ETA
+
+    study = _study(tmp_path)  # nothing completed: no front to compare with
+    _running(study, 1.0, 1.0, {10: 0.5})
+    assert CostAwarePruner().reason(study, _running(study, 1.2, 1.5, {10: 0.2})) is None  # 2 < ETA trials
+    _running(study, 100.0, 100.0, {10: 0.9})  # far costlier: not among its peers
+    _running(study, 1.0, 1.0, {20: 0.9})  # another rung: not compared
+    _running(study, 1.1, 1.0, {10: 0.6})
+    worst = _running(study, 1.3, 1.2, {10: 0.1})
+    why = CostAwarePruner().reason(study, worst)
+    assert ETA == 3 and why is not None and "successive halving" in why and "ranks 4 of 4" in why
+    assert CostAwarePruner().reason(study, _running(study, 1.0, 1.1, {10: 0.55})) is None  # 2nd of 5: best 2 go on
+
+
+def test_successive_halving_is_only_the_fallback_of_an_empty_front(tmp_path):
+    study = _study(tmp_path, (0.99, 50.0, 50.0))  # a front, but slower and bigger: it dominates nothing here
+    for acc in (0.5, 0.6, 0.7):
+        _running(study, 1.0, 1.0, {10: acc})
+    assert CostAwarePruner().reason(study, _running(study, 1.0, 1.0, {10: 0.05})) is None

@@ -30,7 +30,11 @@ from tests.conftest import write_space
 
 
 def _config(tmp_path: Path, space: Path, **kw) -> SearchConfig:
-    base = dict(space=str(space), trials=3, storage=str(tmp_path / "s.journal"), study="t", device="cpu")
+    """A study without baselines unless asked (these tests count and place trials; the baselines
+    have their own tests)."""
+    base = dict(
+        space=str(space), trials=3, storage=str(tmp_path / "s.journal"), study="t", device="cpu", baselines=False
+    )
     return SearchConfig(**{**base, **kw})
 
 

@@ -1,0 +1,98 @@
+"""Accuracy differences below the test set's resolution do not make separate front points: the
+displayed front, the knee and the exports use ε = 1 / test rows (or the user's), the stored
+study and its hypervolume do not change."""
+
+from __future__ import annotations
+
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from nas.cli import main
+from nas.latency import Latency, parse_shape
+from nas.results.pareto import accuracy_epsilon, epsilon_dominates, front, pick
+from nas.search import record
+from nas.search.record import TrialRecord
+from nas.search.setup import SearchSetup
+from nas.search.study import open_study
+from nas.spec import ArchSpec, LayerSpec, TrainSpec
+
+ARCH = ArchSpec(16, [LayerSpec("attention", 1)], 16, 16)
+
+
+def _study(tmp_path, test_size: int | None, *trials: tuple[float, float, float]):
+    study = open_study("e", str(tmp_path / "e.journal"))
+    setup = SearchSetup("s", "", "mqar", "auto", "h200", "1x256", test_size=test_size)
+    record.write_study_setup(study, setup)
+    for acc, lat, mem in trials:
+        latency = Latency(lat, 0.0, "predicted", "h200", "bf16", parse_shape("1x256"))
+        r = TrialRecord(
+            0,
+            TrialState.COMPLETE,
+            arch=ARCH,
+            train=TrainSpec("adamw", 1e-3, 0.0, 0.0, 10, 8),
+            arch_summary=ARCH.summary(),
+            latency=latency,
+            steps_done=10,
+        )
+        study.add_trial(create_trial(values=[acc, lat, mem], user_attrs={**r.to_dict(), "memory": {"total_mb": mem}}))
+    return study
+
+
+def _rec(acc: float, lat: float, mem: float) -> TrialRecord:
+    return TrialRecord(0, TrialState.COMPLETE, values={"accuracy": acc, "latency_ms": lat, "memory_mb": mem})
+
+
+def test_epsilon_dominance():
+    eps = 1 / 512
+    assert epsilon_dominates(_rec(0.9990, 1.0, 1.0), _rec(1.0, 2.0, 1.0), eps)  # as accurate within ε, faster
+    assert not epsilon_dominates(_rec(0.99, 1.0, 1.0), _rec(1.0, 2.0, 1.0), eps)  # 0.01 is resolved
+    assert not epsilon_dominates(_rec(1.0, 1.0, 1.0), _rec(0.9995, 1.0, 1.0), eps)  # equal within ε: neither
+    assert epsilon_dominates(_rec(1.0, 1.0, 1.0), _rec(0.99, 1.0, 1.0), eps)
+
+
+def test_front_knee_and_pick_merge_accuracies_the_test_set_cannot_tell_apart(tmp_path):
+    # 0.9990 vs 1.0000 on 512 test rows: one step of 1/512 ≈ 0.00195 or less apart
+    study = _study(tmp_path, 512, (1.0, 2.0, 1.0), (0.9990, 1.0, 1.0), (0.5, 0.5, 0.5))
+    assert accuracy_epsilon(study) == pytest.approx(1 / 512)
+    assert [r.accuracy for r in front(study)] == [0.9990, 0.5]
+    assert [r.accuracy for r in front(study, 0.0)] == [1.0, 0.9990, 0.5]  # overridden: every point
+    assert pick(study, "accuracy").accuracy == 0.9990  # the most accurate the test set can resolve
+    assert pick(study, "accuracy", epsilon=0.0).accuracy == 1.0
+    assert len(study.best_trials) == 3  # the stored study (and its hypervolume) is Optuna's, unchanged
+
+
+def test_a_study_that_recorded_no_test_size_keeps_the_plain_front(tmp_path):
+    study = _study(tmp_path, None, (1.0, 2.0, 1.0), (0.9990, 1.0, 1.0))
+    assert accuracy_epsilon(study) == 0.0 and len(front(study)) == 2
+
+
+def test_report_and_export_accept_an_epsilon_and_refuse_a_bad_one(tmp_path, capsys):
+    study = _study(tmp_path, 512, (1.0, 2.0, 1.0), (0.9990, 1.0, 1.0))
+    storage = str(tmp_path / "e.journal")
+    out = tmp_path / "r.html"
+    assert main(["report", "--study", "e", "--storage", storage, "--out", str(out), "--accuracy-epsilon", "0"]) == 0
+    assert "2 on the front" in out.read_text()
+    assert main(["report", "--study", "e", "--storage", storage, "--out", str(out)]) == 0
+    assert "1 on the front" in out.read_text() and "count as equal" in out.read_text()
+    capsys.readouterr()
+    for bad in ("1.5", "-0.1", "x"):
+        assert main(["report", "--study", "e", "--storage", storage, "--accuracy-epsilon", bad]) == 2
+        assert (
+            main(
+                [
+                    "export",
+                    "--study",
+                    "e",
+                    "--storage",
+                    storage,
+                    "--out",
+                    str(tmp_path / "x"),
+                    "--accuracy-epsilon",
+                    bad,
+                ]
+            )
+            == 2
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 6 and all("accuracy-epsilon" in line for line in err)
+    assert len(study.get_trials()) == 2

@@ -431,7 +431,7 @@ def _print_front(study: optuna.Study) -> None:
 
     trials = front(study)
     on_front = {r.number for r in trials}
-    refs = [r for r in completed(study) if r.baseline is not None and r.number not in on_front]
+    refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in on_front]
     sources = sorted({r.latency_label() for r in trials})
     table = Table(
         title=f"Pareto front of {study.study_name}: {len(trials)} trials",

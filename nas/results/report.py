@@ -262,7 +262,7 @@ def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
     the front rows, marked, wherever they landed."""
     best = front(study, epsilon)
     ids = {r.number for r in best}
-    refs = [r for r in completed(study) if r.baseline is not None and r.number not in ids]
+    refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in ids]
     header = ("trial", "architecture", "accuracy", "latency ms", "memory MB", "note")
     rows = [
         (

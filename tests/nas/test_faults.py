@@ -103,6 +103,7 @@ def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
         "c",
         "--device",
         "cpu",
+        "--no-baselines",
     ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}

@@ -433,20 +433,15 @@ def _print_front(study: optuna.Study) -> None:
     on_front = {r.number for r in trials}
     refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in on_front]
     sources = sorted({r.latency_label() for r in trials})
-    table = Table(
-        title=f"Pareto front of {study.study_name}: {len(trials)} trials",
-        caption=f"latency {'; '.join(sources)}" if sources else None,
-    )
+    caption = [f"latency {'; '.join(sources)}"] if sources else []
+    if refs:
+        caption.append("below the line: baselines not on the front")
+    table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials", caption="\n".join(caption) or None)
     for col in ("trial", "architecture", "params", "acc", "latency ms", "mem MB", "recipe"):
-        table.add_column(
-            col, justify="left" if col in ("architecture", "recipe") else "right", overflow="fold"
-        )  # a narrow terminal wraps a baseline's label, never cuts it
+        table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right", overflow="fold")
     for r in trials + refs:  # the baselines that missed the front follow it, dimmed
         interval = f" ±{r.latency.interval * 100:.0f}%" if r.latency is not None and r.latency.interval else ""
-        if r.number in on_front:
-            label = r.arch_summary + (f" ({r.baseline})" if r.baseline else "")
-        else:
-            label = f"[dim]{r.arch_summary} ({r.baseline}, not on the front)[/]"
+        label = r.arch_summary + (f" ({r.baseline})" if r.baseline else "")
         table.add_row(
             str(r.number),
             label,
@@ -455,6 +450,8 @@ def _print_front(study: optuna.Study) -> None:
             f"{r.latency_ms:.4f}{interval}",
             f"{r.memory_mb:.2f}",
             r.recipe(),
+            style="dim" if r.number not in on_front else None,
+            end_section=r is trials[-1] and bool(refs),
         )
     console.print(table)
 

@@ -451,7 +451,7 @@ def _print_front(study: optuna.Study) -> None:
             f"{r.memory_mb:.2f}",
             r.recipe(),
             style="dim" if r.number not in on_front else None,
-            end_section=r is trials[-1] and bool(refs),
+            end_section=bool(trials and refs) and r is trials[-1],
         )
     console.print(table)
 

@@ -145,12 +145,12 @@ class _TrialSeeded(optuna.samplers.BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        return self._inner.sample_relative(study, trial, search_space)
+        return self._inner.sample_relative(_RungsMaximised(study), trial, search_space)
 
     def sample_independent(
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
-        return self._inner.sample_independent(study, trial, param_name, param_distribution)
+        return self._inner.sample_independent(_RungsMaximised(study), trial, param_name, param_distribution)
 
     def after_trial(
         self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
@@ -159,6 +159,24 @@ class _TrialSeeded(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self._inner.reseed_rng()
+
+
+class _RungsMaximised:
+    """The study as a sampler reads it, with ``direction`` answered: TPE ranks a trial stopped
+    early by its last intermediate value in ``study.direction``, which a multi-objective study
+    refuses (RuntimeError: the first early-stopped trial ended every TPE search with --prune).
+    Those values are our rungs, held-out accuracies, so the direction is MAXIMIZE; everything
+    else is the study's own."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    @property
+    def direction(self) -> optuna.study.StudyDirection:
+        return optuna.study.StudyDirection.MAXIMIZE
 
 
 def _seeded_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:

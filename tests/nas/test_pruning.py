@@ -191,3 +191,22 @@ def test_successive_halving_is_only_the_fallback_of_an_empty_front(tmp_path):
     for acc in (0.5, 0.6, 0.7):
         _running(study, 1.0, 1.0, {10: acc})
     assert CostAwarePruner().reason(study, _running(study, 1.0, 1.0, {10: 0.05})) is None
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "nsga2", "gp", "random"])
+def test_samplers_draw_past_a_trial_stopped_at_a_rung(tmp_path, sampler):
+    """TPE ranks early-stopped trials by their last intermediate value in ``study.direction``,
+    which a 3-objective study refuses; every sampler must keep drawing once one is PRUNED."""
+    from optuna.distributions import FloatDistribution
+
+    from nas.search.study import make_sampler
+
+    x = {"x": FloatDistribution(0.0, 1.0)}
+    study = open_study("s", str(tmp_path / "s.journal"), sampler=make_sampler(sampler, 0))
+    for i in range(12):  # past every sampler's random start-up trials
+        study.add_trial(create_trial(params={"x": i / 12}, distributions=x, values=[i / 12, 1.0, 1.0]))
+    study.add_trial(
+        create_trial(state=TrialState.PRUNED, params={"x": 0.5}, distributions=x, intermediate_values={10: 0.3})
+    )
+    trial = study.ask(x)
+    assert 0.0 <= trial.params["x"] <= 1.0

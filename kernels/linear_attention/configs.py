@@ -10,8 +10,8 @@ serial walk (the kernel's latency) by ``split``, at the price of the prefix sums
 re-reads s/split of the sequence's k and v. Longer chunks mean fewer sequential steps but
 ``chunk²·D`` intra-chunk work per ``chunk`` tokens.
 
-The decode step is one program per (batch, head) reading and writing its ``D × D`` fp32 state
-once (memory-bound: 8·D² bytes); ``block_v`` bounds the state tile held at a time.
+The decode step reads and writes each head's ``D × D`` fp32 state once (memory-bound: 8·D²
+bytes); a program owns ``block_v`` of its columns, so small batches still spread over the SMs.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class ChunkConfig:
 
 @dataclass(frozen=True)
 class StepConfig:
-    """block_v: state columns per inner step of the decode kernel; num_warps."""
+    """The decode step's launch: each program owns ``block_v`` columns of one head's ``D × D``
+    state (the grid is B·H × D/block_v), with ``num_warps`` warps."""
 
     block_v: int
     num_warps: int
@@ -125,7 +126,14 @@ DEFAULT = (ChunkConfig(64, 32, 4, 2),)
 # masked tail; 16 value channels so D = 32 splits across two programs; two segments so the second
 # starts from a prefix sum (and is empty at one chunk).
 INTERPRETER = (ChunkConfig(16, 16, 4, 1, split=2),)
-STEP = StepConfig(block_v=32, num_warps=4)
+# The decode step is memory-bound (8·D² state bytes per head) and, at small batch, latency-bound:
+# B·H programs alone leave most SMs idle (B1 H8: 8 of 132), so the state's columns are split
+# over programs until the grid has STEP_PROGRAMS_PER_SM programs per SM, the widest block first
+# (fewer, larger transfers once the GPU is full).
+STEP_BLOCK_V = (64, 32, 16)
+STEP_PROGRAMS_PER_SM = 2
+STEP = StepConfig(block_v=64, num_warps=4)  # a full grid at D = 64: whole 64-column tiles (8 warps at D = 128)
+# TRITON_INTERPRET: 16 columns, so D = 32 has two programs per head (the shared-z path)
 INTERPRETER_STEP = StepConfig(block_v=16, num_warps=4)
 
 _BY_CAPABILITY = {(9, 0): HOPPER}
@@ -140,6 +148,19 @@ def chunk_configs(device: torch.device, head_dim: int) -> tuple[ChunkConfig, ...
     return by_dim[head_dim] if by_dim is not None else DEFAULT
 
 
-def step_config(device: torch.device) -> StepConfig:
-    """The decode kernel's config (fixed: it updates the state in place, so it cannot be autotuned by rerunning)."""
-    return STEP if is_cuda(device) else INTERPRETER_STEP
+def step_config(device: torch.device, heads: int, head_dim: int, sms: int) -> StepConfig:
+    """The decode step's launch for ``heads`` = B·H heads of ``head_dim`` on ``device`` with
+    ``sms`` SMs: the widest ``STEP_BLOCK_V`` that still gives STEP_PROGRAMS_PER_SM programs per
+    SM, else the narrowest (fixed per shape: the kernel updates the state in place, so it cannot
+    be autotuned by rerunning, and a graph-captured step must launch the same way every time)."""
+    if not is_cuda(device):
+        return StepConfig(min(INTERPRETER_STEP.block_v, head_dim), INTERPRETER_STEP.num_warps)
+    widths = [b for b in STEP_BLOCK_V if b <= head_dim] or [head_dim]
+    block_v = next((b for b in widths if heads * (head_dim // b) >= STEP_PROGRAMS_PER_SM * sms), widths[-1])
+    return StepConfig(block_v, 8 if head_dim * block_v >= 8192 else 4)
+
+
+def step_configs(head_dim: int) -> tuple[StepConfig, ...]:
+    """Every launch ``step_config`` may choose on a GPU at ``head_dim`` (the GPU tests run each)."""
+    widths = [b for b in STEP_BLOCK_V if b <= head_dim] or [head_dim]
+    return tuple(StepConfig(b, 8 if head_dim * b >= 8192 else 4) for b in widths)

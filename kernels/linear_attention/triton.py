@@ -46,7 +46,7 @@ from torch import Tensor
 from kernels._autotune import autotune
 from kernels._common import check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
 from kernels.device import is_cuda
-from kernels.linear_attention.configs import ChunkConfig, chunk_configs, split_for, step_config
+from kernels.linear_attention.configs import ChunkConfig, StepConfig, chunk_configs, split_for, step_config
 from kernels.linear_attention.reference import CHUNK, EPS, FEATURE_MAPS, normalizes
 
 __all__ = ["linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config"]
@@ -230,6 +230,7 @@ def _step_kernel(
     S,
     Z,
     O,  # q, k, v [B, H, D] strided; S [B, H, D, D], Z [B, H, D] fp32 in place; o [B, H·D]
+    TICKETS,  # int32 [B·H], zero between launches: how many of a head's programs have read z
     stride_qb,
     stride_qh,
     stride_kb,
@@ -244,30 +245,53 @@ def _step_kernel(
     NORMALIZE: tl.constexpr,
     HAS_Z: tl.constexpr,
 ):
-    # Reads and writes the 4·D² state bytes once (memory-bound), plus 3·D inputs and D outputs.
+    # Program (head, j) updates and reads columns j·BLOCK_V.. of the head's state: 8·D·BLOCK_V
+    # state bytes, plus 2·D + BLOCK_V inputs and BLOCK_V outputs.
     bh = tl.program_id(0)
+    col = tl.program_id(1) * BLOCK_V
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
+    dv = col + tl.arange(0, BLOCK_V)
     qf = _feature(tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32), FEATURE) * q_scale
     kf = _feature(tl.load(K + b * stride_kb + h * stride_kh + d).to(tl.float32), FEATURE)
+    v = tl.load(V + b * stride_vb + h * stride_vh + dv).to(tl.float32)
+    s_ptrs = S + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM + d[:, None] * HEAD_DIM + dv[None, :]
+    s = tl.load(s_ptrs) + kf[:, None] * v[None, :]  # S_t = S_{t-1} + φ(k_t)v_tᵀ, this block of columns
+    tl.store(s_ptrs, s)
+    o = tl.sum(qf[:, None] * s, 0)  # φ(q_t)·S_t  [BLOCK_V]
     if HAS_Z:  # always when NORMALIZE
         z_ptrs = Z + bh.to(tl.int64) * HEAD_DIM + d
-        z = tl.load(z_ptrs) + kf
-        tl.store(z_ptrs, z)
+        z = tl.load(z_ptrs) + kf  # z_t from z_{t-1}: every program of the head needs it
+        if HEAD_DIM // BLOCK_V == 1:
+            tl.store(z_ptrs, z)
+        else:
+            # The last of the head's programs to read z_{t-1} writes z_t: each read is ordered
+            # before its acq_rel ticket, so no program can read a z already advanced. It re-arms
+            # the ticket for the next launch.
+            ticket = tl.atomic_add(TICKETS + bh, 1, sem="acq_rel")
+            if ticket == HEAD_DIM // BLOCK_V - 1:
+                tl.store(z_ptrs, z)
+                tl.atomic_xchg(TICKETS + bh, 0, sem="relaxed")
         if NORMALIZE:
-            denom = tl.sum(qf * z, 0) + _EPS
-    state = S + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM
-    for v0 in tl.static_range(0, HEAD_DIM, BLOCK_V):
-        dv = v0 + tl.arange(0, BLOCK_V)
-        v = tl.load(V + b * stride_vb + h * stride_vh + dv).to(tl.float32)
-        s_ptrs = state + d[:, None] * HEAD_DIM + dv[None, :]
-        s = tl.load(s_ptrs) + kf[:, None] * v[None, :]  # S_t = S_{t-1} + φ(k_t)v_tᵀ
-        tl.store(s_ptrs, s)
-        o = tl.sum(qf[:, None] * s, 0)  # φ(q_t)·S_t  [BLOCK_V]
-        if NORMALIZE:
-            o = o / denom
-        tl.store(O + b * H * HEAD_DIM + h * HEAD_DIM + dv, o.to(O.dtype.element_ty))
+            o = o / (tl.sum(qf * z, 0) + _EPS)
+    tl.store(O + b * H * HEAD_DIM + h * HEAD_DIM + dv, o.to(O.dtype.element_ty))
+
+
+def _step_tickets(device: torch.device, heads: int) -> Tensor:
+    """The step kernel's per-head tickets (int32 zeros, ``heads`` at least): one buffer per device,
+    kept by this function and grown when a larger batch comes; the kernel leaves it zero. It is
+    made outside any CUDA graph capture (a buffer born inside one would belong to the graph)."""
+    buffers = _step_tickets.__dict__.setdefault("buffers", {})
+    key = str(device)
+    found = buffers.get(key)
+    if found is None or found.numel() < heads:
+        if is_cuda(device) and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "linear_attention_step: run one step at this batch size before capturing it in a CUDA graph"
+            )
+        found = buffers[key] = torch.zeros(max(heads, 64), dtype=torch.int32, device=device)
+    return found
 
 
 def _feature_args(feature_map: str, head_dim: int) -> tuple[bool, float]:
@@ -404,14 +428,23 @@ def linear_attention_qkv(
 
 
 def linear_attention_step(
-    q: Tensor, k: Tensor, v: Tensor, state: Tensor, z: Tensor | None, *, feature_map: str
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    state: Tensor,
+    z: Tensor | None,
+    *,
+    feature_map: str,
+    config: StepConfig | None = None,
 ) -> Tensor:
     """One decoding step: S += φ(k)vᵀ, z += φ(k) in place, then o = φ(q)·S [/ (φ(q)·z + EPS)].
 
     q, k, v: ``[B, H, D]`` one token (any strides; ``qkv[:, t].view(B, 3, H, D).unbind(1)``
     gives them in place); state: ``[B, H, D, D]`` fp32 contiguous; z: ``[B, H, D]`` fp32
     contiguous, updated whenever given (may be None for the unnormalized identity map).
-    Returns o ``[B, H·D]`` in q's dtype.
+    config: a fixed launch instead of ``configs.step_config``'s. Returns o ``[B, H·D]`` in q's
+    dtype. One launch; the grid splits each head's state columns over programs
+    (``configs.step_config``) so that a small batch still fills the GPU.
     """
     check_heads("linear_attention_step", q, k, v, layout="BHD")
     normalize, q_scale = _feature_args(feature_map, q.shape[-1])
@@ -426,14 +459,18 @@ def linear_attention_step(
         raise ValueError(f"z must be contiguous fp32 [B, H, D] = {[B, H, D]}, got {z.dtype} {tuple(z.shape)}")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty(B, H * D, device=q.device, dtype=q.dtype)
-    cfg = step_config(q.device)
-    _step_kernel[(B * H,)](
+    sms = sm_count(q.device) if is_cuda(q.device) else 1
+    cfg = config or step_config(q.device, B * H, D, sms)
+    if D % cfg.block_v:
+        raise ValueError(f"config.block_v {cfg.block_v} must divide the head dim {D}")
+    _step_kernel[(B * H, D // cfg.block_v)](
         q,
         k,
         v,
         state,
         z if z is not None else state,
         o,
+        _step_tickets(q.device, B * H),
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -443,7 +480,7 @@ def linear_attention_step(
         H,
         q_scale,
         HEAD_DIM=D,
-        BLOCK_V=min(cfg.block_v, D),
+        BLOCK_V=cfg.block_v,
         FEATURE=feature_map,
         NORMALIZE=normalize,
         HAS_Z=z is not None,

@@ -70,15 +70,47 @@ def _canonical(node: object) -> str:
     return repr(node)
 
 
-def _code_of(path: Path) -> bytes:
+# Decode-only code beside the forward's, by file: top-level functions, classes and assignments a
+# forward never runs. A measured or calibrated forward latency does not depend on them, so they
+# are left out of its fingerprint (work on decoding must not invalidate forward calibrations).
+DECODE_ONLY: dict[str, frozenset[str]] = {
+    "kernels/linear_attention/triton.py": frozenset(
+        {"_step_kernel", "linear_attention_step", "_step_tickets", "step_config", "StepConfig"}
+    ),
+    "kernels/linear_attention/configs.py": frozenset(
+        {
+            "StepConfig",
+            "STEP",
+            "INTERPRETER_STEP",
+            "step_config",
+            "STEP_BLOCK_V",
+            "STEP_PROGRAMS_PER_SM",
+            "step_configs",
+        }
+    ),
+}
+
+
+def _decode_only(node: ast.stmt, names: frozenset[str]) -> bool:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name in names
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return bool(targets) and all(isinstance(t, ast.Name) and t.id in names for t in targets)
+
+
+def _code_of(path: Path, skip: frozenset[str] = frozenset()) -> bytes:
     """What a file's code does, without what only reads differently: its AST (no line numbers,
-    comments or formatting) with docstrings removed, in a form every Python 3.11+ writes alike;
-    the bytes for a file that does not parse."""
+    comments or formatting) with docstrings and the top-level definitions named in ``skip``
+    removed, in a form every Python 3.11+ writes alike; the bytes for a file that does not parse."""
     source = path.read_bytes()
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return source
+    tree.body = [node for node in tree.body if not _decode_only(node, skip)]
+    for node in tree.body:  # and the decode-only names a forward module imports
+        if isinstance(node, ast.ImportFrom):
+            node.names = [a for a in node.names if (a.asname or a.name) not in skip]
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (
@@ -94,10 +126,12 @@ def _code_of(path: Path) -> bytes:
 
 def source_fingerprint(files: Iterable[Path], root: Path) -> str:
     """12 hex digits of SHA-256 over the files' paths (relative to ``root``) and code
-    (``_code_of``: a reformat, a comment or a docstring does not change it), in path order."""
+    (``_code_of``: a reformat, a comment, a docstring or ``DECODE_ONLY`` code does not change
+    it), in path order."""
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + _code_of(path) + b"\0")
+        rel = path.relative_to(root).as_posix()
+        digest.update(rel.encode() + b"\0" + _code_of(path, DECODE_ONLY.get(rel, frozenset())) + b"\0")
     return digest.hexdigest()[:12]
 
 

@@ -273,3 +273,95 @@ def test_split_fills_idle_sms_only() -> None:
             assert s == 1 or programs * s <= SPLIT_PROGRAMS_PER_SM * sms
             # the kernel's balanced partition then leaves no segment without a chunk
             assert all((i + 1) * chunks // s > i * chunks // s for i in range(s))
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode step over every launch configs.step_config may choose: each head's state columns
+# split over D / block_v programs, z advanced once per step by the last of them (a ticket).
+# ---------------------------------------------------------------------------------------------
+
+STEP_CASES = [
+    pytest.param(D, c, id=f"D{D}-v{c.block_v}w{c.num_warps}")
+    for D in configs.SUPPORTED_HEAD_DIMS
+    for c in dict.fromkeys([*configs.step_configs(D), configs.step_config(CPU, 1, D, 1)])
+]
+
+
+def _steps_against_forward(
+    B: int, T: int, H: int, D: int, dtype: torch.dtype, device, feature_map: str, config
+) -> None:
+    """T steps from a zero state equal the chunked forward's outputs, state and z; the tickets
+    are zero again after every step."""
+    q, k, v = support.head_views(support.random_qkv(B, T, H, D, dtype, device), H)
+    out, state_T, z_T = la.linear_attention(q, k, v, feature_map=feature_map, return_state=True)
+    state = torch.zeros(B, H, D, D, device=device)
+    z = torch.zeros(B, H, D, device=device)
+    steps = []
+    for t in range(T):
+        o = la.linear_attention_step(
+            q[:, :, t], k[:, :, t], v[:, :, t], state, z, feature_map=feature_map, config=config
+        )
+        steps.append(o)
+    assert not la._step_tickets(torch.device(device), B * H).any()  # noqa: SLF001 - re-armed for the next launch
+    _assert_close(torch.stack(steps, dim=1), out, dtype)
+    support.assert_rel_close(state, state_T, 1e-5 if dtype == torch.float32 else 1e-3)
+    support.assert_rel_close(z, z_T, 1e-5 if dtype == torch.float32 else 1e-3)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("feature_map", FEATURES)
+@pytest.mark.parametrize("D,config", [p for p in STEP_CASES if p.values[0] <= 32])
+def test_steps_split_over_programs_equal_the_forward(D: int, config, feature_map: str) -> None:
+    """Odd batch and heads (B 3, H 5), a ragged 21 steps, every feature map, each split."""
+    _steps_against_forward(3, 21, 5, D, torch.float32, CPU, feature_map, config)
+
+
+def test_step_config_fills_the_gpu_and_divides_the_head_dim() -> None:
+    """The widest block that still gives 2 programs per SM, else the narrowest: B1 H8 D128 splits
+    each head 8 ways (64 programs), B256 H16 D64 keeps whole 64-column tiles."""
+    cuda = torch.device("cuda")
+    assert configs.step_config(cuda, 8, 128, 132).block_v == 16
+    assert configs.step_config(cuda, 256 * 16, 64, 132) == configs.StepConfig(64, 4)
+    assert configs.step_config(cuda, 64, 64, 132).block_v == 16  # 64·64/16 = 256 < 264: narrowest
+    assert configs.step_config(cuda, 66, 64, 132).block_v == 16
+    assert configs.step_config(cuda, 132, 64, 132).block_v == 32  # 132·2 = 264 programs
+    for heads in (1, 7, 64, 1000, 4096):
+        for D in configs.SUPPORTED_HEAD_DIMS:
+            c = configs.step_config(cuda, heads, D, 132)
+            assert D % c.block_v == 0 and c in configs.step_configs(D)
+            assert configs.step_config(cuda, heads, D, 132) == c  # one launch per shape (graph capture)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("feature_map", FEATURES)
+@pytest.mark.parametrize("D,config", STEP_CASES)
+def test_gpu_steps_every_config(D: int, config, feature_map: str) -> None:
+    """Each launch the step may choose, compiled and run in bf16 over 40 steps (z and S shared by
+    up to 8 programs per head: a racing z update would drift at once)."""
+    _steps_against_forward(2, 40, 8, D, torch.bfloat16, CUDA, feature_map, config)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("feature_map", ["identity", "elu+1"])
+def test_gpu_step_replayed_from_a_cuda_graph(feature_map: str) -> None:
+    """A captured step (B1 H8 D128: the 8-way split) replayed 16 times equals 16 eager steps."""
+    B, H, D = 1, 8, 128
+    q, k, v = (torch.randn(B, H, D, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
+    state, z = torch.zeros(B, H, D, D, device=CUDA), torch.zeros(B, H, D, device=CUDA)
+    state_e, z_e = state.clone(), z.clone()
+    la.linear_attention_step(q, k, v, state_e, z_e, feature_map=feature_map)  # compile, tickets made
+    state_e.zero_()
+    z_e.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = la.linear_attention_step(q, k, v, state, z, feature_map=feature_map)
+    state.zero_()
+    z.zero_()
+    for _ in range(16):
+        graph.replay()
+        expected = la.linear_attention_step(q, k, v, state_e, z_e, feature_map=feature_map)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(state, state_e, rtol=0, atol=0)
+    torch.testing.assert_close(z, z_e, rtol=0, atol=0)

@@ -189,3 +189,31 @@ def test_fingerprint_text_is_the_same_on_every_python():
         "body=[Return(value=BinOp(left=Name(id='x',ctx=Load()),op=Add(),right=Constant(value=1)))],"
         "returns=Name(id='int',ctx=Load()))])"
     )
+
+
+def test_decode_only_code_is_not_part_of_the_forward_fingerprint(tmp_path):
+    """Editing the decode step (``DECODE_ONLY``) leaves forward calibrations valid; editing the
+    forward beside it, or the same name in another file, does not."""
+    from nas.latency._measure import DECODE_ONLY, source_fingerprint
+
+    rel = "kernels/linear_attention/triton.py"
+    assert "_step_kernel" in DECODE_ONLY[rel]
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True)
+    forward = "from kernels.configs import ChunkConfig, step_config\n\ndef _forward_kernel(x):\n    return x + 1\n"
+    path.write_text(forward + "\ndef _step_kernel(x):\n    return x * 2\n")
+    base = source_fingerprint([path], tmp_path)
+    path.write_text(
+        forward + "\ndef _step_kernel(x, y):\n    return x * y\n\ndef linear_attention_step(x):\n    pass\n"
+    )
+    assert source_fingerprint([path], tmp_path) == base
+    path.write_text(forward.replace("step_config", "step_config, StepConfig") + "\ndef _step_kernel(x):\n    pass\n")
+    assert source_fingerprint([path], tmp_path) == base  # a decode-only name imported
+    path.write_text(forward.replace("x + 1", "x + 2") + "\ndef _step_kernel(x):\n    return x * 2\n")
+    assert source_fingerprint([path], tmp_path) != base
+    other = tmp_path / "kernels" / "attention" / "triton.py"
+    other.parent.mkdir(parents=True)
+    other.write_text("def _step_kernel(x):\n    return x\n")
+    before = source_fingerprint([other], tmp_path)
+    other.write_text("def _step_kernel(x):\n    return -x\n")
+    assert source_fingerprint([other], tmp_path) != before

@@ -11,7 +11,7 @@ v and an fp32 state updated in place, timed as CUDA-graph replays (``_timing.tim
 and IQR of 50 replays of 10 calls; the states rotated over copies larger than L2, as in a model
 whose other layers evict them). Achieved bandwidth counts the state read and written (8·D² bytes
 per head) plus q, k, v, z and o, and is given as a fraction of a 1 GiB device-to-device copy timed
-in the same run. Checks every timed step against the torch step first. Writes
+in the same run (fp32, graph-replayed). Checks every timed step against the torch step first. Writes
 ``decode_<gpu>.json``.
 """
 
@@ -37,10 +37,10 @@ QUICK = [(1, 8, 128), (1, 4, 32), (16, 32, 128), (16, 4, 64), (64, 16, 64), (256
 
 
 def _copy_tbps() -> float:
-    n = 2**30
-    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-    t = time_graph([lambda: dst.copy_(src)], reps=20, per_replay=2)
-    return 2 * n / (t.median_us * 1e-6) / 1e12
+    n = 2**28  # 1 GiB of fp32, read and written
+    src, dst = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
+    t = time_graph([lambda: dst.copy_(src)], reps=20, per_replay=5)
+    return 2 * 4 * n / (t.median_us * 1e-6) / 1e12
 
 
 def _inputs(B: int, H: int, D: int, copies: int):

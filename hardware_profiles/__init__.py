@@ -70,6 +70,7 @@ class Calibration:
     interval: float | None = None
     check_json: str | None = None
     kernel_model_json: str | None = None
+    decode_model_json: str | None = None  # the decode-step cost model, canonical JSON (see `decode_model`)
 
     def flops_fraction(self, dtype: str) -> float | None:
         return dict(self.flops_fractions).get(dtype)
@@ -82,6 +83,11 @@ class Calibration:
     def kernel_model(self) -> dict[str, Any] | None:
         """The fitted kernel model as a plain mapping, or None when never calibrated."""
         return None if self.kernel_model_json is None else json.loads(self.kernel_model_json)
+
+    @property
+    def decode_model(self) -> dict[str, Any] | None:
+        """The fitted decode-step model as a plain mapping, or None when never calibrated."""
+        return None if self.decode_model_json is None else json.loads(self.decode_model_json)
 
     @property
     def check(self) -> dict[str, Any]:
@@ -150,8 +156,12 @@ _CALIBRATION_KEYS = (
     "interval",
     "check",
     "kernel_model",
+    "decode_model",
 )
 _KERNEL_MODEL_KEYS = ("coefficients", "gap_us", "intercept_us", "per_ktoken_us")
+# the decode-step cost model (nas.latency._decode): µs per launch and per MiB of each byte class,
+# its interval, the decode kernels it was fitted on and where
+_DECODE_MODEL_KEYS = ("coefficients", "interval", "kernels_fingerprint", "date", "gpu", "rows", "check")
 
 
 def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> float:
@@ -218,6 +228,18 @@ def _calibration(where: str, raw: Any) -> Calibration:
         for key in ("gap_us", "intercept_us", "per_ktoken_us"):
             if key in model:
                 _positive(where, f"calibrated.kernel_model.{key}", model[key] + 1)  # >= 0
+    decode = data.get("decode_model")
+    if decode is not None:
+        decode = _mapping(where, "calibrated.decode_model", decode, _DECODE_MODEL_KEYS)
+        coef = decode.get("coefficients")
+        if not isinstance(coef, list) or not all(
+            isinstance(c, int | float) and not isinstance(c, bool) and c >= 0 for c in coef
+        ):
+            raise ProfileError(
+                f"{where}: field 'calibrated.decode_model.coefficients' must be a list of non-negative numbers, "
+                f"got {coef!r}"
+            )
+        _positive(where, "calibrated.decode_model.interval", decode.get("interval"))
     check = data.get("check")
     if check is not None and not isinstance(check, dict):
         raise ProfileError(f"{where}: field 'calibrated.check' must be a mapping, got {type(check).__name__}")
@@ -237,6 +259,7 @@ def _calibration(where: str, raw: Any) -> Calibration:
         interval=None if interval is None else _positive(where, "calibrated.interval", interval),
         check_json=None if check is None else json.dumps(check, sort_keys=True),
         kernel_model_json=None if model is None else json.dumps(model, sort_keys=True),
+        decode_model_json=None if decode is None else json.dumps(decode, sort_keys=True),
     )
 
 

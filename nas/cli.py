@@ -20,6 +20,7 @@ from nas.search import interrupt
 if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them (nas --help stays fast)
     import optuna
 
+    from nas.search.objectives import Objective
     from nas.search.record import TrialRecord
 
 __all__ = ["main"]
@@ -50,6 +51,15 @@ def _epsilon(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
     return value
+
+
+def _objectives(text: str) -> tuple[str, ...]:
+    from nas.search.objectives import parse_objectives
+
+    try:
+        return parse_objectives(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--objectives: ")) from None
 
 
 def _positive_int(text: str) -> int:
@@ -103,6 +113,26 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
     s.add_argument("--target", default="auto", help="auto (this GPU, else h200) or a hardware profile name/path")
     s.add_argument("--latency-shape", default="1x256", help="BATCHxSEQ the latency is scored at (default 1x256)")
+    s.add_argument(
+        "--objectives",
+        type=_objectives,
+        default=("accuracy", "latency", "memory"),
+        help="2-4 of accuracy, latency, memory (the forward at --latency-shape), prefill_latency, "
+        "decode_latency, cache_memory (generation at --context); fixed when the study is created "
+        "(default accuracy,latency,memory)",
+    )
+    s.add_argument(
+        "--context",
+        type=_positive_int,
+        default=None,
+        help="tokens each sequence holds for prefill_latency, decode_latency and cache_memory (e.g. 32768)",
+    )
+    s.add_argument(
+        "--decode-batch",
+        type=_positive_int,
+        default=1,
+        help="sequences prefilled and decoded together for the generation objectives (default 1)",
+    )
     s.add_argument("--max-latency-ms", type=_positive_float, default=None, help="hard latency budget")
     s.add_argument("--max-params", type=_positive_int, default=None, help="hard parameter budget")
     s.add_argument("--max-memory-mb", type=_positive_float, default=None, help="hard memory budget")
@@ -256,6 +286,9 @@ def _search(args: argparse.Namespace) -> None:
         prune=args.prune,
         baselines=args.baselines,
         device="cpu" if len(slots) > 1 and not gpus else args.device,
+        objectives=args.objectives,
+        context=args.context,
+        decode_batch=args.decode_batch,
     )
     ctx, study = prepare(config)
     # a study this run created holds nothing yet but the baselines it queued
@@ -364,7 +397,7 @@ class _TrialLines:
         self._seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
 
     def new(self, study: optuna.Study) -> list[str]:
-        from nas.search.record import records
+        from nas.search.record import records, study_objectives
         from nas.search.study import n_complete
 
         out = []
@@ -373,12 +406,16 @@ class _TrialLines:
                 continue
             self._seen.add(r.number)
             if r.state.name == "FAIL" or r.truncated or self._show_all:
-                out.append(_trial_line(r, n_complete(study), self._trials))
+                out.append(_trial_line(r, n_complete(study), self._trials, study_objectives(study)))
         return out
 
 
-def _trial_line(r: TrialRecord, trained: int, trials: int) -> str:
-    """``trial 4 (3/8 trained): L A | d=32, acc 0.912, latency 0.0213 ms, 0.41 MB, 20 steps``"""
+def _trial_line(r: TrialRecord, trained: int, trials: int, objectives: Sequence[Objective] | None = None) -> str:
+    """``trial 4 (3/8 trained): L A | d=32, acc 0.912, latency 0.0213 ms, memory 0.41 MB, 20 steps``
+    (the costs are the study's ``objectives``; None: the default ones)."""
+    from nas.search.objectives import CATALOGUE, DEFAULT_OBJECTIVES
+
+    objectives = objectives or tuple(CATALOGUE[n] for n in DEFAULT_OBJECTIVES)
     if r.state.name == "FAIL":
         return f"trial {r.number} failed: {r.failure or '?'}"
     if r.duplicate_of is not None:
@@ -395,13 +432,13 @@ def _trial_line(r: TrialRecord, trained: int, trials: int) -> str:
     ref = f" baseline {r.baseline}:" if r.baseline else ""
     line = (
         f"trial {r.number} ({trained}/{trials} trained):{ref} {r.arch_summary}, acc {r.accuracy:.3f}, "
-        f"latency {r.latency_ms:.4g} ms, {r.memory_mb:.3g} MB, {r.steps_text()} steps"
+        f"{r.costs_text(objectives)}, {r.steps_text()} steps"
     )
     return line + (f" — truncated ({r.truncation_text()}), kept off the front" if r.truncated else "")
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from nas.search.record import record
+    from nas.search.record import record, study_objectives
     from nas.search.storage import resolve_storage
     from nas.search.study import n_complete, run_search, worker_config
 
@@ -418,9 +455,8 @@ def _worker(args: argparse.Namespace) -> None:
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         r = record(study, trial)
         if r.surplus is None:
-            console.print(
-                label + _trial_line(r, n_complete(study), config.trials), markup=False, highlight=False, soft_wrap=True
-            )
+            line = _trial_line(r, n_complete(study), config.trials, study_objectives(study))
+            console.print(label + line, markup=False, highlight=False, soft_wrap=True)
 
     study = run_search(config, on_trial=on_trial)
     console.print(f"{label}study {args.study} has {n_complete(study)} trained trials", soft_wrap=True)
@@ -428,32 +464,60 @@ def _worker(args: argparse.Namespace) -> None:
 
 def _print_front(study: optuna.Study) -> None:
     from nas.results.pareto import completed, front
+    from nas.search.record import study_objectives, study_setup
 
+    objectives = study_objectives(study)
     trials = front(study)
     on_front = {r.number for r in trials}
     refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in on_front]
-    sources = sorted({r.latency_label() for r in trials})
-    caption = [f"latency {'; '.join(sources)}"] if sources else []
+    caption = []
+    for o in objectives:
+        sources = sorted({lat.label() for r in trials if (lat := r.latency_of(o.metric)) is not None})
+        if sources:
+            caption.append(f"{o.name.replace('_', ' ')} {'; '.join(sources)}")
+    setup = study_setup(study)
+    if setup is not None and setup.context:
+        caption.append(f"generation costs at context {setup.context:,} tokens, batch {setup.decode_batch}")
     if refs:
         caption.append("below the line: baselines not on the front")
     table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials", caption="\n".join(caption) or None)
-    for col in ("trial", "architecture", "params", "acc", "latency ms", "mem MB", "recipe"):
+    columns = ["trial", "architecture", "params", *(_column(o) for o in objectives), "recipe"]
+    if "accuracy" not in [o.metric for o in objectives]:
+        columns.insert(3, "acc")
+    for col in columns:
         table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right", overflow="fold")
     for r in trials + refs:  # the baselines that missed the front follow it, dimmed
-        interval = f" ±{r.latency.interval * 100:.0f}%" if r.latency is not None and r.latency.interval else ""
         label = r.arch_summary + (f" ({r.baseline})" if r.baseline else "")
+        values = [_cell(r, o) for o in objectives]
+        if "accuracy" not in [o.metric for o in objectives]:
+            values.insert(0, f"{r.accuracy:.3f}")
         table.add_row(
             str(r.number),
             label,
             f"{r.params / 1e6:.2f}M",
-            f"{r.accuracy:.3f}",
-            f"{r.latency_ms:.4f}{interval}",
-            f"{r.memory_mb:.2f}",
+            *values,
             r.recipe(),
             style="dim" if r.number not in on_front else None,
             end_section=bool(trials and refs) and r is trials[-1],
         )
     console.print(table)
+
+
+def _column(o: Objective) -> str:
+    """``acc``, ``latency ms``, ``cache memory MB``: a front table column."""
+    return "acc" if o.metric == "accuracy" else f"{o.name.replace('_', ' ')} {o.unit}".replace("memory MB", "mem MB")
+
+
+def _cell(r: TrialRecord, o: Objective) -> str:
+    """A front table cell: the value in the column's unit, with a prediction's interval."""
+    value = r.value(o.metric)
+    if value is None:
+        return "?"
+    if o.metric == "accuracy":
+        return f"{value:.3f}"
+    lat = r.latency_of(o.metric)
+    interval = f" ±{lat.interval * 100:.0f}%" if lat is not None and lat.interval else ""
+    return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval
 
 
 def _studies(args: argparse.Namespace) -> None:

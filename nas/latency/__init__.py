@@ -7,24 +7,36 @@ per-kernel cost model on a GPU.
 from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 
 from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
+from ._decode import CacheEstimate, DecodeWork, cache_memory, decode_work
 from ._launches import Launch, launches
-from ._measure import LatencyCache, cache_key, kernels_fingerprint, measure
+from ._measure import LatencyCache, cache_key, decode_fingerprint, kernels_fingerprint, measure
+from ._measure_decode import measure_decode
 from ._memory import STATE_BYTES, MemoryEstimate, memory
 from ._model import KernelModel
-from ._predict import DEFAULT_BANDWIDTH_FRACTION, DEFAULT_FLOPS_FRACTION, CalibrationWarning, predict, transfer_ratios
-from ._result import SOURCES, Latency
+from ._predict import (
+    DEFAULT_BANDWIDTH_FRACTION,
+    DEFAULT_FLOPS_FRACTION,
+    CalibrationWarning,
+    predict,
+    predict_decode,
+    transfer_ratios,
+)
+from ._result import LATENCY_KINDS, SOURCES, Latency
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
     "DEFAULT_BANDWIDTH_FRACTION",
     "DEFAULT_FLOPS_FRACTION",
     "DTYPE_BYTES",
+    "CacheEstimate",
     "CalibrationWarning",
+    "DecodeWork",
     "KernelCompileError",
     "KernelError",
     "KernelLaunchError",
     "KernelMismatchError",
     "KernelModel",
+    "LATENCY_KINDS",
     "LINEAR_ATTENTION_CHUNK",
     "Launch",
     "SOURCES",
@@ -35,14 +47,19 @@ __all__ = [
     "MemoryEstimate",
     "OpCost",
     "cache_key",
+    "cache_memory",
+    "decode_fingerprint",
+    "decode_work",
     "kernels_fingerprint",
     "count_params",
     "launches",
     "measure",
+    "measure_decode",
     "memory",
     "mlp_hidden",
     "op_costs",
     "parse_shape",
     "predict",
+    "predict_decode",
     "transfer_ratios",
 ]

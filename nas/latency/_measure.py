@@ -15,13 +15,14 @@ of serving latencies of kernels that no longer exist.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import statistics
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -34,7 +35,15 @@ from nas.latency._result import Latency
 from nas.latency._shape import LatencyShape
 from nas.spec import arch_hash
 
-__all__ = ["LatencyCache", "SPREAD_LIMIT", "cache_key", "kernels_fingerprint", "measure", "source_fingerprint"]
+__all__ = [
+    "LatencyCache",
+    "SPREAD_LIMIT",
+    "cache_key",
+    "decode_fingerprint",
+    "kernels_fingerprint",
+    "measure",
+    "source_fingerprint",
+]
 
 SPREAD_LIMIT = 0.02  # IQR / median above this → measure again once
 MISMATCH_LIMIT = 3e-2  # relative Frobenius error of bf16 kernels vs the torch model under autocast
@@ -147,6 +156,25 @@ def kernels_fingerprint() -> str:
     return source_fingerprint(files, root)
 
 
+@functools.cache
+def decode_fingerprint() -> str:
+    """The fingerprint of the code a measured decode step times: every file under ``kernels/``
+    (decode-only code included), ``nas/models/triton_model.py`` and ``nas/models/triton_decode.py``."""
+    import kernels
+    import nas.models.triton_model as triton_model
+
+    root = Path(kernels.__file__).resolve().parent.parent
+    models = Path(triton_model.__file__).resolve().parent
+    files = [*Path(kernels.__file__).resolve().parent.rglob("*.py"), *(models / n for n in _DECODE_MODEL_FILES)]
+    digest = hashlib.sha256()
+    for path in sorted((f for f in files if f.exists()), key=lambda p: p.relative_to(root).as_posix()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + _code_of(path) + b"\0")
+    return digest.hexdigest()[:12]
+
+
+_DECODE_MODEL_FILES = ("triton_model.py", "triton_decode.py")
+
+
 class LatencyCache:
     """Measured latencies in one JSON file (``$NAS_LATENCY_CACHE``, default
     ``~/.cache/hybrid-nas/latency.json``), written atomically so parallel workers never see a
@@ -202,6 +230,23 @@ def _fatal(e: BaseException) -> bool:
 def _first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0][:300] if lines else ""
+
+
+@contextlib.contextmanager
+def kernel_errors() -> Iterator[None]:
+    """Errors of building, compiling or launching a candidate's kernels as the KernelError a
+    trial fails with; a sticky CUDA error or out-of-memory propagates (this worker must stop)."""
+    try:
+        yield
+    except KernelError:
+        raise
+    except _triton_errors() as e:  # compile, ptxas, out of shared memory/registers, autotuner
+        raise KernelCompileError(f"{type(e).__name__}: {_first_line(e)}") from None
+    except (ValueError, TypeError, RuntimeError, AssertionError) as e:
+        if _fatal(e):
+            raise  # the CUDA context is gone (or memory is): this worker must stop, its trial is re-queued
+        # a kernel wrapper refusing this candidate's shapes: fail the trial, keep the search going
+        raise KernelLaunchError(f"{type(e).__name__}: {_first_line(e)}") from None
 
 
 def _time(replay, copies: int, reps: int, warmup: int = 5) -> list[float]:
@@ -272,18 +317,9 @@ def _measure(
         torch.randint(0, model.arch.vocab_size, (shape.batch, shape.seq_len), device=device, generator=gen)
         for _ in range(copies)
     ]
-    try:
+    with kernel_errors():
         tm = to_triton(model, dtype=dtype)
         got = tm(inputs[0]).float()
-    except KernelError:
-        raise
-    except _triton_errors() as e:  # compile, ptxas, out of shared memory/registers, autotuner
-        raise KernelCompileError(f"{type(e).__name__}: {_first_line(e)}") from None
-    except (ValueError, TypeError, RuntimeError, AssertionError) as e:
-        if _fatal(e):
-            raise  # the CUDA context is gone (or memory is): this worker must stop, its trial is re-queued
-        # a kernel wrapper refusing this candidate's shapes: fail the trial, keep the search going
-        raise KernelLaunchError(f"{type(e).__name__}: {_first_line(e)}") from None
     with torch.no_grad(), torch.autocast(CUDA, dtype=dtype):
         expected = model(inputs[0]).float()
     err = ((got - expected).norm() / expected.norm().clamp(min=1e-12)).item()

@@ -38,6 +38,7 @@ from hardware_profiles import HardwareProfile, list_profiles, load_profile
 from nas.spec import ArchSpec
 
 from ._costs import op_costs
+from ._decode import DECODE_FEATURES, decode_work
 from ._launches import launches
 from ._model import KernelModel
 from ._result import Latency
@@ -52,6 +53,7 @@ __all__ = [
     "UNCALIBRATED_INTERVAL",
     "CalibrationWarning",
     "predict",
+    "predict_decode",
     "transfer_ratios",
 ]
 
@@ -199,6 +201,79 @@ def predict(
     )
 
 
+@functools.cache
+def _decode_reference() -> HardwareProfile | None:
+    """The first shipped profile (by name) with a decode model: what others are transferred from."""
+    for name in list_profiles():
+        profile = load_profile(name)
+        if profile.calibrated.decode_model_json is not None:
+            return profile
+    return None
+
+
+def _decode_fingerprint_check(source: HardwareProfile, model: dict) -> tuple[float, tuple[tuple[str, str], ...]]:
+    from ._measure import decode_fingerprint
+
+    calibrated, current = model.get("kernels_fingerprint"), decode_fingerprint()
+    if calibrated is None or calibrated == current:
+        return 1.0, ()
+    _warn_fingerprint(f"{source.name} decode", calibrated, current)
+    return FINGERPRINT_WIDENING, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
+
+
+def predict_decode(
+    arch: ArchSpec,
+    batch: int,
+    context: int,
+    profile: HardwareProfile,
+    *,
+    dtype: str = "bf16",
+    reference: HardwareProfile | None | str = "auto",
+) -> Latency:
+    """Predicted latency of one decoding step (one token for each of ``batch`` sequences holding
+    ``context`` tokens) of ``arch`` on ``profile``, with an interval; ``kind`` "decode", shape
+    ``batch x context``.
+
+    The step is memory-bound (``nas.latency._decode``): calibrated, it costs the fitted µs per
+    launch plus µs per MiB of weights, KV cache and state (``calibrated.decode_model``, fitted by
+    ``nas profiles calibrate``; interval: its held-out 95th percentile); transferred from the
+    calibrated profile, launches scale by the nominal launch overheads and bytes by bandwidth
+    (interval widened as for the forward); uncalibrated, launches × the launch overhead plus all
+    bytes at the profile's bandwidth fraction (``UNCALIBRATED_INTERVAL``).
+    """
+    work = decode_work(arch, context, batch, dtype=dtype)  # validates context, batch, dtype
+    shape = LatencyShape(batch, context)
+    source = (
+        profile
+        if profile.calibrated.decode_model_json is not None
+        else (_decode_reference() if reference == "auto" else reference)
+    )
+    if isinstance(source, str):
+        raise ValueError(f"reference must be 'auto', a HardwareProfile or None, got {source!r}")
+    features = work.features()
+    if source is not None and source.calibrated.decode_model_json is not None and dtype in _MODEL_DTYPES:
+        model = source.calibrated.decode_model
+        coef = [float(c) for c in model["coefficients"]]
+        interval = float(model["interval"])
+        widen, notes = _decode_fingerprint_check(source, model)
+        if source is profile:
+            date = model.get("date")
+            basis = f"{profile.name}, calibrated {date}" if date else f"{profile.name}, calibrated"
+        else:
+            ratios = transfer_ratios(source, profile)
+            coef = [coef[0] * ratios["launch"], *(c * ratios["bytes"] for c in coef[1:])]
+            interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
+            basis = f"transferred from {source.name}"
+        breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
+        return _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")
+    fraction = profile.calibrated.bandwidth_fraction or DEFAULT_BANDWIDTH_FRACTION
+    us_per_mib = 2**20 / (profile.bandwidth_bytes_per_s * fraction) * 1e6
+    launch_us = profile.calibrated.launch_overhead_us or profile.launch_overhead_us
+    coef = [launch_us, us_per_mib, us_per_mib, us_per_mib]
+    breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
+    return _predicted(profile, dtype, shape, breakdown, UNCALIBRATED_INTERVAL, "uncalibrated", kind="decode")
+
+
 def _predicted(
     profile: HardwareProfile,
     dtype: str,
@@ -207,6 +282,8 @@ def _predicted(
     interval: float,
     basis: str,
     notes: tuple = (),
+    *,
+    kind: str = "forward",
 ) -> Latency:
     """A prediction: the breakdown's sum, with its interval and what it rests on."""
     return Latency(
@@ -220,4 +297,5 @@ def _predicted(
         notes=notes,
         interval=interval,
         basis=basis,
+        kind=kind,
     )

@@ -9,14 +9,17 @@ from hardware_profiles import DTYPES
 
 from ._shape import LatencyShape, parse_shape
 
-__all__ = ["SOURCES", "Latency"]
+__all__ = ["LATENCY_KINDS", "SOURCES", "Latency"]
 
 SOURCES = ("predicted", "measured")
+# what was timed: the forward over ``shape`` (batch x tokens), or one decoding step of ``shape.batch``
+# sequences that hold ``shape.seq_len`` tokens each (their KV cache / state at that context)
+LATENCY_KINDS = ("forward", "decode")
 
 
 @dataclass(frozen=True)
 class Latency:
-    """Forward latency of one model at one shape.
+    """Latency of one model at one shape: a forward, or one decoding step (``kind``).
 
     ``iqr_ms`` is 0 for a prediction. ``device`` is the profile name (predicted) or the GPU
     name (measured). ``breakdown`` holds ``(op name, ms)`` pairs in execution order and
@@ -43,10 +46,13 @@ class Latency:
     notes: tuple[tuple[str, str], ...] = ()  # how a measurement went, e.g. ("remeasured", "spread 3.1% > 2%")
     interval: float = 0.0  # relative half-width of a prediction's interval (0.06 = ±6 %)
     basis: str = ""  # what a prediction rests on, e.g. "h200, calibrated 2026-12-01"
+    kind: str = "forward"  # see LATENCY_KINDS
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"Latency.source {self.source!r} is not one of {list(SOURCES)}")
+        if self.kind not in LATENCY_KINDS:
+            raise ValueError(f"Latency.kind {self.kind!r} is not one of {list(LATENCY_KINDS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"Latency.dtype {self.dtype!r} is not one of {list(DTYPES)}")
         if not (self.median_ms >= 0 and self.iqr_ms >= 0):
@@ -94,6 +100,7 @@ class Latency:
             "notes": dict(self.notes),
             "interval": self.interval,
             "basis": self.basis,
+            "kind": self.kind,
         }
 
     @classmethod
@@ -111,4 +118,5 @@ class Latency:
             notes=tuple(data.get("notes", {}).items()),
             interval=float(data.get("interval", 0.0)),
             basis=str(data.get("basis", "")),
+            kind=str(data.get("kind", "forward")),
         )

@@ -24,8 +24,11 @@ import yaml
 from optuna.artifacts import download_artifact
 from safetensors.torch import load_file, save_file
 
+from nas.latency import Latency
 from nas.models import HybridModel, TritonModel, build, to_triton
-from nas.search.record import TrialRecord, study_setup
+from nas.search.objectives import BY_METRIC
+from nas.search.record import TrialRecord, study_objectives, study_setup
+from nas.search.setup import SearchSetup
 from nas.search.storage import open_artifact_store
 from nas.spec import ArchSpec, TrainSpec, arch_hash
 from nas.tasks import Task, task_from_config
@@ -155,8 +158,10 @@ def export(
             "trial": trial.number,
             "retrained_steps": retrain_steps,
             "trained": trained,
-            "metrics": {**trial.values, "accuracy": accuracy},
+            "objectives": [o.name for o in study_objectives(study)],
+            "metrics": {**_known_metrics(trial), **trial.values, "accuracy": accuracy},
             "latency": trial.latency.to_dict() if trial.latency is not None else None,
+            "generation": _generation(trial, setup),
             "latency_label": trial.latency_label(),
             "memory": dict(trial.memory),
             "params": trial.params,
@@ -192,6 +197,59 @@ def export(
     return out
 
 
+def _known_metrics(trial: TrialRecord) -> dict[str, float]:
+    """Every cost the trial recorded, by metric name, whether or not the study optimised it."""
+    found = {m: trial.value(m) for m in BY_METRIC}
+    return {m: v for m, v in found.items() if v is not None}
+
+
+def _generation(trial: TrialRecord, setup: SearchSetup | None) -> dict[str, Any] | None:
+    """The generation costs at the study's context (None for a study without one)."""
+    if setup is None or not setup.context:
+        return None
+    return {
+        "context": setup.context,
+        "decode_batch": setup.decode_batch,
+        "prefill_latency": trial.prefill_latency.to_dict() if trial.prefill_latency is not None else None,
+        "decode_latency": trial.decode_latency.to_dict() if trial.decode_latency is not None else None,
+        "cache": trial.memory.get("cache"),
+    }
+
+
+def _latency_row(name: str, lat: dict[str, Any], what: str) -> str:
+    """A card table row for a latency: median, interval or IQR, measured or predicted, and where."""
+    if lat.get("interval"):
+        low, high = lat["median_ms"] * (1 - lat["interval"]), lat["median_ms"] * (1 + lat["interval"])
+        spread = f" (interval {low:.4g}–{high:.4g} ms)"
+    elif lat.get("iqr_ms"):
+        spread = f" ± {lat['iqr_ms']:.4g} (IQR)"
+    else:
+        spread = ""
+    latency = Latency.from_dict(lat)
+    label = f"measured on {latency.device}" if latency.source == "measured" else latency.label()
+    return f"| {name} | {lat['median_ms']:.4g} ms{spread}, **{label}** ({lat.get('dtype', '?')}, {what}) |\n"
+
+
+def _generation_rows(r: dict[str, Any]) -> str:
+    """Card rows for decoding at the study's context: per-token latency, prefill, cache bytes."""
+    g = r.get("generation")
+    if not g:
+        return ""
+    at = f"{g['context']:,} tokens × {g['decode_batch']}"
+    rows = ""
+    if g.get("decode_latency"):
+        rows += _latency_row("decode latency (per token)", g["decode_latency"], f"one step at context {at}")
+    if g.get("prefill_latency"):
+        rows += _latency_row("prefill latency", g["prefill_latency"], f"forward over {at}")
+    if c := g.get("cache"):
+        rows += (
+            f"| cache memory | {c['total_mb']:.4g} MB at context {at}: KV cache {c['kv_cache_bytes']:,} B + "
+            f"recurrent state {c['state_bytes']:,} B + conv windows {c['conv_bytes']:,} B + weights "
+            f"{c['weight_bytes']:,} B |\n"
+        )
+    return rows
+
+
 def _card(r: dict[str, Any]) -> str:
     arch, lat, m = ArchSpec.from_dict(r["arch"]), r["latency"] or {}, r["metrics"]
     train = TrainSpec.from_dict(r["train"])
@@ -222,7 +280,9 @@ def _card(r: dict[str, Any]) -> str:
 | accuracy{retrained} | {m["accuracy"]:.4f} |
 | latency | {m["latency_ms"]:.4g} ms{spread}, **{label}** ({lat.get("dtype", "?")}, shape {lat.get("shape", "?")}) |
 | memory | {m["memory_mb"]:.4g} MB (weights + peak activations + KV cache / state) |
-| parameters | {r["params"]:,} |
+{_generation_rows(r)}| parameters | {r["params"]:,} |
+
+Searched for: {", ".join(r.get("objectives") or ["accuracy", "latency", "memory"])}.
 
 Architecture: width {arch.d_model}, {blocks} — {", ".join(_layer_text(la) for la in arch.layers)};
 vocab {arch.vocab_size}, {arch.n_out} outputs, readout `{arch.readout}`. `arch_hash` {r["arch_hash"]}.

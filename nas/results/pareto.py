@@ -12,12 +12,16 @@ The displayed front, the knee and the exports use it; the study's hypervolume st
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import optuna
 from optuna.trial import TrialState
 
-from nas.search.record import TrialRecord, objectives_of, record, records, study_setup
+from nas.search.objectives import CATALOGUE, DEFAULT_OBJECTIVES, Objective
+from nas.search.record import TrialRecord, record, records, study_objectives, study_setup
 from nas.search.setup import PICKS
+
+_DEFAULT = tuple(CATALOGUE[n] for n in DEFAULT_OBJECTIVES)
 
 __all__ = [
     "PICKS",
@@ -28,6 +32,7 @@ __all__ = [
     "front",
     "knee",
     "pick",
+    "primary_cost",
     "reference_point",
 ]
 
@@ -52,48 +57,72 @@ def accuracy_epsilon(study: optuna.Study, override: float | None = None) -> floa
     return 1.0 / setup.test_size if setup is not None and setup.test_size else 0.0
 
 
-def epsilon_dominates(a: TrialRecord, b: TrialRecord, epsilon: float) -> bool:
+def epsilon_dominates(
+    a: TrialRecord, b: TrialRecord, epsilon: float, objectives: Sequence[Objective] = _DEFAULT
+) -> bool:
     """``a`` is no worse than ``b`` on every objective — accuracy within ``epsilon`` counts as
     equal — and better on one (accuracy by more than ``epsilon``)."""
-    no_worse = a.accuracy >= b.accuracy - epsilon and a.latency_ms <= b.latency_ms and a.memory_mb <= b.memory_mb
-    better = a.accuracy > b.accuracy + epsilon or a.latency_ms < b.latency_ms or a.memory_mb < b.memory_mb
+    no_worse, better = True, False
+    for o in objectives:
+        x, y = a.value(o.metric), b.value(o.metric)
+        if x is None or y is None:
+            return False
+        if not o.maximize:
+            x, y = -x, -y  # larger is better from here on
+        slack = epsilon if o.metric == "accuracy" else 0.0
+        no_worse = no_worse and x >= y - slack
+        better = better or x > y + slack
     return no_worse and better
 
 
 def front(study: optuna.Study, epsilon: float | None = None) -> list[TrialRecord]:
-    """Feasible completed trials no other one (ε-)dominates, most accurate first (then fastest).
-    ``epsilon``: see ``accuracy_epsilon`` (None: the study's own)."""
-    objectives = objectives_of(study)
-    best = [TrialRecord.from_trial(t, objectives) for t in study.best_trials]
+    """Feasible completed trials no other one (ε-)dominates, most accurate first (then by the
+    first cost objective). ``epsilon``: see ``accuracy_epsilon`` (None: the study's own)."""
+    objectives = study_objectives(study)
+    best = [TrialRecord.from_trial(t, [o.metric for o in objectives]) for t in study.best_trials]
     best = [r for r in best if r.feasible and not r.truncated]
     eps = accuracy_epsilon(study, epsilon)
-    kept = [r for r in best if not any(epsilon_dominates(o, r, eps) for o in best if o is not r)]
-    return sorted(kept, key=lambda r: (-r.accuracy, r.latency_ms))
+    kept = [r for r in best if not any(epsilon_dominates(o, r, eps, objectives) for o in best if o is not r)]
+    cost = primary_cost(objectives)
+    return sorted(kept, key=lambda r: (-r.accuracy, r.value(cost.metric) or 0.0))
 
 
-def reference_point(trials: list[TrialRecord]) -> dict[str, float]:
-    """A hypervolume reference point worse than every trial: accuracy 0, 1.1 × the worst latency
-    and memory (by objective name)."""
-    worst_latency = max((r.latency_ms for r in trials), default=1.0)
-    worst_memory = max((r.memory_mb for r in trials), default=1.0)
-    return {"accuracy": 0.0, "latency_ms": 1.1 * worst_latency, "memory_mb": 1.1 * worst_memory}
+def primary_cost(objectives: Sequence[Objective]) -> Objective:
+    """The cost a front is drawn and a knee found against: the first time objective, else the
+    first objective other than accuracy."""
+    costs = [o for o in objectives if o.metric != "accuracy"]
+    return next((o for o in costs if o.time), costs[0])
 
 
-def knee(trials: list[TrialRecord]) -> TrialRecord:
-    """The trial closest to the utopia point in normalised (accuracy, latency) space.
+def reference_point(trials: list[TrialRecord], objectives: Sequence[Objective] = _DEFAULT) -> dict[str, float]:
+    """A hypervolume reference point worse than every trial (by metric name): 0 for accuracy,
+    1.1 × the worst value of each cost."""
+    point = {}
+    for o in objectives:
+        if o.maximize:
+            point[o.metric] = 0.0
+        else:
+            point[o.metric] = 1.1 * max((r.value(o.metric) or 0.0 for r in trials), default=1.0)
+    return point
 
-    Accuracy and latency are min-max scaled over ``trials`` to [0, 1]; utopia is (best accuracy,
-    lowest latency); ties go to the more accurate trial. With one trial, that trial.
+
+def knee(trials: list[TrialRecord], cost: Objective | None = None) -> TrialRecord:
+    """The trial closest to the utopia point in normalised (accuracy, ``cost``) space (``cost``:
+    the forward latency unless given; ``primary_cost`` of a study's objectives).
+
+    Both are min-max scaled over ``trials`` to [0, 1]; utopia is (best accuracy, lowest cost);
+    ties go to the more accurate trial. With one trial, that trial.
     """
+    metric = cost.metric if cost is not None else "latency_ms"
     acc = [r.accuracy for r in trials]
-    lat = [r.latency_ms for r in trials]
+    lat = [r.value(metric) or 0.0 for r in trials]
 
     def scaled(v: float, lo: float, hi: float) -> float:
         return 0.0 if hi == lo else (v - lo) / (hi - lo)
 
     def distance(r: TrialRecord) -> tuple[float, float]:
         a = 1.0 - scaled(r.accuracy, min(acc), max(acc))  # 0 at the best accuracy
-        la = scaled(r.latency_ms, min(lat), max(lat))  # 0 at the lowest latency
+        la = scaled(r.value(metric) or 0.0, min(lat), max(lat))  # 0 at the lowest cost
         return math.hypot(a, la), -r.accuracy
 
     return min(trials, key=distance)
@@ -109,8 +138,10 @@ def pick(
     epsilon: float | None = None,
 ) -> TrialRecord:
     """Choose a completed trial: by number, or from the feasible front within the budgets by
-    ``how`` — ``knee`` (see :func:`knee`), ``accuracy`` (most accurate, then fastest) or
-    ``latency`` (fastest, then most accurate)."""
+    ``how`` — ``knee`` (see :func:`knee`), ``accuracy`` (most accurate, then cheapest) or
+    ``latency`` (fastest, then most accurate); cost and speed are the study's ``primary_cost``
+    (its first latency objective: the forward's by default, or e.g. decode latency). The budgets
+    apply to the forward's latency and memory, which every trial records."""
     done = completed(study)
     if not done:
         raise PickError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
@@ -136,8 +167,9 @@ def pick(
             f"{max_memory_mb} MB); the fastest completed trial takes {fastest.latency_ms:.4g} ms "
             f"and {fastest.memory_mb:.4g} MB"
         )
+    cost = primary_cost(study_objectives(study))
     if how == "accuracy":
-        return max(candidates, key=lambda r: (r.accuracy, -r.latency_ms))
+        return max(candidates, key=lambda r: (r.accuracy, -(r.value(cost.metric) or 0.0)))
     if how == "latency":
-        return min(candidates, key=lambda r: (r.latency_ms, -r.accuracy))
-    return knee(candidates)
+        return min(candidates, key=lambda r: (r.value(cost.metric) or 0.0, -r.accuracy))
+    return knee(candidates, cost)

@@ -16,8 +16,9 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
-from nas.results.pareto import accuracy_epsilon, completed, front, reference_point
-from nas.search.record import TrialRecord, objectives_of, records, study_budgets, study_setup
+from nas.results.pareto import accuracy_epsilon, completed, front, primary_cost, reference_point
+from nas.search.objectives import Objective
+from nas.search.record import TrialRecord, records, study_budgets, study_objectives, study_setup
 from nas.search.setup import StudyBudgets
 
 __all__ = ["PLOT_CONFIG", "ReportError", "figures", "hover_text", "write_html", "write_pngs", "find_chrome"]
@@ -35,19 +36,33 @@ def one_line(r: TrialRecord) -> str:
     return f"{r.arch_summary} | {r.params / 1e6:.2f}M params | {r.recipe()}"
 
 
-def hover_text(r: TrialRecord) -> str:
-    lat = r.latency
+def _spread(lat) -> str:
+    """`` (IQR 0.002)`` for a measurement, `` [0.9, 1.1]`` for a prediction's interval."""
     if lat is not None and lat.source == "measured" and lat.iqr_ms:
-        spread = f" (IQR {lat.iqr_ms:.3g})"
-    elif lat is not None and lat.interval:
-        spread = f" [{lat.low_ms:.4g}, {lat.high_ms:.4g}]"
-    else:
-        spread = ""
+        return f" (IQR {lat.iqr_ms:.3g})"
+    if lat is not None and lat.interval:
+        return f" [{lat.low_ms:.4g}, {lat.high_ms:.4g}]"
+    return ""
+
+
+def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
+    """The trial, its accuracy, memory, forward latency and any other objective of the study
+    (a latency with its spread and how it was obtained)."""
+    extra = []
+    for o in objectives:
+        lat = r.latency_of(o.metric)
+        if o.metric in ("accuracy", "latency_ms", "memory_mb") or (value := r.value(o.metric)) is None:
+            continue
+        if lat is not None:
+            extra.append(f"{o.name.replace('_', ' ')} {value:.4g}{_spread(lat)} ms, {html.escape(lat.label())}")
+        else:
+            extra.append(f"{o.name.replace('_', ' ')} {html.escape(o.format(value))}")
     return "<br>".join(
         [
             html.escape(one_line(r)),
             f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MB",
-            f"latency {r.latency_ms:.4g}{spread} ms, {html.escape(r.latency_label())}",
+            f"latency {r.latency_ms:.4g}{_spread(r.latency)} ms, {html.escape(r.latency_label())}",
+            *extra,
             *([f"baseline: {html.escape(r.baseline)}"] if r.baseline else []),
             *([f"not trained: {html.escape(r.skipped_training)}"] if r.skipped_training else []),
             *(
@@ -73,11 +88,14 @@ def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[
     }
 
 
-def _latency_error(trials: list[TrialRecord]) -> dict:
-    """Error bars: a prediction's interval, a measurement's IQR (half each side)."""
+def _error(trials: list[TrialRecord], metric: str) -> dict | None:
+    """Error bars of a latency objective: a prediction's interval, a measurement's IQR (half each
+    side); None for an objective that is not a latency."""
+    if not any(r.latency_of(metric) is not None for r in trials):
+        return None
 
     def bounds(r: TrialRecord) -> tuple[float, float]:
-        lat = r.latency
+        lat = r.latency_of(metric)
         if lat is None:
             return 0.0, 0.0
         if lat.interval:
@@ -88,12 +106,23 @@ def _latency_error(trials: list[TrialRecord]) -> dict:
     return dict(type="data", array=list(plus), arrayminus=list(minus), visible=True, thickness=1, width=2)
 
 
-def _latency_axis(study: optuna.Study) -> str:
-    labels = sorted({r.latency_label() for r in completed(study)})
-    return f"latency ms ({'; '.join(labels)})"
+def _axis(study: optuna.Study, o: Objective) -> str:
+    """``latency (ms) (measured (NVIDIA H200))``: the objective and how its values were obtained."""
+    labels = sorted({lat.label() for r in completed(study) if (lat := r.latency_of(o.metric)) is not None})
+    setup = study_setup(study)
+    at = f" at {setup.context:,} tokens × {setup.decode_batch}" if o.context and setup and setup.context else ""
+    return f"{o.label}{at}" + (f" ({'; '.join(labels)})" if labels else "")
+
+
+def _cost(r: TrialRecord, o: Objective) -> float:
+    value = r.value(o.metric)
+    return math.nan if value is None else value
 
 
 def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) -> go.Figure:
+    objectives = study_objectives(study)
+    cost = primary_cost(objectives)
+    hover = lambda trials: [hover_text(r, objectives) for r in trials]  # noqa: E731
     groups = _split(study, epsilon)
     best = groups["front"]
     fig = go.Figure()
@@ -106,24 +135,24 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
             continue  # drawn only when some training was cut short
         fig.add_trace(
             go.Scatter(
-                x=[r.latency_ms for r in trials],
+                x=[_cost(r, cost) for r in trials],
                 y=[r.accuracy for r in trials],
                 mode="markers",
                 name=name,
                 marker=style,
-                hovertext=[hover_text(r) for r in trials],
+                hovertext=hover(trials),
                 hoverinfo="text",
             )
         )
     fig.add_trace(
         go.Scatter(
-            x=[r.latency_ms for r in best],
+            x=[_cost(r, cost) for r in best],
             y=[r.accuracy for r in best],
             mode="markers",
-            name="Pareto front (accuracy, latency, memory)",
-            error_x=_latency_error(best),
+            name=f"Pareto front ({', '.join(o.name.replace('_', ' ') for o in objectives)})",
+            error_x=_error(best, cost.metric),
             marker=dict(color=_FRONT, size=10, line=dict(color="white", width=1)),
-            hovertext=[hover_text(r) for r in best],
+            hovertext=hover(best),
             hoverinfo="text",
         )
     )
@@ -131,35 +160,35 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
     if refs:  # the reference architectures, ringed and named wherever they landed
         fig.add_trace(
             go.Scatter(
-                x=[r.latency_ms for r in refs],
+                x=[_cost(r, cost) for r in refs],
                 y=[r.accuracy for r in refs],
                 mode="markers+text",
                 name="baselines",
                 text=[r.baseline for r in refs],
                 textposition="bottom center",
                 marker=dict(symbol="diamond-open", color="black", size=15, line=dict(width=2)),
-                hovertext=[hover_text(r) for r in refs],
+                hovertext=hover(refs),
                 hoverinfo="text",
             )
         )
     # The staircase joins the trials that stay optimal in this 2D view (each more accurate than
-    # every faster one); the others are on the front only through memory.
+    # every cheaper one); the others are on the front only through another objective.
     stairs, best_acc = [], -1.0
-    for r in sorted(best, key=lambda r: (r.latency_ms, -r.accuracy)):
+    for r in sorted(best, key=lambda r: (_cost(r, cost), -r.accuracy)):
         if r.accuracy > best_acc:
             stairs.append(r)
             best_acc = r.accuracy
     fig.add_trace(
         go.Scatter(
-            x=[r.latency_ms for r in stairs],
+            x=[_cost(r, cost) for r in stairs],
             y=[r.accuracy for r in stairs],
             mode="lines",
-            name="accuracy–latency front",
+            name=f"accuracy–{cost.name.replace('_', ' ')} front",
             line=dict(color=_FRONT, shape="hv", width=1.5),
             hoverinfo="skip",
         )
     )
-    if budgets.get("max_latency_ms"):
+    if budgets.get("max_latency_ms") and cost.metric == "latency_ms":
         fig.add_vline(
             x=budgets["max_latency_ms"],
             line_dash="dash",
@@ -167,8 +196,8 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
             annotation_text=f"max latency {budgets['max_latency_ms']:g} ms",
         )
     fig.update_layout(
-        title="Accuracy vs latency",
-        xaxis_title=_latency_axis(study),
+        title=f"Accuracy vs {cost.name.replace('_', ' ')}",
+        xaxis_title=_axis(study, cost),
         yaxis_title="accuracy",
         template="plotly_white",
         height=520,
@@ -176,7 +205,13 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
     return fig
 
 
-def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure:
+def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | None:
+    """Accuracy over the study's first two costs; None when it has only one."""
+    objectives = study_objectives(study)
+    costs = [o for o in objectives if o.metric != "accuracy"]
+    if len(costs) < 2:
+        return None
+    x, y = costs[0], costs[1]
     groups = _split(study, epsilon)
     fig = go.Figure()
     for name, trials, color, size in (
@@ -186,32 +221,34 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure:
     ):
         fig.add_trace(
             go.Scatter3d(
-                x=[r.latency_ms for r in trials],
-                y=[r.memory_mb for r in trials],
+                x=[_cost(r, x) for r in trials],
+                y=[_cost(r, y) for r in trials],
                 z=[r.accuracy for r in trials],
                 mode="markers",
                 name=name,
                 marker=dict(color=color, size=size),
-                hovertext=[hover_text(r) for r in trials],
+                hovertext=[hover_text(r, objectives) for r in trials],
                 hoverinfo="text",
             )
         )
     fig.update_layout(
-        title="Accuracy × latency × memory",
+        title=f"Accuracy × {x.name.replace('_', ' ')} × {y.name.replace('_', ' ')}",
         template="plotly_white",
         height=600,
-        scene=dict(xaxis_title="latency ms", yaxis_title="memory MB", zaxis_title="accuracy"),
+        scene=dict(xaxis_title=x.label, yaxis_title=y.label, zaxis_title="accuracy"),
     )
     return fig
 
 
 def _hypervolume(study: optuna.Study) -> go.Figure:
-    reference = reference_point(completed(study))
+    objectives = study_objectives(study)
+    reference = reference_point(completed(study), objectives)
     with warnings.catch_warnings():  # experimental since Optuna 3.3
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # feasible trials only (Optuna's rule): truncated and over-budget trials add nothing
-        fig = optuna.visualization.plot_hypervolume_history(study, [reference[n] for n in objectives_of(study)])
-    fig.update_layout(title="Hypervolume history (accuracy ↑, latency ↓, memory ↓)", template="plotly_white")
+        fig = optuna.visualization.plot_hypervolume_history(study, [reference[o.metric] for o in objectives])
+    arrows = ", ".join(f"{o.name.replace('_', ' ')} {'↑' if o.maximize else '↓'}" for o in objectives)
+    fig.update_layout(title=f"Hypervolume history ({arrows})", template="plotly_white")
     return fig
 
 
@@ -231,7 +268,7 @@ def _parallel(study: optuna.Study) -> go.Figure:
         dim("log10 params", [math.log10(max(1, r.params)) for r in trials]),
         dim("log10 lr", [math.log10(r.train.lr) for r in trials]),
         dim("steps", [r.train.steps for r in trials]),
-        dim("latency ms", [r.latency_ms for r in trials]),
+        *(dim(o.label, [_cost(r, o) for r in trials]) for o in study_objectives(study) if o.metric != "accuracy"),
         dim("accuracy", [r.accuracy for r in trials]),
     ]
     fig = go.Figure(
@@ -249,37 +286,39 @@ def _parallel(study: optuna.Study) -> go.Figure:
     return fig
 
 
-def _latency_cell(r: TrialRecord) -> str:
-    lat = r.latency
-    if lat is not None and lat.interval:
-        return f"{r.latency_ms:.4g} ±{lat.interval * 100:.0f}% ({lat.source})"
-    return f"{r.latency_ms:.4g} ({lat.source if lat is not None else '?'})"
+def _cell(r: TrialRecord, o: Objective) -> str:
+    """A front-table cell: the value, a prediction's interval and whether it was measured."""
+    value = r.value(o.metric)
+    if value is None:
+        return "?"
+    if o.metric == "accuracy":
+        return f"{value:.3f}"
+    lat = r.latency_of(o.metric)
+    if lat is None:
+        return f"{value:.4g}"
+    interval = f" ±{lat.interval * 100:.0f}%" if lat.interval else ""
+    return f"{value:.4g}{interval} ({lat.source})"
 
 
 def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
     """The front as a plain HTML table: every row shows, however many (a plotly table figure has a
     fixed height and clipped long fronts), and it reads without scripts. The baselines follow
-    the front rows, marked, wherever they landed."""
+    the front rows, marked, wherever they landed. Columns: the study's objectives."""
+    objectives = study_objectives(study)
+    if "accuracy" not in [o.metric for o in objectives]:
+        objectives = (Objective("accuracy", "accuracy", "maximize", "accuracy"), *objectives)
     best = front(study, epsilon)
     ids = {r.number for r in best}
     refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in ids]
-    header = ("trial", "architecture", "accuracy", "latency ms", "memory MB", "note")
+    header = ("trial", "architecture", *(o.label for o in objectives), "note")
     rows = [
-        (
-            str(r.number),
-            one_line(r),
-            f"{r.accuracy:.3f}",
-            _latency_cell(r),
-            f"{r.memory_mb:.3g}",
-            _note(r, r.number in ids),
-        )
-        for r in best + refs
+        (str(r.number), one_line(r), *(_cell(r, o) for o in objectives), _note(r, r.number in ids)) for r in best + refs
     ]
     cell = "<td>{}</td>".format
     body = "".join("<tr>" + "".join(cell(html.escape(v)) for v in row) + "</tr>" for row in rows)
     return (
         f"<h2>Pareto front: {len(best)} trials</h2>"
-        f"<table id='front-table'><thead><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr></thead>"
+        f"<table id='front-table'><thead><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in header)}</tr></thead>"
         f"<tbody>{body}</tbody></table>"
     )
 
@@ -296,12 +335,13 @@ def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.F
     if not completed(study):
         raise ReportError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
     budgets = (study_budgets(study) or StudyBudgets()).to_dict()
-    return {
+    figs = {
         "front2d": _front_2d(study, budgets, epsilon),
         "front3d": _front_3d(study, epsilon),
         "hypervolume": _hypervolume(study),
         "parallel": _parallel(study),
     }
+    return {name: fig for name, fig in figs.items() if fig is not None}
 
 
 def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = None) -> Path:
@@ -331,7 +371,8 @@ def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = Non
     head = (
         f"<h1>{html.escape(study.study_name)}</h1><p>space <b>{html.escape(str(search.get('space', '?')))}</b>, "
         f"task <b>{html.escape(str(search.get('task', '?')))}</b>, latency at "
-        f"{html.escape(str(search.get('latency_shape', '?')))} for {html.escape(str(search.get('profile', '?')))}; "
+        f"{html.escape(str(search.get('latency_shape', '?')))} for {html.escape(str(search.get('profile', '?')))}"
+        f"{_generation(setup)}; "
         f"{len(completed(study))} completed trials, {len(front(study, epsilon))} on the front"
         f"{truncated_note}.</p>"
     )
@@ -346,6 +387,13 @@ def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = Non
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     return out
+
+
+def _generation(setup) -> str:
+    """``, generation costs at 32,768 tokens × 1 sequence`` for a study with a context."""
+    if setup is None or not setup.context:
+        return ""
+    return html.escape(f", generation costs at {setup.context:,} tokens × {setup.decode_batch} sequence(s)")
 
 
 def find_chrome() -> str | None:

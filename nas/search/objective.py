@@ -21,7 +21,18 @@ from safetensors.torch import save_file
 
 from hardware_profiles import HardwareProfile
 from kernels.device import is_cuda
-from nas.latency import KernelError, Latency, LatencyShape, MemoryEstimate, count_params, measure, memory, predict
+from nas.latency import (
+    KernelError,
+    Latency,
+    LatencyShape,
+    cache_memory,
+    count_params,
+    measure,
+    measure_decode,
+    memory,
+    predict,
+    predict_decode,
+)
 from nas.models import build
 from nas.search import faults, gpu_share, pruning, record
 from nas.space import SearchSpace
@@ -56,8 +67,22 @@ class TrialContext:
     budgets: Budgets
     artifacts: FileSystemArtifactStore
     measure: bool = False  # time the TritonModel on this GPU instead of predicting
-    objectives: tuple[str, ...] = tuple(record.OBJECTIVES)  # the study's objective names, in value order
+    objectives: tuple[str, ...] = tuple(record.OBJECTIVES)  # the study's objective metric names, in value order
     pruner: pruning.CostAwarePruner | None = None  # early stopping at rungs (None: train every trial to the end)
+    context: int | None = None  # tokens per sequence for the generation costs (--context)
+    decode_batch: int = 1  # sequences decoded together (--decode-batch)
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """What a candidate costs before training: the forward's latency and memory at the latency
+    shape, and, with a context, the generation costs the objectives ask for."""
+
+    latency: Latency
+    memory: dict
+    total_mb: float
+    prefill: Latency | None = None
+    decode: Latency | None = None
 
 
 def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
@@ -72,16 +97,36 @@ def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> 
     return out
 
 
-def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> tuple[Latency, float]:
-    """Latency of ``arch``: measured on this GPU (its kernels checked against the torch model
-    first), or predicted from the profile; and the seconds spent waiting for the GPU first.
-    Latency does not depend on the weights, so the candidate is timed before training, on a
-    freshly initialised model."""
+def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> tuple[_Costs, float]:
+    """Costs of ``arch``: latencies measured on this GPU (its kernels checked against the torch
+    model first), or predicted from the profile, and memory; and the seconds spent waiting for
+    the GPU first. Latency does not depend on the weights, so the candidate is timed before
+    training, on a freshly initialised model."""
     faults.check_scoring(fault)
+    wanted = set(ctx.objectives)
+    context_shape = LatencyShape(ctx.decode_batch, ctx.context) if ctx.context else None
+    prefill = decode = None
+    waited = 0.0
     if ctx.measure:
         with gpu_share.current().exclusive() as waited:  # workers sharing this GPU pause their training
-            return measure(build(arch, seed=0), ctx.shape, device=ctx.device), waited
-    return predict(arch, ctx.shape, ctx.profile), 0.0
+            model = build(arch, seed=0)
+            lat = measure(model, ctx.shape, device=ctx.device)
+            if context_shape is not None and "prefill_latency_ms" in wanted:
+                prefill = measure(model, context_shape, device=ctx.device)
+            if context_shape is not None and "decode_latency_ms" in wanted:
+                decode = measure_decode(model, ctx.decode_batch, ctx.context, device=ctx.device)
+    else:
+        lat = predict(arch, ctx.shape, ctx.profile)
+        if context_shape is not None and "prefill_latency_ms" in wanted:
+            prefill = predict(arch, context_shape, ctx.profile)
+        if context_shape is not None and "decode_latency_ms" in wanted:
+            decode = predict_decode(arch, ctx.decode_batch, ctx.context, ctx.profile)
+    mem = memory(arch, ctx.shape)
+    mem_dict = mem.to_dict()
+    if ctx.context:
+        cache = cache_memory(arch, ctx.context, ctx.decode_batch)
+        mem_dict |= {"cache_memory_mb": cache.total_mb, "cache": cache.to_dict()}
+    return _Costs(lat, mem_dict, mem.total_mb, prefill, decode), waited
 
 
 def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[float] | None]:
@@ -103,22 +148,24 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     params = count_params(arch)
     scoring_start = time.perf_counter()
     try:
-        lat, waited = _score_latency(ctx, arch, fault)
+        costs, waited = _score_latency(ctx, arch, fault)
     except KernelError as e:
         record.write_failure(trial, f"{type(e).__name__}: {e}")
         return TrialState.FAIL, None
-    mem = memory(arch, ctx.shape)
+    lat = costs.latency
     record.write_scored(
         trial,
         arch,
         cand.train,
         params,
         lat,
-        mem.to_dict(),
+        costs.memory,
         latency_seconds=time.perf_counter() - scoring_start - waited,
         wait_seconds=waited,
+        prefill=costs.prefill,
+        decode=costs.decode,
     )
-    cons = _constraints(ctx.budgets, lat, mem.total_mb, params)
+    cons = _constraints(ctx.budgets, lat, costs.total_mb, params)
     for key, value in cons.items():
         trial.set_constraint(key, value)
     broken = [k for k, v in cons.items() if v > 0]
@@ -127,7 +174,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         logger.info(
             "trial %d: %s breaks the hard budget on %s; not trained", trial.number, arch.summary(), ", ".join(broken)
         )
-        return TrialState.COMPLETE, _values(ctx, 0.0, lat, mem)
+        return TrialState.COMPLETE, _values(ctx, 0.0, costs)
     logger.info(
         "trial %d: training %s (%s params, %s lr=%.2g, %d steps of batch %d) on %s",
         trial.number,
@@ -195,6 +242,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         stopped=result.stopped,
         test_loss=result.test_loss,
         weights_artifact=_upload_weights(ctx, trial, model),
+        accuracy=result.accuracy,
     )
     logger.info(
         "trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MB",
@@ -205,16 +253,21 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         result.stopped,
         lat.median_ms,
         lat.source,
-        mem.total_mb,
+        costs.total_mb,
     )
-    return TrialState.COMPLETE, _values(ctx, result.accuracy, lat, mem)
+    return TrialState.COMPLETE, _values(ctx, result.accuracy, costs)
 
 
-def _values(ctx: TrialContext, accuracy: float, lat: Latency, mem: MemoryEstimate) -> list[float]:
-    """The objectives by name, in the study's order."""
-    return record.values_in_order(
-        ctx.objectives, {"accuracy": accuracy, "latency_ms": lat.median_ms, "memory_mb": mem.total_mb}
-    )
+def _values(ctx: TrialContext, accuracy: float, costs: _Costs) -> list[float]:
+    """The objectives by metric name, in the study's order."""
+    known = {"accuracy": accuracy, "latency_ms": costs.latency.median_ms, "memory_mb": costs.total_mb}
+    if costs.prefill is not None:
+        known["prefill_latency_ms"] = costs.prefill.median_ms
+    if costs.decode is not None:
+        known["decode_latency_ms"] = costs.decode.median_ms
+    if "cache_memory_mb" in costs.memory:
+        known["cache_memory_mb"] = costs.memory["cache_memory_mb"]
+    return record.values_in_order(ctx.objectives, known)
 
 
 def _repeat_of(trial: optuna.Trial) -> int | None:

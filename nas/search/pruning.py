@@ -1,7 +1,8 @@
 """Early stopping on known costs: an Optuna pruner for nas search's multi-objective studies.
 
-A candidate's latency and memory are known before it trains (``record.write_scored``); only its
-accuracy is uncertain. So whether it can still reach the front is a one-dimensional question at
+A candidate's costs — the study's objectives other than accuracy: latency and memory by default,
+decode latency or cache memory when the study asks for them — are known before it trains
+(``record.write_scored``); only its accuracy is uncertain. So whether it can still reach the front is a one-dimensional question at
 its cost: at each rung (``nas.train.RUNGS`` of its planned steps) training reports the accuracy on
 a small held-out batch, and the trial is stopped when even an optimistic extrapolation of it,
 
@@ -9,13 +10,13 @@ a small held-out batch, and the trial is stopped when even an optimistic extrapo
 
 (the error may still shrink with the square of the steps left: MQAR-like tasks learn in a late
 jump, so a trial near chance at 1/8 of its steps can end at 0.99), stays ``margin`` below the
-accuracy of a completed, feasible, fully trained trial at no more latency and no more memory.
+accuracy of a completed, feasible, fully trained trial at no more of any cost.
 That trial would dominate it, so it cannot reach the front. A candidate cheaper than every such
 trial is never stopped this way.
 
 While the front is still empty (the first trials, or every one so far over a hard budget or cut
 short), the fallback is successive halving among trials of similar cost (latency and memory
-within ``COST_BAND``×): at a rung, a trial goes on only if its accuracy is among the best
+each within ``COST_BAND``×): at a rung, a trial goes on only if its accuracy is among the best
 ``1/ETA`` of the trials — running, stopped or complete — that reported the same rung (ASHA's rule,
 Li et al. 2020, here within a cost band since cost is known), and only once ``ETA`` trials have.
 
@@ -66,10 +67,11 @@ class CostAwarePruner(BasePruner):
     def reason(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
         """Why ``trial`` should stop at its latest rung; None when it may still reach the front."""
         r = record.record(study, trial)
-        if not r.rungs or r.latency is None or "total_mb" not in r.memory or r.planned_steps is None:
+        costs = [o for o in record.study_objectives(study) if o.metric != "accuracy"]
+        mine = [r.value(o.metric) for o in costs]
+        if not r.rungs or r.planned_steps is None or any(v is None for v in mine):
             return None
         step, accuracy = r.rungs[-1]
-        latency, memory = r.latency.median_ms, float(r.memory["total_mb"])
         bound = best_case(accuracy, step, r.planned_steps)
         finished = [
             o
@@ -77,31 +79,36 @@ class CostAwarePruner(BasePruner):
             if o.trained and o.feasible and not o.truncated and o.number != r.number
         ]
         if not finished:
-            return self._halving(study, r, step, accuracy)
-        rivals = [o for o in finished if o.latency_ms <= latency and o.memory_mb <= memory]
+            return self._halving(study, r, step, accuracy, costs)
+
+        def no_more(o: record.TrialRecord) -> bool:
+            theirs = [o.value(c.metric) for c in costs]
+            return all(t is not None and t <= m for t, m in zip(theirs, mine, strict=True))
+
+        rivals = [o for o in finished if no_more(o)]
         if not rivals:
             return None
-        best = max(rivals, key=lambda o: (o.accuracy, -o.latency_ms))
+        best = max(rivals, key=lambda o: (o.accuracy, *(-(o.value(c.metric) or 0.0) for c in costs)))
         if best.accuracy < bound + self.margin:
             return None
+        names = " or ".join(c.name.replace("_", " ") for c in costs)
         return (
             f"rung at step {step}/{r.planned_steps}: accuracy {accuracy:.3f}, best case {bound:.3f}; trial "
-            f"{best.number} reached {best.accuracy:.3f} at {best.latency_ms:.4g} ms and {best.memory_mb:.3g} MB "
-            f"(no more latency or memory)"
+            f"{best.number} reached {best.accuracy:.3f} at {best.costs_text(costs)} (no more {names})"
         )
 
-    def _halving(self, study: optuna.Study, r: record.TrialRecord, step: int, accuracy: float) -> str | None:
+    def _halving(
+        self, study: optuna.Study, r: record.TrialRecord, step: int, accuracy: float, costs: list
+    ) -> str | None:
         """Successive halving at ``r``'s latest rung among trials of similar cost (module docstring)."""
         fraction = step / r.planned_steps
-        latency, memory = r.latency.median_ms, float(r.memory["total_mb"])
+        mine = [r.value(c.metric) for c in costs]
 
         def similar(o: record.TrialRecord) -> bool:
-            if o.latency is None or "total_mb" not in o.memory or o.planned_steps is None:
+            theirs = [o.value(c.metric) for c in costs]
+            if o.planned_steps is None or any(t is None or t <= 0 for t in theirs):
                 return False
-            other_memory = float(o.memory["total_mb"])
-            return max(o.latency.median_ms, latency) <= COST_BAND * min(o.latency.median_ms, latency) and max(
-                other_memory, memory
-            ) <= COST_BAND * min(other_memory, memory)
+            return all(max(t, m) <= COST_BAND * min(t, m) for t, m in zip(theirs, mine, strict=True))
 
         peers = [
             acc
@@ -117,9 +124,10 @@ class CostAwarePruner(BasePruner):
         rank = 1 + sum(acc > accuracy for acc in peers)  # ties go on
         if rank <= keep:
             return None
+        names = " and ".join(c.name.replace("_", " ") for c in costs)
         return (
             f"successive halving at step {step}/{r.planned_steps} (no front yet): accuracy {accuracy:.3f} ranks "
-            f"{rank} of {n} trials of similar cost (latency and memory within {COST_BAND:g}×); the best {keep} go on"
+            f"{rank} of {n} trials of similar cost ({names} within {COST_BAND:g}×); the best {keep} go on"
         )
 
 

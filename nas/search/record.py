@@ -31,6 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.latency import Latency
+from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, Objective, metrics, objectives_for
 from nas.search.setup import SearchSetup, StudyBudgets
 from nas.spec import ArchSpec, TrainSpec
 
@@ -42,6 +43,7 @@ __all__ = [
     "TrialRecord",
     "fail_stale",
     "objectives_of",
+    "study_objectives",
     "record",
     "records",
     "study_budgets",
@@ -61,9 +63,9 @@ __all__ = [
     "write_trained",
 ]
 
-RECORD_VERSION = 1
-# objective name -> direction, in the order a study created by nas search stores its values
-OBJECTIVES: dict[str, str] = {"accuracy": "maximize", "latency_ms": "minimize", "memory_mb": "minimize"}
+RECORD_VERSION = 2  # 2: the trained accuracy, and the generation costs, as attributes
+# the default objectives' metric name -> direction, in the order a study of nas search stores its values
+OBJECTIVES: dict[str, str] = {BY_METRIC[m].metric: BY_METRIC[m].direction for m in metrics(DEFAULT_OBJECTIVES)}
 DIRECTIONS = tuple(OBJECTIVES.values())
 TRUNCATED = "truncated"  # constraint name: fraction of planned steps not trained (> 0: off the front)
 
@@ -71,6 +73,11 @@ TRUNCATED = "truncated"  # constraint name: fraction of planned steps not traine
 def objectives_of(study: optuna.Study) -> tuple[str, ...]:
     """The study's objective names in value order (studies of nas search set them as metric names)."""
     return tuple(study.metric_names or OBJECTIVES)
+
+
+def study_objectives(study: optuna.Study) -> tuple[Objective, ...]:
+    """The study's objectives (``nas.search.objectives``) in value order."""
+    return objectives_for(objectives_of(study))
 
 
 def values_in_order(objectives: Sequence[str], values: Mapping[str, float]) -> list[float]:
@@ -114,20 +121,65 @@ class TrialRecord:
     prune_reason: str | None = None
     rungs: tuple[tuple[int, float], ...] = ()  # (step, held-out accuracy): Optuna's intermediate values
     baseline: str | None = None  # a reference architecture every study starts with (nas.search.baselines)
+    trained_accuracy: float | None = None  # kept whether or not accuracy is an objective
+    prefill_latency: Latency | None = None  # the forward at decode batch x context (prefill_latency)
+    decode_latency: Latency | None = None  # one generated token at the context (decode_latency)
     version: int = RECORD_VERSION
 
     # ---- derived views
+    def value(self, metric: str) -> float | None:
+        """An objective's value by metric name (``nas.search.objectives``): the stored value when it
+        is one of the study's objectives, else the cost the trial recorded anyway; None if unknown."""
+        if metric in self.values:
+            return self.values[metric]
+        lat = self.latency_of(metric)
+        if lat is not None:
+            return lat.median_ms
+        if metric == "accuracy":
+            return self.trained_accuracy
+        if metric in ("memory_mb", "cache_memory_mb"):
+            found = self.memory.get("total_mb" if metric == "memory_mb" else "cache_memory_mb")
+            return None if found is None else float(found)
+        return None
+
+    def latency_of(self, metric: str) -> Latency | None:
+        """The Latency behind a time objective (its source, interval, device), else None."""
+        return {
+            "latency_ms": self.latency,
+            "prefill_latency_ms": self.prefill_latency,
+            "decode_latency_ms": self.decode_latency,
+        }.get(metric)
+
+    def objective_text(self, objective: Objective, *, interval: bool = True) -> str:
+        """``0.912``, ``0.0213 ms ±9%``, ``276 MB``: the value of ``objective`` with its unit (and a
+        prediction's interval); ``?`` when the trial has none."""
+        value = self.value(objective.metric)
+        if value is None:
+            return "?"
+        lat = self.latency_of(objective.metric)
+        spread = f" ±{lat.interval * 100:.0f}%" if interval and lat is not None and lat.interval else ""
+        return objective.format(value) + spread
+
+    def costs_text(self, objectives: Sequence[Objective]) -> str:
+        """``latency 0.0213 ms, memory 0.41 MB``: the study's objectives other than accuracy."""
+        return ", ".join(
+            f"{o.name.replace('_', ' ')} {self.objective_text(o, interval=False)}"
+            for o in objectives
+            if o.metric != "accuracy"
+        )
+
     @property
     def accuracy(self) -> float:
-        return self.values["accuracy"]
+        found = self.value("accuracy")
+        return 0.0 if found is None else found
 
     @property
     def latency_ms(self) -> float:
-        return self.values["latency_ms"]
+        return self.value("latency_ms") or 0.0
 
     @property
     def memory_mb(self) -> float:
-        return self.values["memory_mb"]
+        return self.value("memory_mb") or 0.0
 
     @property
     def complete(self) -> bool:
@@ -197,6 +249,7 @@ class TrialRecord:
         """Inverse of ``to_dict``, with the trial's number, state, values, feasibility and rungs beside it."""
         a = attrs
         latency = a.get("latency")
+        prefill, decode = a.get("prefill_latency"), a.get("decode_latency")
         return cls(
             number=number,
             state=state,
@@ -227,6 +280,9 @@ class TrialRecord:
             prune_reason=a.get("prune_reason"),
             rungs=rungs,
             baseline=a.get("baseline"),
+            trained_accuracy=a.get("accuracy"),
+            prefill_latency=Latency.from_dict(prefill) if prefill else None,
+            decode_latency=Latency.from_dict(decode) if decode else None,
             version=int(a.get("record_version", 0)),
         )
 
@@ -241,6 +297,8 @@ class TrialRecord:
             "latency": self.latency.to_dict() if self.latency is not None else None,
             "latency_source": self.latency.source if self.latency is not None else None,  # for optuna-dashboard
             "latency_device": self.latency.device if self.latency is not None else None,
+            "prefill_latency": self.prefill_latency.to_dict() if self.prefill_latency is not None else None,
+            "decode_latency": self.decode_latency.to_dict() if self.decode_latency is not None else None,
             "memory": dict(self.memory) or None,
             "curve": [list(p) for p in self.curve] or None,
         }
@@ -264,6 +322,7 @@ class TrialRecord:
             "baseline",
         ):
             d[name] = getattr(self, name)
+        d["accuracy"] = self.trained_accuracy
         return {k: v for k, v in d.items() if v is not None}
 
 
@@ -298,10 +357,13 @@ def write_scored(
     *,
     latency_seconds: float,
     wait_seconds: float,
+    prefill: Latency | None = None,
+    decode: Latency | None = None,
 ) -> None:
     """The candidate and its known costs (before training). ``latency_seconds``: time spent scoring
     latency (build, compile/autotune, capture, timing; ~0 when predicted); ``wait_seconds``: time
-    waited before it for this GPU's other workers to pause."""
+    waited before it for this GPU's other workers to pause; ``prefill`` and ``decode``: the
+    generation latencies at the study's context, when its objectives ask for them."""
     record = TrialRecord(
         trial.number,
         TrialState.RUNNING,
@@ -313,6 +375,8 @@ def write_scored(
         memory=memory,
         latency_seconds=round(latency_seconds, 3),
         latency_wait_seconds=round(wait_seconds, 3),
+        prefill_latency=prefill,
+        decode_latency=decode,
     )
     for key, value in record.to_dict().items():
         if key != "record_version":
@@ -329,6 +393,7 @@ def write_trained(
     stopped: str,
     test_loss: float,
     weights_artifact: str,
+    accuracy: float,
 ) -> None:
     """The training's outcome. A training the wall-clock guard stopped early is marked infeasible
     by the ``truncated`` constraint (the fraction of planned steps it did not train), so it is
@@ -340,6 +405,7 @@ def write_trained(
         "stopped": stopped,
         "test_loss": test_loss,
         "weights_artifact": weights_artifact,
+        "accuracy": accuracy,
     }.items():
         trial.set_user_attr(key, value)
     trial.set_constraint(TRUNCATED, max(0, planned_steps - steps) / max(1, planned_steps))

@@ -14,11 +14,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from nas.search.objectives import DEFAULT_OBJECTIVES
+
 __all__ = ["PICKS", "SAMPLERS", "SETUP_VERSION", "SearchSetup", "StudyBudgets"]
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random")  # --sampler
 PICKS = ("knee", "accuracy", "latency")  # nas export --pick
-SETUP_VERSION = 1
+SETUP_VERSION = 2  # 2: objectives, context, decode_batch
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,12 +45,21 @@ class SearchSetup:
     space_source: str = ""  # where the space was read from
     test_size: int | None = None  # test rows accuracy is scored on: its resolution is 1 / test_size
     task_config: Mapping[str, Any] | None = field(default=None, compare=False)  # rebuilds the task (export)
+    # what the study optimises (nas.search.objectives names, in value order); studies before it: the default
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    context: int | None = None  # tokens a sequence holds for the generation objectives (--context)
+    decode_batch: int = 1  # sequences decoded together (--decode-batch)
     version: int = SETUP_VERSION
 
-    IDENTITY = ("space", "task", "target", "latency_shape")
+    IDENTITY = ("space", "task", "target", "latency_shape", "objectives", "context", "decode_batch")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objectives", tuple(self.objectives))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["objectives"] = list(self.objectives)
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SearchSetup:

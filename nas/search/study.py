@@ -1,6 +1,7 @@
 """Optuna glue: open or resume a study, and evaluate candidates until N trials have been trained.
 
-Objectives: maximize accuracy, minimize latency_ms, minimize memory_mb. Hard budgets become
+Objectives: by default maximize accuracy, minimize latency_ms, minimize memory_mb; a study may
+choose 2-4 of ``nas.search.objectives`` instead (fixed when it is created). Hard budgets become
 Optuna constraints (feasible when ≤ 0); latency is scored before training so a candidate that
 breaks a budget is recorded without being trained (``nas.search.objective``) and does not count toward
 the trial budget. Several workers may share a study: the trial budget is counted in storage. A
@@ -39,6 +40,7 @@ from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import interrupt, record
 from nas.search.baselines import baselines
 from nas.search.objective import Budgets, TrialContext, evaluate
+from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, needs_context, parse_objectives
 from nas.search.pruning import CostAwarePruner
 from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
@@ -110,6 +112,11 @@ class SearchConfig:
     prune: bool | None = None
     # Queue the reference architectures (nas.search.baselines) when this run creates the study
     baselines: bool = True
+    # What the study optimises (nas.search.objectives names); the generation objectives are
+    # measured for decode_batch sequences at context tokens each
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    context: int | None = None
+    decode_batch: int = 1
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -255,8 +262,10 @@ def open_study(
     sampler: optuna.samplers.BaseSampler | None = None,
     create: bool = True,
     on_create: Callable[[optuna.Study], None] | None = None,
+    objectives: Sequence[str] = DEFAULT_OBJECTIVES,
 ) -> optuna.Study:
-    """Load study ``name``, or (with ``create``) make it with our directions and metric names.
+    """Load study ``name``, or (with ``create``) make it with the directions and metric names of
+    ``objectives`` (``nas.search.objectives`` names).
 
     ``on_create`` runs once, in the one process whose ``create_study`` made the study (the
     storage refuses a second creator, which joins instead): what a study must receive exactly
@@ -270,20 +279,27 @@ def open_study(
         if not create:
             known = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
             raise SearchError(f"no study named {name!r} in {storage}; studies there: {known}") from None
+        names = metrics(objectives)
+        directions = [BY_METRIC[m].direction for m in names]
         try:
-            study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=list(DIRECTIONS))
+            study = optuna.create_study(study_name=name, storage=store, sampler=sampler, directions=directions)
         except optuna.exceptions.DuplicatedStudyError:  # another process started it a moment ago: join it
             return open_study(name, storage, sampler=sampler, create=False)
         with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in practice
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(list(METRICS))
+            study.set_metric_names(list(names))
         if on_create is not None:
             on_create(study)
         return study
-    if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
+    found = [d.name.lower() for d in study.directions]
+    names = study.metric_names or list(METRICS)  # studies of early releases did not name their metrics
+    ours = len(names) == len(found) and all(
+        m in BY_METRIC and BY_METRIC[m].direction == d for m, d in zip(names, found, strict=True)
+    )
+    if not ours:
         raise SearchError(
-            f"study {name!r} in {storage} was not created by nas search (its directions are "
-            f"{[d.name.lower() for d in study.directions]})"
+            f"study {name!r} in {storage} was not created by nas search (its objectives are "
+            f"{list(study.metric_names or [])} with directions {found})"
         )
     return study
 
@@ -373,9 +389,15 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         shape = parse_shape(config.latency_shape)
     except ValueError as e:
         raise SearchError(f"--latency-shape: {e}") from None
+    objectives = _check_objectives(config)
     space = _load_space(config)
     task_spec = config.task or space.task
     task = load_task(task_spec, seed=config.seed)
+    if task.readout != "token" and {"decode_latency", "prefill_latency", "cache_memory"} & set(objectives):
+        raise SearchError(
+            f"--objectives {','.join(objectives)}: task {task.name} scores one label per sequence (readout "
+            f"{task.readout!r}); its models do not generate tokens, so they have no decoding costs"
+        )
     _note_batch_clipping(space, task)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
@@ -409,7 +431,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         for baseline in baselines(space) if config.baselines else ():
             record.enqueue_baseline(new, baseline.label, baseline.params)
 
-    study = open_study(name, config.storage, sampler=sampler, on_create=enqueue_baselines)
+    study = open_study(name, config.storage, sampler=sampler, on_create=enqueue_baselines, objectives=objectives)
     space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
     setup = SearchSetup(
         space=space.name,
@@ -425,6 +447,9 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         space_source=space.source,
         task_config=task.config,
         test_size=len(task.x_test),
+        objectives=objectives,
+        context=config.context,
+        decode_batch=config.decode_batch,
     )
     if stored is not None:
         if (differs := stored.differs(setup)) is not None:
@@ -472,7 +497,26 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         measure=measure,
         objectives=record.objectives_of(study),
         pruner=pruner,
+        context=config.context,
+        decode_batch=config.decode_batch,
     ), study
+
+
+def _check_objectives(config: SearchConfig) -> tuple[str, ...]:
+    """The objectives asked for, with the context they need (SearchError naming the flag)."""
+    try:
+        objectives = parse_objectives(config.objectives)
+    except ValueError as e:
+        raise SearchError(str(e)) from None
+    for flag, value in (("--context", config.context), ("--decode-batch", config.decode_batch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SearchError(f"{flag} must be a positive number of tokens/sequences, got {value!r}")
+    if needs_context(objectives) and config.context is None:
+        raise SearchError(
+            f"--objectives {','.join(objectives)}: prefill_latency, decode_latency and cache_memory are "
+            f"measured at a context: pass --context N (tokens per sequence, e.g. --context 32768)"
+        )
+    return objectives
 
 
 def _note_batch_clipping(space: SearchSpace, task: Task) -> None:
@@ -523,6 +567,9 @@ def worker_config(
         measure=setup.measure,
         prune=setup.prune,
         worker=os.getpid() if worker is None else worker,
+        objectives=setup.objectives,
+        context=setup.context,
+        decode_batch=setup.decode_batch,
     )
 
 

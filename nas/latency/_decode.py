@@ -1,0 +1,151 @@
+"""Generation costs at a context: what decoding keeps resident, and what one step moves and launches.
+
+One decoding step of ``batch`` sequences that already hold ``context`` tokens each
+(``nas.models.TritonDecoder``) runs, per block: norm → QKV linear → short-conv step → RoPE +
+cache append and split-KV attention over the cache (two launches: partial softmaxes, then their
+combination), or the linear-attention state update → out linear (+residual); norm → MLP up →
+down; then the final norm, the head and the position counter. With one token per sequence every
+linear is a matrix-vector product: the step is memory-bound (Flash-Decoding; Kimi Linear and
+Jet-Nemotron name the KV cache the cost that dominates long-context decoding). Its bytes:
+
+- weights: every parameter once per step (``count_params``; of the embedding only the B rows
+  gathered), whatever the batch;
+- KV cache: each attention layer reads K and V of ``context`` rows: ``2·context·d`` elements per
+  sequence (its heads' dims are zero-padded to a kernel's head dim, as the decoder stores them);
+- state: each linear-attention layer reads and writes its ``heads`` fp32 ``[Dh, Dh]`` states
+  and normalizers; each short convolution reads and shifts its ``K-1`` rows of ``3d``.
+
+``cache_memory`` is what stays resident at that context (the objective ``cache_memory``), and
+``decode_work`` what one step moves: the inputs of the decode cost model (``DecodeModel``,
+fitted on a GPU by ``nas.latency.calibrate``), which predicts the step as launches × a per-launch
+cost plus each byte class × its own cost per byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kernels.attention.configs import padded_head_dim
+from nas.spec import ArchSpec
+
+from ._costs import DTYPE_BYTES, count_params, mlp_hidden
+
+__all__ = ["DECODE_FEATURES", "CacheEstimate", "DecodeWork", "cache_memory", "decode_work"]
+
+STATE_BYTES = 4  # linear-attention states and normalizers are fp32
+_MIB = 2**20
+# the decode cost model's features, in coefficient order (see DecodeWork.features)
+DECODE_FEATURES = ("launches", "weight_mb", "cache_mb", "state_mb")
+
+
+def _check(context: int, batch: int, dtype: str) -> int:
+    for name, value in (("context", context), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not one of {list(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def _kernel_head_dim(arch: ArchSpec, heads: int) -> int:
+    """The head dim a kernel stores a layer's heads at (the model's, or the next supported one)."""
+    head_dim = arch.d_model // heads
+    return padded_head_dim(head_dim) or head_dim
+
+
+@dataclass(frozen=True)
+class CacheEstimate:
+    """Bytes resident while ``batch`` sequences decode at ``context`` tokens each: KV cache of
+    the attention layers, fp32 states (+ normalizers) of the linear-attention layers, the short
+    convolutions' windows, and the weights. ``cache_mb`` excludes the weights, ``total_mb``
+    (the objective ``cache_memory``) includes them; MiB."""
+
+    context: int
+    batch: int
+    kv_cache_bytes: int
+    state_bytes: int
+    conv_bytes: int
+    weight_bytes: int
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.kv_cache_bytes + self.state_bytes + self.conv_bytes
+
+    @property
+    def cache_mb(self) -> float:
+        return self.cache_bytes / _MIB
+
+    @property
+    def total_mb(self) -> float:
+        return (self.cache_bytes + self.weight_bytes) / _MIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cache_bytes": self.cache_bytes, "cache_mb": self.cache_mb, "total_mb": self.total_mb}
+
+
+def cache_memory(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "bf16") -> CacheEstimate:
+    """What decoding ``arch`` keeps resident at ``context`` tokens for ``batch`` sequences (see
+    ``CacheEstimate``); KV cache and conv windows in ``dtype``, states in fp32."""
+    size = _check(context, batch, dtype)
+    d = arch.d_model
+    kv = state = conv = 0
+    for layer in arch.layers:
+        if layer.mixer == "attention":
+            kv += 2 * context * layer.heads * _kernel_head_dim(arch, layer.heads) * size
+        elif layer.mixer == "linear_attention":
+            p = _kernel_head_dim(arch, layer.heads)
+            state += layer.heads * (p * p + (p if layer.feature_map != "identity" else 0)) * STATE_BYTES
+        if layer.mixer != "none" and layer.short_conv:
+            conv += (layer.short_conv - 1) * 3 * d * size
+    return CacheEstimate(context, batch, kv * batch, state * batch, conv * batch, count_params(arch) * size)
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """One decoding step's kernel launches and bytes by class (see the module docstring)."""
+
+    launches: int
+    weight_bytes: int
+    cache_bytes: int  # KV cache read by the attention layers
+    state_bytes: int  # linear-attention states read + written, conv windows, activations
+
+    def features(self) -> tuple[float, ...]:
+        """``DECODE_FEATURES``: launches, then MiB per byte class."""
+        return (
+            float(self.launches),
+            self.weight_bytes / _MIB,
+            self.cache_bytes / _MIB,
+            self.state_bytes / _MIB,
+        )
+
+
+def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "bf16") -> DecodeWork:
+    """What one step of ``batch`` sequences at ``context`` tokens launches and moves."""
+    size = _check(context, batch, dtype)
+    d, B = arch.d_model, batch
+    launches = 1 + 2 + 1  # embedding gather; final norm + head; position counter
+    act = B * d * size * 2 + B * arch.n_out * size  # embedding rows, final norm, logits
+    cache = state = 0
+    for layer in arch.layers:
+        if layer.mixer != "none":
+            launches += 3  # norm, qkv, out
+            act += B * d * size * 2 + B * 3 * d * size + B * d * size * 3  # norm, qkv out, out + residual
+            p = _kernel_head_dim(arch, layer.heads)
+            if p * layer.heads != d:
+                launches += 4  # zero-padding the heads to a kernel's head dim and back (torch copies)
+            if layer.short_conv:
+                launches += 1
+                state += 2 * (layer.short_conv - 1) * 3 * d * B * size + B * 3 * d * size * 2
+            if layer.mixer == "attention":
+                launches += 3  # rope + append, split-KV partials, combine
+                cache += 2 * context * layer.heads * p * B * size
+            else:
+                launches += 1
+                state += 2 * layer.heads * (p * p + p) * STATE_BYTES * B
+        hidden = mlp_hidden(layer, d)
+        if hidden:
+            launches += 3
+            act += B * d * size * 2 + B * hidden * size * 2 + B * d * size * 3
+    weights = count_params(arch) - arch.vocab_size * d  # the embedding table is gathered, B rows of it
+    return DecodeWork(launches, weights * size, cache, state + act)

@@ -4,7 +4,8 @@ A candidate's costs — the study's objectives other than accuracy: latency and 
 decode latency or cache memory when the study asks for them — are known before it trains
 (``record.write_scored``); only its accuracy is uncertain. So whether it can still reach the front
 is a one-dimensional question at its cost: at each rung (``nas.train.RUNGS`` of its planned steps)
-training reports the accuracy on a small held-out batch, and the trial is stopped when even an optimistic extrapolation of it,
+training reports the accuracy on a small held-out batch, and the trial is stopped when even an
+optimistic extrapolation of it,
 
     best case = 1 - (1 - accuracy) · (step / planned steps)²
 

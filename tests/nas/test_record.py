@@ -4,6 +4,7 @@ study written before records existed still opens; truncated trials stay off the 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 from pathlib import Path
@@ -147,7 +148,13 @@ def test_search_setup_and_budgets_round_trip_and_name_what_differs():
         measure=True,
         task_config={"name": "mqar", "seq_len": 32},
     )
-    assert SearchSetup.from_dict(setup.to_dict()) == setup and setup.version == 1
+    assert SearchSetup.from_dict(setup.to_dict()) == setup and setup.version == 2
+    assert setup.objectives == ("accuracy", "latency", "memory") and setup.context is None
+    decode = dataclasses.replace(setup, objectives=("accuracy", "decode_latency"), context=4096, decode_batch=8)
+    back = SearchSetup.from_dict(json.loads(json.dumps(decode.to_dict())))  # as a study stores it
+    assert back == decode and back.objectives == ("accuracy", "decode_latency")
+    assert setup.differs(decode) == ("objectives", ("accuracy", "latency", "memory"), ("accuracy", "decode_latency"))
+    assert dataclasses.replace(decode, context=8192).differs(decode) == ("context", 8192, 4096)
     assert SearchSetup.from_dict({**setup.to_dict(), "unknown_later_field": 1}) == setup  # newer writers
     other = dataclasses.replace(setup, task="mad_recall", seed=9)
     assert setup.differs(other) == ("task", "mqar", "mad_recall") and setup.differs(setup) is None

@@ -463,6 +463,11 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _print_front(study: optuna.Study) -> None:
+    console.print(_front_table(study))
+
+
+def _front_table(study: optuna.Study) -> Table:
+    """The front as a table: one column per objective of the study, the baselines below it."""
     from nas.results.pareto import completed, front
     from nas.search.record import study_objectives, study_setup
 
@@ -500,12 +505,12 @@ def _print_front(study: optuna.Study) -> None:
             style="dim" if r.number not in on_front else None,
             end_section=bool(trials and refs) and r is trials[-1],
         )
-    console.print(table)
+    return table
 
 
 def _column(o: Objective) -> str:
     """``acc``, ``latency ms``, ``cache memory MB``: a front table column."""
-    return "acc" if o.metric == "accuracy" else f"{o.name.replace('_', ' ')} {o.unit}".replace("memory MB", "mem MB")
+    return {"accuracy": "acc", "memory_mb": "mem MB"}.get(o.metric, f"{o.name.replace('_', ' ')} {o.unit}")
 
 
 def _cell(r: TrialRecord, o: Objective) -> str:
@@ -581,6 +586,7 @@ def _report(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from nas.results.export import export
     from nas.results.pareto import pick
+    from nas.search.record import study_objectives
     from nas.search.study import resolve_device
 
     study, storage = _open_existing(args)
@@ -603,7 +609,7 @@ def _export(args: argparse.Namespace) -> None:
     )
     console.print(
         f"exported trial {chosen.number} ({how}): {chosen.arch_summary}, accuracy "
-        f"{accuracy:.3f}{retrained}, latency {chosen.latency_ms:.4g} ms → {out}",
+        f"{accuracy:.3f}{retrained}, {chosen.costs_text(study_objectives(study))} → {out}",
         soft_wrap=True,
     )
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)

@@ -82,6 +82,9 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     files["nonempty"] = tmp / "full"
     np.savez(tmp / "two_rows.npz", x=np.ones((2, 8), dtype=np.int64), y=np.ones(2, dtype=np.int64))
     files["two_rows"] = tmp / "two_rows.npz"
+    rng = np.random.default_rng(0)  # one label per sequence: readout "last", a model that does not generate
+    np.savez(tmp / "labels.npz", x=rng.integers(0, 8, (40, 8)), y=rng.integers(0, 3, 40))
+    files["labels"] = tmp / "labels.npz"
     return files
 
 
@@ -125,6 +128,68 @@ BAD = [
         "two-row-npz",
         lambda f, s, st: ["search", "--space", s, "--task", str(f["two_rows"])],
         "2 row(s); need at least 10",
+    ),
+    (
+        "objectives-unknown",
+        lambda f, s, st: ["search", "--space", s, "--objectives", "accuracy,speed"],
+        "unknown objective(s) ['speed']",
+    ),
+    ("objectives-one", lambda f, s, st: ["search", "--space", s, "--objectives", "accuracy"], "choose 2-4 objectives"),
+    (
+        "objectives-five",
+        lambda f, s, st: [
+            "search",
+            "--space",
+            s,
+            "--objectives",
+            "accuracy,latency,memory,decode_latency,cache_memory",
+            "--context",
+            "64",
+        ],
+        "choose 2-4 objectives",
+    ),
+    (
+        "objectives-repeated",
+        lambda f, s, st: ["search", "--space", s, "--objectives", "accuracy,latency,accuracy"],
+        "each objective once",
+    ),
+    ("context-zero", lambda f, s, st: ["search", "--space", s, "--context", "0"], "--context"),
+    ("context-text", lambda f, s, st: ["search", "--space", s, "--context", "32k"], "--context"),
+    ("decode-batch-zero", lambda f, s, st: ["search", "--space", s, "--decode-batch", "0"], "--decode-batch"),
+    (
+        "decode-without-context",
+        lambda f, s, st: ["search", "--space", s, "--objectives", "accuracy,decode_latency"],
+        "pass --context N",
+    ),
+    (
+        "decode-of-a-classifier",
+        lambda f, s, st: [
+            "search",
+            "--space",
+            s,
+            "--task",
+            str(f["labels"]),
+            "--objectives",
+            "accuracy,decode_latency,cache_memory",
+            "--context",
+            "64",
+        ],
+        "do not generate tokens",
+    ),
+    (
+        "resume-other-objectives",
+        lambda f, s, st: [
+            "search",
+            "--space",
+            s,
+            "--study",
+            "keep",
+            "--objectives",
+            "accuracy,decode_latency",
+            "--context",
+            "64",
+        ],
+        "was created with objectives=",
     ),
     ("unknown-study", lambda f, s, st: ["studies", "--study", "ghost"], "no study named 'ghost'"),
     ("unknown-profile-show", lambda f, s, st: ["profiles", "show", "tpu9"], "tpu9"),

@@ -159,7 +159,7 @@ def mqar_long(
     128 pairs is twice Zoology's largest setting, at 8x its longest sequence: a width-256 linear
     attention layer holds d_model·head_dim numbers per layer (8-32K) against an attention KV cache
     of 2·T·d_model (1M) at T=2048. 20 000 rows (x and y: 328 MB as int32) outlast one GPU trial
-    of ``hybrid_long`` (at most 16 x 500 = 8000 rows drawn); 1000 test rows score 128 000 queries
-    (±0.3 % at 50 % accuracy). x, y ``[N, seq_len]`` int32, as ``mqar``.
+    of ``hybrid_long`` (at most 16 x 600 = 9600 rows drawn); 1000 test rows score 128 000
+    queries. x, y ``[N, seq_len]`` int32, as ``mqar``.
     """
     return _mqar("mqar_long", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test)

@@ -101,7 +101,7 @@ def sample_many(space: SearchSpace, task: Task, n: int = N_TRIALS, seed: int = 0
 def test_shipped_spaces_are_listed():
     names = list_spaces()
     assert names == sorted(p.stem for p in SHIPPED.glob("*.yaml"))
-    assert {"hybrid_tiny", "hybrid_small", "hybrid_mqar"} <= set(names)
+    assert {"hybrid_tiny", "hybrid_small", "hybrid_mqar", "hybrid_long"} <= set(names)
 
 
 @pytest.mark.parametrize("name", list_spaces())
@@ -112,6 +112,25 @@ def test_shipped_space_loads_and_samples_inside_itself(name):
     seen = sample_many(space, stub_task())
     declared = set(space.layer["mixer"].values()) | set(space.train["optimizer"].values())
     assert seen == declared, "50 random trials should reach every mixer and optimizer"
+
+
+def test_long_space_reaches_hybrids_and_head_dims_32_to_128():
+    """hybrid_long: a 3:1 linear:attention stack is a point of the space (drawn through Optuna as a
+    trial would be), and every width/head pair gives a head dim in 32-128."""
+    space = load_space("hybrid_long")
+    assert space.task == "mqar_long" and space.max_train_seconds
+    dims = {d // h for d in space.d_model.values() for h in space.layer["heads"].values()}
+    assert min(dims) == 32 and max(dims) == 128
+    assert set(space.layer["feature_map"].values()) == {"identity", "elu+1", "relu"}
+    stack = ("linear_attention",) * 3 + ("attention",)
+    params = {"depth": 4, "d_model": 256, "train.optimizer": "adamw", "train.lr": 1e-3}
+    for i, mixer in enumerate(stack):
+        params |= {f"layer{i}.mixer": mixer, f"layer{i}.mlp_ratio": 2, f"layer{i}.heads": 2}
+        params |= {f"layer{i}.activation": "gelu", f"layer{i}.norm": "rmsnorm", f"layer{i}.short_conv": 4}
+        params |= {f"layer{i}.feature_map": "elu+1"} if mixer == "linear_attention" else {}
+    params |= {f"train.{f}": space.train[f].values()[0] for f in ("weight_decay", "warmup_frac", "steps")}
+    cand = space.sample(optuna.trial.FixedTrial(params), stub_task(vocab=8192, n_out=8192))
+    assert tuple(layer.mixer for layer in cand.arch.layers) == stack and cand.arch.d_model == 256
 
 
 @pytest.mark.parametrize("readout", ["token", "last"])

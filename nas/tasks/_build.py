@@ -36,7 +36,7 @@ def pack(
     test: tuple[np.ndarray, np.ndarray],
     description: str,
 ) -> Task:
-    """A Task from numpy (x, y) pairs; tensors become int64 and own their memory."""
-    xtr, ytr = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in train)
-    xte, yte = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in test)
+    """A Task from numpy (x, y) pairs; tensors become int32 (``Task``'s storage) and own their memory."""
+    xtr, ytr = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)) for a in train)
+    xte, yte = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)) for a in test)
     return Task(name, config, vocab_size, n_out, readout, xtr, ytr, xte, yte, description=description)

@@ -21,9 +21,11 @@ class TaskError(ValueError):
 class Task:
     """A supervised sequence task, generated once and held as tensors.
 
-    x_*: int64 tokens ``[N, T]`` in ``[0, vocab_size)``.
-    y_*: int64 targets ``[N, T]`` (``readout == "token"``, IGNORE_INDEX = unscored) or
+    x_*: int32 tokens ``[N, T]`` in ``[0, vocab_size)``.
+    y_*: int32 targets ``[N, T]`` (``readout == "token"``, IGNORE_INDEX = unscored) or
     ``[N]`` class labels (``readout == "last"``) in ``[0, n_out)``.
+    Stored as int32, half of int64's bytes (a long-context MQAR set is gigabytes); ``batch``
+    hands the model and the loss int64 rows.
     ``config`` is enough to regenerate the task: ``{"name": ..., "seed": ..., **params}``.
     """
 
@@ -48,6 +50,13 @@ class Task:
         return Task(
             self.name, self.config, self.vocab_size, self.n_out, self.readout, **move, description=self.description
         )
+
+    def batch(self, rows: torch.Tensor | slice, *, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """int64 (x ``[B, T]``, y ``[B, T]`` or ``[B]``) of ``rows`` of ``split`` ("train" or "test"):
+        ``rows`` is an index tensor ``[B]`` or a slice; only those rows are gathered and widened."""
+        assert split in ("train", "test"), split
+        x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+        return x[rows].long(), y[rows].long()
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over scored positions. logits ``[N, T, C]`` or ``[N, C]``."""

@@ -26,7 +26,7 @@ from nas.tasks.base import IGNORE_INDEX, Task, TaskError
 
 __all__ = ["load_npz", "load_text"]
 
-_MAX_TOKEN = 2**31 - 1  # an embedding table index, and safely int64 from any integer dtype
+_MAX_TOKEN = 2**31 - 1  # an embedding table index, and the largest int32 (the Task stores int32)
 # Rows (text: windows) a file must hold: at the default test_frac of 0.1 that is one test row and
 # nine to train on; fewer give an accuracy of 0 or 1 from a row or two, which no search can rank.
 MIN_ROWS = 10
@@ -144,7 +144,7 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
 
 
 def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float = 0.1, sha256: str = "") -> Task:
-    """A character-level LM over ``path`` (UTF-8). x, y ``[N, seq_len]`` int64; y[t] is the character after x[t]."""
+    """A character-level LM over ``path`` (UTF-8). x, y ``[N, seq_len]`` int32; y[t] is the character after x[t]."""
     file, data, digest = _read(path, sha256)
     try:
         text = data.decode("utf-8")

@@ -132,7 +132,7 @@ def in_context_recall(
     n_train: int = 12_800,
     n_test: int = 1_280,
 ) -> Task:
-    """MAD in-context recall. x ``[N, seq_len - 1]`` (``seq_len`` if not multi_query) int64;
+    """MAD in-context recall. x ``[N, seq_len - 1]`` (``seq_len`` if not multi_query) int32;
     y likewise: test scores recalled values only, train every next token if ``train_all_tokens``."""
     return _recall_task(
         dict(
@@ -202,7 +202,7 @@ def selective_copying(
     n_train: int = 12_800,
     n_test: int = 1_280,
 ) -> Task:
-    """MAD selective copying. x ``[N, seq_len]`` int64; y ``[N, seq_len]`` int64, the copied tokens
+    """MAD selective copying. x ``[N, seq_len]`` int32; y ``[N, seq_len]`` int32, the copied tokens
     in order on the last ``num_tokens_to_copy`` positions and IGNORE_INDEX elsewhere."""
     name = "mad_selective_copy"
     require(vocab_size >= 3, name, f"vocab_size must be >= 3 (tokens, blank, copy marker), got {vocab_size}")

@@ -8,6 +8,19 @@ from a power law that favours short gaps (``power_a``). The model is scored only
 positions: the target there is the value bound to that key. Remaining positions hold random
 filler tokens from ``[1, vocab_size)`` (Zoology draws from ``[0, vocab_size)``; token 0 is never a
 key or value, so leaving it out changes nothing the model is scored on).
+
+``mqar_long`` is the same generator with long-context defaults (V=8192, T=2048, 128 pairs). It is
+the task where a fixed-size recurrent state must lose recall: linear attention writes every token,
+filler included, into one D×D state per head, so interference grows with the number of pairs and
+with the context, while softmax attention keeps a KV cache that grows with the context (Zoology
+§4; Based, Arora et al. 2024, "Simple linear attention language models balance the
+recall-throughput tradeoff", §3, recall against recurrent state size). The gap law is Zoology's:
+the mean key→query distance grows with ``seq_len`` (and with ``num_kv_pairs``).
+
+Cost at T=8192, 512 pairs, 20 000 rows: x and y are int32 (tokens < 2^31; half of int64's bytes,
+1.3 GB together) written in place chunk by chunk; besides them only ``[N, num_kv_pairs]`` draws and
+one chunk of ``_CHUNK`` cells are alive. The random stream is the one a single whole-array pass
+draws, so a seed gives the same rows at every chunk size.
 """
 
 from __future__ import annotations
@@ -17,9 +30,9 @@ import numpy as np
 from nas.tasks._build import pack, require, streams
 from nas.tasks.base import IGNORE_INDEX, Task
 
-__all__ = ["mqar"]
+__all__ = ["mqar", "mqar_long"]
 
-_CHUNK = 1 << 22  # scores per chunk of rows: bounds memory at Zoology sizes (V=8192, N=100k)
+_CHUNK = 1 << 22  # cells per chunk of rows: bounds temporaries at Zoology sizes (V=8192, N=100k, T=8192)
 
 
 def _draw(rng: np.random.Generator, n: int, width: int, k: int, log_weights: np.ndarray | None = None) -> np.ndarray:
@@ -41,31 +54,76 @@ def _draw(rng: np.random.Generator, n: int, width: int, k: int, log_weights: np.
 def _generate(
     rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float
 ) -> tuple[np.ndarray, np.ndarray]:
+    """x, y ``[n, seq_len]`` int32: tokens, and the bound value at each query (IGNORE_INDEX elsewhere)."""
     context = 2 * num_kv_pairs
     key_vocab = vocab_size // 2
     # [N, D] distinct keys from [1, V/2) and distinct values from [V/2, V), as Zoology samples them
     keys = _draw(rng, n, key_vocab - 1, num_kv_pairs) + 1
     values = _draw(rng, n, vocab_size - key_vocab, num_kv_pairs) + key_vocab
-    kvs = np.empty((n, context), dtype=np.int64)
-    kvs[:, 0::2], kvs[:, 1::2] = keys, values
 
     # Query slots sit on even offsets of the remaining space, so a query never lands where the
     # previous query's target is read; gap g has probability ∝ a·g^(a-1) (Zoology's power law),
-    # and the i-th key drawn takes the i-th slot drawn, as in Zoology.
+    # and the i-th key drawn takes the i-th slot drawn, as in Zoology. The largest slot puts a
+    # query at seq_len - 2 at most, so every query and its target lie inside the row.
     space = (seq_len - context) // 2
     p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
-    gaps = 2 * _draw(rng, n, space, num_kv_pairs, np.log(p / p.sum()))  # [N, D]
+    queries = context + 2 * _draw(rng, n, space, num_kv_pairs, np.log(p / p.sum()))  # [N, D] positions in x
 
-    queries = np.zeros((n, seq_len - context + 1), dtype=np.int64)
-    np.put_along_axis(queries, gaps, keys, axis=1)
-    tokens = np.concatenate([kvs, queries], axis=1)  # [N, T+1]
-    labels = np.full((n, seq_len + 1), IGNORE_INDEX, dtype=np.int64)
-    np.put_along_axis(labels, gaps + context + 1, values, axis=1)
-    x, y = tokens[:, :-1].copy(), labels[:, 1:].copy()  # next-token alignment: y[t] = value after x[t]
-
-    filler = x == 0
-    x[filler] = rng.integers(1, vocab_size, size=int(filler.sum()))
+    x = np.empty((n, seq_len), dtype=np.int32)
+    y = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int32)  # y[t]: the token after x[t], where scored
+    rows = max(1, _CHUNK // seq_len)
+    for start in range(0, n, rows):
+        part = slice(start, min(n, start + rows))
+        xs, ys = x[part], y[part]  # [rows, T] views: written in place
+        xs[:, 0:context:2], xs[:, 1:context:2] = keys[part], values[part]
+        xs[:, context:] = 0
+        np.put_along_axis(xs, queries[part], keys[part], axis=1)
+        np.put_along_axis(ys, queries[part], values[part], axis=1)
+        # filler: keys and values are never 0; chunks draw, in row-major order, what one pass would
+        filler = xs == 0
+        xs[filler] = rng.integers(1, vocab_size, size=int(filler.sum()))
     return x, y
+
+
+def _mqar(
+    name: str,
+    seed: int,
+    vocab_size: int,
+    seq_len: int,
+    num_kv_pairs: int,
+    power_a: float,
+    n_train: int,
+    n_test: int,
+) -> Task:
+    require(num_kv_pairs >= 1, name, f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
+    require(
+        vocab_size // 2 - 1 >= num_kv_pairs,
+        name,
+        f"vocab_size={vocab_size} has too few keys for num_kv_pairs={num_kv_pairs} "
+        f"(need vocab_size >= {2 * num_kv_pairs + 2})",
+    )
+    require(vocab_size < 2**31, name, f"vocab_size={vocab_size} must be < 2^31 (tokens are stored as int32)")
+    require(
+        seq_len >= 4 * num_kv_pairs,
+        name,
+        f"seq_len={seq_len} is too short for {num_kv_pairs} pairs and their queries (need >= {4 * num_kv_pairs})",
+    )
+    require(0 < power_a <= 1, name, f"power_a must be in (0, 1], got {power_a}")
+    train_rng, test_rng = streams(name, seed, n_train, n_test)
+    train = _generate(train_rng, n_train, vocab_size, seq_len, num_kv_pairs, power_a)
+    test = _generate(test_rng, n_test, vocab_size, seq_len, num_kv_pairs, power_a)
+    config = dict(
+        name=name,
+        seed=seed,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        num_kv_pairs=num_kv_pairs,
+        power_a=power_a,
+        n_train=n_train,
+        n_test=n_test,
+    )
+    description = f"{'long-context ' if name == 'mqar_long' else ''}MQAR V={vocab_size} T={seq_len} kv={num_kv_pairs}"
+    return pack(name, config, vocab_size, vocab_size, "token", train, test, description)
 
 
 def mqar(
@@ -80,42 +138,28 @@ def mqar(
 ) -> Task:
     """MQAR with Zoology's generator; train and test come from independent seeded streams.
 
-    x ``[N, seq_len]`` int64 tokens; y ``[N, seq_len]`` int64, the bound value at the
+    x ``[N, seq_len]`` int32 tokens; y ``[N, seq_len]`` int32, the bound value at the
     ``num_kv_pairs`` query positions of each row and IGNORE_INDEX elsewhere.
     """
-    require(num_kv_pairs >= 1, "mqar", f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
-    require(
-        vocab_size // 2 - 1 >= num_kv_pairs,
-        "mqar",
-        f"vocab_size={vocab_size} has too few keys for num_kv_pairs={num_kv_pairs} "
-        f"(need vocab_size >= {2 * num_kv_pairs + 2})",
-    )
-    require(
-        seq_len >= 4 * num_kv_pairs,
-        "mqar",
-        f"seq_len={seq_len} is too short for {num_kv_pairs} pairs and their queries (need >= {4 * num_kv_pairs})",
-    )
-    require(0 < power_a <= 1, "mqar", f"power_a must be in (0, 1], got {power_a}")
-    train_rng, test_rng = streams("mqar", seed, n_train, n_test)
-    train = _generate(train_rng, n_train, vocab_size, seq_len, num_kv_pairs, power_a)
-    test = _generate(test_rng, n_test, vocab_size, seq_len, num_kv_pairs, power_a)
-    config = dict(
-        name="mqar",
-        seed=seed,
-        vocab_size=vocab_size,
-        seq_len=seq_len,
-        num_kv_pairs=num_kv_pairs,
-        power_a=power_a,
-        n_train=n_train,
-        n_test=n_test,
-    )
-    return pack(
-        "mqar",
-        config,
-        vocab_size,
-        vocab_size,
-        "token",
-        train,
-        test,
-        f"MQAR V={vocab_size} T={seq_len} kv={num_kv_pairs}",
-    )
+    return _mqar("mqar", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test)
+
+
+def mqar_long(
+    *,
+    seed: int = 0,
+    vocab_size: int = 8192,
+    seq_len: int = 2048,
+    num_kv_pairs: int = 128,
+    power_a: float = 0.01,
+    n_train: int = 20_000,
+    n_test: int = 1000,
+) -> Task:
+    """Long-context MQAR: ``mqar`` with Zoology's vocabulary (8192) at T=2048 and 128 pairs.
+
+    128 pairs is twice Zoology's largest setting, at 8x its longest sequence: a width-256 linear
+    attention layer holds d_model·head_dim numbers per layer (8-32K) against an attention KV cache
+    of 2·T·d_model (1M) at T=2048. 20 000 rows (x and y: 328 MB as int32) outlast one GPU trial
+    of ``hybrid_long`` (at most 16 x 600 = 9600 rows drawn); 1000 test rows score 128 000
+    queries. x, y ``[N, seq_len]`` int32, as ``mqar``.
+    """
+    return _mqar("mqar_long", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test)

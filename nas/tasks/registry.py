@@ -17,12 +17,13 @@ from typing import Any
 from nas.tasks.base import Task, TaskError
 from nas.tasks.files import load_npz, load_text
 from nas.tasks.mad import in_context_recall, noisy_in_context_recall, selective_copying
-from nas.tasks.mqar import mqar
+from nas.tasks.mqar import mqar, mqar_long
 
 __all__ = ["list_tasks", "load_task", "task_from_config"]
 
 _TASKS: dict[str, Callable[..., Task]] = {
     "mqar": mqar,
+    "mqar_long": mqar_long,
     "mad_recall": in_context_recall,
     "mad_noisy_recall": noisy_in_context_recall,
     "mad_selective_copy": selective_copying,

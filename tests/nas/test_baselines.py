@@ -33,7 +33,7 @@ def _mixers(space, params) -> tuple[str, ...]:
     return tuple(layer.mixer for layer in cand.arch.layers), cand.arch.d_model
 
 
-@pytest.mark.parametrize("name", ["hybrid_small", "hybrid_tiny", "hybrid_mqar"])
+@pytest.mark.parametrize("name", ["hybrid_small", "hybrid_tiny", "hybrid_mqar", "hybrid_long"])
 def test_shipped_spaces_get_three_references_of_one_width_and_depth(name):
     space = load_space(name)
     refs = baselines(space)

@@ -403,6 +403,17 @@ def test_profiles_show_prints_the_profile_file(capsys):
     assert capsys.readouterr().out == Path(load_profile("h200").path).read_text()
 
 
+def test_spaces_lists_every_shipped_space_with_its_task(capsys):
+    from nas.space import list_spaces
+
+    assert main(["spaces"]) == 0
+    out = capsys.readouterr().out
+    assert "hybrid_long" in list_spaces()
+    for name in list_spaces():
+        assert f"{name}:" in out, out
+    assert "(default task mqar_long)" in out
+
+
 @pytest.mark.slow
 def test_spaces_piped_to_a_file_is_that_space_file(name="hybrid_small"):
     """``nas spaces NAME > mine.yaml`` is how a user starts their own space: the piped output is

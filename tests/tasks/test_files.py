@@ -29,7 +29,7 @@ def test_token_targets_round_trip(tmp_path):
     x, y = token_arrays()
     task = load_npz(path=save(tmp_path / "d.npz", x=x, y=y), seed=3)
     assert (task.name, task.readout, task.vocab_size, task.n_out) == ("npz", "token", x.max() + 1, 5)
-    assert task.x_train.dtype == task.y_train.dtype == torch.int64
+    assert task.x_train.dtype == task.y_train.dtype == torch.int32
     assert (len(task.x_train), len(task.x_test)) == (45, 5)  # 10% test
     # the split is a permutation of the rows: every (x, y) row lands in exactly one split, intact
     pairs = np.concatenate([x, y], axis=1).tolist()

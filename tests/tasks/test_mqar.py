@@ -1,11 +1,14 @@
 """MQAR invariants (Zoology): what each row must look like, not just its shape."""
 
+import sys
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
 
-from nas.tasks import IGNORE_INDEX, TaskError, mqar
-from nas.tasks.mqar import _draw
+from nas.tasks import IGNORE_INDEX, TaskError, load_task, mqar, mqar_long
+from nas.tasks.mqar import _draw, _generate
 
 CASES = [
     pytest.param(dict(vocab_size=64, seq_len=48, num_kv_pairs=6), id="V64-T48-kv6"),
@@ -50,17 +53,18 @@ def test_rows_satisfy_zoology_invariants(params):
     )
     assert task.seq_len == params["seq_len"]
     for x, y in ((task.x_train, task.y_train), (task.x_test, task.y_test)):
-        assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape
+        assert x.dtype == y.dtype == torch.int32 and x.shape == y.shape
         check_rows(x.numpy(), y.numpy(), params["vocab_size"], params["num_kv_pairs"])
 
 
 def test_perfect_logits_score_every_query():
     """The targets line up with Task.correct/loss: one-hot logits of y are right everywhere scored."""
     task = mqar(vocab_size=32, seq_len=32, num_kv_pairs=4, n_train=8, n_test=8)
-    logits = torch.nn.functional.one_hot(task.y_test.clamp(min=0), 32).float() * 50
-    hits, scored = task.correct(logits, task.y_test)
+    _, y = task.batch(slice(None), split="test")
+    logits = torch.nn.functional.one_hot(y.clamp(min=0), 32).float() * 50
+    hits, scored = task.correct(logits, y)
     assert int(hits) == int(scored) == 8 * 4
-    assert float(task.loss(logits, task.y_test)) < 1e-6
+    assert float(task.loss(logits, y)) < 1e-6
 
 
 def _slot_counts(power_a: float) -> np.ndarray:
@@ -122,3 +126,108 @@ def test_deterministic_by_seed_and_splits_independent():
 def test_bad_parameters_raise_task_error(params, needle):
     with pytest.raises(TaskError, match=needle):
         mqar(**{"n_train": 4, "n_test": 4, **params})
+
+
+# ---------------------------------------------------------------- long context (mqar_long)
+
+LONG = [
+    pytest.param(dict(seq_len=4096, num_kv_pairs=256), id="T4096-kv256"),
+    pytest.param(dict(seq_len=2047, num_kv_pairs=511, vocab_size=1030), id="T2047-kv511-odd-tight"),
+    pytest.param(dict(), id="defaults-T2048-kv128"),
+]
+
+
+def _queries(task) -> tuple[np.ndarray, np.ndarray]:
+    """(query positions, their key's position in the kv block), both [N, D], of the training rows."""
+    x, y = task.x_train.numpy(), task.y_train.numpy()
+    d = task.config["num_kv_pairs"]
+    pos = np.nonzero(y != IGNORE_INDEX)[1].reshape(len(x), d)
+    queried = x[np.arange(len(x))[:, None], pos]  # [N, D]
+    key_pos = 2 * np.argmax(queried[:, :, None] == x[:, None, 0 : 2 * d : 2], axis=2)
+    return pos, key_pos
+
+
+@pytest.mark.parametrize("params", LONG)
+def test_long_rows_satisfy_zoology_invariants(params):
+    task = mqar_long(seed=2, n_train=5, n_test=3, **params)
+    cfg = task.config
+    assert task.name == cfg["name"] == "mqar_long" and task.seq_len == cfg["seq_len"]
+    assert (cfg["vocab_size"], cfg["seq_len"], cfg["num_kv_pairs"]) == (
+        params.get("vocab_size", 8192),
+        params.get("seq_len", 2048),
+        params.get("num_kv_pairs", 128),
+    )
+    for x, y in ((task.x_train, task.y_train), (task.x_test, task.y_test)):
+        check_rows(x.numpy(), y.numpy(), cfg["vocab_size"], cfg["num_kv_pairs"])
+
+
+def test_long_is_mqar_with_long_defaults_and_deterministic():
+    small = dict(seq_len=1024, num_kv_pairs=64, n_train=4, n_test=2)
+    a, b, c = mqar_long(seed=4, **small), mqar_long(seed=4, **small), mqar_long(seed=5, **small)
+    same = mqar(seed=4, vocab_size=8192, **small)  # one generator: only the name and defaults differ
+    for k in ("x_train", "y_train", "x_test", "y_test"):
+        assert torch.equal(getattr(a, k), getattr(b, k)) and torch.equal(getattr(a, k), getattr(same, k))
+        assert not torch.equal(getattr(a, k), getattr(c, k))
+    assert load_task("mqar_long:seq_len=1024,num_kv_pairs=64,n_train=4,n_test=2", seed=4).config == a.config
+
+
+def test_queries_spread_over_the_whole_context():
+    """Zoology's gap law favours short gaps, yet at T=2048 every eighth of the query region holds queries."""
+    task = mqar_long(n_train=20, n_test=1)
+    pos, _ = _queries(task)
+    d, t = task.config["num_kv_pairs"], task.seq_len
+    eighths = np.bincount(((pos - 2 * d) * 8 // (t - 2 * d)).ravel(), minlength=8)
+    assert len(eighths) == 8 and (eighths > 0).all(), eighths
+    assert pos.max() >= t - t // 16, "queries reach the end of the context"
+
+
+def test_recall_distance_grows_with_context():
+    """The difficulty grows with context: the mean key→query distance rises with seq_len at fixed pairs."""
+    means = []
+    for t in (512, 1024, 2048, 4096, 8192):
+        pos, key_pos = _queries(mqar_long(seq_len=t, num_kv_pairs=64, n_train=16, n_test=1))
+        means.append(float((pos - key_pos).mean()))
+    assert all(b > 1.3 * a for a, b in pairwise(means)), means
+    assert means[-1] > 5 * means[0], means
+
+
+def test_chunks_draw_what_one_pass_draws(monkeypatch):
+    """Rows are built chunk by chunk; the chunk size changes neither rows nor the random stream."""
+    whole = _generate(np.random.default_rng(7), 37, 300, 257, 40, 0.01)
+    for chunk in (1000, 100):  # several rows per chunk; fewer cells than one row (one row per chunk)
+        monkeypatch.setattr(sys.modules[_generate.__module__], "_CHUNK", chunk)  # the name mqar is the function
+        parts = _generate(np.random.default_rng(7), 37, 300, 257, 40, 0.01)
+        assert all(np.array_equal(a, b) for a, b in zip(whole, parts, strict=True)), chunk
+
+
+def test_long_storage_is_int32_and_batches_gather_rows_only():
+    """Generation cost is bounded by its outputs: x and y are int32 [N, T] (4 bytes a cell) and own
+    their memory; a training batch gathers and widens B rows, not the set."""
+    n, t = 6, 8192
+    x, y = _generate(np.random.default_rng(0), n, 8192, t, 512, 0.01)
+    assert x.dtype == y.dtype == np.int32 and x.shape == y.shape == (n, t) and x.nbytes == 4 * n * t
+    task = mqar_long(seq_len=t, num_kv_pairs=512, n_train=n, n_test=2)
+    for a in (task.x_train, task.y_train, task.x_test, task.y_test):
+        assert a.dtype == torch.int32 and a.is_contiguous() and a.untyped_storage().nbytes() == 4 * a.numel()
+    xb, yb = task.batch(torch.tensor([4, 1, 4]))
+    assert xb.dtype == yb.dtype == torch.int64 and xb.shape == yb.shape == (3, t)
+    assert torch.equal(xb, task.x_train[[4, 1, 4]].long()) and torch.equal(yb, task.y_train[[4, 1, 4]].long())
+    xt, _ = task.batch(slice(1, 2), split="test")
+    assert xt.shape == (1, t) and torch.equal(xt[0], task.x_test[1].long())
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("mqar_long:num_kv_pairs=5000", "mqar_long: vocab_size=8192 has too few keys for num_kv_pairs=5000"),
+        ("mqar_long:seq_len=500", "mqar_long: seq_len=500 is too short for 128 pairs"),
+        ("mqar_long:vocab_size=4294967296,num_kv_pairs=2,seq_len=8", "mqar_long: vocab_size=4294967296 must be < 2^31"),
+        ("mqar_long:power_a=2", "mqar_long: power_a must be in (0, 1]"),
+        ("mqar_long:n_test=0", "mqar_long: n_train and n_test must be >= 1"),
+    ],
+    ids=["kv-vocab", "seq_len", "vocab-int32", "power_a", "n_test"],
+)
+def test_long_bad_parameters_are_one_line(spec, needle):
+    with pytest.raises(TaskError) as err:
+        load_task(spec)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)

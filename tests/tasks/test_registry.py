@@ -20,6 +20,7 @@ from nas.tasks import (
 
 SMALL = {
     "mqar": "vocab_size=32,seq_len=32,num_kv_pairs=4,n_train=40,n_test=12",
+    "mqar_long": "seq_len=1024,num_kv_pairs=64,n_train=6,n_test=3",
     "mad_recall": "seq_len=32,n_train=40,n_test=12",
     "mad_noisy_recall": "seq_len=32,n_train=40,n_test=12",
     "mad_selective_copy": "seq_len=40,num_tokens_to_copy=5,n_train=40,n_test=12",
@@ -48,7 +49,7 @@ def test_contract_and_config_round_trip(name, files):
     task = load_task(f"{name}:{(SMALL | files)[name]}", seed=7)
     assert isinstance(task, Task) and task.name == name == task.config["name"] and task.config["seed"] == 7
     for x, y in ((task.x_train, task.y_train), (task.x_test, task.y_test)):
-        assert x.dtype == y.dtype == torch.int64 and x.ndim == 2 and x.shape[1] == task.seq_len
+        assert x.dtype == y.dtype == torch.int32 and x.ndim == 2 and x.shape[1] == task.seq_len
         assert int(x.min()) >= 0 and int(x.max()) < task.vocab_size
         scored = y[y != IGNORE_INDEX]
         assert scored.numel() > 0 and int(scored.min()) >= 0 and int(scored.max()) < task.n_out

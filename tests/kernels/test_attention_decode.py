@@ -144,6 +144,12 @@ def test_rope_append_writes_one_row(D: int, dtype: torch.dtype, use_rope: bool) 
     _append_case(3, 3, 11, D, dtype, use_rope, CPU)
 
 
+def _rope_tables(C: int, D: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's rotary tables ``[C, D/2]``: angles position · 10000^(−2i/D)."""
+    angles = torch.arange(C, dtype=torch.float32)[:, None] * 10000 ** (-torch.arange(D // 2) / (D // 2))
+    return angles.cos().to(device), angles.sin().to(device)
+
+
 def _chain(B: int, H: int, D: int, prefill: int, steps: int, C: int, dtype, device, config=None) -> None:
     """Prefill rows 0..prefill-1 of the caches (k rotated as the forward would), then ``steps``
     append + decode steps: each step's output equals causal attention with RoPE over the whole
@@ -151,9 +157,7 @@ def _chain(B: int, H: int, D: int, prefill: int, steps: int, C: int, dtype, devi
     gen = _gen("chain", B, H, D, prefill, steps, dtype)
     T = prefill + steps
     qkv = torch.randn(B, T, 3 * H * D, generator=gen).to(device=device, dtype=dtype)
-    pos = torch.arange(C, dtype=torch.float32)[:, None]
-    freq = 10000 ** (-torch.arange(D // 2, dtype=torch.float32) / (D // 2))
-    tables = (torch.cos(pos * freq).to(device), torch.sin(pos * freq).to(device))
+    tables = _rope_tables(C, D, device)
     q_all, k_all, v_all = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # [B, H, T, D] each
     expected = ref.attention(q_all, k_all, v_all, causal=True, rope_tables=tables)  # [B, T, H·D]
     k_cache = torch.full((B, H, C, D), float("nan"), dtype=dtype, device=device)
@@ -253,7 +257,7 @@ def test_gpu_append_and_decode_replayed_from_a_cuda_graph() -> None:
     gen = _gen("graph")
     k_cache = torch.randn(B, H, C, D, generator=gen).to(CUDA, dtype)
     v_cache = torch.randn(B, H, C, D, generator=gen).to(CUDA, dtype)
-    tables = (torch.randn(C, D // 2, generator=gen).to(CUDA), torch.randn(C, D // 2, generator=gen).to(CUDA))
+    tables = _rope_tables(C, D, CUDA)
     positions = torch.tensor([1000, 3000, 17], dtype=torch.int32, device=CUDA)
     qkv = torch.empty(B, 3 * H * D, device=CUDA, dtype=dtype)
     out = torch.empty(B, H * D, device=CUDA, dtype=dtype)

@@ -197,7 +197,8 @@ class LinearAttention(_HeadsMixer):
         the softmax mixer's; a linear-attention state does not grow)."""
         out, k, v, raw = self._mix(x)
         k = k.float()
-        state = k.transpose(-1, -2) @ v.float()  # [B, H, Dh, Dh]
+        with torch.autocast(k.device.type, enabled=False):  # the state is fp32 under autocast too
+            state = k.transpose(-1, -2) @ v.float()  # [B, H, Dh, Dh]
         z = k.sum(2) if self.normalize else None  # [B, H, Dh]
         return out, LayerCache(conv=self._conv_state(raw), state=state, z=z)
 

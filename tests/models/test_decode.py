@@ -185,3 +185,16 @@ def test_training_forward_is_untouched_by_decoding():
     after = model(tokens)
     assert after.requires_grad
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_linear_attention_state_stays_fp32_under_autocast():
+    """Training on a GPU runs under bf16 autocast; the recurrent state must not be rounded to it."""
+    model = _model(*ARCHS["L elu+1 d24h3 conv4"])
+    tokens = _tokens(2, 9, seed=9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, cache = model.prefill(tokens[:, :8], capacity=9)
+        logits = model.step(tokens[:, 8], cache)
+    assert cache.layers[0].state.dtype == cache.layers[0].z.dtype == torch.float32
+    with torch.no_grad():
+        expected = model(tokens)[:, 8]
+    torch.testing.assert_close(logits.float(), expected, rtol=5e-2, atol=5e-2)  # bf16 matmuls

@@ -1,6 +1,9 @@
-"""Decoding on the GPU: the linear-attention step against the torch step doing the same math.
+"""Decoding on the GPU: the linear-attention step against the torch step doing the same math, and
+softmax attention over a KV cache against torch SDPA.
 
-    PYTHONPATH=$PWD python benchmarks/decode.py [--out DIR] [--quick]
+    PYTHONPATH=$PWD python benchmarks/decode.py [--out DIR] [--quick] [--only step|attention]
+
+Step part:
 
 For every (B, H, D) of B ∈ {1, 4, 16, 64, 256}, H ∈ {4, 8, 16, 32}, D ∈ {32, 64, 128} (``--quick``:
 the corners and the acceptance shapes), feature map elu+1 (and identity at a few shapes):
@@ -13,21 +16,37 @@ whose other layers evict them). Achieved bandwidth counts the state read and wri
 per head) plus q, k, v, z and o, and is given as a fraction of a 1 GiB device-to-device copy timed
 in the same run (fp32, graph-replayed). Checks every timed step against the torch step first. Writes
 ``decode_<gpu>.json``.
+
+Attention part: ``kernels.attention.decode.decode_attention`` (split-KV, the launch
+``configs.decode_config`` chooses, and every other tile and split count it may run) against
+``F.scaled_dot_product_attention`` with its default backend on q ``[B, H, 1, D]`` over the same
+bf16 cache ``[B, H, N, D]`` at its last row (N rows attended), for N ∈ 1K-128K, B ∈ {1, 8, 64},
+H = 8, D ∈ {64, 128}, skipping caches over 40 GB; the SDPA kernel that ran is read from
+torch.profiler. Timed as CUDA-graph replays, caches rotated past L2 when small. Achieved
+bandwidth counts the cache bytes read (2·B·H·N·D·2) and is given as a fraction of the copy peer:
+a 2 GiB device-to-device copy graph-replayed after 0.3 s of warm-up, taken at the start and the
+end of the run (the larger counts). Checks ours against SDPA first. Writes
+``decode_attention_<gpu>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import copies_for_l2, time_graph, write_results  # noqa: E402
 
+from kernels.attention import configs as attention_configs  # noqa: E402
+from kernels.attention.configs import DecodeConfig  # noqa: E402
+from kernels.attention.decode import decode_attention  # noqa: E402
 from kernels.linear_attention import configs  # noqa: E402
 from kernels.linear_attention import reference as ref  # noqa: E402
 from kernels.linear_attention.triton import linear_attention_step  # noqa: E402
@@ -36,11 +55,24 @@ BATCHES, HEADS, DIMS = (1, 4, 16, 64, 256), (4, 8, 16, 32), (32, 64, 128)
 QUICK = [(1, 8, 128), (1, 4, 32), (16, 32, 128), (16, 4, 64), (64, 16, 64), (256, 16, 64), (256, 32, 128)]
 
 
-def _copy_tbps() -> float:
-    n = 2**28  # 1 GiB of fp32, read and written
+def _copy_tbps(gib: int = 1) -> float:
+    """A ``gib`` GiB fp32 device-to-device copy (bytes read + written over its median time), as
+    CUDA-graph replays after ≥ 0.3 s of warm-up (clocks up before the timed replays)."""
+    n = gib * 2**28
     src, dst = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
-    t = time_graph([lambda: dst.copy_(src)], reps=20, per_replay=5)
+    warmup = max(5, int(0.3 / (2 * 4 * n / 4e12) / 5))
+    t = time_graph([lambda: dst.copy_(src)], reps=20, per_replay=5, warmup=warmup)
     return 2 * 4 * n / (t.median_us * 1e-6) / 1e12
+
+
+def _cuda_kernels(fn) -> list[str]:
+    """Names of the CUDA kernels one call of ``fn`` runs (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
 
 
 def _inputs(B: int, H: int, D: int, copies: int):
@@ -99,11 +131,141 @@ def bench(B: int, H: int, D: int, feature_map: str, copy_tbps: float) -> list[di
     return rows
 
 
+ATTN_CONTEXTS = (1024, 4096, 16384, 32768, 65536, 131072)
+ATTN_BATCHES, ATTN_HEADS, ATTN_DIMS = (1, 8, 64), 8, (64, 128)
+ATTN_QUICK = [(1, 4096, 128), (8, 32768, 128), (64, 32768, 64), (1, 131072, 64)]
+MAX_CACHE_BYTES = 40e9
+
+
+def _variants(B: int, H: int, N: int, D: int) -> list[tuple[str, DecodeConfig]]:
+    """The chooser's launch ("ours"), every other tile it may run, and its tile at half and twice
+    its split count (the data behind DECODE_PROGRAMS_PER_SM)."""
+    dev = torch.device("cuda")
+    every = attention_configs.decode_configs(
+        dev, B * H, N, D, torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    chosen = every[0]
+    out = [("ours", chosen)] + [(f"tile {c.block_n}/{c.num_warps}w/{c.num_stages}s", c) for c in every[1:]]
+    for splits in (chosen.splits // 2, chosen.splits * 2):
+        if 1 <= splits <= attention_configs.DECODE_MAX_SPLITS and splits != chosen.splits:
+            out.append((f"splits {splits}", DecodeConfig(chosen.block_n, chosen.num_warps, chosen.num_stages, splits)))
+    return out
+
+
+def bench_attention(B: int, N: int, D: int, copy_tbps: float) -> list[dict]:
+    H = ATTN_HEADS
+    cache_bytes = 2 * B * H * N * D * 2  # k and v, bf16, each read once
+    copies = min(copies_for_l2(cache_bytes), 64)
+    sets = []
+    for _ in range(copies):
+        k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+        q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+        pos = torch.full((B,), N - 1, dtype=torch.int32, device="cuda")
+        sets.append((q, k, v, pos, torch.empty(B, H * D, device="cuda", dtype=torch.bfloat16)))
+    q, k, v, pos, o = sets[0]
+    theirs = F.scaled_dot_product_attention(q[:, :, None], k, v).reshape(B, H * D).float()
+    sdpa_kernels = _cuda_kernels(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v))
+    per_replay = max(1, min(10, int(2e-4 / (cache_bytes * copies / 4e12))))
+    impls = [("sdpa", None)] + _variants(B, H, N, D)
+    rows = []
+    for impl, cfg in impls:
+        if cfg is None:
+            fns = [lambda t=t: F.scaled_dot_product_attention(t[0][:, :, None], t[1], t[2]) for t in sets]
+            err = None
+        else:
+            ours = decode_attention(q, k, v, pos, out=o, config=cfg).float()
+            err = ((ours - theirs).norm() / theirs.norm()).item()
+            if err > 2e-2:
+                raise AssertionError(f"B{B} N{N} D{D} {impl}: error {err:.2e} against SDPA")
+            fns = [lambda t=t, c=cfg: decode_attention(t[0], t[1], t[2], t[3], out=t[4], config=c) for t in sets]
+        t = time_graph(fns, reps=30, per_replay=per_replay)
+        tbps = cache_bytes / (t.median_us * 1e-6) / 1e12
+        rows.append(
+            {
+                "B": B,
+                "H": H,
+                "N": N,
+                "D": D,
+                "impl": impl,
+                "config": cfg,
+                "sdpa_kernels": sdpa_kernels if cfg is None else None,
+                "median_us": t.median_us,
+                "iqr_us": t.iqr_us,
+                "q1_us": t.q1_us,
+                "q3_us": t.q3_us,
+                "cache_copies": copies,
+                "bytes": cache_bytes,
+                "tbps": tbps,
+                "copy_fraction": tbps / copy_tbps,
+                "rel_error_vs_sdpa": err,
+            }
+        )
+    return rows
+
+
+def main_attention(args: argparse.Namespace) -> None:
+    peers = [_copy_tbps(2)]
+    print(f"copy (start): {peers[0]:.2f} TB/s", flush=True)
+    copy_kernel = _cuda_kernels(lambda: torch.empty(2**20, device="cuda").copy_(torch.ones(2**20, device="cuda")))
+    shapes = (
+        ATTN_QUICK
+        if args.quick
+        else [
+            (b, n, d)
+            for d in ATTN_DIMS
+            for n in ATTN_CONTEXTS
+            for b in ATTN_BATCHES
+            if 4 * b * ATTN_HEADS * n * d <= MAX_CACHE_BYTES
+        ]
+    )
+    rows = []
+    for B, N, D in shapes:
+        got = bench_attention(B, N, D, peers[0])
+        torch.cuda.empty_cache()
+        rows += got
+        sdpa, ours = got[0], got[1]
+        best = min(got[1:], key=lambda r: r["median_us"])
+        print(
+            f"B{B:<3d} N{N:<7d} D{D:<3d} ours {ours['median_us']:9.2f} µs (IQR {ours['iqr_us']:.2f}, "
+            f"{ours['copy_fraction']:5.1%} copy, splits {ours['config'].splits}) | sdpa {sdpa['median_us']:9.2f} µs "
+            f"{'+'.join(k.split('(')[0][:40] for k in sdpa['sdpa_kernels'])} | "
+            f"{sdpa['median_us'] / ours['median_us']:5.2f}x"
+            f" | best {best['impl']} {best['median_us']:.2f}",
+            flush=True,
+        )
+    peers.append(_copy_tbps(2))
+    copy_tbps = max(peers)
+    print(f"copy (end): {peers[1]:.2f} TB/s; peer {copy_tbps:.2f}", flush=True)
+    for r in rows:
+        r["copy_fraction"] = r["tbps"] / copy_tbps
+    name = torch.cuda.get_device_name(0).split()[-1].lower()
+    path = write_results(
+        Path(args.out) / f"decode_attention_{name}{'_quick' if args.quick else ''}.json",
+        rows,
+        copy_tbps=copy_tbps,
+        copy_tbps_runs=peers,
+        copy_kernel=copy_kernel,
+        peer="F.scaled_dot_product_attention (default backend) on q [B, H, 1, D] over the same bf16 cache",
+        timing="CUDA-graph replay, median of 30 replays; caches rotated over copies larger than L2",
+        median_speedup_vs_sdpa=statistics.median(
+            s["median_us"] / o["median_us"]
+            for s, o in zip(rows, rows[1:], strict=False)
+            if s["impl"] == "sdpa" and o["impl"] == "ours"
+        ),
+    )
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=("step", "attention"))
     args = parser.parse_args()
+    if args.only != "step":
+        main_attention(args)
+    if args.only == "attention":
+        return
     copy_tbps = _copy_tbps()
     print(f"copy: {copy_tbps:.2f} TB/s")
     shapes = QUICK if args.quick else [(b, h, d) for b in BATCHES for h in HEADS for d in DIMS]

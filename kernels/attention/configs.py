@@ -82,3 +82,88 @@ def attention_configs(device: torch.device, head_dim: int) -> tuple[AttentionCon
     if not is_cuda(device):
         return (INTERPRETER,)
     return _BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DEFAULT)[head_dim]
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode: one query token per (batch, head) against a KV cache (``kernels/attention/decode.py``).
+# Decode-only (``nas.latency._measure.DECODE_ONLY``): these names stay out of ``__all__``, which
+# is forward code to the forward fingerprint; import them by name.
+# ---------------------------------------------------------------------------------------------
+
+DECODE_MAX_SPLITS = 256  # the combine kernel holds one (m, l) pair per split in registers
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The split-KV decode launch. block_n: cache rows per inner step (a ``[block_n, D]`` tile of
+    k and of v); num_warps, num_stages: as in ``triton.Config``; splits: slices of the cache
+    capacity walked by separate programs (grid B·H × splits), combined by a second launch (none
+    when splits = 1)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    splits: int = 1
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"DecodeConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+        if not 1 <= self.splits <= DECODE_MAX_SPLITS:
+            raise ValueError(f"DecodeConfig.splits must be in 1..{DECODE_MAX_SPLITS}, got {self.splits}")
+
+
+# Decode is a stream over the cache: 2·D·(bytes per element) per row read, 4·D FLOPs per row (one
+# dot for the score, one axpy for the output), so 1 FLOP/byte in bf16 — memory-bound on any GPU.
+# A tile of block_n·D = 8192 elements (16 KB of k and 16 KB of v in bf16 per step) keeps 32 KB in
+# flight per program, 64 elements of each per thread at 4 warps. sm_90 candidates, the first the
+# chooser's, per head dim.
+DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
+    16: (DecodeConfig(256, 4, 2), DecodeConfig(128, 4, 2)),
+    32: (DecodeConfig(256, 4, 2), DecodeConfig(128, 4, 2)),
+    64: (DecodeConfig(128, 4, 2), DecodeConfig(64, 4, 2), DecodeConfig(256, 8, 2)),
+    128: (DecodeConfig(64, 4, 2), DecodeConfig(128, 8, 2), DecodeConfig(32, 4, 2)),
+}
+DECODE_DEFAULT: dict[int, tuple[DecodeConfig, ...]] = {d: (c[0],) for d, c in DECODE_HOPPER.items()}
+# TRITON_INTERPRET on CPU (tests): 16-row blocks and 64-row splits, so odd test lengths span
+# several blocks and several splits (later ones empty), with a ragged last block.
+DECODE_INTERPRETER = DecodeConfig(block_n=16, num_warps=4, num_stages=1)
+DECODE_INTERPRETER_SPLIT_ROWS = 64
+# The split: the grid B·H × splits should hold DECODE_PROGRAMS_PER_SM programs per SM (about one
+# resident wave of 4-warp programs, so no SM idles while the cache streams), but a split shorter
+# than DECODE_MIN_SPLIT_ROWS rows costs more in its partial (o, m, l) write and the combine than
+# it streams. Chosen from the capacity, fixed at CUDA-graph capture: the kernel skips the splits
+# past each sequence's position.
+DECODE_PROGRAMS_PER_SM = 4
+DECODE_MIN_SPLIT_ROWS = 256
+_DECODE_BY_CAPABILITY = {(9, 0): DECODE_HOPPER}
+
+
+def _decode_splits(batch_heads: int, capacity: int, split_rows: int, sms: int) -> int:
+    """Slices of ``capacity`` rows (each at least ``split_rows``) that bring ``batch_heads``
+    programs up to DECODE_PROGRAMS_PER_SM per SM."""
+    wanted = -(-DECODE_PROGRAMS_PER_SM * sms // max(1, batch_heads))
+    return max(1, min(wanted, capacity // split_rows, DECODE_MAX_SPLITS))
+
+
+def decode_configs(
+    device: torch.device, batch_heads: int, capacity: int, head_dim: int, sms: int
+) -> tuple[DecodeConfig, ...]:
+    """Every launch the decode kernels may run for ``batch_heads`` = B·H heads over a cache of
+    ``capacity`` rows of ``head_dim`` on ``device`` with ``sms`` SMs: the chooser's first, then
+    the other tiles measured on this GPU (tests run them all; benchmarks sweep them)."""
+    if not is_cuda(device):
+        tiles: tuple[DecodeConfig, ...] = (DECODE_INTERPRETER,)
+        splits = max(1, min(-(-capacity // DECODE_INTERPRETER_SPLIT_ROWS), DECODE_MAX_SPLITS))
+    else:
+        tiles = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
+        splits = _decode_splits(batch_heads, capacity, DECODE_MIN_SPLIT_ROWS, sms)
+    return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits) for t in tiles)
+
+
+def decode_config(device: torch.device, batch_heads: int, capacity: int, head_dim: int, sms: int) -> DecodeConfig:
+    """The decode launch for B·H = ``batch_heads`` over ``capacity`` cache rows of ``head_dim``:
+    depends on the capacity (not the positions), so a graph-captured step launches the same way
+    at every position."""
+    return decode_configs(device, batch_heads, capacity, head_dim, sms)[0]

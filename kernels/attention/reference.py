@@ -39,3 +39,23 @@ def attention(
         scores = scores.masked_fill(future, float("-inf"))
     out = scores.softmax(dim=-1) @ v  # [B, H, T, D]
     return out.transpose(1, 2).reshape(B, T, H * D)
+
+
+def rope_at(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
+    """``rope`` of one token per sequence: ``x [B, H, D]`` rotated at ``positions [B]`` → fp32 ``[B, H, D]``."""
+    rows = [rope(x[b, :, None][None], cos[p:], sin[p:]) for b, p in enumerate(positions.tolist())]
+    return torch.cat(rows)[:, :, 0]
+
+
+def decode_attention_ref(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor, scale: float | None = None
+) -> Tensor:
+    """q ``[B, H, D]`` over cache rows 0..positions[b] of ``[B, H, C, D]`` → fp32 ``[B, H·D]``:
+    softmax(q·kᵀ·scale)·v per sequence; rows past a position are never touched."""
+    B, H, D = q.shape
+    out = []
+    for b, p in enumerate(positions.tolist()):
+        k, v = k_cache[b, :, : p + 1].float(), v_cache[b, :, : p + 1].float()  # [H, n, D]
+        scores = (k @ q[b].float()[:, :, None])[..., 0] * (D**-0.5 if scale is None else scale)  # [H, n]
+        out.append((scores.softmax(-1)[:, None] @ v).reshape(H * D))
+    return torch.stack(out)

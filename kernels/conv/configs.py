@@ -46,3 +46,12 @@ def conv_config(capability: tuple[int, int] | None) -> ConvConfig:
     if capability is None:
         return INTERPRETER
     return _BY_CAPABILITY.get(capability, DEFAULT)
+
+
+# The decode step (``kernels/conv/decode.py``): one token, grid B × C/block_c, each program reads
+# its K − 1 state rows, x, the weights and writes y and the shifted state (2·K elements per
+# channel moved; launch-bound at model sizes). Decode-only (``nas.latency._measure.DECODE_ONLY``):
+# kept out of ``__all__``.
+STEP_BLOCK_C = 256
+STEP_NUM_WARPS = 2
+INTERPRETER_STEP_BLOCK_C = 32  # tests: odd C spans several programs with a ragged last one

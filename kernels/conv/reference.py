@@ -17,3 +17,14 @@ def causal_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None)
     padded = F.pad(x.float(), (0, 0, K - 1, 0))  # [B, K − 1 + T, C]: K − 1 zero steps before t = 0
     y = sum(padded[:, j : j + T] * weight[:, j].float() for j in range(K))
     return y if bias is None else y + bias.float()
+
+
+def causal_conv_step_ref(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """One token of ``causal_depthwise_conv``: x ``[B, C]`` after the K − 1 inputs in ``state
+    [B, K − 1, C]`` (oldest first) → fp32 ``[B, C]``; shifts ``state`` in place (drops the oldest,
+    appends x)."""
+    window = F.pad(state.float(), (0, 0, 0, 1))  # [B, K, C]: the last K inputs, x last
+    window[:, -1] = x.float()
+    y = causal_depthwise_conv(window, weight, bias)[:, -1]
+    state.copy_(window[:, 1:])
+    return y

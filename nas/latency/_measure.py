@@ -97,7 +97,28 @@ DECODE_ONLY: dict[str, frozenset[str]] = {
             "step_configs",
         }
     ),
+    "kernels/attention/configs.py": frozenset(
+        {
+            "DecodeConfig",
+            "DECODE_HOPPER",
+            "DECODE_DEFAULT",
+            "DECODE_INTERPRETER",
+            "DECODE_INTERPRETER_SPLIT_ROWS",
+            "DECODE_PROGRAMS_PER_SM",
+            "DECODE_MIN_SPLIT_ROWS",
+            "DECODE_MAX_SPLITS",
+            "_DECODE_BY_CAPABILITY",
+            "_decode_splits",
+            "decode_config",
+            "decode_configs",
+        }
+    ),
+    "kernels/attention/reference.py": frozenset({"rope_at", "decode_attention_ref"}),
+    "kernels/conv/configs.py": frozenset({"STEP_BLOCK_C", "STEP_NUM_WARPS", "INTERPRETER_STEP_BLOCK_C"}),
+    "kernels/conv/reference.py": frozenset({"causal_conv_step_ref"}),
 }
+# Whole files a forward never imports: the decode kernels over a KV cache and the conv step.
+DECODE_ONLY_FILES = frozenset({"kernels/attention/decode.py", "kernels/conv/decode.py"})
 
 
 def _decode_only(node: ast.stmt, names: frozenset[str]) -> bool:
@@ -136,10 +157,12 @@ def _code_of(path: Path, skip: frozenset[str] = frozenset()) -> bytes:
 def source_fingerprint(files: Iterable[Path], root: Path) -> str:
     """12 hex digits of SHA-256 over the files' paths (relative to ``root``) and code
     (``_code_of``: a reformat, a comment, a docstring or ``DECODE_ONLY`` code does not change
-    it), in path order."""
+    it), in path order; ``DECODE_ONLY_FILES`` are left out whole."""
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
+        if rel in DECODE_ONLY_FILES:
+            continue
         digest.update(rel.encode() + b"\0" + _code_of(path, DECODE_ONLY.get(rel, frozenset())) + b"\0")
     return digest.hexdigest()[:12]
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from nas.models.decode import DecodeCache, LayerCache
 from nas.models.hybrid import Block, HybridModel
+from nas.models.triton_decode import TritonDecoder
 from nas.models.triton_model import TritonModel, to_triton
 from nas.spec import ArchSpec
 from nas.tasks.base import Task
 
-__all__ = ["Block", "HybridModel", "TritonModel", "build", "to_triton"]
+__all__ = ["Block", "DecodeCache", "HybridModel", "LayerCache", "TritonDecoder", "TritonModel", "build", "to_triton"]
 
 
 def build(arch: ArchSpec, task: Task | None = None, *, seed: int | None = None) -> HybridModel:

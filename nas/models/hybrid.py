@@ -1,4 +1,5 @@
-"""``HybridModel``: embedding, pre-norm residual blocks (mixer + MLP), final norm, head."""
+"""``HybridModel``: embedding, pre-norm residual blocks (mixer + MLP), final norm, head; and
+token-by-token decoding (``prefill`` a prompt, then ``step``) over a ``DecodeCache``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from nas.models.decode import DecodeCache, LayerCache
 from nas.models.mixers import LinearAttention, SelfAttention
 from nas.spec import ArchSpec, LayerSpec
 
@@ -59,9 +61,23 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mixer is not None:
             x = x + self.mixer(self.norm1(x))
-        if self.mlp is not None:
-            x = x + self.mlp(self.norm2(x))
-        return x
+        return self._mlp(x)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm2(x)) if self.mlp is not None else x
+
+    def prefill(self, x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, LayerCache]:
+        """x ``[B, T, d]`` → the forward's output and the block's cache (empty without a mixer)."""
+        if self.mixer is None:
+            return self._mlp(x), LayerCache()
+        out, cache = self.mixer.prefill(self.norm1(x), capacity)
+        return self._mlp(x + out), cache
+
+    def step(self, x: torch.Tensor, cache: LayerCache, position: int) -> torch.Tensor:
+        """x ``[B, d]`` of the token at ``position`` → ``[B, d]``; advances ``cache`` in place."""
+        if self.mixer is not None:
+            x = x + self.mixer.step(self.norm1(x), cache, position)
+        return self._mlp(x)
 
 
 class HybridModel(nn.Module):
@@ -92,4 +108,45 @@ class HybridModel(nn.Module):
             x = block(x)
         if self.arch.readout == "last":
             x = x[:, -1]
+        return self.head(self.norm(x))
+
+    def _check_generates(self, op: str) -> None:
+        if self.arch.readout != "token":
+            raise ValueError(
+                f"{op}: readout {self.arch.readout!r} gives one output per sequence; decoding needs readout 'token'"
+            )
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, capacity: int | None = None) -> tuple[torch.Tensor, DecodeCache]:
+        """tokens ``[B, T]`` int64 → logits ``[B, T, n_out]`` (the forward's) and a cache ready
+        for ``step``, with room for ``capacity`` (default T, at least T) tokens in all."""
+        self._check_generates("prefill")
+        if tokens.dim() != 2 or tokens.shape[1] < 1:
+            raise ValueError(f"prefill: tokens must be [B, T] with T >= 1, got {tuple(tokens.shape)}")
+        T = tokens.shape[1]
+        capacity = T if capacity is None else capacity
+        if capacity < T:
+            raise ValueError(f"prefill: capacity must be >= the prompt's {T} tokens, got {capacity}")
+        x = self.embed(tokens)  # [B, T, d]
+        layers = []
+        for block in self.blocks:
+            x, cache = block.prefill(x, capacity)
+            layers.append(cache)
+        return self.head(self.norm(x)), DecodeCache(layers, T, capacity)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, cache: DecodeCache) -> torch.Tensor:
+        """tokens ``[B]`` int64, the next token of each sequence → logits ``[B, n_out]``;
+        ``cache`` advances by one token in place."""
+        self._check_generates("step")
+        if tokens.dim() != 1:
+            raise ValueError(f"step: tokens must be [B], got {tuple(tokens.shape)}")
+        if cache.length >= cache.capacity:
+            raise ValueError(
+                f"step: the cache is full (capacity {cache.capacity} tokens); prefill with a larger capacity"
+            )
+        x = self.embed(tokens)  # [B, d]
+        for block, layer in zip(self.blocks, cache.layers, strict=True):
+            x = block.step(x, layer, cache.length)
+        cache.length += 1
         return self.head(self.norm(x))

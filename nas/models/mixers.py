@@ -9,6 +9,8 @@ from torch import nn
 from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK
 from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
 from kernels.linear_attention.reference import FEATURE_MAP_FNS
+from kernels.linear_attention.reference import step as linear_attention_step
+from nas.models.decode import LayerCache
 
 __all__ = ["FEATURE_MAP_FNS", "LinearAttention", "SelfAttention", "causal_depthwise_conv", "causal_linear_attention"]
 
@@ -61,10 +63,13 @@ def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return out
 
 
-def rope_tables(T: int, D: int, *, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables (Su et al. 2021), cos and sin ``[T, D//2]``, base 10000."""
+def rope_tables(
+    T: int, D: int, *, device: torch.device, dtype: torch.dtype, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables (Su et al. 2021), cos and sin ``[T - start, D//2]`` for positions
+    ``start .. T-1``, base 10000 (a decode step takes the one row of its position)."""
     inv = 10000.0 ** (-torch.arange(0, D - D % 2, 2, device=device, dtype=torch.float32) / D)
-    ang = torch.arange(T, device=device, dtype=torch.float32).unsqueeze(1) * inv
+    ang = torch.arange(start, T, device=device, dtype=torch.float32).unsqueeze(1) * inv
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
@@ -79,7 +84,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class _HeadsMixer(nn.Module):
     """Shared projections: fused QKV ``Linear(d, 3d)``, an optional depthwise causal convolution
-    over the 3d projected channels, and the output ``Linear(d, d)``, all with bias."""
+    over the 3d projected channels, and the output ``Linear(d, d)``, all with bias.
+
+    Decoding (``prefill`` then ``step``, see ``nas.models.decode``) runs the forward's own math
+    on the prompt and keeps what the next token needs; ``step`` takes x ``[B, d]`` at
+    ``position`` (the tokens consumed so far) and advances its ``LayerCache`` in place.
+    """
 
     def __init__(self, d_model: int, heads: int, short_conv: int) -> None:
         super().__init__()
@@ -92,27 +102,69 @@ class _HeadsMixer(nn.Module):
         )
         self.out = nn.Linear(d_model, d_model)
 
-    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v ``[B, H, T, Dh]`` and the projection before the conv ``[B, T, 3d]`` (for a prefill)."""
         B, T, _ = x.shape
-        qkv = self.qkv(x)  # [B, T, 3d]
-        if self.conv is not None:
-            qkv = causal_depthwise_conv(qkv, self.conv.weight, self.conv.bias)
+        raw = self.qkv(x)  # [B, T, 3d]
+        qkv = causal_depthwise_conv(raw, self.conv.weight, self.conv.bias) if self.conv is not None else raw
         qkv = qkv.view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [3, B, H, T, Dh]
-        return qkv[0], qkv[1], qkv[2]
+        return qkv[0], qkv[1], qkv[2], raw
 
     def _merge(self, o: torch.Tensor) -> torch.Tensor:
         B, H, T, Dh = o.shape
         return self.out(o.transpose(1, 2).reshape(B, T, H * Dh))
 
+    def _conv_state(self, raw: torch.Tensor) -> torch.Tensor | None:
+        """The conv's inputs a step needs: the last K-1 rows of ``raw [B, T, 3d]``, zeros before the start."""
+        if self.conv is None:
+            return None
+        K, T = self.conv.kernel_size[0], raw.shape[1]
+        return F.pad(raw, (0, 0, K - 1, 0))[:, T:].clone()  # [B, K-1, 3d]
+
+    def _split_step(self, x: torch.Tensor, conv_state: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """x ``[B, d]`` → q, k, v ``[B, H, Dh]``; shifts ``conv_state`` in place."""
+        B = x.shape[0]
+        qkv = self.qkv(x)  # [B, 3d]
+        if self.conv is not None:
+            window = torch.cat((conv_state, qkv.unsqueeze(1)), dim=1)  # [B, K, 3d]
+            # the forward's conv over the window, last row: the same products summed in the same order
+            qkv = causal_depthwise_conv(window, self.conv.weight, self.conv.bias)[:, -1]
+            conv_state.copy_(window[:, 1:])
+        return qkv.view(B, 3, self.heads, -1).unbind(1)
+
+
+def _rows(x: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``[B, H, T, Dh]`` → ``[B, H, capacity, Dh]``, rows T.. zero."""
+    return F.pad(x, (0, 0, 0, capacity - x.shape[2])).contiguous()
+
 
 class SelfAttention(_HeadsMixer):
     """Causal multi-head softmax attention with rotary positions. x ``[B, T, d]`` → ``[B, T, d]``."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._split(x)
+    def _mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The output ``[B, T, d]``, the rotated keys and the values ``[B, H, T, Dh]``, the raw projection."""
+        q, k, v, raw = self._split(x)
         cos, sin = rope_tables(q.shape[2], q.shape[3], device=q.device, dtype=q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self._merge(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return self._merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)), k, v, raw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._mix(x)[0]
+
+    def prefill(self, x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, LayerCache]:
+        """x ``[B, T, d]`` → the forward's output and a cache of ``capacity`` ≥ T key/value rows."""
+        out, k, v, raw = self._mix(x)
+        return out, LayerCache(conv=self._conv_state(raw), k=_rows(k, capacity), v=_rows(v, capacity))
+
+    def step(self, x: torch.Tensor, cache: LayerCache, position: int) -> torch.Tensor:
+        """x ``[B, d]`` → ``[B, d]``: RoPE at ``position``, k and v written to that row, then
+        attention over rows 0..position."""
+        q, k, v = self._split_step(x, cache.conv)  # [B, H, Dh]
+        cos, sin = rope_tables(position + 1, q.shape[-1], device=q.device, dtype=q.dtype, start=position)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.k[:, :, position], cache.v[:, :, position] = k, v
+        keys, values = cache.k[:, :, : position + 1], cache.v[:, :, : position + 1]
+        return self._merge(F.scaled_dot_product_attention(q.unsqueeze(2), keys, values))[:, 0]
 
 
 class LinearAttention(_HeadsMixer):
@@ -128,10 +180,33 @@ class LinearAttention(_HeadsMixer):
         self.feature_map = feature_map
         self.normalize = feature_map != "identity"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._split(x)
+    def _mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The output ``[B, T, d]``, φ(k) and v ``[B, H, T, Dh]``, the raw projection."""
+        q, k, v, raw = self._split(x)
         phi = FEATURE_MAP_FNS[self.feature_map]
         q, k = phi(q), phi(k)
         if not self.normalize:
             q = q * q.shape[-1] ** -0.5
-        return self._merge(causal_linear_attention(q, k, v, normalize=self.normalize))
+        return self._merge(causal_linear_attention(q, k, v, normalize=self.normalize)), k, v, raw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._mix(x)[0]
+
+    def prefill(self, x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, LayerCache]:
+        """x ``[B, T, d]`` → the forward's output and the state after T tokens (``capacity`` is
+        the softmax mixer's; a linear-attention state does not grow)."""
+        out, k, v, raw = self._mix(x)
+        k = k.float()
+        with torch.autocast(k.device.type, enabled=False):  # the state is fp32 under autocast too
+            state = k.transpose(-1, -2) @ v.float()  # [B, H, Dh, Dh]
+        z = k.sum(2) if self.normalize else None  # [B, H, Dh]
+        return out, LayerCache(conv=self._conv_state(raw), state=state, z=z)
+
+    def step(self, x: torch.Tensor, cache: LayerCache, position: int) -> torch.Tensor:
+        """x ``[B, d]`` → ``[B, d]``: S += φ(k)vᵀ, z += φ(k), o = φ(q)·S [/ (φ(q)·z + EPS)].
+        ``position`` is unused (no positions in linear attention); the signature is the mixers'."""
+        q, k, v = self._split_step(x, cache.conv)  # [B, H, Dh]
+        # the identity map keeps no z; the reference step sums one regardless, into scratch here
+        z = cache.z if cache.z is not None else cache.state.new_zeros(cache.state.shape[:-1])
+        o = linear_attention_step(q, k, v, cache.state, z, feature_map=self.feature_map)  # [B, H·Dh] fp32
+        return self.out(o.to(q.dtype))

@@ -152,3 +152,61 @@ def test_gpu_matches_reference_and_model(B: int, T: int, C: int, K: int, dtype: 
 def test_gpu_every_config(config: ConvConfig) -> None:
     x, w, b = _inputs(3, 1000, 1000, 4, torch.bfloat16, bias=True, device=CUDA, gen=_gen("gpu-every", config))
     _check(x, w, b, torch.bfloat16, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode step (kernels/conv/decode.py): token by token from a zero state, against the
+# convolution over the whole sequence.
+# ---------------------------------------------------------------------------------------------
+
+
+def _steps_match_sequence(B: int, T: int, C: int, K: int, dtype: torch.dtype, device: torch.device) -> None:
+    """T steps of ``causal_conv_step`` from a zero state equal ``causal_depthwise_conv`` over the
+    sequence (the fp32 reference), and the state ends as the last K − 1 inputs; the reference step
+    does the same in fp32."""
+    from kernels.conv.decode import causal_conv_step
+
+    x, w, b = _inputs(B, T, C, K, dtype, bias=True, device=device, gen=_gen("step", B, T, C, K, dtype))
+    state = torch.zeros(B, K - 1, C, device=device, dtype=dtype)
+    state_ref = torch.zeros(B, K - 1, C, device=device, dtype=torch.float32)
+    ys = [causal_conv_step(x[:, t], state, w, b) for t in range(T)]
+    ys_ref = [ref.causal_conv_step_ref(x[:, t], state_ref, w, b) for t in range(T)]
+    expected = ref.causal_depthwise_conv(x, w, b)
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(torch.stack(ys, 1).float(), expected, rtol=rtol, atol=atol)
+    torch.testing.assert_close(torch.stack(ys_ref, 1), expected, rtol=1e-5, atol=1e-5)
+    tail = torch.zeros(B, K - 1, C, device=device, dtype=dtype)  # the last K − 1 inputs, zero-padded
+    keep = min(T, K - 1)
+    if keep:
+        tail[:, K - 1 - keep :] = x[:, T - keep :]
+    assert torch.equal(state, tail) and torch.equal(state_ref, tail.float())
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K", [1, 2, 4, 8])
+def test_step_matches_sequence(K: int, dtype: torch.dtype) -> None:
+    """Odd batch and channels (C = 37 over two 32-channel programs), T longer and shorter than K."""
+    _steps_match_sequence(3, 11, 37, K, dtype, DEVICE)
+    _steps_match_sequence(1, 3, 5, K, dtype, DEVICE)
+
+
+@requires_interpreter
+def test_step_bad_arguments_raise() -> None:
+    from kernels.conv.decode import causal_conv_step
+
+    x, w, b = torch.zeros(2, 8), torch.zeros(8, 4), torch.zeros(8)
+    with pytest.raises(ValueError, match=r"state must have shape \[2, 3, 8\]"):
+        causal_conv_step(x, torch.zeros(2, 2, 8), w, b)
+    with pytest.raises(ValueError, match="K must be in 1..8"):
+        causal_conv_step(x, torch.zeros(2, 8, 8), torch.zeros(8, 9), b)
+    with pytest.raises(ValueError, match="state must be contiguous"):
+        causal_conv_step(x, torch.zeros(2, 8, 3).transpose(1, 2), w, b)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K", [1, 4, 8])
+def test_gpu_step_matches_sequence(K: int, dtype: torch.dtype) -> None:
+    _steps_match_sequence(5, 20, 1536 + 7, K, dtype, CUDA)

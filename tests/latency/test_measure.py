@@ -102,6 +102,49 @@ def test_kernel_code_is_part_of_the_key(tmp_path):
     assert len(real) == 12 and int(real, 16) >= 0
 
 
+def _forward_tree(tmp_path):
+    """A copy of what ``kernels_fingerprint`` hashes (kernels/**/*.py and the Triton model) under
+    ``tmp_path``, as (files, root)."""
+    import shutil
+    from pathlib import Path
+
+    import kernels
+    import nas.models.triton_model as triton_model
+
+    repo = Path(kernels.__file__).resolve().parent.parent
+    shutil.copytree(repo / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "nas" / "models").mkdir(parents=True)
+    shutil.copy(Path(triton_model.__file__), tmp_path / "nas" / "models" / "triton_model.py")
+    return [*(tmp_path / "kernels").rglob("*.py"), tmp_path / "nas" / "models" / "triton_model.py"], tmp_path
+
+
+def test_forward_fingerprint_is_the_calibrated_one_and_ignores_decode_code(tmp_path):
+    """The forward fingerprint equals the one the H200 calibration recorded; editing decode-only
+    code (a whole decode file, a decode name in a forward file) leaves it, editing a forward
+    kernel changes it."""
+    from pathlib import Path
+
+    import yaml
+
+    from nas.latency._measure import DECODE_ONLY_FILES, kernels_fingerprint, source_fingerprint
+
+    profile = Path(__file__).resolve().parents[2] / "hardware_profiles" / "h200.yaml"
+    recorded = yaml.safe_load(profile.read_text())["calibrated"]["kernels_fingerprint"]
+    assert kernels_fingerprint() == recorded
+    files, root = _forward_tree(tmp_path)
+    assert source_fingerprint(files, root) == recorded
+    for rel in sorted(DECODE_ONLY_FILES):
+        assert (root / rel).exists(), rel
+        (root / rel).write_text((root / rel).read_text() + "\nEDITED = 1\n")
+    configs = root / "kernels" / "attention" / "configs.py"
+    configs.write_text(configs.read_text().replace("DECODE_PROGRAMS_PER_SM = 4", "DECODE_PROGRAMS_PER_SM = 8"))
+    assert "DECODE_PROGRAMS_PER_SM = 8" in configs.read_text()
+    assert source_fingerprint(files, root) == recorded
+    forward = root / "kernels" / "attention" / "triton.py"
+    forward.write_text(forward.read_text().replace("_LOG2E = 1.4426950408889634", "_LOG2E = 1.4426950408889"))
+    assert source_fingerprint(files, root) != recorded
+
+
 def test_cache_survives_a_corrupt_file(tmp_path, monkeypatch):
     path = tmp_path / "lat.json"
     path.write_text("{not json")

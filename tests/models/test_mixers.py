@@ -268,7 +268,7 @@ def test_short_conv_equals_handwritten_causal_conv(cls, K):
     assert m.conv.weight.shape == (3 * d, 1, K)
     x = torch.randn(2, T, d)
     want = causal_depthwise_conv(m.qkv(x), m.conv.weight, m.conv.bias)
-    got = torch.stack(m._split(x)).permute(1, 3, 0, 2, 4).reshape(2, T, 3 * d)  # [3, B, H, T, Dh] → [B, T, 3d]
+    got = torch.stack(m._split(x)[:3]).permute(1, 3, 0, 2, 4).reshape(2, T, 3 * d)  # [3, B, H, T, Dh] → [B, T, 3d]
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 

@@ -1,0 +1,380 @@
+"""Decoding with softmax attention over a KV cache: one new token per sequence.
+
+Two wrappers, three kernels:
+
+``rope_append`` (one launch, grid B·H): reads the token's fused projection ``qkv [B, 3·H·D]``,
+rotates q and k at the token's position (RoPE, Su et al. 2021, the half-split pairs (i, i + D/2)
+of ``nas.models.mixers.apply_rope``), writes k and v into that row of the caches and returns q.
+Moves 3·D elements in, 3·D out per head, plus D cos/sin values: launch-bound, one small program
+per head.
+
+``decode_attention`` (split-KV "flash-decoding", Dao et al. 2023): a single query row cannot fill
+a GPU with one program per (batch, head) (B1 H8: 8 programs on 132 SMs), so the cache capacity
+is cut into ``splits`` slices and the grid is B·H × splits. Each program streams its slice of
+k and v in ``[BLOCK_N, D]`` tiles with an online softmax (scores in base 2, log2(e)·scale folded
+into q), and writes its partial output normalised by its own sum, o_s ``[D]``, with its
+log-sum-exp lse_s (base 2), in fp32. A second launch (grid B·H) combines the slices:
+o = Σ_s 2^(lse_s − max lse)·o_s / Σ_s 2^(lse_s − max lse). With one split the first kernel
+writes the output itself and the combine is skipped.
+
+Positions are read on the device (``positions [B]`` int32: the index of the newest row of each
+sequence), so a CUDA graph captured once is replayed after ``positions += 1``. The split count is
+fixed by the capacity (``configs.decode_config``); a program whose slice starts past its
+sequence's position returns at once, and the combine reads only the slices that hold rows. Rows
+past the position are never loaded (masked): a cache may hold anything there, NaN included.
+
+Cost per (batch, head) at n = position + 1 rows: reads 2·n·D cache elements (the floor: the
+kernel is memory-bound at 1 FLOP per byte in bf16: 2·D FLOPs for the score, 2·D for p·v), plus
+splits·(D + 1) fp32 partials written and read back by the combine, D outputs written.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels._common import DTYPES, SUPPORTED_HEAD_DIMS, check_runnable, output_buffer, sm_count
+from kernels.attention.configs import DecodeConfig, decode_config
+from kernels.device import is_cuda
+
+__all__ = ["decode_attention", "rope_append"]
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _rope_append_kernel(
+    QKV,  # [B, 3·H·D], unit stride on the last dim
+    KC,
+    VC,  # caches [B, H, C, D], unit stride on D
+    POS,  # int32 [B]
+    COS,
+    SIN,  # [>= C, D/2], unit stride on the last dim
+    QO,  # [B, H, D] contiguous
+    stride_qkv,
+    stride_kb,
+    stride_kh,
+    stride_kc,
+    stride_vb,
+    stride_vh,
+    stride_vc,
+    stride_cs,
+    H,
+    C,
+    HEAD_DIM: tl.constexpr,
+    ROPE: tl.constexpr,
+):
+    # Program = one (batch, head): reads q, k, v (3·D elements) and one cos/sin row (D), writes
+    # one cache row of k and of v and q (3·D elements).
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    pos = tl.minimum(tl.load(POS + b), C - 1).to(tl.int64)  # clamped: never write past the cache
+    HALF: tl.constexpr = HEAD_DIM // 2
+    lo = tl.arange(0, HALF)
+    src = QKV + b * stride_qkv + h * HEAD_DIM
+    q1 = tl.load(src + lo).to(tl.float32)  # q = [q1 | q2], halves of D/2
+    q2 = tl.load(src + HALF + lo).to(tl.float32)
+    k1 = tl.load(src + H * HEAD_DIM + lo).to(tl.float32)
+    k2 = tl.load(src + H * HEAD_DIM + HALF + lo).to(tl.float32)
+    v1 = tl.load(src + 2 * H * HEAD_DIM + lo)
+    v2 = tl.load(src + 2 * H * HEAD_DIM + HALF + lo)
+    if ROPE:
+        c = tl.load(COS + pos * stride_cs + lo).to(tl.float32)
+        s = tl.load(SIN + pos * stride_cs + lo).to(tl.float32)
+        q1, q2 = q1 * c - q2 * s, q2 * c + q1 * s
+        k1, k2 = k1 * c - k2 * s, k2 * c + k1 * s
+    k_row = KC + b * stride_kb + h * stride_kh + pos * stride_kc
+    v_row = VC + b * stride_vb + h * stride_vh + pos * stride_vc
+    tl.store(k_row + lo, k1.to(KC.dtype.element_ty))
+    tl.store(k_row + HALF + lo, k2.to(KC.dtype.element_ty))
+    tl.store(v_row + lo, v1)
+    tl.store(v_row + HALF + lo, v2)
+    q_out = QO + bh.to(tl.int64) * HEAD_DIM
+    tl.store(q_out + lo, q1.to(QO.dtype.element_ty))
+    tl.store(q_out + HALF + lo, q2.to(QO.dtype.element_ty))
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q,  # [B, H, D] contiguous
+    KC,
+    VC,  # caches [B, H, C, D], unit stride on D
+    POS,  # int32 [B]
+    O_PART,  # fp32 [B·H, splits, D]: each slice's output, normalised by its own sum
+    LSE,  # fp32 [B·H, splits]: each slice's log2-sum-exp2 of its scores
+    OUT,  # [B, H·D]: written here directly when DIRECT
+    stride_kb,
+    stride_kh,
+    stride_kc,
+    stride_vb,
+    stride_vh,
+    stride_vc,
+    H,
+    C,
+    split_rows,  # rows per slice, a multiple of BLOCK_N
+    splits,
+    qk_scale,  # scale·log2(e)
+    DIRECT: tl.constexpr,  # one slice: normalise and write OUT here, no partials
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Program (head, slice): reads 2·rows·D cache elements, does 4·rows·D FLOPs, writes D + 1
+    # fp32 partials (or D outputs when unsplit).
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    n = tl.minimum(tl.load(POS + b) + 1, C)  # rows 0..position inclusive
+    start = split * split_rows
+    if start >= n:  # a slice past this sequence's newest row: the combine skips it
+        return
+    end = tl.minimum(start + split_rows, n)
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + bh.to(tl.int64) * HEAD_DIM + d).to(tl.float32) * qk_scale  # [D]
+    k_head = KC + b * stride_kb + h * stride_kh
+    v_head = VC + b * stride_vb + h * stride_vh
+    m_i = tl.max(tl.full((BLOCK_N,), float("-inf"), tl.float32), 0)  # scalar -inf
+    l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), 0)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)
+    for row0 in range(start, end, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        valid = rows < end  # masked rows are never loaded (they may hold anything)
+        rows64 = rows.to(tl.int64)
+        k = tl.load(k_head + rows64[:, None] * stride_kc + d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(v_head + rows64[:, None] * stride_vc + d[None, :], mask=valid[:, None], other=0.0)
+        scores = tl.sum(k.to(tl.float32) * q[None, :], 1)  # [BLOCK_N], base 2
+        scores = tl.where(valid, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 0))  # finite: every block holds a valid row
+        p = tl.exp2(scores - m_new)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        m_i = m_new
+    if DIRECT:
+        tl.store(OUT + bh.to(tl.int64) * HEAD_DIM + d, (acc / l_i).to(OUT.dtype.element_ty))
+    else:
+        part = bh.to(tl.int64) * splits + split
+        tl.store(O_PART + part * HEAD_DIM + d, acc / l_i)
+        tl.store(LSE + part, m_i + tl.log2(l_i))
+
+
+@triton.jit
+def _decode_combine_kernel(
+    O_PART,  # fp32 [B·H, splits, D]
+    LSE,  # fp32 [B·H, splits]
+    POS,  # int32 [B]
+    OUT,  # [B, H·D]
+    H,
+    C,
+    split_rows,
+    splits,
+    SPLITS_P2: tl.constexpr,  # splits rounded up to a power of two
+    BLOCK_S: tl.constexpr,  # slices per step of the weighted sum
+    HEAD_DIM: tl.constexpr,
+):
+    # Program = one head: reads its filled slices' (D + 1) fp32 partials, writes D outputs.
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    n = tl.minimum(tl.load(POS + b) + 1, C)
+    filled = tl.cdiv(n, split_rows)  # slices holding rows; the rest wrote nothing
+    base = bh.to(tl.int64) * splits
+    s_all = tl.arange(0, SPLITS_P2)
+    lse = tl.load(LSE + base + s_all, mask=s_all < filled, other=float("-inf"))
+    m = tl.max(lse, 0)  # finite: slice 0 always holds row 0
+    denom = tl.sum(tl.exp2(lse - m), 0)
+    d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)
+    for s0 in range(0, filled, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = s < filled
+        w = tl.exp2(tl.load(LSE + base + s, mask=ok, other=float("-inf")) - m)  # [BLOCK_S], 0 when empty
+        o = tl.load(O_PART + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * o, 0)
+    tl.store(OUT + bh.to(tl.int64) * HEAD_DIM + d, (acc / denom).to(OUT.dtype.element_ty))
+
+
+def _check_cache(op: str, name: str, cache: Tensor, B: int, H: int, D: int, dtype: torch.dtype) -> None:
+    if cache.dim() != 4 or tuple(cache.shape[:2]) != (B, H) or cache.shape[3] != D or cache.shape[2] < 1:
+        raise ValueError(f"{op}: {name} must be [B, H, C, D] = [{B}, {H}, C >= 1, {D}], got {list(cache.shape)}")
+    if cache.dtype != dtype:
+        raise ValueError(f"{op}: {name}.dtype must be {dtype} (as the query's), got {cache.dtype}")
+    if cache.stride(3) != 1:
+        raise ValueError(f"{op}: {name} needs unit stride on D, got strides {cache.stride()}")
+
+
+def _check_decode_inputs(
+    op: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor, heads: tuple[int, int, int]
+) -> None:
+    """ValueError naming the offending argument unless q (its dtype) and the caches match
+    ``heads`` = (B, H, D) with D in SUPPORTED_HEAD_DIMS, and positions is int32 ``[B]``, all on
+    one device where the kernels run."""
+    B, H, D = heads
+    check_runnable(op, q)
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{op}: head dim D={D} is not supported; allowed: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"{op}: dtype must be one of {DTYPES}, got {q.dtype}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_cache(op, name, cache, B, H, D, q.dtype)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"{op}: k_cache and v_cache must share one shape, got {list(k_cache.shape)}, {list(v_cache.shape)}"
+        )
+    if positions.dtype != torch.int32 or tuple(positions.shape) != (B,):
+        raise ValueError(f"{op}: positions must be int32 [B] = [{B}], got {positions.dtype} {list(positions.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("positions", positions)):
+        if t.device != q.device:
+            raise ValueError(f"{op}: {name} is on {t.device}, the query on {q.device}")
+
+
+def rope_append(
+    qkv: Tensor,
+    heads: int,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    positions: Tensor,
+    rope: tuple[Tensor, Tensor] | None,
+) -> Tensor:
+    """One new token: rotate its q and k, write k and v into the caches at its position; one launch.
+
+    qkv: ``[B, 3·H·D]`` (q, k, v blocks of H·D channels, head-major, as ``nn.Linear(d, 3d)``
+    emits; unit stride on the last dim). heads: H. k_cache, v_cache: ``[B, H, C, D]`` of qkv's
+    dtype, unit stride on D, written in place at row ``positions[b]`` only. positions: int32
+    ``[B]`` on the device (read there: a replayed CUDA graph sees its updates). rope: ``(cos,
+    sin)`` each ``[>= C, D/2]`` (any float dtype, unit stride on the last dim), or None for no
+    rotation. Returns rotated q ``[B, H, D]`` contiguous in qkv's dtype.
+    """
+    if qkv.dim() != 2 or heads < 1 or qkv.shape[1] % (3 * heads):
+        raise ValueError(f"rope_append: qkv must be [B, 3·H·D] with H={heads}, got {list(qkv.shape)}")
+    B, D = qkv.shape[0], qkv.shape[1] // (3 * heads)
+    _check_decode_inputs("rope_append", qkv, k_cache, v_cache, positions, (B, heads, D))
+    if qkv.stride(1) != 1:
+        raise ValueError(f"rope_append: qkv needs unit stride on its last dim, got strides {qkv.stride()}")
+    C = k_cache.shape[2]
+    if rope is not None:
+        for name, table in zip(("cos", "sin"), rope, strict=True):
+            if table.dim() != 2 or table.shape[0] < C or table.shape[1] != D // 2 or table.device != qkv.device:
+                raise ValueError(
+                    f"rope_append: rope {name} must be [>= C, D/2] = [>= {C}, {D // 2}] on {qkv.device}, "
+                    f"got {list(table.shape)} on {table.device}"
+                )
+        cos, sin = rope
+        if cos.stride(1) != 1 or sin.stride(1) != 1 or cos.stride(0) != sin.stride(0):
+            cos, sin = cos.contiguous(), sin.contiguous()
+    else:
+        cos = sin = qkv  # never read without ROPE
+    q_out = torch.empty(B, heads, D, device=qkv.device, dtype=qkv.dtype)
+    if B == 0:
+        return q_out
+    _rope_append_kernel[(B * heads,)](
+        qkv,
+        k_cache,
+        v_cache,
+        positions,
+        cos,
+        sin,
+        q_out,
+        qkv.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        cos.stride(0),
+        heads,
+        C,
+        HEAD_DIM=D,
+        ROPE=rope is not None,
+        num_warps=1,
+    )
+    return q_out
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    positions: Tensor,
+    *,
+    scale: float | None = None,
+    out: Tensor | None = None,
+    config: DecodeConfig | None = None,
+) -> Tensor:
+    """Softmax attention of one query token per sequence over its cache rows 0..positions[b].
+
+    q: ``[B, H, D]`` bf16/fp16/fp32 (made contiguous), D in SUPPORTED_HEAD_DIMS. k_cache,
+    v_cache: ``[B, H, C, D]`` of q's dtype, unit stride on D; rows past positions[b] are never
+    read. positions: int32 ``[B]`` on the device, each < C (read there; clamped to C − 1).
+    scale: defaults to D^-1/2. out: optional contiguous ``[B, H·D]`` buffer of q's dtype.
+    config: this launch instead of ``configs.decode_config``'s (tests, benchmark sweeps).
+    Returns ``[B, H·D]`` in q's dtype. Two launches (split, combine), one when unsplit; no host
+    sync and no allocation that depends on device values, so it can be captured in a CUDA graph.
+    """
+    if q.dim() != 3:
+        raise ValueError(f"decode_attention: q must be [B, H, D], got {list(q.shape)}")
+    B, H, D = q.shape
+    _check_decode_inputs("decode_attention", q, k_cache, v_cache, positions, (B, H, D))
+    o = output_buffer("decode_attention", out, (B, H * D), q)
+    if B * H == 0:
+        return o
+    C = k_cache.shape[2]
+    if config is None:
+        sms = sm_count(q.device) if is_cuda(q.device) else 1
+        config = decode_config(q.device, B * H, C, D, sms)
+    split_rows = triton.cdiv(triton.cdiv(C, config.splits), config.block_n) * config.block_n
+    splits = triton.cdiv(C, split_rows)  # no slice lies wholly past the capacity
+    q = q.contiguous()
+    # Partials: (D + 1) fp32 per slice. Scratch whose size depends on C and the config only.
+    o_part = torch.empty(B * H, splits, D, device=q.device, dtype=torch.float32) if splits > 1 else o
+    lse = torch.empty(B * H, splits, device=q.device, dtype=torch.float32) if splits > 1 else o
+    qk_scale = (D**-0.5 if scale is None else scale) * _LOG2E
+    _decode_split_kernel[(B * H, splits)](
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        o_part,
+        lse,
+        o,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        H,
+        C,
+        split_rows,
+        splits,
+        qk_scale,
+        DIRECT=splits == 1,
+        HEAD_DIM=D,
+        BLOCK_N=config.block_n,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if splits > 1:
+        splits_p2 = _next_power_of_two(splits)
+        _decode_combine_kernel[(B * H,)](
+            o_part,
+            lse,
+            positions,
+            o,
+            H,
+            C,
+            split_rows,
+            splits,
+            SPLITS_P2=splits_p2,
+            BLOCK_S=min(splits_p2, max(1, 4096 // D)),
+            HEAD_DIM=D,
+            num_warps=4,
+        )
+    return o

@@ -129,7 +129,7 @@ def _timed(tm, batch: int, context: int, device: torch.device, reps: int) -> tup
     for attempt in range(2):
         samples = []
         for i in range(reps + 3):  # three warm-up samples
-            decoder.positions.fill_(context)
+            decoder.seek(context)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(STEPS_PER_SAMPLE):

@@ -92,7 +92,12 @@ class TritonDecoder:
                 z = torch.zeros(B, H, P, dtype=torch.float32, device=dev)
         return _Buffers(conv, k, v, rope, state, z)
 
-    def _set_length(self, length: int) -> None:
+    def seek(self, length: int) -> None:
+        """Set every sequence's position to ``length`` tokens (the next step writes and attends
+        from there). Only positions move: recurrent states and conv windows keep what they hold,
+        which is what a timing loop over a captured step wants and a generation does not."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"seek: length must be in [0, {self.capacity}], got {length}")
         self.positions.fill_(length)
         self.length = length
 
@@ -128,7 +133,7 @@ class TritonDecoder:
                 buf.state[:, :, :D, :D] = layer.state
             if buf.z is not None:
                 buf.z.copy_(_padded(layer.z, P, blk.mixer))
-        self._set_length(L)
+        self.seek(L)
 
     def _check_layer(self, i: int, blk: _Block, layer: LayerCache) -> None:
         fields = {"conv": blk.conv is not None, "k": blk.mixer == "attention", "v": blk.mixer == "attention"}
@@ -175,7 +180,7 @@ class TritonDecoder:
                 buf.state[:, :, :D, :D] = draw((B, H, D, D))
             if buf.z is not None:
                 buf.z.copy_(_padded(length + draw((B, H, D), uniform=True), P, blk.mixer))
-        self._set_length(length)
+        self.seek(length)
 
     def _check_room(self) -> None:
         if self.length >= self.capacity:

@@ -203,6 +203,14 @@ def _build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--rows", default=None, metavar="JSON", help="also save every timing row there (to refit later)")
     cal.add_argument("--fit-archs", type=_positive_int, default=60, help="random architectures fitted on (× 3 shapes)")
     cal.add_argument("--check-archs", type=_positive_int, default=40, help="architectures held out as the check")
+    cal.add_argument(
+        "--decode",
+        action="store_true",
+        help="fit only the decode-step model (decode_latency's prediction) and keep the forward's calibration",
+    )
+    cal.add_argument(
+        "--decode-archs", type=_positive_int, default=36, help="random architectures for --decode (× 5 shapes)"
+    )
 
     r = sub.add_parser("report", help="write the study's offline HTML report (and optionally PNGs)")
     r.add_argument("--study", required=True, help="name of the study to report")
@@ -628,6 +636,18 @@ def _profiles(args: argparse.Namespace) -> None:
                 name, p.description, f"{p.peak_tflops.bf16:g}", f"{p.memory_bandwidth_gb_s:g}", str(p.sm_count)
             )
         console.print(table)
+    elif args.action == "calibrate" and args.decode:
+        from nas.latency.calibrate_decode import calibrate_decode
+
+        path, report = calibrate_decode(
+            args.profile, args.out, archs=args.decode_archs, rows_out=args.rows, on_progress=console.print
+        )
+        for context, s in report.get("cv", {}).items():
+            console.print(
+                f"decode {context:>6s}: {s['within_10pct']:.1%} within ±10 %, Spearman {s['spearman']:.4f}, "
+                f"95th pct |error| {s['p95_abs_error']:.1%} ({s['n']} steps, cross-validated by architecture)"
+            )
+        console.print(f"wrote {path}")
     elif args.action == "calibrate":
         from nas.latency.calibrate import calibrate
 

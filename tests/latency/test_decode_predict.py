@@ -1,0 +1,143 @@
+"""The decode step's costs and its prediction: bytes by hand, the fitted model recovered from
+rows it generated, calibrated / transferred / roofline predictions, and the fingerprint guard."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+
+from hardware_profiles import load_profile
+from nas.latency import CalibrationWarning, cache_memory, decode_work, predict_decode
+from nas.latency import _predict as predict_module
+from nas.latency._decode import DECODE_FEATURES
+from nas.latency.calibrate_decode import DECODE_SHAPES, decode_archs, decode_section, fit_decode, write_decode
+from nas.spec import ArchSpec, LayerSpec
+
+ATTN = LayerSpec("attention", heads=4, short_conv=4)
+LIN = LayerSpec("linear_attention", heads=4, feature_map="elu+1", short_conv=4)
+ENV = {"date": "2026-12-01", "gpu": "NVIDIA H200"}
+
+
+def _arch(*layers: LayerSpec, d: int = 256) -> ArchSpec:
+    return ArchSpec(d, layers, 8192, 8192)
+
+
+@pytest.fixture(autouse=True)
+def no_shipped_decode_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Predictions here rest on the profiles each test builds, never on a shipped calibration."""
+    monkeypatch.setattr(predict_module, "_decode_reference", lambda: None)
+
+
+def _bare(name: str = "h200"):
+    p = load_profile(name)
+    return dataclasses.replace(p, calibrated=dataclasses.replace(p.calibrated, decode_model_json=None))
+
+
+def test_decode_work_bytes_by_hand() -> None:
+    arch = _arch(ATTN, LIN, LayerSpec("none", mlp_ratio=2.0))
+    w = decode_work(arch, 1000, 2)
+    # K and V of 1000 rows x 4 heads x 64 channels, bf16, for 2 sequences; the linear layer's state is separate
+    assert w.cache_bytes == 2 * 2 * 1000 * 4 * 64 * 2
+    from nas.latency import count_params
+
+    assert w.weight_bytes == (count_params(arch) - 8192 * 256) * 2  # the embedding is gathered, not read
+    assert decode_work(arch, 2000, 2).cache_bytes == 2 * w.cache_bytes
+    assert decode_work(arch, 2000, 2).state_bytes == w.state_bytes  # states do not grow with the context
+    assert decode_work(arch, 1000, 2).launches == decode_work(arch, 9999, 7).launches
+
+
+def test_fit_recovers_the_coefficients_of_rows_it_generated() -> None:
+    true = [2.5, 0.30, 0.22, 0.9]  # µs per launch, per MiB of weights, cache, state
+    rows = []
+    for arch in decode_archs(3, 12):
+        for batch, context in DECODE_SHAPES:
+            x = decode_work(arch, context, batch).features()
+            rows.append(
+                {
+                    "arch": arch.to_dict(),
+                    "batch": batch,
+                    "context": context,
+                    "ms": 1e-3 * sum(c * v for c, v in zip(true, x, strict=True)),
+                }
+            )
+    coef, report = fit_decode(rows)
+    assert coef == pytest.approx(true, rel=1e-3)
+    assert report["interval"] < 1e-3 and report["cv"]["all"]["spearman"] > 0.999
+    noisy = [{**r, "ms": r["ms"] * random.Random(i).uniform(0.9, 1.1)} for i, r in enumerate(rows)]
+    _, report = fit_decode(noisy)
+    assert 0.02 < report["interval"] < 0.25  # the held-out error shows the noise
+    with pytest.raises(ValueError, match="need at least"):
+        fit_decode(rows[:2])
+
+
+def _calibrated(tmp_path, coef, interval=0.1, fingerprint=None):
+    section = decode_section(coef, {"interval": interval, "rows": 180, "cv": {}}, ENV)
+    if fingerprint is not None:
+        section["kernels_fingerprint"] = fingerprint
+    return load_profile(str(write_decode(_bare(), section, tmp_path / "h200.yaml")))
+
+
+def test_a_calibrated_prediction_is_the_fitted_sum_and_says_so(tmp_path) -> None:
+    coef = [2.0, 0.3, 0.25, 1.0]
+    profile = _calibrated(tmp_path, coef)
+    assert profile.calibrated.decode_model["coefficients"] == coef
+    assert profile.calibrated.kernel_model_json is not None  # the forward's calibration was kept
+    arch = _arch(ATTN, LIN, LIN, LIN)
+    lat = predict_decode(arch, 4, 32768, profile)
+    expected = sum(c * x for c, x in zip(coef, decode_work(arch, 32768, 4).features(), strict=True)) * 1e-3
+    assert lat.median_ms == pytest.approx(expected) and lat.kind == "decode"
+    assert [name for name, _ in lat.breakdown] == list(DECODE_FEATURES)
+    assert (lat.shape.batch, lat.shape.seq_len, lat.interval) == (4, 32768, 0.1)
+    assert lat.label() == "predicted (h200, calibrated 2026-12-01, ±10 %)"
+    back = type(lat).from_dict(json.loads(json.dumps(lat.to_dict())))
+    assert back == lat
+
+
+def test_transfer_scales_bytes_by_bandwidth_and_widens(tmp_path) -> None:
+    coef = [2.0, 0.3, 0.25, 1.0]
+    source = _calibrated(tmp_path, coef)
+    l4 = _bare("l4")
+    arch = _arch(ATTN, LIN)
+    here, there = predict_decode(arch, 1, 8192, source), predict_decode(arch, 1, 8192, l4, reference=source)
+    ratio = source.bandwidth_bytes_per_s / l4.bandwidth_bytes_per_s
+    cache_ms = dict(there.breakdown)["cache_mb"] / dict(here.breakdown)["cache_mb"]
+    assert cache_ms == pytest.approx(ratio) and there.median_ms > here.median_ms
+    assert there.interval >= 0.25 and there.label().startswith("predicted (transferred from h200")
+
+
+def test_uncalibrated_roofline_and_ordering_at_long_context() -> None:
+    profile = _bare()
+    lat = {
+        name: predict_decode(_arch(*layers), 1, 32768, profile, reference=None)
+        for name, layers in (("attention", (ATTN,) * 8), ("3:1", (LIN, LIN, LIN, ATTN) * 2), ("linear", (LIN,) * 8))
+    }
+    assert all(v.basis == "uncalibrated" and v.interval > 0.5 for v in lat.values())
+    # one step reads the KV cache of every attention layer: 8, 2 and 0 of them
+    assert lat["attention"].median_ms > lat["3:1"].median_ms > lat["linear"].median_ms
+    assert cache_memory(_arch(ATTN), 32768).kv_cache_bytes == 2 * 32768 * 256 * 2
+
+
+def test_decode_kernels_other_than_the_calibrated_ones_widen_the_interval(tmp_path) -> None:
+    profile = _calibrated(tmp_path, [2.0, 0.3, 0.25, 1.0], interval=0.1, fingerprint="000000000000")
+    predict_module._warn_fingerprint.cache_clear()
+    with pytest.warns(CalibrationWarning, match="000000000000"):
+        lat = predict_decode(_arch(ATTN), 1, 4096, profile)
+    assert lat.interval == pytest.approx(0.2) and "kernels_fingerprint" in dict(lat.notes)
+
+
+def test_a_profile_with_a_bad_decode_model_is_refused(tmp_path) -> None:
+    from hardware_profiles import ProfileError
+
+    text = tmp_path / "x.yaml"
+    good = load_profile("h200").path
+    body = (
+        open(good)
+        .read()
+        .replace("calibrated:\n", "calibrated:\n  decode_model: {coefficients: [1, -2], interval: 0.1}\n", 1)
+    )
+    text.write_text(body)
+    with pytest.raises(ProfileError, match="decode_model.coefficients"):
+        load_profile(str(text))

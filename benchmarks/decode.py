@@ -253,7 +253,8 @@ def main_attention(args: argparse.Namespace) -> None:
     copy_tbps = max(peers)
     print(f"copy (end): {peers[1]:.2f} TB/s; peer {copy_tbps:.2f}", flush=True)
     for r in rows:
-        r["copy_fraction"] = r["tbps"] / copy_tbps
+        if "tbps" in r:
+            r["copy_fraction"] = r["tbps"] / copy_tbps
     name = torch.cuda.get_device_name(0).split()[-1].lower()
     path = write_results(
         Path(args.out) / f"decode_attention_{name}{'_quick' if args.quick else ''}.json",

@@ -122,7 +122,11 @@ class DecodeConfig:
 # Measured on an H200 (torch 2.11, triton 3.6, bf16, H = 8, benchmarks/results/
 # decode_attention_h200.json, first run): the CUDA-core walk (dot=False) streamed at most ~3.0
 # TB/s (B64 N128K: 0.63× cuDNN's SDPA at 4.6 TB/s): its loads are not pipelined across blocks.
-# The matmul walk (dot=True) lets Triton pipeline them; sm_90 candidates, the chooser's first.
+# The matmul walk (dot=True) lets Triton pipeline them: second run (decode_attention_h200.json),
+# 101-104% of an SM copy's 4.25 TB/s at B 8-64 from 16K rows, 0.95-0.98× SDPA (cuDNN, itself at
+# the ceiling); B1 stays latency-bound (56-81% of the copy at 32K-128K). There 128/8w/2s dot
+# was within 1% of the first tile at D = 128 (sometimes ahead, 7.66 vs 7.76 ms at B64 N128K).
+# sm_90 candidates, the chooser's first.
 DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
     16: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
     32: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),

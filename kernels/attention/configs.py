@@ -98,12 +98,14 @@ class DecodeConfig:
     """The split-KV decode launch. block_n: cache rows per inner step (a ``[block_n, D]`` tile of
     k and of v); num_warps, num_stages: as in ``triton.Config``; splits: slices of the cache
     capacity walked by separate programs (grid B·H × splits), combined by a second launch (none
-    when splits = 1)."""
+    when splits = 1); dot: scores and p·v as 16-row matmuls (q replicated) so Triton pipelines
+    the cache loads ``num_stages`` deep, instead of CUDA-core reductions."""
 
     block_n: int
     num_warps: int
     num_stages: int
     splits: int = 1
+    dot: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -116,26 +118,43 @@ class DecodeConfig:
 
 # Decode is a stream over the cache: 2·D·(bytes per element) per row read, 4·D FLOPs per row (one
 # dot for the score, one axpy for the output), so 1 FLOP/byte in bf16 — memory-bound on any GPU.
-# A tile of block_n·D = 8192 elements (16 KB of k and 16 KB of v in bf16 per step) keeps 32 KB in
-# flight per program, 64 elements of each per thread at 4 warps. sm_90 candidates, the first the
-# chooser's, per head dim.
+# A tile of block_n·D = 8192 elements (16 KB of k and 16 KB of v in bf16 per step).
+# Measured on an H200 (torch 2.11, triton 3.6, bf16, H = 8, benchmarks/results/
+# decode_attention_h200.json, first run): the CUDA-core walk (dot=False) streamed at most ~3.0
+# TB/s (B64 N128K: 0.63× cuDNN's SDPA at 4.6 TB/s): its loads are not pipelined across blocks.
+# The matmul walk (dot=True) lets Triton pipeline them: second run (decode_attention_h200.json),
+# 101-104% of an SM copy's 4.25 TB/s at B 8-64 from 16K rows, 0.95-0.98× SDPA (cuDNN, itself at
+# the ceiling); B1 stays latency-bound (56-81% of the copy at 32K-128K). There 128/8w/2s dot
+# was within 1% of the first tile at D = 128 (sometimes ahead, 7.66 vs 7.76 ms at B64 N128K).
+# sm_90 candidates, the chooser's first.
 DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
-    16: (DecodeConfig(256, 4, 2), DecodeConfig(128, 4, 2)),
-    32: (DecodeConfig(256, 4, 2), DecodeConfig(128, 4, 2)),
-    64: (DecodeConfig(128, 4, 2), DecodeConfig(64, 4, 2), DecodeConfig(256, 8, 2)),
-    128: (DecodeConfig(64, 4, 2), DecodeConfig(128, 8, 2), DecodeConfig(32, 4, 2)),
+    16: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
+    32: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
+    64: (
+        DecodeConfig(128, 4, 3, dot=True),
+        DecodeConfig(64, 4, 4, dot=True),
+        DecodeConfig(128, 4, 2),
+        DecodeConfig(256, 8, 2),
+    ),
+    128: (
+        DecodeConfig(64, 4, 3, dot=True),
+        DecodeConfig(128, 8, 2, dot=True),
+        DecodeConfig(64, 4, 2),
+        DecodeConfig(128, 8, 2),
+    ),
 }
 DECODE_DEFAULT: dict[int, tuple[DecodeConfig, ...]] = {d: (c[0],) for d, c in DECODE_HOPPER.items()}
 # TRITON_INTERPRET on CPU (tests): 16-row blocks and 64-row splits, so odd test lengths span
 # several blocks and several splits (later ones empty), with a ragged last block.
-DECODE_INTERPRETER = DecodeConfig(block_n=16, num_warps=4, num_stages=1)
+DECODE_INTERPRETER = (DecodeConfig(16, 4, 1), DecodeConfig(16, 4, 1, dot=True))
 DECODE_INTERPRETER_SPLIT_ROWS = 64
 # The split: the grid B·H × splits should hold DECODE_PROGRAMS_PER_SM programs per SM (about one
-# resident wave of 4-warp programs, so no SM idles while the cache streams), but a split shorter
+# resident wave; the first run found twice the 4 first chosen faster at B64 and B1 N1K, e.g. B64
+# N128K D128 9.75 vs 11.63 ms), but a split shorter
 # than DECODE_MIN_SPLIT_ROWS rows costs more in its partial (o, m, l) write and the combine than
 # it streams. Chosen from the capacity, fixed at CUDA-graph capture: the kernel skips the splits
 # past each sequence's position.
-DECODE_PROGRAMS_PER_SM = 4
+DECODE_PROGRAMS_PER_SM = 8
 DECODE_MIN_SPLIT_ROWS = 256
 _DECODE_BY_CAPABILITY = {(9, 0): DECODE_HOPPER}
 
@@ -154,12 +173,12 @@ def decode_configs(
     ``capacity`` rows of ``head_dim`` on ``device`` with ``sms`` SMs: the chooser's first, then
     the other tiles measured on this GPU (tests run them all; benchmarks sweep them)."""
     if not is_cuda(device):
-        tiles: tuple[DecodeConfig, ...] = (DECODE_INTERPRETER,)
+        tiles: tuple[DecodeConfig, ...] = DECODE_INTERPRETER
         splits = max(1, min(-(-capacity // DECODE_INTERPRETER_SPLIT_ROWS), DECODE_MAX_SPLITS))
     else:
         tiles = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
         splits = _decode_splits(batch_heads, capacity, DECODE_MIN_SPLIT_ROWS, sms)
-    return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits) for t in tiles)
+    return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits, t.dot) for t in tiles)
 
 
 def decode_config(device: torch.device, batch_heads: int, capacity: int, head_dim: int, sms: int) -> DecodeConfig:

@@ -98,6 +98,75 @@ def _rope_append_kernel(
 
 
 @triton.jit
+def _tile(head, rows, stride_c, valid, HEAD_DIM: tl.constexpr):
+    """Cache rows ``rows`` of one head, ``[BLOCK_N, D]``; rows not ``valid`` are never loaded (0)."""
+    d = tl.arange(0, HEAD_DIM)
+    return tl.load(head + rows.to(tl.int64)[:, None] * stride_c + d[None, :], mask=valid[:, None], other=0.0)
+
+
+@triton.jit
+def _walk(q, k_head, v_head, stride_kc, stride_vc, start, end, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax of ``q [D]`` (fp32, ·scale·log2(e)) over cache rows [start, end) on the CUDA
+    cores: per block a row-wise dot (scores) and a column sum (p·v). Returns (acc [D], l, m)."""
+    m_i = tl.max(tl.full((BLOCK_N,), float("-inf"), tl.float32), 0)  # scalar -inf
+    l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), 0)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)
+    for row0 in range(start, end, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        valid = rows < end
+        k = _tile(k_head, rows, stride_kc, valid, HEAD_DIM)
+        v = _tile(v_head, rows, stride_vc, valid, HEAD_DIM)
+        scores = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))  # [BLOCK_N], base 2
+        m_new = tl.maximum(m_i, tl.max(scores, 0))  # finite: every block holds a valid row
+        p = tl.exp2(scores - m_new)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _walk_dot(
+    q,
+    k_head,
+    v_head,
+    stride_kc,
+    stride_vc,
+    start,
+    end,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``_walk`` with both products as matmuls: q replicated into 16 identical rows (the smallest
+    tl.dot), scores ``[16, BLOCK_N]`` = q·kᵀ and acc ``[16, D]`` += p·v on the tensor cores. 16×
+    the FLOPs of one row, still ~16 FLOP/byte, far under the ridge; in exchange the cache loads
+    feed tl.dot, which Triton software-pipelines num_stages deep (async copies into shared
+    memory), so the next blocks stream while this one is reduced. The rows stay identical, so
+    their max is the one row's result, exactly. fp32 caches use exact fp32 products ("ieee")."""
+    dtype = k_head.dtype.element_ty
+    qm = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(dtype)
+    m_i = tl.full((16,), float("-inf"), tl.float32)
+    l_i = tl.zeros((16,), tl.float32)
+    acc = tl.zeros((16, HEAD_DIM), tl.float32)
+    for row0 in range(start, end, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        valid = rows < end
+        k = _tile(k_head, rows, stride_kc, valid, HEAD_DIM)
+        v = _tile(v_head, rows, stride_vc, valid, HEAD_DIM)
+        scores = tl.dot(qm, tl.trans(k), input_precision=PRECISION)  # [16, BLOCK_N]
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    return tl.max(acc, 0), tl.max(l_i, 0), tl.max(m_i, 0)
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,  # [B, H, D] contiguous
     KC,
@@ -118,6 +187,8 @@ def _decode_split_kernel(
     splits,
     qk_scale,  # scale·log2(e)
     DIRECT: tl.constexpr,  # one slice: normalise and write OUT here, no partials
+    DOT: tl.constexpr,  # the products as 16-row matmuls (``_walk_dot``)
+    PRECISION: tl.constexpr,  # their input precision: "ieee" for fp32 caches, else None (the default)
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -136,23 +207,10 @@ def _decode_split_kernel(
     q = tl.load(Q + bh.to(tl.int64) * HEAD_DIM + d).to(tl.float32) * qk_scale  # [D]
     k_head = KC + b * stride_kb + h * stride_kh
     v_head = VC + b * stride_vb + h * stride_vh
-    m_i = tl.max(tl.full((BLOCK_N,), float("-inf"), tl.float32), 0)  # scalar -inf
-    l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), 0)
-    acc = tl.zeros((HEAD_DIM,), tl.float32)
-    for row0 in range(start, end, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-        valid = rows < end  # masked rows are never loaded (they may hold anything)
-        rows64 = rows.to(tl.int64)
-        k = tl.load(k_head + rows64[:, None] * stride_kc + d[None, :], mask=valid[:, None], other=0.0)
-        v = tl.load(v_head + rows64[:, None] * stride_vc + d[None, :], mask=valid[:, None], other=0.0)
-        scores = tl.sum(k.to(tl.float32) * q[None, :], 1)  # [BLOCK_N], base 2
-        scores = tl.where(valid, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 0))  # finite: every block holds a valid row
-        p = tl.exp2(scores - m_new)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
-        m_i = m_new
+    if DOT:
+        acc, l_i, m_i = _walk_dot(q, k_head, v_head, stride_kc, stride_vc, start, end, HEAD_DIM, BLOCK_N, PRECISION)
+    else:
+        acc, l_i, m_i = _walk(q, k_head, v_head, stride_kc, stride_vc, start, end, HEAD_DIM, BLOCK_N)
     if DIRECT:
         tl.store(OUT + bh.to(tl.int64) * HEAD_DIM + d, (acc / l_i).to(OUT.dtype.element_ty))
     else:
@@ -356,6 +414,8 @@ def decode_attention(
         splits,
         qk_scale,
         DIRECT=splits == 1,
+        DOT=config.dot,
+        PRECISION="ieee" if q.dtype == torch.float32 else None,
         HEAD_DIM=D,
         BLOCK_N=config.block_n,
         num_warps=config.num_warps,

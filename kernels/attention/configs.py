@@ -148,20 +148,31 @@ DECODE_DEFAULT: dict[int, tuple[DecodeConfig, ...]] = {d: (c[0],) for d, c in DE
 # several blocks and several splits (later ones empty), with a ragged last block.
 DECODE_INTERPRETER = (DecodeConfig(16, 4, 1), DecodeConfig(16, 4, 1, dot=True))
 DECODE_INTERPRETER_SPLIT_ROWS = 64
-# The split: the grid B·H × splits should hold DECODE_PROGRAMS_PER_SM programs per SM (about one
+# The split: the grid B·H × splits holds up to DECODE_PROGRAMS_PER_SM programs per SM (about one
 # resident wave; the first run found twice the 4 first chosen faster at B64 and B1 N1K, e.g. B64
-# N128K D128 9.75 vs 11.63 ms), but a split shorter
-# than DECODE_MIN_SPLIT_ROWS rows costs more in its partial (o, m, l) write and the combine than
-# it streams. Chosen from the capacity, fixed at CUDA-graph capture: the kernel skips the splits
-# past each sequence's position.
+# N128K D128 9.75 vs 11.63 ms), in slices of split_rows(capacity) rows: a slice's partial
+# (o, m, l) write and its share of the combine must pay for themselves, and how long a slice
+# should be grows with the cache. The sweep of every split count (decode_attention_h200.json, B1
+# H8) put the best slice at 128 rows for 1K, 256 for 4K, 512 from 16K (16K: 32 splits 15.7 µs vs
+# 64 splits 18.6; 32K: 64 vs 128 splits 27.7 vs 28.2 µs at D64, 48.3 vs 51.6 at D128), and at 128K
+# the SM bound (132 splits) ahead of 66: 4·√capacity rows, clamped to [128, 512], follows it.
+# Chosen from the capacity, fixed at CUDA-graph capture: the kernel skips the splits past each
+# sequence's position.
 DECODE_PROGRAMS_PER_SM = 8
-DECODE_MIN_SPLIT_ROWS = 256
+DECODE_SPLIT_ROWS = (128, 512)  # the shortest and longest slice split_rows picks
+
+
+def _split_rows(capacity: int) -> int:
+    lo, hi = DECODE_SPLIT_ROWS
+    return max(lo, min(hi, round(4 * capacity**0.5)))
+
+
 _DECODE_BY_CAPABILITY = {(9, 0): DECODE_HOPPER}
 
 
 def _decode_splits(batch_heads: int, capacity: int, split_rows: int, sms: int) -> int:
     """Slices of ``capacity`` rows (each at least ``split_rows``) that bring ``batch_heads``
-    programs up to DECODE_PROGRAMS_PER_SM per SM."""
+    programs up to at most DECODE_PROGRAMS_PER_SM per SM."""
     wanted = -(-DECODE_PROGRAMS_PER_SM * sms // max(1, batch_heads))
     return max(1, min(wanted, capacity // split_rows, DECODE_MAX_SPLITS))
 
@@ -177,7 +188,7 @@ def decode_configs(
         splits = max(1, min(-(-capacity // DECODE_INTERPRETER_SPLIT_ROWS), DECODE_MAX_SPLITS))
     else:
         tiles = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
-        splits = _decode_splits(batch_heads, capacity, DECODE_MIN_SPLIT_ROWS, sms)
+        splits = _decode_splits(batch_heads, capacity, _split_rows(capacity), sms)
     return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits, t.dot) for t in tiles)
 
 

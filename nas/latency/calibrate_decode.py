@@ -179,7 +179,7 @@ def calibrate_decode(
     *,
     archs: int = 36,
     seed: int = 7,
-    budget_s: float = 420.0,
+    budget_s: float = 240.0,
     rows_out: str | os.PathLike[str] | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> tuple[Path, dict[str, Any]]:

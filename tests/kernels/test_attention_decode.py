@@ -202,13 +202,16 @@ def test_bad_inputs_raise() -> None:
 
 
 def test_decode_config_fills_the_gpu_from_the_capacity(monkeypatch) -> None:
-    """B·H·splits reaches DECODE_PROGRAMS_PER_SM per SM while slices keep DECODE_MIN_SPLIT_ROWS
-    rows; the choice depends on the capacity only (one launch per captured graph)."""
+    """B·H·splits reaches at most DECODE_PROGRAMS_PER_SM per SM in slices of 4·√capacity rows
+    (128-512); the choice depends on the capacity only (one launch per captured graph)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cuda = torch.device("cuda")
     cfg = configs.decode_config
     assert cfg(cuda, 8, 131072, 128, 132).splits == 132  # 8·132 = 1056 = 8·132 programs
     assert cfg(cuda, 8, 4096, 128, 132).splits == 16  # slices of 256 rows
+    assert cfg(cuda, 8, 1024, 128, 132).splits == 8  # slices of 128 rows
+    assert cfg(cuda, 8, 16384, 64, 132).splits == 32  # slices of 512 rows
+    assert cfg(cuda, 8, 32768, 64, 132).splits == 64
     assert cfg(cuda, 512, 1024, 64, 132).splits == 3
     assert cfg(cuda, 8192, 131072, 64, 132).splits == 1  # full already: no combine
     assert cfg(cuda, 1, 10**6, 64, 132).splits == configs.DECODE_MAX_SPLITS

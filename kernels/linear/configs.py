@@ -204,3 +204,48 @@ def candidates(
     arch = short_k if k <= SHORT_K_MAX else long_k
     fitting = tuple(c for c in arch if c.block_m <= m_bucket_ and c.smem_bytes(element_size) <= _SMEM_BUDGET)
     return fitting or (min(arch, key=lambda c: c.smem_bytes(element_size)),)
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """A launch of the few-rows kernel (``kernels/linear/decode.py``): tile ``[block_m, block_n]``
+    (block_m ≥ 16: rows are padded into a tensor-core tile), K step block_k, the K dimension cut
+    into split_k slices; num_warps, num_stages as in ``triton.Config``."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"RowsConfig.{name} must be a power of two >= 16, got {value}")
+        if self.split_k < 1:
+            raise ValueError(f"RowsConfig.split_k must be >= 1, got {self.split_k}")
+
+
+# Decoding reads each weight once per step for a few rows: the grid (column blocks × K slices ×
+# row blocks) should hold ROWS_PROGRAMS_PER_SM programs per SM so every SM streams, with K slices
+# of at least ROWS_MIN_SLICE columns (a slice's partial sum costs one fp32 atomic tile).
+ROWS_PROGRAMS_PER_SM = 4
+ROWS_MIN_SLICE = 256
+ROWS_TILE = (16, 32, 128)  # block_m, block_n, block_k: 32 columns × 128 of K = 8 KB of bf16 weights a step
+INTERPRETER_ROWS = RowsConfig(16, 16, 16, split_k=1, num_warps=4, num_stages=1)
+
+
+def rows_config(device: object, m: int, n: int, k: int, sms: int) -> RowsConfig:
+    """The few-rows launch for ``x [m, k] · W[n, k]ᵀ`` on ``device`` with ``sms`` SMs: the column
+    and row blocks of ROWS_TILE, and as many K slices as it takes to give every SM
+    ROWS_PROGRAMS_PER_SM programs (none on the interpreter, where tests force splits)."""
+    from kernels.device import is_cuda
+
+    if not is_cuda(device):
+        return INTERPRETER_ROWS
+    block_m, block_n, block_k = ROWS_TILE
+    tiles = -(-n // block_n) * -(-m // block_m)
+    wanted = -(-ROWS_PROGRAMS_PER_SM * sms // max(1, tiles))
+    return RowsConfig(block_m, block_n, block_k, max(1, min(wanted, k // ROWS_MIN_SLICE)), num_warps=4, num_stages=3)

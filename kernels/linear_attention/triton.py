@@ -269,6 +269,7 @@ def _step_kernel(
             # The last of the head's programs to read z_{t-1} writes z_t: each read is ordered
             # before its acq_rel ticket, so no program can read a z already advanced. It re-arms
             # the ticket for the next launch.
+            tl.debug_barrier()  # every thread's read of z_{t-1} precedes the ticket that releases them
             ticket = tl.atomic_add(TICKETS + bh, 1, sem="acq_rel")
             if ticket == HEAD_DIM // BLOCK_V - 1:
                 tl.store(z_ptrs, z)

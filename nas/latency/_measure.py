@@ -115,11 +115,14 @@ DECODE_ONLY: dict[str, frozenset[str]] = {
         }
     ),
     "kernels/attention/reference.py": frozenset({"rope_at", "decode_attention_ref"}),
+    "kernels/linear/configs.py": frozenset(
+        {"RowsConfig", "ROWS_PROGRAMS_PER_SM", "ROWS_MIN_SLICE", "ROWS_TILE", "INTERPRETER_ROWS", "rows_config"}
+    ),
     "kernels/conv/configs.py": frozenset({"STEP_BLOCK_C", "STEP_NUM_WARPS", "INTERPRETER_STEP_BLOCK_C"}),
     "kernels/conv/reference.py": frozenset({"causal_conv_step_ref"}),
 }
 # Whole files a forward never imports: the decode kernels over a KV cache and the conv step.
-DECODE_ONLY_FILES = frozenset({"kernels/attention/decode.py", "kernels/conv/decode.py"})
+DECODE_ONLY_FILES = frozenset({"kernels/attention/decode.py", "kernels/conv/decode.py", "kernels/linear/decode.py"})
 
 
 def _decode_only(node: ast.stmt, names: frozenset[str]) -> bool:

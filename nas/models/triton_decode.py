@@ -1,6 +1,7 @@
 """``TritonDecoder``: one generated token of a ``TritonModel`` on the library's decode kernels.
 
-Per block: norm → qkv linear → short-conv step → (heads zero-padded to the kernel's head dim, as
+Per block: norm → qkv linear (every linear here is ``linear_rows``, split over K for the few rows
+of a step) → short-conv step → (heads zero-padded to the kernel's head dim, as
 the forward does) → softmax attention: ``rope_append`` (rotate q and k at the position, write k
 and v to the cache) then ``decode_attention``; linear attention: ``linear_attention_step`` (the
 state and z in place) → out linear with the residual add → norm → MLP up (activation) → down
@@ -201,14 +202,14 @@ class TritonDecoder:
         """The device work of one step: kernels and views only, no host sync (capturable)."""
         from kernels.attention.decode import decode_attention, rope_append
         from kernels.conv.decode import causal_conv_step
-        from kernels.linear import linear
+        from kernels.linear.decode import linear_rows
         from kernels.linear_attention.triton import linear_attention_step
 
         tm, B, d = self.tmodel, self.batch, self.tmodel.arch.d_model
         h = F.embedding(tokens, tm.embed)  # residual stream [B, d]
         for blk, buf in zip(tm.blocks, self.layers, strict=True):
             if blk.qkv is not None:
-                qkv = linear(blk.norm1(h), *blk.qkv)  # [B, 3d]
+                qkv = linear_rows(blk.norm1(h), *blk.qkv)  # [B, 3d]
                 if blk.conv is not None:
                     qkv = causal_conv_step(qkv, buf.conv, *blk.conv)
                 H, D, P = blk.heads, d // blk.heads, blk.padded_head_dim
@@ -222,11 +223,11 @@ class TritonDecoder:
                     o = linear_attention_step(q, k, v, buf.state, buf.z, feature_map=blk.feature_map)
                 if P != D:
                     o = _unpad_heads(o.view(B, 1, H * P), H, D, P, blk.mixer).view(B, d)
-                h = linear(o, *blk.out, residual=h)
+                h = linear_rows(o, *blk.out, residual=h)
             if blk.up is not None:
-                u = linear(blk.norm2(h), *blk.up, activation=blk.activation)
-                h = linear(u, *blk.down, residual=h)
-        logits = linear(tm.final_norm(h), *tm.head)  # [B, n_out]
+                u = linear_rows(blk.norm2(h), *blk.up, activation=blk.activation)
+                h = linear_rows(u, *blk.down, residual=h)
+        logits = linear_rows(tm.final_norm(h), *tm.head)  # [B, n_out]
         self.positions += 1
         return logits
 

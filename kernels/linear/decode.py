@@ -159,7 +159,8 @@ def linear_rows(
     """``act(x Wᵀ + bias) + residual`` for a few rows, one launch, fp32 accumulation (the same
     contract as ``kernels.linear.linear``, tuned for decoding: see the module docstring).
 
-    x: ``[M, K]`` or ``[*, K]`` (unit stride on K), bf16 / fp16 / fp32; weight ``[N, K]`` in x's
+    x: ``[M, K]`` or ``[*, K]`` (unit stride on K), bf16 / fp16 / fp32 (fp32: tf32 products on a
+    GPU, as the attention kernels; the forward's ``linear`` keeps fp32 exact); weight ``[N, K]`` in x's
     dtype; bias ``[N]`` or None; activation None | "gelu" | "relu" | "silu"; residual ``[*, N]``
     or None; out ``[*, N]`` contiguous or None; config: a fixed launch (tests) instead of
     ``configs.rows_config``'s. Returns ``[*, N]`` in x's dtype.

@@ -13,7 +13,8 @@ from kernels.linear.decode import _workspace, linear_rows
 from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter
 from tests.kernels._support import seeded as _gen
 
-TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # ‖out − ref‖ / ‖ref‖
+# ‖out − ref‖ / ‖ref‖; fp32 runs its products in tf32 on a GPU (2^-11 relative), exact in the interpreter
+TOLERANCES = {torch.float32: 2e-3 if torch.cuda.is_available() else 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 SPLITS = [RowsConfig(16, 16, 16, split_k=s, num_warps=4, num_stages=1) for s in (1, 3, 8)]
 
 

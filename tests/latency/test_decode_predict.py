@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+import yaml
 
 from hardware_profiles import load_profile
 from nas.latency import CalibrationWarning, cache_memory, decode_work, predict_decode
@@ -132,12 +133,8 @@ def test_a_profile_with_a_bad_decode_model_is_refused(tmp_path) -> None:
     from hardware_profiles import ProfileError
 
     text = tmp_path / "x.yaml"
-    good = load_profile("h200").path
-    body = (
-        open(good)
-        .read()
-        .replace("calibrated:\n", "calibrated:\n  decode_model: {coefficients: [1, -2], interval: 0.1}\n", 1)
-    )
-    text.write_text(body)
+    data = yaml.safe_load(open(load_profile("h200").path))
+    data["calibrated"]["decode_model"] = {"coefficients": [1, -2], "interval": 0.1}
+    text.write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileError, match="decode_model.coefficients"):
         load_profile(str(text))

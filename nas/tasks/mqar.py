@@ -1,5 +1,5 @@
 """Multi-query associative recall (MQAR), as defined by Zoology (Arora et al. 2023, §3 and
-``zoology/data/multiquery_ar.py``, ``num_passes=1``, ``random_non_queries=True``).
+``zoology/data/multiquery_ar.py``, ``num_passes=1``, ``random_non_queries=True`` by default).
 
 A sequence opens with ``num_kv_pairs`` key/value pairs ``k1 v1 k2 v2 ...``; keys are distinct and
 come from the lower half of the vocabulary (token 0 excluded), values are distinct and come from
@@ -7,7 +7,10 @@ the upper half. Every key is then queried exactly once later in the sequence, at
 from a power law that favours short gaps (``power_a``). The model is scored only at query
 positions: the target there is the value bound to that key. Remaining positions hold random
 filler tokens from ``[1, vocab_size)`` (Zoology draws from ``[0, vocab_size)``; token 0 is never a
-key or value, so leaving it out changes nothing the model is scored on).
+key or value, so leaving it out changes nothing the model is scored on). With
+``random_non_queries=false`` (Zoology's other setting) they hold token 0 instead: the same keys,
+values and queries for a seed, without filler that repeats a key with a random token after it
+(at V=256, T=1024 every key recurs about four times as filler).
 
 ``mqar_long`` is the same generator with long-context defaults (V=8192, T=2048, 128 pairs). It is
 the task where a fixed-size recurrent state must lose recall: linear attention writes every token,
@@ -52,9 +55,16 @@ def _draw(rng: np.random.Generator, n: int, width: int, k: int, log_weights: np.
 
 
 def _generate(
-    rng: np.random.Generator, n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float
+    rng: np.random.Generator,
+    n: int,
+    vocab_size: int,
+    seq_len: int,
+    num_kv_pairs: int,
+    power_a: float,
+    random_non_queries: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """x, y ``[n, seq_len]`` int32: tokens, and the bound value at each query (IGNORE_INDEX elsewhere)."""
+    """x, y ``[n, seq_len]`` int32: tokens, and the bound value at each query (IGNORE_INDEX elsewhere).
+    Filler is random tokens, or token 0 when ``random_non_queries`` is False (Zoology's option)."""
     context = 2 * num_kv_pairs
     key_vocab = vocab_size // 2
     # [N, D] distinct keys from [1, V/2) and distinct values from [V/2, V), as Zoology samples them
@@ -80,8 +90,9 @@ def _generate(
         np.put_along_axis(xs, queries[part], keys[part], axis=1)
         np.put_along_axis(ys, queries[part], values[part], axis=1)
         # filler: keys and values are never 0; chunks draw, in row-major order, what one pass would
-        filler = xs == 0
-        xs[filler] = rng.integers(1, vocab_size, size=int(filler.sum()))
+        if random_non_queries:
+            filler = xs == 0
+            xs[filler] = rng.integers(1, vocab_size, size=int(filler.sum()))
     return x, y
 
 
@@ -94,6 +105,7 @@ def _mqar(
     power_a: float,
     n_train: int,
     n_test: int,
+    random_non_queries: bool = True,
 ) -> Task:
     require(num_kv_pairs >= 1, name, f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
     require(
@@ -110,8 +122,9 @@ def _mqar(
     )
     require(0 < power_a <= 1, name, f"power_a must be in (0, 1], got {power_a}")
     train_rng, test_rng = streams(name, seed, n_train, n_test)
-    train = _generate(train_rng, n_train, vocab_size, seq_len, num_kv_pairs, power_a)
-    test = _generate(test_rng, n_test, vocab_size, seq_len, num_kv_pairs, power_a)
+    shape = (vocab_size, seq_len, num_kv_pairs, power_a, random_non_queries)
+    train = _generate(train_rng, n_train, *shape)
+    test = _generate(test_rng, n_test, *shape)
     config = dict(
         name=name,
         seed=seed,
@@ -122,7 +135,10 @@ def _mqar(
         n_train=n_train,
         n_test=n_test,
     )
+    if not random_non_queries:  # only when set: the configs of tasks stored before it existed stay equal
+        config["random_non_queries"] = False
     description = f"{'long-context ' if name == 'mqar_long' else ''}MQAR V={vocab_size} T={seq_len} kv={num_kv_pairs}"
+    description += "" if random_non_queries else " (zero filler)"
     return pack(name, config, vocab_size, vocab_size, "token", train, test, description)
 
 
@@ -135,13 +151,14 @@ def mqar(
     power_a: float = 0.01,
     n_train: int = 8192,
     n_test: int = 512,
+    random_non_queries: bool = True,
 ) -> Task:
     """MQAR with Zoology's generator; train and test come from independent seeded streams.
 
     x ``[N, seq_len]`` int32 tokens; y ``[N, seq_len]`` int32, the bound value at the
     ``num_kv_pairs`` query positions of each row and IGNORE_INDEX elsewhere.
     """
-    return _mqar("mqar", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test)
+    return _mqar("mqar", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries)
 
 
 def mqar_long(
@@ -153,6 +170,7 @@ def mqar_long(
     power_a: float = 0.01,
     n_train: int = 20_000,
     n_test: int = 1000,
+    random_non_queries: bool = True,
 ) -> Task:
     """Long-context MQAR: ``mqar`` with Zoology's vocabulary (8192) at T=2048 and 128 pairs.
 
@@ -162,4 +180,4 @@ def mqar_long(
     of ``hybrid_long`` (at most 16 x 600 = 9600 rows drawn); 1000 test rows score 128 000
     queries. x, y ``[N, seq_len]`` int32, as ``mqar``.
     """
-    return _mqar("mqar_long", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test)
+    return _mqar("mqar_long", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries)

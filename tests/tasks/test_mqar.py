@@ -231,3 +231,23 @@ def test_long_bad_parameters_are_one_line(spec, needle):
     with pytest.raises(TaskError) as err:
         load_task(spec)
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("task_fn", [mqar, mqar_long])
+def test_zero_filler_keeps_the_rows_and_clears_everything_else(task_fn):
+    """random_non_queries=False (Zoology's option): the same keys, values, queries and targets as
+    the random-filler rows of the same seed, with token 0 wherever those had filler."""
+    params = dict(vocab_size=37, seq_len=45, num_kv_pairs=5, n_train=40, n_test=9)
+    noisy, clean = task_fn(seed=3, **params), task_fn(seed=3, random_non_queries=False, **params)
+    for split in ("train", "test"):
+        xn, xc = getattr(noisy, f"x_{split}").numpy(), getattr(clean, f"x_{split}").numpy()
+        yn, yc = getattr(noisy, f"y_{split}").numpy(), getattr(clean, f"y_{split}").numpy()
+        check_rows(xc, yc, 37, 5)
+        assert (yn == yc).all()
+        kept = xc != 0  # kv block and queries
+        assert kept[:, :10].all() and (xn[kept] == xc[kept]).all()
+        assert (xn[~kept] != 0).all() and (~kept).any(), "the random rows had filler in every cleared cell"
+    assert clean.config["random_non_queries"] is False and "random_non_queries" not in noisy.config
+    assert "zero filler" in clean.description
+    spec = f"{task_fn.__name__}:vocab_size=37,seq_len=45,num_kv_pairs=5,n_train=40,n_test=9,random_non_queries=false"
+    assert load_task(spec, seed=3).config == clean.config

@@ -92,7 +92,10 @@ def test_path_specs(files, tmp_path):
         ("data.csv", "unknown task 'data.csv'"),
         ("", "names no task"),
         (":seq_len=4", "names no task"),
-        ("mqar:heads=4", "unknown parameter(s) heads; allowed: n_test, n_train, num_kv_pairs, power_a, seed"),
+        (
+            "mqar:heads=4",
+            "unknown parameter(s) heads; allowed: n_test, n_train, num_kv_pairs, power_a, random_non_queries, seed",
+        ),
         ("mqar:vocab_size=1.5", "vocab_size='1.5' is not an int"),
         ("mqar:vocab_size=lots", "vocab_size='lots' is not an int"),
         ("mqar:power_a=low", "power_a='low' is not a float"),

@@ -153,9 +153,14 @@ DECODE_INTERPRETER_SPLIT_ROWS = 64
 # N128K D128 9.75 vs 11.63 ms), in slices of split_rows(capacity) rows: a slice's partial
 # (o, m, l) write and its share of the combine must pay for themselves, and how long a slice
 # should be grows with the cache. The sweep of every split count (decode_attention_h200.json, B1
-# H8) put the best slice at 128 rows for 1K, 256 for 4K, 512 from 16K (16K: 32 splits 15.7 µs vs
+# H8; now decode_attention_h200_before_split_chooser.json) put the best slice at 128 rows for 1K,
+# 256 for 4K, 512 from 16K (16K: 32 splits 15.7 µs vs
 # 64 splits 18.6; 32K: 64 vs 128 splits 27.7 vs 28.2 µs at D64, 48.3 vs 51.6 at D128), and at 128K
 # the SM bound (132 splits) ahead of 66: 4·√capacity rows, clamped to [128, 512], follows it.
+# Re-measured with this chooser (decode_attention_h200.json, same day), B1 at 32K disagrees: half
+# its splits (32, 1024-row slices) ran 25.6 vs 29.2 µs at D64 and 40.8 vs 47.6 at D128, while at
+# 16K, 64K and 128K the chosen split was the fastest of ½×, 1×, 2×. Left as is until a GPU run can
+# validate a change (a 1024-row cap at 32K only, or a sweep at 24K-48K).
 # Chosen from the capacity, fixed at CUDA-graph capture: the kernel skips the splits past each
 # sequence's position.
 DECODE_PROGRAMS_PER_SM = 8

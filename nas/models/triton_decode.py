@@ -62,6 +62,9 @@ class TritonDecoder:
 
     Fill the cache with ``load`` (a ``HybridModel.prefill`` cache) or ``fill_random``, then call
     ``step`` (eager) or the function ``capture`` returns (one CUDA graph replay) per token.
+
+    A step is reproducible to rounding, not bit for bit: the linears (``linear_rows``) add their
+    split-K partials with fp32 atomics, whose order can change the last bit of a bf16 output.
     """
 
     def __init__(self, tmodel: TritonModel, batch: int, capacity: int) -> None:

@@ -166,6 +166,11 @@ def test_gpu_bf16_graph_replay_matches_torch_steps(B):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_eager_step_equals_replay_after_fill_random():
+    """A captured step replays what the eager step computes, from the same randomly filled cache.
+    Not bit for bit: ``linear_rows`` adds its split-K partials with fp32 atomics, so their order,
+    and with it the last bit of a bf16 logit, can differ between two runs (seen on the H200: 1 ulp,
+    2^-8, on a quarter of the logits). A step at the wrong cache position or with a stale state
+    misses by far more than these bounds."""
     model = _gpu_model()
     B, C = 2, 4096
     tm = to_triton(model)
@@ -176,4 +181,7 @@ def test_gpu_eager_step_equals_replay_after_fill_random():
     replay = graphed.capture(static)
     for t in range(3):
         static.fill_(t + 1)
-        torch.testing.assert_close(replay(), eager.step(static.clone()), rtol=0, atol=0)
+        got, want = replay().float(), eager.step(static.clone()).float()
+        assert ((got - want).norm() / want.norm()).item() < 4e-3
+        torch.testing.assert_close(got, want, rtol=2**-6, atol=2**-5 * want.abs().max().item())
+    assert eager.positions.tolist() == graphed.positions.tolist() == [C - 1] * B

@@ -20,6 +20,7 @@ from nas.search import interrupt
 if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them (nas --help stays fast)
     import optuna
 
+    from nas.search.objective import TrialContext
     from nas.search.objectives import Objective
     from nas.search.record import TrialRecord
 
@@ -304,8 +305,7 @@ def _search(args: argparse.Namespace) -> None:
     done = n_complete(study)
     console.print(
         f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
-        f"task {ctx.task.description or ctx.task.name}, latency "
-        f"{'measured on this GPU' if ctx.measure else 'predicted for ' + ctx.profile.name} at {ctx.shape}, "
+        f"task {ctx.task.description or ctx.task.name}, {_costing_text(ctx)}, "
         f"device {ctx.device}; {done} trial(s) already trained",
         soft_wrap=True,
     )
@@ -470,6 +470,28 @@ def _worker(args: argparse.Namespace) -> None:
     console.print(f"{label}study {args.study} has {n_complete(study)} trained trials", soft_wrap=True)
 
 
+def _costing_text(ctx: TrialContext) -> str:
+    """``objectives accuracy, decode latency, cache memory; decode latency predicted for h200 (no
+    timing on this machine) at context 32,768, batch 1``: what the search minimises and how its times
+    are obtained, so a CPU run says its times are predictions before the first trial ends."""
+    from nas.search.objectives import objectives_for
+
+    objectives = objectives_for(ctx.objectives)
+    how = "measured on this GPU" if ctx.measure else f"predicted for {ctx.profile.name} (no timing on this machine)"
+    times = {
+        "latency_ms": f"at {ctx.shape}",
+        "prefill_latency_ms": "at the context",
+        "decode_latency_ms": "per token at the context",
+    }
+    timed = [f"{o.name.replace('_', ' ')} {times[o.metric]}" for o in objectives if o.metric in times]
+    text = "objectives " + ", ".join(o.name.replace("_", " ") for o in objectives)
+    if timed:
+        text += f"; {' and '.join(timed)} {how}"
+    if ctx.context:
+        text += f"; generation costs at context {ctx.context:,} tokens, batch {ctx.decode_batch}"
+    return text
+
+
 def _print_front(study: optuna.Study) -> None:
     console.print(_front_table(study))
 
@@ -485,7 +507,8 @@ def _front_table(study: optuna.Study) -> Table:
     refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in on_front]
     caption = []
     for o in objectives:
-        sources = sorted({lat.label() for r in trials if (lat := r.latency_of(o.metric)) is not None})
+        shown = trials or [r for r in completed(study) if r.trained]  # an empty front still says how
+        sources = sorted({lat.label() for r in shown if (lat := r.latency_of(o.metric)) is not None})
         if sources:
             caption.append(f"{o.name.replace('_', ' ')} {'; '.join(sources)}")
     setup = study_setup(study)

@@ -106,6 +106,19 @@ def test_table_and_export_card_show_decode_latency_and_cache_bytes(decode_study,
     assert "Searched for: accuracy, decode_latency, cache_memory." in card
 
 
+def test_a_cpu_search_says_its_generation_costs_are_predicted(tmp_path, capsys):
+    """Before any trial ends, the CPU run names its objectives, that the decode latency is a
+    prediction for the target profile, and the context it is costed at; the table says the basis."""
+    args = ["search", "--space", str(write_space(tmp_path)), "--storage", str(tmp_path / "s.journal")]
+    args += ["--objectives", "accuracy,decode_latency,cache_memory", "--context", "8192", "--trials", "1"]
+    assert main([*args, "--device", "cpu", "--no-baselines", "--target", "h200"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "objectives accuracy, decode latency, cache memory;" in out
+    assert "decode latency per token at the context predicted for h200 (no timing on this machine)" in out
+    assert "generation costs at context 8,192 tokens, batch 1" in out
+    assert "decode latency predicted (h200, calibrated" in out  # the front table's caption
+
+
 def test_cache_memory_counts_kv_cache_state_and_conv_windows():
     from nas.spec import ArchSpec, LayerSpec
 

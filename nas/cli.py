@@ -471,13 +471,14 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _costing_text(ctx: TrialContext) -> str:
-    """``objectives accuracy, decode latency, cache memory; decode latency predicted for h200 (no
-    timing on this machine) at context 32,768, batch 1``: what the search minimises and how its times
-    are obtained, so a CPU run says its times are predictions before the first trial ends."""
+    """``objectives accuracy, decode latency, cache memory; decode latency per token at the context
+    predicted for h200 (not timed here); generation costs at context 32,768 tokens, batch 1``: what
+    the search scores and how its times are obtained, so a CPU run says its times are predictions
+    before the first trial ends."""
     from nas.search.objectives import objectives_for
 
     objectives = objectives_for(ctx.objectives)
-    how = "measured on this GPU" if ctx.measure else f"predicted for {ctx.profile.name} (no timing on this machine)"
+    how = "measured on this GPU" if ctx.measure else f"predicted for {ctx.profile.name} (not timed here)"
     times = {
         "latency_ms": f"at {ctx.shape}",
         "prefill_latency_ms": "at the context",

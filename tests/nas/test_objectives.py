@@ -114,7 +114,7 @@ def test_a_cpu_search_says_its_generation_costs_are_predicted(tmp_path, capsys):
     assert main([*args, "--device", "cpu", "--no-baselines", "--target", "h200"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "objectives accuracy, decode latency, cache memory;" in out
-    assert "decode latency per token at the context predicted for h200 (no timing on this machine)" in out
+    assert "decode latency per token at the context predicted for h200 (not timed here)" in out
     assert "generation costs at context 8,192 tokens, batch 1" in out
     assert "decode latency predicted (h200, calibrated" in out  # the front table's caption
 

@@ -16,6 +16,7 @@ from ._model import KernelModel
 from ._predict import (
     DEFAULT_BANDWIDTH_FRACTION,
     DEFAULT_FLOPS_FRACTION,
+    EXTRAPOLATION_WIDENING,
     CalibrationWarning,
     predict,
     predict_decode,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_BANDWIDTH_FRACTION",
     "DEFAULT_FLOPS_FRACTION",
     "DTYPE_BYTES",
+    "EXTRAPOLATION_WIDENING",
     "CacheEstimate",
     "CalibrationWarning",
     "DecodeWork",

@@ -21,6 +21,12 @@
 A calibration whose ``kernels_fingerprint`` differs from the current kernels' is still used, with
 a warning naming both fingerprints and the interval multiplied by ``FINGERPRINT_WIDENING``.
 
+An interval holds where it was checked. A shape past the calibration's checked range (the
+forward: a longer sequence or more tokens than its cross-validation shapes, e.g. a prefill at 32K
+against checks up to 8×1024; decode: a longer context than its checked contexts) is still
+predicted, with the interval multiplied by ``EXTRAPOLATION_WIDENING``, ``extrapolated`` in the
+basis and a note naming the checked range.
+
 Roofline details: each op of ``op_costs`` takes ``max(flops / (peak · f_flops), bytes /
 (bandwidth · f_bw)) + kernels · launch_overhead``; matmul ops use the dtype's tensor-core peak,
 the others the fp32 vector peak; the fractions come from the profile's ``calibrated:`` section
@@ -42,7 +48,7 @@ from ._decode import DECODE_FEATURES, decode_work
 from ._launches import launches
 from ._model import KernelModel
 from ._result import Latency
-from ._shape import LatencyShape
+from ._shape import LatencyShape, parse_shape
 
 __all__ = [
     "DEFAULT_BANDWIDTH_FRACTION",
@@ -51,6 +57,7 @@ __all__ = [
     "TRANSFER_MIN_INTERVAL",
     "TRANSFER_WIDENING",
     "UNCALIBRATED_INTERVAL",
+    "EXTRAPOLATION_WIDENING",
     "CalibrationWarning",
     "predict",
     "predict_decode",
@@ -69,6 +76,7 @@ UNCALIBRATED_INTERVAL = 0.75
 TRANSFER_WIDENING = 3.0  # a guess, not checked on another GPU: see the module docstring
 TRANSFER_MIN_INTERVAL = 0.25
 FINGERPRINT_WIDENING = 2.0
+EXTRAPOLATION_WIDENING = 2.0  # a guess, like TRANSFER_WIDENING: past the checked shapes nothing was measured
 _MODEL_DTYPES = ("bf16", "fp16")
 
 
@@ -153,6 +161,31 @@ def _fingerprint_check(source: HardwareProfile) -> tuple[float, tuple[tuple[str,
     return FINGERPRINT_WIDENING, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
 
 
+def _forward_range(source: HardwareProfile, shape: LatencyShape) -> tuple[float, tuple[tuple[str, str], ...]]:
+    """(widening, notes) for ``shape`` against the forward calibration's cross-validation shapes."""
+    checked = []
+    for key in source.calibrated.check.get("cross_validation", {}):
+        try:
+            checked.append(parse_shape(key))
+        except ValueError:  # "all" and other summaries
+            continue
+    if not checked:
+        return 1.0, ()
+    longest, most = max(c.seq_len for c in checked), max(c.tokens for c in checked)
+    if shape.seq_len <= longest and shape.tokens <= most:
+        return 1.0, ()
+    note = f"{shape} is past the checked shapes (sequences <= {longest}, tokens <= {most})"
+    return EXTRAPOLATION_WIDENING, (("extrapolated", note),)
+
+
+def _decode_range(model: dict, context: int) -> tuple[float, tuple[tuple[str, str], ...]]:
+    """(widening, notes) for ``context`` against the decode calibration's checked contexts."""
+    contexts = [int(k) for k in model.get("check", {}) if str(k).isdigit()]
+    if not contexts or context <= max(contexts):
+        return 1.0, ()
+    return EXTRAPOLATION_WIDENING, (("extrapolated", f"context {context} is past the checked {max(contexts)}"),)
+
+
 def predict(
     arch: ArchSpec,
     shape: LatencyShape,
@@ -184,6 +217,8 @@ def predict(
             work = []
         if work and model.covers(work):
             widen, notes = _fingerprint_check(source)
+            outside, beyond = _forward_range(source, shape)
+            widen, notes = widen * outside, notes + beyond
             interval = source.calibrated.interval or 0.0
             if source is profile:
                 date = source.calibrated.get("date")
@@ -192,6 +227,7 @@ def predict(
                 model = model.transfer(transfer_ratios(source, profile))
                 interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
                 basis = f"transferred from {source.name}"
+            basis += ", extrapolated" if beyond else ""
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
             if overhead := model.overhead_us(shape.tokens):
                 breakdown.append(("graph", overhead * 1e-3))
@@ -256,6 +292,8 @@ def predict_decode(
         coef = [float(c) for c in model["coefficients"]]
         interval = float(model["interval"])
         widen, notes = _decode_fingerprint_check(source, model)
+        outside, beyond = _decode_range(model, context)
+        widen, notes = widen * outside, notes + beyond
         if source is profile:
             date = model.get("date")
             basis = f"{profile.name}, calibrated {date}" if date else f"{profile.name}, calibrated"
@@ -264,6 +302,7 @@ def predict_decode(
             coef = [coef[0] * ratios["launch"], *(c * ratios["bytes"] for c in coef[1:])]
             interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
             basis = f"transferred from {source.name}"
+        basis += ", extrapolated" if beyond else ""
         breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
         return _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")
     fraction = profile.calibrated.bandwidth_fraction or DEFAULT_BANDWIDTH_FRACTION

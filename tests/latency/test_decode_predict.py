@@ -138,3 +138,23 @@ def test_a_profile_with_a_bad_decode_model_is_refused(tmp_path) -> None:
     text.write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileError, match="decode_model.coefficients"):
         load_profile(str(text))
+
+
+def test_past_the_checked_shapes_the_interval_widens_and_says_so() -> None:
+    """The forward's interval was checked up to 1024-token sequences and 16K tokens, the decode
+    model's up to its largest checked context: beyond them the label says extrapolated and the
+    interval doubles; inside them nothing changes."""
+    from nas.latency import EXTRAPOLATION_WIDENING, predict
+    from nas.latency._shape import parse_shape
+
+    h200 = load_profile("h200")
+    arch = _arch(ATTN)
+    inside, longer, more = (predict(arch, parse_shape(s), h200) for s in ("8x1024", "1x4097", "33x512"))
+    assert "extrapolated" not in inside.label() and not dict(inside.notes)
+    for lat in (longer, more):
+        assert "extrapolated" in lat.label() and "checked shapes" in dict(lat.notes)["extrapolated"]
+        assert lat.interval == pytest.approx(EXTRAPOLATION_WIDENING * inside.interval)
+    checked = max(int(k) for k in h200.calibrated.decode_model["check"] if k.isdigit())
+    near, far = predict_decode(arch, 1, checked, h200), predict_decode(arch, 1, checked + 1, h200)
+    assert "extrapolated" not in near.label() and "extrapolated" in far.label()
+    assert far.interval == pytest.approx(EXTRAPOLATION_WIDENING * near.interval)

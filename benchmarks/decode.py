@@ -160,7 +160,42 @@ def _variants(B: int, H: int, N: int, D: int) -> list[tuple[str, DecodeConfig]]:
     return out
 
 
-def bench_attention(B: int, N: int, D: int, copy_tbps: float) -> list[dict]:
+# --sweep: tiles beyond the chooser's (deeper pipelines, wider blocks) and split counts from one
+# program per head up to 2 per SM per head slot, to find where a one-query stream peaks.
+SWEEP_TILES = {
+    64: (
+        DecodeConfig(128, 4, 3, dot=True),
+        DecodeConfig(128, 4, 4, dot=True),
+        DecodeConfig(128, 4, 2, dot=True),
+        DecodeConfig(256, 4, 3, dot=True),
+        DecodeConfig(256, 8, 3, dot=True),
+        DecodeConfig(64, 4, 4, dot=True),
+    ),
+    128: (
+        DecodeConfig(64, 4, 3, dot=True),
+        DecodeConfig(64, 4, 4, dot=True),
+        DecodeConfig(64, 4, 2, dot=True),
+        DecodeConfig(128, 4, 3, dot=True),
+        DecodeConfig(128, 8, 3, dot=True),
+        DecodeConfig(32, 4, 4, dot=True),
+    ),
+}
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 11, 12, 16, 17, 22, 24, 32, 33, 44, 48, 64, 66, 96, 128, 132, 198, 256)
+
+
+def _sweep_variants(B: int, H: int, N: int, D: int) -> list[tuple[str, DecodeConfig]]:
+    """The chooser's launch ("ours") and every SWEEP_TILES tile at every SWEEP_SPLITS count that
+    leaves each slice at least one block and the grid at most 16 programs per SM."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = _variants(B, H, N, D)[:1]
+    for t in SWEEP_TILES[D]:
+        for s in SWEEP_SPLITS:
+            if N // s >= t.block_n and B * H * s <= 16 * sms:
+                out.append((f"{t.block_n}/{t.num_warps}w/{t.num_stages}s x{s}", dataclasses.replace(t, splits=s)))
+    return out
+
+
+def bench_attention(B: int, N: int, D: int, copy_tbps: float, sweep: bool = False) -> list[dict]:
     H = ATTN_HEADS
     cache_bytes = 2 * B * H * N * D * 2  # k and v, bf16, each read once
     copies = min(copies_for_l2(cache_bytes), 64)
@@ -174,7 +209,7 @@ def bench_attention(B: int, N: int, D: int, copy_tbps: float) -> list[dict]:
     theirs = F.scaled_dot_product_attention(q[:, :, None], k, v).reshape(B, H * D).float()
     sdpa_kernels = _cuda_kernels(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v))
     per_replay = max(1, min(10, int(2e-4 / (cache_bytes * copies / 4e12))))
-    impls = [("sdpa", None)] + _variants(B, H, N, D)
+    impls = [("sdpa", None)] + (_sweep_variants if sweep else _variants)(B, H, N, D)
     rows = []
     for impl, cfg in impls:
         if cfg is None:
@@ -192,7 +227,7 @@ def bench_attention(B: int, N: int, D: int, copy_tbps: float) -> list[dict]:
             if err > 2e-2:
                 raise AssertionError(f"B{B} N{N} D{D} {impl}: error {err:.2e} against SDPA")
             fns = [lambda t=t, c=cfg: decode_attention(t[0], t[1], t[2], t[3], out=t[4], config=c) for t in sets]
-        t = time_graph(fns, reps=30, per_replay=per_replay)
+        t = time_graph(fns, reps=15 if sweep else 30, per_replay=per_replay)
         tbps = cache_bytes / (t.median_us * 1e-6) / 1e12
         rows.append(
             {
@@ -232,11 +267,13 @@ def main_attention(args: argparse.Namespace) -> None:
             for n in ATTN_CONTEXTS
             for b in ATTN_BATCHES
             if 4 * b * ATTN_HEADS * n * d <= MAX_CACHE_BYTES
+            and (not args.contexts or n in args.contexts)
+            and (not args.batches or b in args.batches)
         ]
     )
     rows = []
     for B, N, D in shapes:
-        got = bench_attention(B, N, D, peers[0])
+        got = bench_attention(B, N, D, peers[0], sweep=args.sweep)
         torch.cuda.empty_cache()
         rows += got
         sdpa, ours = got[0], got[1]
@@ -257,7 +294,7 @@ def main_attention(args: argparse.Namespace) -> None:
             r["copy_fraction"] = r["tbps"] / copy_tbps
     name = torch.cuda.get_device_name(0).split()[-1].lower()
     path = write_results(
-        Path(args.out) / f"decode_attention_{name}{'_quick' if args.quick else ''}.json",
+        Path(args.out) / f"decode_attention_{name}{'_sweep' if args.sweep else '_quick' if args.quick else ''}.json",
         rows,
         copy_tbps=copy_tbps,
         copy_tbps_runs=peers,
@@ -279,6 +316,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=("step", "attention"))
+    parser.add_argument("--sweep", action="store_true", help="attention: every SWEEP_TILES tile x split count")
+    parser.add_argument("--contexts", type=int, nargs="*", help="attention: these N only")
+    parser.add_argument("--batches", type=int, nargs="*", help="attention: these B only")
     args = parser.parse_args()
     if args.only != "step":
         main_attention(args)

@@ -96,6 +96,45 @@ def _generate(
     return x, y
 
 
+# Shorter instances of a mixed training set (``short_frac``): half, a quarter, an eighth and a
+# sixteenth of the row, in turn, each with the row's pair density (pairs per token).
+SHORT_DIVISORS = (2, 4, 8, 16)
+
+
+def _generate_mixed(
+    rng: np.random.Generator,
+    n: int,
+    vocab_size: int,
+    seq_len: int,
+    num_kv_pairs: int,
+    power_a: float,
+    random_non_queries: bool,
+    short_frac: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_generate`` with the first ``round(n · short_frac)`` rows holding a shorter instance at
+    their start (lengths seq_len / SHORT_DIVISORS in turn, pairs scaled alike, at least one), the
+    rest of such a row filler and unscored. Rows are drawn by index in training, so where the short
+    ones sit does not matter. Full-length rows are what ``_generate`` alone would give from the
+    generator's state after the short ones."""
+    n_short = round(n * short_frac)
+    x = np.empty((n, seq_len), dtype=np.int32)
+    y = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int32)
+    for j, div in enumerate(SHORT_DIVISORS):
+        rows = np.arange(j, n_short, len(SHORT_DIVISORS))
+        length = seq_len // div
+        kv = max(1, num_kv_pairs // div)
+        if not len(rows) or length < 4 * kv:
+            x[rows], y[rows] = _generate(rng, len(rows), vocab_size, seq_len, num_kv_pairs, power_a, random_non_queries)
+            continue
+        xs, ys = _generate(rng, len(rows), vocab_size, length, kv, power_a, random_non_queries)
+        x[rows, :length], y[rows, :length] = xs, ys
+        x[rows, length:] = rng.integers(1, vocab_size, size=(len(rows), seq_len - length)) if random_non_queries else 0
+    x[n_short:], y[n_short:] = _generate(
+        rng, n - n_short, vocab_size, seq_len, num_kv_pairs, power_a, random_non_queries
+    )
+    return x, y
+
+
 def _mqar(
     name: str,
     seed: int,
@@ -106,6 +145,7 @@ def _mqar(
     n_train: int,
     n_test: int,
     random_non_queries: bool = True,
+    short_frac: float = 0.0,
 ) -> Task:
     require(num_kv_pairs >= 1, name, f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
     require(
@@ -121,10 +161,14 @@ def _mqar(
         f"seq_len={seq_len} is too short for {num_kv_pairs} pairs and their queries (need >= {4 * num_kv_pairs})",
     )
     require(0 < power_a <= 1, name, f"power_a must be in (0, 1], got {power_a}")
+    require(0 <= short_frac < 1, name, f"short_frac must be in [0, 1), got {short_frac}")
     train_rng, test_rng = streams(name, seed, n_train, n_test)
     shape = (vocab_size, seq_len, num_kv_pairs, power_a, random_non_queries)
-    train = _generate(train_rng, n_train, *shape)
-    test = _generate(test_rng, n_test, *shape)
+    if short_frac > 0:
+        train = _generate_mixed(train_rng, n_train, *shape, short_frac)
+    else:
+        train = _generate(train_rng, n_train, *shape)
+    test = _generate(test_rng, n_test, *shape)  # always full length: the score is at seq_len
     config = dict(
         name=name,
         seed=seed,
@@ -137,8 +181,11 @@ def _mqar(
     )
     if not random_non_queries:  # only when set: the configs of tasks stored before it existed stay equal
         config["random_non_queries"] = False
+    if short_frac > 0:  # likewise
+        config["short_frac"] = short_frac
     description = f"{'long-context ' if name == 'mqar_long' else ''}MQAR V={vocab_size} T={seq_len} kv={num_kv_pairs}"
     description += "" if random_non_queries else " (zero filler)"
+    description += f" ({short_frac:.0%} of training rows shorter)" if short_frac > 0 else ""
     return pack(name, config, vocab_size, vocab_size, "token", train, test, description)
 
 
@@ -152,13 +199,16 @@ def mqar(
     n_train: int = 8192,
     n_test: int = 512,
     random_non_queries: bool = True,
+    short_frac: float = 0.0,
 ) -> Task:
     """MQAR with Zoology's generator; train and test come from independent seeded streams.
 
     x ``[N, seq_len]`` int32 tokens; y ``[N, seq_len]`` int32, the bound value at the
     ``num_kv_pairs`` query positions of each row and IGNORE_INDEX elsewhere.
     """
-    return _mqar("mqar", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries)
+    return _mqar(
+        "mqar", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries, short_frac
+    )
 
 
 def mqar_long(
@@ -171,6 +221,7 @@ def mqar_long(
     n_train: int = 20_000,
     n_test: int = 1000,
     random_non_queries: bool = True,
+    short_frac: float = 0.0,
 ) -> Task:
     """Long-context MQAR: ``mqar`` with Zoology's vocabulary (8192) at T=2048 and 128 pairs.
 
@@ -180,4 +231,6 @@ def mqar_long(
     of ``hybrid_long`` (at most 16 x 600 = 9600 rows drawn); 1000 test rows score 128 000
     queries. x, y ``[N, seq_len]`` int32, as ``mqar``.
     """
-    return _mqar("mqar_long", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries)
+    return _mqar(
+        "mqar_long", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries, short_frac
+    )

@@ -251,3 +251,39 @@ def test_zero_filler_keeps_the_rows_and_clears_everything_else(task_fn):
     assert "zero filler" in clean.description
     spec = f"{task_fn.__name__}:vocab_size=37,seq_len=45,num_kv_pairs=5,n_train=40,n_test=9,random_non_queries=false"
     assert load_task(spec, seed=3).config == clean.config
+
+
+@pytest.mark.parametrize("random_non_queries", [True, False])
+def test_short_frac_mixes_shorter_whole_instances_into_training_only(random_non_queries):
+    """short_frac: that share of training rows holds a whole MQAR instance of T/2, T/4, T/8, T/16
+    (pairs scaled alike) at its start, unscored filler after it; the other training rows and every
+    test row are full-length instances; the config and task string round-trip."""
+    params = dict(vocab_size=64, seq_len=130, num_kv_pairs=8, n_train=50, n_test=7)
+    mixed = mqar_long(seed=2, short_frac=0.4, random_non_queries=random_non_queries, **params)
+    plain = mqar_long(seed=2, random_non_queries=random_non_queries, **params)
+    x, y = mixed.x_train.long().numpy(), mixed.y_train.long().numpy()
+    n_short = 20
+    for j, div in enumerate((2, 4, 8, 16)):
+        rows = np.arange(j, n_short, 4)
+        length, kv = 130 // div, max(1, 8 // div)
+        if length < 4 * kv:  # 130 // 16 = 8 < 4 · 1 is fine; a too-short slot is drawn full length
+            check_rows(x[rows], y[rows], 64, 8)
+            continue
+        check_rows(x[rows, :length], y[rows, :length], 64, kv)
+        assert (y[rows, length:] == IGNORE_INDEX).all(), "nothing after the short instance is scored"
+        tail = x[rows, length:]
+        assert (tail != 0).all() if random_non_queries else (tail == 0).all()
+    check_rows(x[n_short:], y[n_short:], 64, 8)
+    assert (mixed.x_test == plain.x_test).all() and (mixed.y_test == plain.y_test).all()
+    assert mixed.config["short_frac"] == 0.4 and "short_frac" not in plain.config
+    assert "40% of training rows shorter" in mixed.description
+    spec = "mqar_long:vocab_size=64,seq_len=130,num_kv_pairs=8,n_train=50,n_test=7,short_frac=0.4"
+    spec += "" if random_non_queries else ",random_non_queries=false"
+    again = load_task(spec, seed=2)
+    assert again.config == mixed.config and (again.x_train == mixed.x_train).all()
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5])
+def test_short_frac_outside_zero_one_is_refused(bad):
+    with pytest.raises(TaskError, match="short_frac must be in"):
+        mqar(short_frac=bad, n_train=8, n_test=2)

@@ -152,7 +152,8 @@ def _variants(B: int, H: int, N: int, D: int) -> list[tuple[str, DecodeConfig]]:
     )
     chosen = every[0]
     out = [("ours", chosen)] + [
-        (f"tile {c.block_n}/{c.num_warps}w/{c.num_stages}s{' dot' if c.dot else ''}", c) for c in every[1:]
+        (f"tile {c.block_n}/{c.num_warps}w/{c.num_stages}s{' dot' if c.dot else ''}{'' if c.fused else ' unfused'}", c)
+        for c in every[1:]
     ]
     for splits in (chosen.splits // 2, chosen.splits * 2):
         if 1 <= splits <= attention_configs.DECODE_MAX_SPLITS and splits != chosen.splits:

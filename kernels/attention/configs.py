@@ -97,15 +97,17 @@ DECODE_MAX_SPLITS = 256  # the combine kernel holds one (m, l) pair per split in
 class DecodeConfig:
     """The split-KV decode launch. block_n: cache rows per inner step (a ``[block_n, D]`` tile of
     k and of v); num_warps, num_stages: as in ``triton.Config``; splits: slices of the cache
-    capacity walked by separate programs (grid B·H × splits), combined by a second launch (none
-    when splits = 1); dot: scores and p·v as 16-row matmuls (q replicated) so Triton pipelines
-    the cache loads ``num_stages`` deep, instead of CUDA-core reductions."""
+    capacity walked by separate programs (grid B·H × splits), combined (none when splits = 1) by
+    the last program of each head to finish (fused, one launch) or by a second launch; dot: scores
+    and p·v as 16-row matmuls (q replicated) so Triton pipelines the cache loads ``num_stages``
+    deep, instead of CUDA-core reductions."""
 
     block_n: int
     num_warps: int
     num_stages: int
     splits: int = 1
     dot: bool = False
+    fused: bool = True
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -118,68 +120,62 @@ class DecodeConfig:
 
 # Decode is a stream over the cache: 2·D·(bytes per element) per row read, 4·D FLOPs per row (one
 # dot for the score, one axpy for the output), so 1 FLOP/byte in bf16 — memory-bound on any GPU.
-# A tile of block_n·D = 8192 elements (16 KB of k and 16 KB of v in bf16 per step).
 # Measured on an H200 (torch 2.11, triton 3.6, bf16, H = 8, benchmarks/results/
-# decode_attention_h200.json, first run): the CUDA-core walk (dot=False) streamed at most ~3.0
-# TB/s (B64 N128K: 0.63× cuDNN's SDPA at 4.6 TB/s): its loads are not pipelined across blocks.
-# The matmul walk (dot=True) lets Triton pipeline them: second run (decode_attention_h200.json),
-# 101-104% of an SM copy's 4.25 TB/s at B 8-64 from 16K rows, 0.95-0.98× SDPA (cuDNN, itself at
-# the ceiling); B1 stays latency-bound (56-81% of the copy at 32K-128K). There 128/8w/2s dot
-# was within 1% of the first tile at D = 128 (sometimes ahead, 7.66 vs 7.76 ms at B64 N128K).
-# sm_90 candidates, the chooser's first.
+# decode_attention_h200*.json): the CUDA-core walk (dot=False) streamed at most ~3.0 TB/s (its
+# loads are not pipelined across blocks); the matmul walk (dot=True) lets Triton pipeline them
+# and reaches cuDNN's SDPA (itself at ~4.4 TB/s of reads, 104 % of an SM copy's read + write).
+# The sweep of every tile x split count (decode_attention_h200_sweep.json: B 1/8/64, N 4K-128K)
+# found the fastest launches at about one program per SM (B1 H8: 16-33 splits, B8: 2-4, B64: 1),
+# not at the 8 per SM first chosen (B1 N32K D64: 64 splits 27.8 µs, 16 splits 23.9, SDPA 23.4),
+# with a wide tile once a slice is long: 256 rows at D = 64 and 128/8w at D = 128 for 2048-row
+# slices (same splits: B1 N32K D128 40.7 vs 43.0 µs, B8 N4K D64 23.8 vs 25.5), the narrow one for
+# shorter slices (B1 N4K D128, 256-row slices: 11.9 vs 13.0 µs).
+# sm_90, per head dim: (the tile for slices shorter than DECODE_LONG_SLICE rows, the tile for
+# longer ones, then the other tiles the tests run and the benchmark sweeps).
 DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
-    16: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
-    32: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
+    16: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
+    32: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
     64: (
         DecodeConfig(128, 4, 3, dot=True),
+        DecodeConfig(256, 4, 3, dot=True),
+        DecodeConfig(128, 4, 3, dot=True, fused=False),
         DecodeConfig(64, 4, 4, dot=True),
         DecodeConfig(128, 4, 2),
-        DecodeConfig(256, 8, 2),
     ),
     128: (
         DecodeConfig(64, 4, 3, dot=True),
-        DecodeConfig(128, 8, 2, dot=True),
+        DecodeConfig(128, 8, 3, dot=True),
+        DecodeConfig(64, 4, 3, dot=True, fused=False),
+        DecodeConfig(64, 4, 4, dot=True),
         DecodeConfig(64, 4, 2),
-        DecodeConfig(128, 8, 2),
     ),
 }
 DECODE_DEFAULT: dict[int, tuple[DecodeConfig, ...]] = {d: (c[0],) for d, c in DECODE_HOPPER.items()}
 # TRITON_INTERPRET on CPU (tests): 16-row blocks and 64-row splits, so odd test lengths span
-# several blocks and several splits (later ones empty), with a ragged last block.
-DECODE_INTERPRETER = (DecodeConfig(16, 4, 1), DecodeConfig(16, 4, 1, dot=True))
+# several blocks and several splits (later ones empty), with a ragged last block; both combines.
+DECODE_INTERPRETER = (
+    DecodeConfig(16, 4, 1),
+    DecodeConfig(16, 4, 1, dot=True),
+    DecodeConfig(16, 4, 1, dot=True, fused=False),
+)
 DECODE_INTERPRETER_SPLIT_ROWS = 64
-# The split: the grid B·H × splits holds up to DECODE_PROGRAMS_PER_SM programs per SM (about one
-# resident wave; the first run found twice the 4 first chosen faster at B64 and B1 N1K, e.g. B64
-# N128K D128 9.75 vs 11.63 ms), in slices of split_rows(capacity) rows: a slice's partial
-# (o, m, l) write and its share of the combine must pay for themselves, and how long a slice
-# should be grows with the cache. The sweep of every split count (decode_attention_h200.json, B1
-# H8; now decode_attention_h200_before_split_chooser.json) put the best slice at 128 rows for 1K,
-# 256 for 4K, 512 from 16K (16K: 32 splits 15.7 µs vs
-# 64 splits 18.6; 32K: 64 vs 128 splits 27.7 vs 28.2 µs at D64, 48.3 vs 51.6 at D128), and at 128K
-# the SM bound (132 splits) ahead of 66: 4·√capacity rows, clamped to [128, 512], follows it.
-# Re-measured with this chooser (decode_attention_h200.json, same day), B1 at 32K disagrees: half
-# its splits (32, 1024-row slices) ran 25.6 vs 29.2 µs at D64 and 40.8 vs 47.6 at D128, while at
-# 16K, 64K and 128K the chosen split was the fastest of ½×, 1×, 2×. Left as is until a GPU run can
-# validate a change (a 1024-row cap at 32K only, or a sweep at 24K-48K).
-# Chosen from the capacity, fixed at CUDA-graph capture: the kernel skips the splits past each
-# sequence's position.
-DECODE_PROGRAMS_PER_SM = 8
-DECODE_SPLIT_ROWS = (128, 512)  # the shortest and longest slice split_rows picks
-
-
-def _split_rows(capacity: int) -> int:
-    lo, hi = DECODE_SPLIT_ROWS
-    return max(lo, min(hi, round(4 * capacity**0.5)))
-
+# The split: B·H × splits programs, at most DECODE_PROGRAMS_PER_SM per SM (one resident wave of
+# equal slices, each program streaming one long slice), in slices of at least DECODE_MIN_SLICE
+# rows (a shorter slice's partial write and share of the combine do not pay for themselves: the
+# first sweep put the best slice at 128 rows for a 1K cache). Chosen from the capacity, fixed at
+# CUDA-graph capture: the kernel skips the splits past each sequence's position.
+DECODE_PROGRAMS_PER_SM = 1
+DECODE_MIN_SLICE = 128
+DECODE_LONG_SLICE = 2048
 
 _DECODE_BY_CAPABILITY = {(9, 0): DECODE_HOPPER}
 
 
-def _decode_splits(batch_heads: int, capacity: int, split_rows: int, sms: int) -> int:
-    """Slices of ``capacity`` rows (each at least ``split_rows``) that bring ``batch_heads``
+def _decode_splits(batch_heads: int, capacity: int, sms: int) -> int:
+    """Slices of ``capacity`` rows (each at least DECODE_MIN_SLICE) that bring ``batch_heads``
     programs up to at most DECODE_PROGRAMS_PER_SM per SM."""
-    wanted = -(-DECODE_PROGRAMS_PER_SM * sms // max(1, batch_heads))
-    return max(1, min(wanted, capacity // split_rows, DECODE_MAX_SPLITS))
+    wanted = DECODE_PROGRAMS_PER_SM * sms // max(1, batch_heads)
+    return max(1, min(wanted, capacity // DECODE_MIN_SLICE, DECODE_MAX_SPLITS))
 
 
 def decode_configs(
@@ -187,14 +183,16 @@ def decode_configs(
 ) -> tuple[DecodeConfig, ...]:
     """Every launch the decode kernels may run for ``batch_heads`` = B·H heads over a cache of
     ``capacity`` rows of ``head_dim`` on ``device`` with ``sms`` SMs: the chooser's first, then
-    the other tiles measured on this GPU (tests run them all; benchmarks sweep them)."""
+    the other tiles measured on this GPU (tests run them all; benchmarks time them)."""
     if not is_cuda(device):
         tiles: tuple[DecodeConfig, ...] = DECODE_INTERPRETER
         splits = max(1, min(-(-capacity // DECODE_INTERPRETER_SPLIT_ROWS), DECODE_MAX_SPLITS))
     else:
-        tiles = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
-        splits = _decode_splits(batch_heads, capacity, _split_rows(capacity), sms)
-    return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits, t.dot) for t in tiles)
+        table = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
+        splits = _decode_splits(batch_heads, capacity, sms)
+        chosen = table[min(1, len(table) - 1)] if -(-capacity // splits) >= DECODE_LONG_SLICE else table[0]
+        tiles = tuple(dict.fromkeys((chosen, *table)))
+    return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits, t.dot, t.fused) for t in tiles)
 
 
 def decode_config(device: torch.device, batch_heads: int, capacity: int, head_dim: int, sms: int) -> DecodeConfig:

@@ -13,9 +13,12 @@ a GPU with one program per (batch, head) (B1 H8: 8 programs on 132 SMs), so the 
 is cut into ``splits`` slices and the grid is B·H × splits. Each program streams its slice of
 k and v in ``[BLOCK_N, D]`` tiles with an online softmax (scores in base 2, log2(e)·scale folded
 into q), and writes its partial output normalised by its own sum, o_s ``[D]``, with its
-log-sum-exp lse_s (base 2), in fp32. A second launch (grid B·H) combines the slices:
-o = Σ_s 2^(lse_s − max lse)·o_s / Σ_s 2^(lse_s − max lse). With one split the first kernel
-writes the output itself and the combine is skipped.
+log-sum-exp lse_s (base 2), in fp32, then counts itself done on a per-head atomic counter; the
+last slice of a head to finish combines the slices, in slice order (so the result does not depend
+on the order of arrival): o = Σ_s 2^(lse_s − max lse)·o_s / Σ_s 2^(lse_s − max lse), and resets
+the counter. One launch: in a CUDA graph a second kernel costs about as much as a B1 slice's work
+(``DecodeConfig.fused = False`` keeps the separate combine launch, grid B·H, for comparison).
+With one split the kernel writes the output itself and nothing is combined.
 
 Positions are read on the device (``positions [B]`` int32: the index of the newest row of each
 sequence), so a CUDA graph captured once is replayed after ``positions += 1``. The split count is
@@ -26,6 +29,8 @@ past the position are never loaded (masked): a cache may hold anything there, Na
 Cost per (batch, head) at n = position + 1 rows: reads 2·n·D cache elements (the floor: the
 kernel is memory-bound at 1 FLOP per byte in bf16: 2·D FLOPs for the score, 2·D for p·v), plus
 splits·(D + 1) fp32 partials written and read back by the combine, D outputs written.
+The split count and tile are chosen from the capacity (``configs.decode_config``: about one
+program per SM, slices of at least 128 rows, a wider tile for slices from 2048 rows).
 """
 
 from __future__ import annotations
@@ -167,6 +172,31 @@ def _walk_dot(
 
 
 @triton.jit
+def _combine(
+    O_PART, LSE, OUT, bh, filled, splits, SPLITS_P2: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr
+):
+    """Head ``bh``'s output from its first ``filled`` slices' partials, in slice order (the same
+    sums whichever program runs it). The partials are read through L2 (``.cg``): another SM wrote
+    them in this launch when the combine is fused."""
+    base = bh.to(tl.int64) * splits
+    s_all = tl.arange(0, SPLITS_P2)
+    lse = tl.load(LSE + base + s_all, mask=s_all < filled, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse, 0)  # finite: slice 0 always holds row 0
+    denom = tl.sum(tl.exp2(lse - m), 0)
+    d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)
+    for s0 in range(0, filled, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = s < filled
+        w = tl.exp2(tl.load(LSE + base + s, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)  # 0 when empty
+        o = tl.load(
+            O_PART + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg"
+        )
+        acc += tl.sum(w[:, None] * o, 0)
+    tl.store(OUT + bh.to(tl.int64) * HEAD_DIM + d, (acc / denom).to(OUT.dtype.element_ty))
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,  # [B, H, D] contiguous
     KC,
@@ -174,7 +204,8 @@ def _decode_split_kernel(
     POS,  # int32 [B]
     O_PART,  # fp32 [B·H, splits, D]: each slice's output, normalised by its own sum
     LSE,  # fp32 [B·H, splits]: each slice's log2-sum-exp2 of its scores
-    OUT,  # [B, H·D]: written here directly when DIRECT
+    OUT,  # [B, H·D]: written here directly when DIRECT, or by the last slice when FUSED
+    COUNT,  # int32 [B·H], zero between launches: slices of each head done (FUSED)
     stride_kb,
     stride_kh,
     stride_kc,
@@ -187,13 +218,17 @@ def _decode_split_kernel(
     splits,
     qk_scale,  # scale·log2(e)
     DIRECT: tl.constexpr,  # one slice: normalise and write OUT here, no partials
+    FUSED: tl.constexpr,  # the last slice of a head to finish combines the partials (one launch)
     DOT: tl.constexpr,  # the products as 16-row matmuls (``_walk_dot``)
     PRECISION: tl.constexpr,  # their input precision: "ieee" for fp32 caches, else None (the default)
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SPLITS_P2: tl.constexpr,  # splits rounded up to a power of two (FUSED)
+    BLOCK_S: tl.constexpr,  # slices per step of the combine's weighted sum (FUSED)
 ):
     # Program (head, slice): reads 2·rows·D cache elements, does 4·rows·D FLOPs, writes D + 1
-    # fp32 partials (or D outputs when unsplit).
+    # fp32 partials (or D outputs when unsplit); when FUSED the last one also reads the head's
+    # partials back and writes D outputs.
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -217,6 +252,15 @@ def _decode_split_kernel(
         part = bh.to(tl.int64) * splits + split
         tl.store(O_PART + part * HEAD_DIM + d, acc / l_i)
         tl.store(LSE + part, m_i + tl.log2(l_i))
+        if FUSED:
+            # Release: this slice's partials are visible before its count; acquire: the last one
+            # sees every other slice's. It then resets the count for the next launch (a replayed
+            # graph included); the order of arrival does not change the sums (slice order).
+            filled = tl.cdiv(n, split_rows)
+            done = tl.atomic_add(COUNT + bh, 1, sem="acq_rel")
+            if done == filled - 1:
+                _combine(O_PART, LSE, OUT, bh, filled, splits, SPLITS_P2, BLOCK_S, HEAD_DIM)
+                tl.atomic_xchg(COUNT + bh, 0, sem="relaxed")
 
 
 @triton.jit
@@ -238,20 +282,23 @@ def _decode_combine_kernel(
     b = (bh // H).to(tl.int64)
     n = tl.minimum(tl.load(POS + b) + 1, C)
     filled = tl.cdiv(n, split_rows)  # slices holding rows; the rest wrote nothing
-    base = bh.to(tl.int64) * splits
-    s_all = tl.arange(0, SPLITS_P2)
-    lse = tl.load(LSE + base + s_all, mask=s_all < filled, other=float("-inf"))
-    m = tl.max(lse, 0)  # finite: slice 0 always holds row 0
-    denom = tl.sum(tl.exp2(lse - m), 0)
-    d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros((HEAD_DIM,), tl.float32)
-    for s0 in range(0, filled, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        ok = s < filled
-        w = tl.exp2(tl.load(LSE + base + s, mask=ok, other=float("-inf")) - m)  # [BLOCK_S], 0 when empty
-        o = tl.load(O_PART + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * o, 0)
-    tl.store(OUT + bh.to(tl.int64) * HEAD_DIM + d, (acc / denom).to(OUT.dtype.element_ty))
+    _combine(O_PART, LSE, OUT, bh, filled, splits, SPLITS_P2, BLOCK_S, HEAD_DIM)
+
+
+_COUNTS: dict[torch.device, Tensor] = {}
+
+
+def _counts(device: torch.device, heads: int) -> Tensor:
+    """A zeroed int32 ``[>= heads]`` buffer of per-head slice counts on ``device``, kept between
+    calls: each fused launch leaves it zeroed again, so no memset is launched (nor captured).
+    Allocated outside a CUDA-graph capture when a call precedes it (a capture after a warm-up call,
+    as the decoder and the benchmarks do); launches on one device share it, so they must be
+    ordered (one stream), as a decode step's layers are."""
+    buf = _COUNTS.get(device)
+    if buf is None or buf.numel() < heads:
+        buf = torch.zeros(max(heads, 1024), device=device, dtype=torch.int32)
+        _COUNTS[device] = buf
+    return buf
 
 
 def _check_cache(op: str, name: str, cache: Tensor, B: int, H: int, D: int, dtype: torch.dtype) -> None:
@@ -373,8 +420,9 @@ def decode_attention(
     read. positions: int32 ``[B]`` on the device, each < C (read there; clamped to C − 1).
     scale: defaults to D^-1/2. out: optional contiguous ``[B, H·D]`` buffer of q's dtype.
     config: this launch instead of ``configs.decode_config``'s (tests, benchmark sweeps).
-    Returns ``[B, H·D]`` in q's dtype. Two launches (split, combine), one when unsplit; no host
-    sync and no allocation that depends on device values, so it can be captured in a CUDA graph.
+    Returns ``[B, H·D]`` in q's dtype. One launch (two with ``config.fused`` False and several
+    splits); no host sync and no allocation that depends on device values, so it can be captured
+    in a CUDA graph. Calls on one device share a counter buffer: keep them on one stream.
     """
     if q.dim() != 3:
         raise ValueError(f"decode_attention: q must be [B, H, D], got {list(q.shape)}")
@@ -394,6 +442,9 @@ def decode_attention(
     o_part = torch.empty(B * H, splits, D, device=q.device, dtype=torch.float32) if splits > 1 else o
     lse = torch.empty(B * H, splits, device=q.device, dtype=torch.float32) if splits > 1 else o
     qk_scale = (D**-0.5 if scale is None else scale) * _LOG2E
+    fused = splits > 1 and config.fused
+    splits_p2 = _next_power_of_two(splits)
+    block_s = min(splits_p2, max(1, 4096 // D))
     _decode_split_kernel[(B * H, splits)](
         q,
         k_cache,
@@ -402,6 +453,7 @@ def decode_attention(
         o_part,
         lse,
         o,
+        _counts(q.device, B * H) if fused else positions,
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -414,15 +466,17 @@ def decode_attention(
         splits,
         qk_scale,
         DIRECT=splits == 1,
+        FUSED=fused,
         DOT=config.dot,
         PRECISION="ieee" if q.dtype == torch.float32 else None,
         HEAD_DIM=D,
         BLOCK_N=config.block_n,
+        SPLITS_P2=splits_p2,
+        BLOCK_S=block_s,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if splits > 1:
-        splits_p2 = _next_power_of_two(splits)
+    if splits > 1 and not fused:
         _decode_combine_kernel[(B * H,)](
             o_part,
             lse,
@@ -433,7 +487,7 @@ def decode_attention(
             split_rows,
             splits,
             SPLITS_P2=splits_p2,
-            BLOCK_S=min(splits_p2, max(1, 4096 // D)),
+            BLOCK_S=block_s,
             HEAD_DIM=D,
             num_warps=4,
         )

@@ -2,8 +2,8 @@
 
 One decoding step of ``batch`` sequences that already hold ``context`` tokens each
 (``nas.models.TritonDecoder``) runs, per block: norm → QKV linear → short-conv step → RoPE +
-cache append and split-KV attention over the cache (two launches: partial softmaxes, then their
-combination), or the linear-attention state update → out linear (+residual); norm → MLP up →
+cache append and split-KV attention over the cache (one launch: partial softmaxes, combined by
+the last slice of each head), or the linear-attention state update → out linear (+residual); norm → MLP up →
 down; then the final norm, the head and the position counter. With one token per sequence every
 linear is a matrix-vector product: the step is memory-bound (Flash-Decoding; Kimi Linear and
 Jet-Nemotron name the KV cache the cost that dominates long-context decoding). Its bytes:
@@ -138,7 +138,7 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
                 launches += 1
                 state += 2 * (layer.short_conv - 1) * 3 * d * B * size + B * 3 * d * size * 2
             if layer.mixer == "attention":
-                launches += 3  # rope + append, split-KV partials, combine
+                launches += 2  # rope + append; split-KV (the last slice of each head combines)
                 cache += 2 * context * layer.heads * p * B * size
             else:
                 launches += 1

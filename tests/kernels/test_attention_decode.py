@@ -202,23 +202,33 @@ def test_bad_inputs_raise() -> None:
 
 
 def test_decode_config_fills_the_gpu_from_the_capacity(monkeypatch) -> None:
-    """B·H·splits reaches at most DECODE_PROGRAMS_PER_SM per SM in slices of 4·√capacity rows
-    (128-512); the choice depends on the capacity only (one launch per captured graph)."""
+    """B·H·splits reaches at most one program per SM (DECODE_PROGRAMS_PER_SM) in slices of at
+    least 128 rows, with the wide tile from 2048-row slices; the choice depends on the capacity
+    only (one launch per captured graph)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cuda = torch.device("cuda")
     cfg = configs.decode_config
-    assert cfg(cuda, 8, 131072, 128, 132).splits == 132  # 8·132 = 1056 = 8·132 programs
+    wide = {D: configs.DECODE_HOPPER[D][1] for D in (64, 128)}
+    narrow = {D: configs.DECODE_HOPPER[D][0] for D in (64, 128)}
+    assert cfg(cuda, 8, 131072, 128, 132).splits == 16  # 8·16 = 128 programs on 132 SMs
+    assert cfg(cuda, 8, 131072, 128, 132).block_n == wide[128].block_n  # slices of 8192 rows
     assert cfg(cuda, 8, 4096, 128, 132).splits == 16  # slices of 256 rows
-    assert cfg(cuda, 8, 1024, 128, 132).splits == 8  # slices of 128 rows
-    assert cfg(cuda, 8, 16384, 64, 132).splits == 32  # slices of 512 rows
-    assert cfg(cuda, 8, 32768, 64, 132).splits == 64
-    assert cfg(cuda, 512, 1024, 64, 132).splits == 3
-    assert cfg(cuda, 8192, 131072, 64, 132).splits == 1  # full already: no combine
-    assert cfg(cuda, 1, 10**6, 64, 132).splits == configs.DECODE_MAX_SPLITS
+    assert cfg(cuda, 8, 4096, 128, 132).block_n == narrow[128].block_n
+    assert cfg(cuda, 8, 1024, 128, 132).splits == 8  # the 128-row floor
+    assert cfg(cuda, 8, 32768, 64, 132).splits == 16
+    assert (cfg(cuda, 8, 32768, 64, 132).block_n, cfg(cuda, 8, 16384, 64, 132).block_n) == (256, 128)
+    assert cfg(cuda, 64, 4096, 64, 132).splits == 2  # 2048-row slices: wide
+    assert cfg(cuda, 64, 4096, 64, 132).block_n == 256
+    assert cfg(cuda, 512, 1024, 64, 132).splits == 1  # more heads than SMs: no split, no combine
+    assert cfg(cuda, 8192, 131072, 64, 132).splits == 1
+    assert cfg(cuda, 1, 10**6, 64, 132).splits == 132
     assert cfg(cuda, 1, 100, 64, 132).splits == 1
     for D in configs.SUPPORTED_HEAD_DIMS:
-        every = configs.decode_configs(cuda, 8, 32768, D, 132)
-        assert every[0] == cfg(cuda, 8, 32768, D, 132) and len(set(every)) == len(every)
+        for capacity in (1000, 4096, 32768):
+            every = configs.decode_configs(cuda, 8, capacity, D, 132)
+            assert every[0] == cfg(cuda, 8, capacity, D, 132) and len(set(every)) == len(every)
+            assert {c.splits for c in every} == {every[0].splits}
+            assert any(not c.fused for c in every) or D < 64, "the unfused combine is tested too"
     with pytest.raises(ValueError, match="splits"):
         DecodeConfig(16, 4, 1, 0)
 

@@ -124,7 +124,7 @@ class DecodeConfig:
 # decode_attention_h200*.json): the CUDA-core walk (dot=False) streamed at most ~3.0 TB/s (its
 # loads are not pipelined across blocks); the matmul walk (dot=True) lets Triton pipeline them
 # and reaches cuDNN's SDPA (itself at ~4.4 TB/s of reads, 104 % of an SM copy's read + write).
-# The sweep of every tile x split count (decode_attention_h200_sweep.json: B 1/8/64, N 4K-128K)
+# The sweep of every tile x split count (decode_attention_h200_sweep_b1.json, _b8_b64.json: N 4K-128K)
 # found the fastest launches at about one program per SM (B1 H8: 16-33 splits, B8: 2-4, B64: 1),
 # not at the 8 per SM first chosen (B1 N32K D64: 64 splits 27.8 µs, 16 splits 23.9, SDPA 23.4),
 # with a wide tile once a slice is long: 256 rows at D = 64 and 128/8w at D = 128 for 2048-row

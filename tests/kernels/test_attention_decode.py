@@ -94,6 +94,26 @@ def test_decode_any_split_count(splits: int, dot: bool) -> None:
 
 
 @requires_interpreter
+def test_fused_combine_equals_the_separate_launch_and_leaves_its_counters_zero() -> None:
+    """The last slice of each head combines (one launch): the same output as the separate combine
+    launch, bit for bit (same sums in slice order), whatever the positions, and the per-head
+    counters are zero again afterwards, so the next call (or graph replay) counts from zero."""
+    from kernels.attention import decode as decode_module
+
+    gen = _gen("fused")
+    B, H, C, D = 3, 2, 100, 32
+    k, v = (torch.randn(B, H, C, D, generator=gen) for _ in "kv")
+    for positions in (torch.tensor([99, 0, 40], dtype=torch.int32), torch.tensor([63, 64, 17], dtype=torch.int32)):
+        q = torch.randn(B, H, D, generator=gen)
+        fused = decode_attention(q, k, v, positions, config=DecodeConfig(16, 4, 1, 7, dot=True))
+        counts = decode_module._COUNTS[q.device]
+        assert not counts.any(), "the last slice resets its head's counter"
+        apart = decode_attention(q, k, v, positions, config=DecodeConfig(16, 4, 1, 7, dot=True, fused=False))
+        assert torch.equal(fused, apart)
+        assert_rel_close(fused, ref.decode_attention_ref(q, k, v, positions), BOUNDS[torch.float32])
+
+
+@requires_interpreter
 def test_decode_scale_and_strided_cache() -> None:
     """A custom scale, and caches that are views of ``[B, C, H, D]`` buffers (strided over H, C)."""
     gen = _gen("strided")

@@ -118,7 +118,7 @@ def test_long_space_reaches_hybrids_and_head_dims_32_to_128():
     """hybrid_long: a 3:1 linear:attention stack is a point of the space (drawn through Optuna as a
     trial would be), and every width/head pair gives a head dim in 32-128."""
     space = load_space("hybrid_long")
-    assert space.task.split(":")[0] == "mqar_long" and space.max_train_seconds
+    assert space.task.split(":")[0] == "mqar" and "num_kv_pairs=16" in space.task and space.max_train_seconds
     dims = {d // h for d in space.d_model.values() for h in space.layer["heads"].values()}
     assert min(dims) == 32 and max(dims) == 128
     assert set(space.layer["feature_map"].values()) == {"identity", "elu+1", "relu"}
@@ -129,7 +129,7 @@ def test_long_space_reaches_hybrids_and_head_dims_32_to_128():
         params |= {f"layer{i}.activation": "gelu", f"layer{i}.norm": "rmsnorm", f"layer{i}.short_conv": 4}
         params |= {f"layer{i}.feature_map": "elu+1"} if mixer == "linear_attention" else {}
     params |= {f"train.{f}": space.train[f].values()[0] for f in ("weight_decay", "warmup_frac", "steps")}
-    cand = space.sample(optuna.trial.FixedTrial(params), stub_task(vocab=8192, n_out=8192))
+    cand = space.sample(optuna.trial.FixedTrial(params), stub_task(vocab=128, n_out=128))
     assert tuple(layer.mixer for layer in cand.arch.layers) == stack and cand.arch.d_model == 256
 
 

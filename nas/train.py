@@ -217,6 +217,8 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, on_run
     """The training steps and the final evaluation of ``train``; returns (accuracy, test loss,
     steps, how it stopped, curve). GPU work runs while holding ``share`` (windows of steps)."""
     device, n_train = task.x_train.device, task.x_train.shape[0]
+    stage1 = task.stage1_steps(spec.steps)  # the first steps draw short rows (a length curriculum)
+    n_stage1 = task.x_stage1.shape[0] if stage1 else 0
     window = max(1, spec.steps // CURVE_POINTS)
     losses = torch.zeros(spec.steps, device=device)
     norms = torch.zeros(spec.steps, device=device)
@@ -228,9 +230,10 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, on_run
         try:
             if step_hook is not None:
                 step_hook(step + 1)
-            idx = torch.randint(0, n_train, (spec.batch_size,), device=device, generator=gen)
+            short = step < stage1
+            idx = torch.randint(0, n_stage1 if short else n_train, (spec.batch_size,), device=device, generator=gen)
             with _autocast(device):
-                x, y = task.batch(idx)  # [B, T] rows gathered on the device, never the whole set
+                x, y = task.batch(idx, split="stage1" if short else "train")  # [B, T] rows, gathered on the device
                 loss = task.loss(forward(x), y)
             # keep the grad tensors (zero them): their addresses stay put, so the fused optimizer's
             # pointer tables are built once, not every step (H200: 640 -> 4 table builds in 320

@@ -310,3 +310,40 @@ def test_a_rung_that_says_stop_stops_with_the_partial_curve():
         train(build(ARCH, seed=1), task, spec, device="cpu", on_rung=lambda step, _acc: step >= 4)
     assert stop.value.step == 4 and [s for s, _ in stop.value.curve] == [1, 2, 3, 4]
     assert 0.0 <= stop.value.accuracy <= 1.0 and stop.value.seconds > 0
+
+
+# ---------------------------------------------------------------- length curriculum
+
+
+class LengthRecorder(nn.Module):
+    """Wraps a model and records the sequence length of every training forward."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.lengths = inner, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.lengths.append(x.shape[1])
+        return self.inner(x)
+
+
+def test_a_curriculum_task_trains_its_first_steps_on_the_short_rows_then_the_full_ones():
+    """Task.stage1_frac of the steps (the first ones) draw from x_stage1; evaluation and the rest
+    use the full-length rows; a task without a stage 1 trains exactly as before."""
+    from nas.tasks import load_task
+
+    task = load_task(
+        "mqar:vocab_size=32,seq_len=40,num_kv_pairs=4,n_train=64,n_test=16,curriculum_len=16,curriculum_frac=0.3"
+    )
+    assert tuple(task.x_stage1.shape) == (64, 16) and task.stage1_steps(20) == 6
+    arch = ArchSpec(32, (LayerSpec("attention", heads=2, mlp_ratio=2.0),), 32, 32)
+    model = LengthRecorder(build(arch, seed=0))
+    train(model, task, TrainSpec(lr=1e-3, steps=20, batch_size=4, seed=0), device="cpu")
+    assert model.lengths == [16] * 6 + [40] * 14
+    plain = load_task("mqar:vocab_size=32,seq_len=40,num_kv_pairs=4,n_train=64,n_test=16")
+    assert plain.stage1_steps(20) == 0 and plain.x_stage1 is None
+    assert torch.equal(plain.x_train, task.x_train) and torch.equal(plain.x_test, task.x_test)
+    model = LengthRecorder(build(arch, seed=0))
+    train(model, plain, TrainSpec(lr=1e-3, steps=5, batch_size=4, seed=0), device="cpu")
+    assert model.lengths == [40] * 5

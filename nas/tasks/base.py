@@ -27,6 +27,10 @@ class Task:
     Stored as int32, half of int64's bytes (a long-context MQAR set is gigabytes); ``batch``
     hands the model and the loss int64 rows.
     ``config`` is enough to regenerate the task: ``{"name": ..., "seed": ..., **params}``.
+
+    A length curriculum (optional): ``x_stage1``, ``y_stage1`` are training rows of a shorter
+    sequence length, and ``stage1_frac`` the share of the training steps (the first ones) drawn
+    from them; the rest, and every evaluation, use the full-length rows.
     """
 
     name: str
@@ -39,6 +43,9 @@ class Task:
     x_test: torch.Tensor
     y_test: torch.Tensor
     description: str = field(default="")
+    x_stage1: torch.Tensor | None = None
+    y_stage1: torch.Tensor | None = None
+    stage1_frac: float = 0.0
 
     @property
     def seq_len(self) -> int:
@@ -47,14 +54,28 @@ class Task:
     def to(self, device: torch.device | str) -> Task:
         """The same task with its tensors on ``device`` (generated once, moved once)."""
         move = {k: getattr(self, k).to(device) for k in ("x_train", "y_train", "x_test", "y_test")}
+        stage1 = {k: getattr(self, k) for k in ("x_stage1", "y_stage1")}
+        stage1 = {k: v if v is None else v.to(device) for k, v in stage1.items()}
         return Task(
-            self.name, self.config, self.vocab_size, self.n_out, self.readout, **move, description=self.description
+            self.name,
+            self.config,
+            self.vocab_size,
+            self.n_out,
+            self.readout,
+            **move,
+            description=self.description,
+            **stage1,
+            stage1_frac=self.stage1_frac,
         )
+
+    def stage1_steps(self, steps: int) -> int:
+        """How many of ``steps`` training steps draw from the curriculum's short rows (0 without)."""
+        return round(steps * self.stage1_frac) if self.x_stage1 is not None else 0
 
     def batch(self, rows: torch.Tensor | slice, *, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         """int64 (x ``[B, T]``, y ``[B, T]`` or ``[B]``) of ``rows`` of ``split`` ("train" or "test"):
         ``rows`` is an index tensor ``[B]`` or a slice; only those rows are gathered and widened."""
-        assert split in ("train", "test"), split
+        assert split in ("train", "test", "stage1"), split
         x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
         return x[rows].long(), y[rows].long()
 

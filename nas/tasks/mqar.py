@@ -20,6 +20,15 @@ with the context, while softmax attention keeps a KV cache that grows with the c
 recall-throughput tradeoff", §3, recall against recurrent state size). The gap law is Zoology's:
 the mean key→query distance grows with ``seq_len`` (and with ``num_kv_pairs``).
 
+Learnability. From scratch, a search-sized training stays on MQAR's plateau (loss ln(V/2)) once
+T ≥ 128-256 (``benchmarks/results/mqar_long_learnability_cpu.json``), with random or zero filler
+and with ``short_frac`` (a share of training rows holding a shorter instance). A length
+curriculum over steps does learn: ``curriculum_len=L, curriculum_frac=f`` adds ``n_train`` rows
+of an MQAR of length L (pairs capped at L/4), and the first f of the training steps draw from them
+(``Task.x_stage1``); the score is always at ``seq_len``. On the CPU, 2-layer attention (d 64)
+trained 700 steps at T=64 then 300 at T=256 reached 0.96 (16 pairs) and 0.99 (48 pairs) at T=256,
+where from scratch it stays at chance; linear attention of the same width stays at chance.
+
 Cost at T=8192, 512 pairs, 20 000 rows: x and y are int32 (tokens < 2^31; half of int64's bytes,
 1.3 GB together) written in place chunk by chunk; besides them only ``[N, num_kv_pairs]`` draws and
 one chunk of ``_CHUNK`` cells are alive. The random stream is the one a single whole-array pass
@@ -28,7 +37,10 @@ draws, so a seed gives the same rows at every chunk size.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import torch
 
 from nas.tasks._build import pack, require, streams
 from nas.tasks.base import IGNORE_INDEX, Task
@@ -146,6 +158,8 @@ def _mqar(
     n_test: int,
     random_non_queries: bool = True,
     short_frac: float = 0.0,
+    curriculum_len: int = 0,
+    curriculum_frac: float = 0.0,
 ) -> Task:
     require(num_kv_pairs >= 1, name, f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
     require(
@@ -162,6 +176,18 @@ def _mqar(
     )
     require(0 < power_a <= 1, name, f"power_a must be in (0, 1], got {power_a}")
     require(0 <= short_frac < 1, name, f"short_frac must be in [0, 1), got {short_frac}")
+    require(
+        (curriculum_len > 0) == (curriculum_frac > 0),
+        name,
+        f"curriculum_len and curriculum_frac go together, got {curriculum_len} and {curriculum_frac}",
+    )
+    if curriculum_len:
+        require(
+            4 <= curriculum_len < seq_len,
+            name,
+            f"curriculum_len must be in [4, seq_len={seq_len}), got {curriculum_len}",
+        )
+        require(0 < curriculum_frac < 1, name, f"curriculum_frac must be in (0, 1), got {curriculum_frac}")
     train_rng, test_rng = streams(name, seed, n_train, n_test)
     shape = (vocab_size, seq_len, num_kv_pairs, power_a, random_non_queries)
     if short_frac > 0:
@@ -169,6 +195,18 @@ def _mqar(
     else:
         train = _generate(train_rng, n_train, *shape)
     test = _generate(test_rng, n_test, *shape)  # always full length: the score is at seq_len
+    stage1 = None
+    if curriculum_len:
+        # after the training rows, from their stream: those rows are the same with or without it
+        stage1 = _generate(
+            train_rng,
+            n_train,
+            vocab_size,
+            curriculum_len,
+            min(num_kv_pairs, curriculum_len // 4),
+            power_a,
+            random_non_queries,
+        )
     config = dict(
         name=name,
         seed=seed,
@@ -183,10 +221,18 @@ def _mqar(
         config["random_non_queries"] = False
     if short_frac > 0:  # likewise
         config["short_frac"] = short_frac
+    if curriculum_len:
+        config |= {"curriculum_len": curriculum_len, "curriculum_frac": curriculum_frac}
     description = f"{'long-context ' if name == 'mqar_long' else ''}MQAR V={vocab_size} T={seq_len} kv={num_kv_pairs}"
     description += "" if random_non_queries else " (zero filler)"
     description += f" ({short_frac:.0%} of training rows shorter)" if short_frac > 0 else ""
-    return pack(name, config, vocab_size, vocab_size, "token", train, test, description)
+    if stage1 is None:
+        return pack(name, config, vocab_size, vocab_size, "token", train, test, description)
+    kv1 = min(num_kv_pairs, curriculum_len // 4)
+    description += f", first {curriculum_frac:.0%} of steps at T={curriculum_len} kv={kv1}"
+    task = pack(name, config, vocab_size, vocab_size, "token", train, test, description)
+    x1, y1 = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)) for a in stage1)
+    return dataclasses.replace(task, x_stage1=x1, y_stage1=y1, stage1_frac=curriculum_frac)
 
 
 def mqar(
@@ -200,6 +246,8 @@ def mqar(
     n_test: int = 512,
     random_non_queries: bool = True,
     short_frac: float = 0.0,
+    curriculum_len: int = 0,
+    curriculum_frac: float = 0.0,
 ) -> Task:
     """MQAR with Zoology's generator; train and test come from independent seeded streams.
 
@@ -207,7 +255,18 @@ def mqar(
     ``num_kv_pairs`` query positions of each row and IGNORE_INDEX elsewhere.
     """
     return _mqar(
-        "mqar", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries, short_frac
+        "mqar",
+        seed,
+        vocab_size,
+        seq_len,
+        num_kv_pairs,
+        power_a,
+        n_train,
+        n_test,
+        random_non_queries,
+        short_frac,
+        curriculum_len,
+        curriculum_frac,
     )
 
 
@@ -222,6 +281,8 @@ def mqar_long(
     n_test: int = 1000,
     random_non_queries: bool = True,
     short_frac: float = 0.0,
+    curriculum_len: int = 0,
+    curriculum_frac: float = 0.0,
 ) -> Task:
     """Long-context MQAR: ``mqar`` with Zoology's vocabulary (8192) at T=2048 and 128 pairs.
 
@@ -232,5 +293,16 @@ def mqar_long(
     queries. x, y ``[N, seq_len]`` int32, as ``mqar``.
     """
     return _mqar(
-        "mqar_long", seed, vocab_size, seq_len, num_kv_pairs, power_a, n_train, n_test, random_non_queries, short_frac
+        "mqar_long",
+        seed,
+        vocab_size,
+        seq_len,
+        num_kv_pairs,
+        power_a,
+        n_train,
+        n_test,
+        random_non_queries,
+        short_frac,
+        curriculum_len,
+        curriculum_frac,
     )

@@ -1,5 +1,6 @@
 """MQAR invariants (Zoology): what each row must look like, not just its shape."""
 
+import re
 import sys
 from itertools import pairwise
 
@@ -287,3 +288,39 @@ def test_short_frac_mixes_shorter_whole_instances_into_training_only(random_non_
 def test_short_frac_outside_zero_one_is_refused(bad):
     with pytest.raises(TaskError, match="short_frac must be in"):
         mqar(short_frac=bad, n_train=8, n_test=2)
+
+
+def test_curriculum_rows_are_whole_short_instances_and_the_config_round_trips():
+    """curriculum_len/frac: n_train extra rows of a shorter MQAR (pairs capped at len/4), drawn
+    after the training rows (which stay as without it); config and task string round-trip."""
+    params = dict(vocab_size=64, seq_len=96, num_kv_pairs=12, n_train=30, n_test=5)
+    task = mqar_long(seed=4, curriculum_len=32, curriculum_frac=0.6, **params)
+    plain = mqar_long(seed=4, **params)
+    x1, y1 = task.x_stage1.long().numpy(), task.y_stage1.long().numpy()
+    assert x1.shape == (30, 32) and task.stage1_frac == 0.6
+    check_rows(x1, y1, 64, 8)  # 12 pairs capped at 32 // 4
+    assert torch.equal(task.x_train, plain.x_train) and torch.equal(task.y_test, plain.y_test)
+    assert task.config["curriculum_len"] == 32 and "curriculum_len" not in plain.config
+    assert "first 60% of steps at T=32 kv=8" in task.description
+    spec = (
+        "mqar_long:vocab_size=64,seq_len=96,num_kv_pairs=12,n_train=30,n_test=5,curriculum_len=32,curriculum_frac=0.6"
+    )
+    again = load_task(spec, seed=4)
+    assert again.config == task.config and torch.equal(again.x_stage1, task.x_stage1)
+    moved = task.to("cpu")
+    assert torch.equal(moved.x_stage1, task.x_stage1) and moved.stage1_frac == 0.6
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        (dict(curriculum_len=16), "go together"),
+        (dict(curriculum_frac=0.5), "go together"),
+        (dict(curriculum_len=64, curriculum_frac=0.5), "curriculum_len must be in [4, seq_len=64)"),
+        (dict(curriculum_len=3, curriculum_frac=0.5), "curriculum_len must be in"),
+        (dict(curriculum_len=16, curriculum_frac=1.0), "curriculum_frac must be in (0, 1)"),
+    ],
+)
+def test_bad_curriculum_is_refused(params, needle):
+    with pytest.raises(TaskError, match=re.escape(needle)):
+        mqar(n_train=8, n_test=2, **params)

@@ -94,8 +94,8 @@ def test_path_specs(files, tmp_path):
         (":seq_len=4", "names no task"),
         (
             "mqar:heads=4",
-            "unknown parameter(s) heads; allowed: n_test, n_train, num_kv_pairs, power_a, random_non_queries, "
-            "seed, seq_len, short_frac",
+            "unknown parameter(s) heads; allowed: curriculum_frac, curriculum_len, n_test, n_train, "
+            "num_kv_pairs, power_a, random_non_queries, seed, seq_len, short_frac",
         ),
         ("mqar:vocab_size=1.5", "vocab_size='1.5' is not an int"),
         ("mqar:vocab_size=lots", "vocab_size='lots' is not an int"),

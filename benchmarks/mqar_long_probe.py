@@ -4,13 +4,13 @@
 
 Trains fixed stacks (all-attention, a 3:1 linear:attention hybrid, all-linear; depth 4, d_model
 128, 2 heads, short conv 4, MLP ratio 4, elu+1 linear attention) with ``nas.train.train`` (the
-search's own loop and AdamW) on long-context MQAR with ``short_frac`` (a share of training rows
-holding a shorter instance: the mixed-length training Zoology uses, Arora et al. 2023) or with
-dense queries (pairs = T/4: every slot after the pairs is a query, so a row carries T/4 scored
-positions instead of a few), and records test accuracy at the training rungs and at the end, the
-loss curve and the seconds. Attention should leave MQAR's plateau and linear attention should
-not reach it at this state size, so the accuracy axis of a search carries the recall/cost
-trade-off. Writes ``mqar_long_probe_<device>.json``.
+search's own loop and AdamW) on long-context MQAR, by default with a length curriculum
+(``curriculum_len``/``curriculum_frac``: the first steps at T=64); any task string can be given,
+e.g. with ``short_frac`` (a share of training rows holding a shorter instance: the mixed-length
+training Zoology uses, Arora et al. 2023) or dense queries (pairs = T/4). Records test accuracy
+at the training rungs and at the end, the loss curve and the seconds. Attention should leave
+MQAR's plateau and linear attention should not reach it at this state size, so the accuracy
+axis of a search carries the recall/cost trade-off. Writes ``mqar_long_probe_<device>.json``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from nas.spec import ArchSpec, LayerSpec, TrainSpec  # noqa: E402
 from nas.tasks.registry import load_task  # noqa: E402
 from nas.train import train  # noqa: E402
 
+CURRICULUM = "curriculum_len=64,curriculum_frac=0.7"
 TASKS = (
-    "mqar_long:vocab_size=2048,seq_len=1024,num_kv_pairs=64,n_train=24000,n_test=256,short_frac=0.5",
-    "mqar_long:vocab_size=2048,seq_len=1024,num_kv_pairs=256,n_train=24000,n_test=256",
+    f"mqar_long:vocab_size=128,seq_len=256,num_kv_pairs=48,n_train=8000,n_test=128,{CURRICULUM}",
+    f"mqar_long:vocab_size=2048,seq_len=1024,num_kv_pairs=64,n_train=24000,n_test=256,{CURRICULUM}",
 )
 STACKS = ("AAAA", "LLLA", "LLLL")
 

@@ -114,23 +114,28 @@ def test_shipped_space_loads_and_samples_inside_itself(name):
     assert seen == declared, "50 random trials should reach every mixer and optimizer"
 
 
-def test_long_space_reaches_hybrids_and_head_dims_32_to_128():
+def test_long_space_reaches_hybrids_and_head_dims_16_to_64():
     """hybrid_long: a 3:1 linear:attention stack is a point of the space (drawn through Optuna as a
-    trial would be), and every width/head pair gives a head dim in 32-128."""
+    trial would be), every width/head pair gives a head dim in 16-64, and its task trains through
+    a length curriculum."""
+    from nas.tasks import load_task
+
     space = load_space("hybrid_long")
-    assert space.task.split(":")[0] == "mqar" and "num_kv_pairs=16" in space.task and space.max_train_seconds
+    assert space.task.split(":")[0] == "mqar_long" and "curriculum_len=64" in space.task and space.max_train_seconds
+    task = load_task(space.task.replace("n_train=20000", "n_train=40").replace("n_test=512", "n_test=4"))
+    assert task.seq_len == 256 and task.x_stage1.shape[1] == 64 and task.stage1_frac == 0.7
     dims = {d // h for d in space.d_model.values() for h in space.layer["heads"].values()}
-    assert min(dims) == 32 and max(dims) == 128
+    assert min(dims) == 16 and max(dims) == 64
     assert set(space.layer["feature_map"].values()) == {"identity", "elu+1", "relu"}
     stack = ("linear_attention",) * 3 + ("attention",)
-    params = {"depth": 4, "d_model": 256, "train.optimizer": "adamw", "train.lr": 1e-3}
+    params = {"depth": 4, "d_model": 128, "train.optimizer": "adamw", "train.lr": 1e-3}
     for i, mixer in enumerate(stack):
         params |= {f"layer{i}.mixer": mixer, f"layer{i}.mlp_ratio": 2, f"layer{i}.heads": 2}
         params |= {f"layer{i}.activation": "gelu", f"layer{i}.norm": "rmsnorm", f"layer{i}.short_conv": 4}
         params |= {f"layer{i}.feature_map": "elu+1"} if mixer == "linear_attention" else {}
     params |= {f"train.{f}": space.train[f].values()[0] for f in ("weight_decay", "warmup_frac", "steps")}
     cand = space.sample(optuna.trial.FixedTrial(params), stub_task(vocab=128, n_out=128))
-    assert tuple(layer.mixer for layer in cand.arch.layers) == stack and cand.arch.d_model == 256
+    assert tuple(layer.mixer for layer in cand.arch.layers) == stack and cand.arch.d_model == 128
 
 
 @pytest.mark.parametrize("readout", ["token", "last"])

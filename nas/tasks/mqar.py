@@ -254,20 +254,7 @@ def mqar(
     x ``[N, seq_len]`` int32 tokens; y ``[N, seq_len]`` int32, the bound value at the
     ``num_kv_pairs`` query positions of each row and IGNORE_INDEX elsewhere.
     """
-    return _mqar(
-        "mqar",
-        seed,
-        vocab_size,
-        seq_len,
-        num_kv_pairs,
-        power_a,
-        n_train,
-        n_test,
-        random_non_queries,
-        short_frac,
-        curriculum_len,
-        curriculum_frac,
-    )
+    return _mqar("mqar", **locals())  # locals(): exactly the parameters above, by name
 
 
 def mqar_long(
@@ -288,21 +275,7 @@ def mqar_long(
 
     128 pairs is twice Zoology's largest setting, at 8x its longest sequence: a width-256 linear
     attention layer holds d_model·head_dim numbers per layer (8-32K) against an attention KV cache
-    of 2·T·d_model (1M) at T=2048. 20 000 rows (x and y: 328 MB as int32) outlast one GPU trial
-    of ``hybrid_long`` (at most 16 x 600 = 9600 rows drawn); 1000 test rows score 128 000
-    queries. x, y ``[N, seq_len]`` int32, as ``mqar``.
+    of 2·T·d_model (1M) at T=2048. 20 000 rows (x and y: 328 MB as int32); 1000 test rows score
+    128 000 queries. x, y ``[N, seq_len]`` int32, as ``mqar``.
     """
-    return _mqar(
-        "mqar_long",
-        seed,
-        vocab_size,
-        seq_len,
-        num_kv_pairs,
-        power_a,
-        n_train,
-        n_test,
-        random_non_queries,
-        short_frac,
-        curriculum_len,
-        curriculum_frac,
-    )
+    return _mqar("mqar_long", **locals())  # locals(): exactly the parameters above, by name

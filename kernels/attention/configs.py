@@ -125,17 +125,26 @@ class DecodeConfig:
 # loads are not pipelined across blocks); the matmul walk (dot=True) lets Triton pipeline them
 # and reaches cuDNN's SDPA (itself at ~4.4 TB/s of reads, 104 % of an SM copy's read + write).
 # The sweep of every tile x split count (decode_attention_h200_sweep_b1.json, _b8_b64.json: N 4K-128K)
-# found the fastest launches at about one program per SM (B1 H8: 16-33 splits, B8: 2-4, B64: 1),
-# not at the 8 per SM first chosen (B1 N32K D64: 64 splits 27.8 µs, 16 splits 23.9, SDPA 23.4),
-# with a wide tile once a slice is long: 256 rows at D = 64 and 128/8w at D = 128 for 2048-row
-# slices (same splits: B1 N32K D128 40.7 vs 43.0 µs, B8 N4K D64 23.8 vs 25.5), the narrow one for
-# shorter slices (B1 N4K D128, 256-row slices: 11.9 vs 13.0 µs).
+# put the fastest launches at one or two programs per SM, not at the 8 first chosen. Where they
+# were within a few percent of SDPA, rounds that time SDPA and every candidate in turn
+# (benchmarks/decode_close_calls.py, decode_close_calls_h200.log: medians of 3 rounds) chose:
+# - D = 64: 128-row tiles, 3 stages (96 KB of shared memory: two programs fit an SM) at two
+#   programs per SM. vs SDPA: B1 N16K 1.046x (the 256-row tile at one per SM: 0.956x), B1 N32K
+#   1.018x (0.997x), B8 N4K 0.999x (0.984x), B8 N16K 1.010x (0.986x).
+# - D = 128: 64-row tiles for slices under DECODE_LONG_SLICE rows (B1 N4K, 256-row slices: 1.099x,
+#   the best), 128-row tiles with 4 warps (192 KB: one program per SM) from 1024-row slices, at
+#   one program per SM. B1 N16K 1.064x (64-row tiles: 0.999x), B1 N32K 1.020x (128 rows / 8 warps:
+#   0.980x), B8 N4K 1.023x (1.012x).
+# Batches with more heads than SMs (B64 H8) run one slice per head whatever the table: there
+# SDPA was 2-4 % ahead at N4K with every tile (B64 N4K D64 ours 0.958x, the best tile 0.971x;
+# D128 0.979x), behind at N16K (ours 1.014x).
 # sm_90, per head dim: (the tile for slices shorter than DECODE_LONG_SLICE rows, the tile for
 # longer ones, then the other tiles the tests run and the benchmark sweeps).
 DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
     16: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
     32: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
     64: (
+        DecodeConfig(128, 4, 3, dot=True),
         DecodeConfig(128, 4, 3, dot=True),
         DecodeConfig(256, 4, 3, dot=True),
         DecodeConfig(128, 4, 3, dot=True, fused=False),
@@ -144,6 +153,7 @@ DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
     ),
     128: (
         DecodeConfig(64, 4, 3, dot=True),
+        DecodeConfig(128, 4, 3, dot=True),
         DecodeConfig(128, 8, 3, dot=True),
         DecodeConfig(64, 4, 3, dot=True, fused=False),
         DecodeConfig(64, 4, 4, dot=True),
@@ -159,22 +169,25 @@ DECODE_INTERPRETER = (
     DecodeConfig(16, 4, 1, dot=True, fused=False),
 )
 DECODE_INTERPRETER_SPLIT_ROWS = 64
-# The split: B·H × splits programs, at most DECODE_PROGRAMS_PER_SM per SM (one resident wave of
-# equal slices, each program streaming one long slice), in slices of at least DECODE_MIN_SLICE
-# rows (a shorter slice's partial write and share of the combine do not pay for themselves: the
-# first sweep put the best slice at 128 rows for a 1K cache). Chosen from the capacity, fixed at
-# CUDA-graph capture: the kernel skips the splits past each sequence's position.
-DECODE_PROGRAMS_PER_SM = 1
+# The split: B·H × splits programs, at most DECODE_PROGRAMS_PER_SM[D] per SM (one resident wave
+# of equal slices, each program streaming one long slice), in slices of at least
+# DECODE_MIN_SLICE rows (a shorter slice's partial write and share of the combine do not pay for
+# themselves: the first sweep put the best slice at 128 rows for a 1K cache). Chosen from the
+# capacity, fixed at CUDA-graph capture: the kernel skips the splits past each sequence's position.
+DECODE_PROGRAMS_PER_SM: dict[int, int] = {16: 1, 32: 1, 64: 2, 128: 1}
 DECODE_MIN_SLICE = 128
-DECODE_LONG_SLICE = 2048
+DECODE_LONG_SLICE = 1024
+# A tile's shared memory, block_n·D·(bytes per element)·2 (k and v)·num_stages, is kept under
+# this (sm_90 allows 227 KB a block; Triton adds its own scratch): an fp32 cache halves block_n.
+DECODE_MAX_SHARED = 200 * 1024
 
 _DECODE_BY_CAPABILITY = {(9, 0): DECODE_HOPPER}
 
 
-def _decode_splits(batch_heads: int, capacity: int, sms: int) -> int:
+def _decode_splits(batch_heads: int, capacity: int, sms: int, per_sm: int) -> int:
     """Slices of ``capacity`` rows (each at least DECODE_MIN_SLICE) that bring ``batch_heads``
-    programs up to at most DECODE_PROGRAMS_PER_SM per SM."""
-    wanted = DECODE_PROGRAMS_PER_SM * sms // max(1, batch_heads)
+    programs up to at most ``per_sm`` per SM."""
+    wanted = per_sm * sms // max(1, batch_heads)
     return max(1, min(wanted, capacity // DECODE_MIN_SLICE, DECODE_MAX_SPLITS))
 
 
@@ -189,10 +202,21 @@ def decode_configs(
         splits = max(1, min(-(-capacity // DECODE_INTERPRETER_SPLIT_ROWS), DECODE_MAX_SPLITS))
     else:
         table = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
-        splits = _decode_splits(batch_heads, capacity, sms)
+        splits = _decode_splits(batch_heads, capacity, sms, DECODE_PROGRAMS_PER_SM.get(head_dim, 1))
         chosen = table[min(1, len(table) - 1)] if -(-capacity // splits) >= DECODE_LONG_SLICE else table[0]
         tiles = tuple(dict.fromkeys((chosen, *table)))
     return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits, t.dot, t.fused) for t in tiles)
+
+
+def fit_decode_shared(config: DecodeConfig, head_dim: int, element_bytes: int) -> DecodeConfig:
+    """``config`` with block_n halved until its k and v stages fit DECODE_MAX_SHARED at this
+    element size (the tables are sized for 2-byte caches; an fp32 cache needs half the rows)."""
+    block_n = config.block_n
+    while block_n > 16 and block_n * head_dim * element_bytes * 2 * config.num_stages > DECODE_MAX_SHARED:
+        block_n //= 2
+    if block_n == config.block_n:
+        return config
+    return DecodeConfig(block_n, config.num_warps, config.num_stages, config.splits, config.dot, config.fused)
 
 
 def decode_config(device: torch.device, batch_heads: int, capacity: int, head_dim: int, sms: int) -> DecodeConfig:

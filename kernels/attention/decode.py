@@ -29,8 +29,9 @@ past the position are never loaded (masked): a cache may hold anything there, Na
 Cost per (batch, head) at n = position + 1 rows: reads 2·n·D cache elements (the floor: the
 kernel is memory-bound at 1 FLOP per byte in bf16: 2·D FLOPs for the score, 2·D for p·v), plus
 splits·(D + 1) fp32 partials written and read back by the combine, D outputs written.
-The split count and tile are chosen from the capacity (``configs.decode_config``: about one
-program per SM, slices of at least 128 rows, a wider tile for slices from 2048 rows).
+The split count and tile are chosen from the capacity (``configs.decode_config``: one or two
+programs per SM by head dim, slices of at least 128 rows, a wider tile at D = 128 for slices from
+1024 rows; an fp32 cache takes tiles of half the rows, ``configs.fit_decode_shared``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._common import DTYPES, SUPPORTED_HEAD_DIMS, check_runnable, output_buffer, sm_count
-from kernels.attention.configs import DecodeConfig, decode_config
+from kernels.attention.configs import DecodeConfig, decode_config, fit_decode_shared
 from kernels.device import is_cuda
 
 __all__ = ["decode_attention", "rope_append"]
@@ -434,7 +435,7 @@ def decode_attention(
     C = k_cache.shape[2]
     if config is None:
         sms = sm_count(q.device) if is_cuda(q.device) else 1
-        config = decode_config(q.device, B * H, C, D, sms)
+        config = fit_decode_shared(decode_config(q.device, B * H, C, D, sms), D, q.element_size())
     split_rows = triton.cdiv(triton.cdiv(C, config.splits), config.block_n) * config.block_n
     splits = triton.cdiv(C, split_rows)  # no slice lies wholly past the capacity
     q = q.contiguous()

@@ -257,12 +257,17 @@ def _step_kernel(
     kf = _feature(tl.load(K + b * stride_kb + h * stride_kh + d).to(tl.float32), FEATURE)
     v = tl.load(V + b * stride_vb + h * stride_vh + dv).to(tl.float32)
     s_ptrs = S + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM + d[:, None] * HEAD_DIM + dv[None, :]
-    s = tl.load(s_ptrs) + kf[:, None] * v[None, :]  # S_t = S_{t-1} + φ(k_t)v_tᵀ, this block of columns
-    tl.store(s_ptrs, s)
-    o = tl.sum(qf[:, None] * s, 0)  # φ(q_t)·S_t  [BLOCK_V]
-    if HAS_Z:  # always when NORMALIZE
+    s_prev = tl.load(s_ptrs)
+    if HAS_Z:  # always when NORMALIZE. Loaded before the state is stored: one memory round trip, not two
         z_ptrs = Z + bh.to(tl.int64) * HEAD_DIM + d
         z = tl.load(z_ptrs) + kf  # z_t from z_{t-1}: every program of the head needs it
+    s = s_prev + kf[:, None] * v[None, :]  # S_t = S_{t-1} + φ(k_t)v_tᵀ, this block of columns
+    tl.store(s_ptrs, s)
+    o = tl.sum(qf[:, None] * s, 0)  # φ(q_t)·S_t  [BLOCK_V]
+    if NORMALIZE:
+        o = o / (tl.sum(qf * z, 0) + _EPS)
+    tl.store(O + b * H * HEAD_DIM + h * HEAD_DIM + dv, o.to(O.dtype.element_ty))  # before the ticket's round trip
+    if HAS_Z:
         if HEAD_DIM // BLOCK_V == 1:
             tl.store(z_ptrs, z)
         else:
@@ -274,9 +279,6 @@ def _step_kernel(
             if ticket == HEAD_DIM // BLOCK_V - 1:
                 tl.store(z_ptrs, z)
                 tl.atomic_xchg(TICKETS + bh, 0, sem="relaxed")
-        if NORMALIZE:
-            o = o / (tl.sum(qf * z, 0) + _EPS)
-    tl.store(O + b * H * HEAD_DIM + h * HEAD_DIM + dv, o.to(O.dtype.element_ty))
 
 
 def _step_tickets(device: torch.device, heads: int) -> Tensor:

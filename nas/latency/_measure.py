@@ -107,11 +107,13 @@ DECODE_ONLY: dict[str, frozenset[str]] = {
             "DECODE_PROGRAMS_PER_SM",
             "DECODE_MIN_SLICE",
             "DECODE_LONG_SLICE",
+            "DECODE_MAX_SHARED",
             "DECODE_MAX_SPLITS",
             "_DECODE_BY_CAPABILITY",
             "_decode_splits",
             "decode_config",
             "decode_configs",
+            "fit_decode_shared",
         }
     ),
     "kernels/attention/reference.py": frozenset({"rope_at", "decode_attention_ref"}),

@@ -222,26 +222,30 @@ def test_bad_inputs_raise() -> None:
 
 
 def test_decode_config_fills_the_gpu_from_the_capacity(monkeypatch) -> None:
-    """B·H·splits reaches at most one program per SM (DECODE_PROGRAMS_PER_SM) in slices of at
-    least 128 rows, with the wide tile from 2048-row slices; the choice depends on the capacity
-    only (one launch per captured graph)."""
+    """B·H·splits reaches at most DECODE_PROGRAMS_PER_SM[D] programs per SM (two at D = 64, one
+    at D = 128) in slices of at least 128 rows, with D = 128's wide tile from 1024-row slices; the
+    choice depends on the capacity only (one launch per captured graph)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cuda = torch.device("cuda")
     cfg = configs.decode_config
     wide = {D: configs.DECODE_HOPPER[D][1] for D in (64, 128)}
     narrow = {D: configs.DECODE_HOPPER[D][0] for D in (64, 128)}
+    assert wide[128].block_n > narrow[128].block_n
     assert cfg(cuda, 8, 131072, 128, 132).splits == 16  # 8·16 = 128 programs on 132 SMs
     assert cfg(cuda, 8, 131072, 128, 132).block_n == wide[128].block_n  # slices of 8192 rows
+    assert cfg(cuda, 8, 16384, 128, 132).block_n == wide[128].block_n  # slices of 1024 rows
     assert cfg(cuda, 8, 4096, 128, 132).splits == 16  # slices of 256 rows
     assert cfg(cuda, 8, 4096, 128, 132).block_n == narrow[128].block_n
     assert cfg(cuda, 8, 1024, 128, 132).splits == 8  # the 128-row floor
-    assert cfg(cuda, 8, 32768, 64, 132).splits == 16
-    assert (cfg(cuda, 8, 32768, 64, 132).block_n, cfg(cuda, 8, 16384, 64, 132).block_n) == (256, 128)
-    assert cfg(cuda, 64, 4096, 64, 132).splits == 2  # 2048-row slices: wide
-    assert cfg(cuda, 64, 4096, 64, 132).block_n == 256
+    assert cfg(cuda, 8, 32768, 64, 132).splits == 33  # two programs per SM at D = 64
+    assert cfg(cuda, 8, 32768, 64, 132).block_n == cfg(cuda, 8, 1024, 64, 132).block_n == 128
+    assert cfg(cuda, 64, 4096, 64, 132).splits == 4
+    assert cfg(cuda, 64, 4096, 128, 132).splits == 2  # 2048-row slices: wide
+    assert cfg(cuda, 64, 4096, 128, 132).block_n == wide[128].block_n
     assert cfg(cuda, 512, 1024, 64, 132).splits == 1  # more heads than SMs: no split, no combine
     assert cfg(cuda, 8192, 131072, 64, 132).splits == 1
-    assert cfg(cuda, 1, 10**6, 64, 132).splits == 132
+    assert cfg(cuda, 1, 10**6, 64, 132).splits == 256  # DECODE_MAX_SPLITS
+    assert cfg(cuda, 1, 10**6, 128, 132).splits == 132
     assert cfg(cuda, 1, 100, 64, 132).splits == 1
     for D in configs.SUPPORTED_HEAD_DIMS:
         for capacity in (1000, 4096, 32768):
@@ -251,6 +255,29 @@ def test_decode_config_fills_the_gpu_from_the_capacity(monkeypatch) -> None:
             assert any(not c.fused for c in every) or D < 64, "the unfused combine is tested too"
     with pytest.raises(ValueError, match="splits"):
         DecodeConfig(16, 4, 1, 0)
+
+
+def test_fit_decode_shared_halves_the_tile_for_wide_elements() -> None:
+    """Every table tile fits the shared-memory budget at 2 bytes an element; at 4 bytes (fp32
+    caches) the fitted tile does too, with the same warps, stages, split and combine."""
+    budget = configs.DECODE_MAX_SHARED
+    for D, table in configs.DECODE_HOPPER.items():
+        for tile in table:
+            config = DecodeConfig(tile.block_n, tile.num_warps, tile.num_stages, 7, tile.dot, tile.fused)
+            assert configs.fit_decode_shared(config, D, 2) == config
+            assert config.block_n * D * 2 * 2 * config.num_stages <= budget
+            fitted = configs.fit_decode_shared(config, D, 4)
+            assert fitted.block_n * D * 4 * 2 * fitted.num_stages <= budget
+            assert fitted.block_n in (config.block_n, config.block_n // 2)
+            assert (fitted.num_warps, fitted.num_stages, fitted.splits, fitted.dot, fitted.fused) == (
+                config.num_warps,
+                config.num_stages,
+                7,
+                config.dot,
+                config.fused,
+            )
+    wide = DecodeConfig(128, 4, 3, 16, dot=True)
+    assert configs.fit_decode_shared(wide, 128, 4).block_n == 64  # 384 KB -> 192 KB
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +302,8 @@ def test_gpu_every_config(B: int, C: int, D: int) -> None:
 def test_gpu_dtypes_and_small_heads(dtype: torch.dtype) -> None:
     for D in configs.SUPPORTED_HEAD_DIMS:
         _decode_case(3, 5, 1000, D, dtype, CUDA, None, ("gpu-dtype", D, dtype))
+        # slices past DECODE_LONG_SLICE: the wide tiles, fitted to shared memory for fp32
+        _decode_case(8, 4, 4097, D, dtype, CUDA, None, ("gpu-dtype-long", D, dtype))
         _append_case(3, 5, 200, D, dtype, True, CUDA)
 
 

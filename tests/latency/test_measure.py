@@ -137,8 +137,8 @@ def test_forward_fingerprint_is_the_calibrated_one_and_ignores_decode_code(tmp_p
         assert (root / rel).exists(), rel
         (root / rel).write_text((root / rel).read_text() + "\nEDITED = 1\n")
     configs = root / "kernels" / "attention" / "configs.py"
-    configs.write_text(configs.read_text().replace("DECODE_PROGRAMS_PER_SM = 1", "DECODE_PROGRAMS_PER_SM = 2"))
-    assert "DECODE_PROGRAMS_PER_SM = 2" in configs.read_text()
+    configs.write_text(configs.read_text().replace("DECODE_LONG_SLICE = 1024", "DECODE_LONG_SLICE = 2048"))
+    assert "DECODE_LONG_SLICE = 2048" in configs.read_text()
     assert source_fingerprint(files, root) == recorded
     forward = root / "kernels" / "attention" / "triton.py"
     forward.write_text(forward.read_text().replace("_LOG2E = 1.4426950408889634", "_LOG2E = 1.4426950408889"))

@@ -135,17 +135,20 @@ class DecodeConfig:
 #   the best), 128-row tiles with 4 warps (192 KB: one program per SM) from 1024-row slices, at
 #   one program per SM. B1 N16K 1.064x (64-row tiles: 0.999x), B1 N32K 1.020x (128 rows / 8 warps:
 #   0.980x), B8 N4K 1.023x (1.012x).
-# Batches with more heads than SMs (B64 H8) run one slice per head whatever the table: there
-# SDPA was 2-4 % ahead at N4K with every tile (B64 N4K D64 ours 0.958x, the best tile 0.971x;
-# D128 0.979x), behind at N16K (ours 1.014x).
+# - More heads than SMs (B64 H8: one slice per head, several waves of programs): 2-stage tiles
+#   (64 KB: three programs fit an SM) hide the wave tails: B64 N4K D64 128/4w/2s 0.990x vs SDPA
+#   (the 3-stage 128-row tile: 0.825x, the 256-row one 0.958x), N16K 1.005x; B64 N4K D128
+#   64/4w/2s 1.013x (128 rows / 8 warps: 0.987x).
 # sm_90, per head dim: (the tile for slices shorter than DECODE_LONG_SLICE rows, the tile for
-# longer ones, then the other tiles the tests run and the benchmark sweeps).
+# longer ones, the tile when the heads alone fill the SMs (DECODE_MANY_HEADS), then the other
+# tiles the tests run and the benchmark sweeps).
 DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
-    16: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
-    32: (DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 3, dot=True), DecodeConfig(256, 4, 2)),
+    16: (*(DecodeConfig(256, 4, 3, dot=True),) * 3, DecodeConfig(256, 4, 2)),
+    32: (*(DecodeConfig(256, 4, 3, dot=True),) * 3, DecodeConfig(256, 4, 2)),
     64: (
         DecodeConfig(128, 4, 3, dot=True),
         DecodeConfig(128, 4, 3, dot=True),
+        DecodeConfig(128, 4, 2, dot=True),
         DecodeConfig(256, 4, 3, dot=True),
         DecodeConfig(128, 4, 3, dot=True, fused=False),
         DecodeConfig(64, 4, 4, dot=True),
@@ -154,6 +157,7 @@ DECODE_HOPPER: dict[int, tuple[DecodeConfig, ...]] = {
     128: (
         DecodeConfig(64, 4, 3, dot=True),
         DecodeConfig(128, 4, 3, dot=True),
+        DecodeConfig(64, 4, 2, dot=True),
         DecodeConfig(128, 8, 3, dot=True),
         DecodeConfig(64, 4, 3, dot=True, fused=False),
         DecodeConfig(64, 4, 4, dot=True),
@@ -177,6 +181,7 @@ DECODE_INTERPRETER_SPLIT_ROWS = 64
 DECODE_PROGRAMS_PER_SM: dict[int, int] = {16: 1, 32: 1, 64: 2, 128: 1}
 DECODE_MIN_SLICE = 128
 DECODE_LONG_SLICE = 1024
+DECODE_MANY_HEADS = 1  # B·H at least this many per SM: the table's third tile (one slice per head)
 # A tile's shared memory, block_n·D·(bytes per element)·2 (k and v)·num_stages, is kept under
 # this (sm_90 allows 227 KB a block; Triton adds its own scratch): an fp32 cache halves block_n.
 DECODE_MAX_SHARED = 200 * 1024
@@ -203,7 +208,12 @@ def decode_configs(
     else:
         table = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
         splits = _decode_splits(batch_heads, capacity, sms, DECODE_PROGRAMS_PER_SM.get(head_dim, 1))
-        chosen = table[min(1, len(table) - 1)] if -(-capacity // splits) >= DECODE_LONG_SLICE else table[0]
+        if batch_heads >= DECODE_MANY_HEADS * sms:
+            chosen = table[min(2, len(table) - 1)]
+        elif -(-capacity // splits) >= DECODE_LONG_SLICE:
+            chosen = table[min(1, len(table) - 1)]
+        else:
+            chosen = table[0]
         tiles = tuple(dict.fromkeys((chosen, *table)))
     return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits, t.dot, t.fused) for t in tiles)
 

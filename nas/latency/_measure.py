@@ -108,6 +108,7 @@ DECODE_ONLY: dict[str, frozenset[str]] = {
             "DECODE_MIN_SLICE",
             "DECODE_LONG_SLICE",
             "DECODE_MAX_SHARED",
+            "DECODE_MANY_HEADS",
             "DECODE_MAX_SPLITS",
             "_DECODE_BY_CAPABILITY",
             "_decode_splits",

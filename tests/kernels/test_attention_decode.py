@@ -223,8 +223,9 @@ def test_bad_inputs_raise() -> None:
 
 def test_decode_config_fills_the_gpu_from_the_capacity(monkeypatch) -> None:
     """B·H·splits reaches at most DECODE_PROGRAMS_PER_SM[D] programs per SM (two at D = 64, one
-    at D = 128) in slices of at least 128 rows, with D = 128's wide tile from 1024-row slices; the
-    choice depends on the capacity only (one launch per captured graph)."""
+    at D = 128) in slices of at least 128 rows, with D = 128's wide tile from 1024-row slices and
+    2-stage tiles once the heads alone fill the SMs; the choice depends on the capacity only (one
+    launch per captured graph)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cuda = torch.device("cuda")
     cfg = configs.decode_config
@@ -244,6 +245,14 @@ def test_decode_config_fills_the_gpu_from_the_capacity(monkeypatch) -> None:
     assert cfg(cuda, 64, 4096, 128, 132).block_n == wide[128].block_n
     assert cfg(cuda, 512, 1024, 64, 132).splits == 1  # more heads than SMs: no split, no combine
     assert cfg(cuda, 8192, 131072, 64, 132).splits == 1
+    for D in (64, 128):  # ... and the many-heads tile (3 stages -> 2), at any capacity
+        many = configs.DECODE_HOPPER[D][2]
+        assert many.num_stages < wide[D].num_stages
+        assert cfg(cuda, 512, 4096, D, 132).block_n == many.block_n
+        assert cfg(cuda, 132, 131072, D, 132).num_stages == many.num_stages
+        assert cfg(cuda, 131, 131072, D, 132).num_stages == wide[D].num_stages
+    for D in (16, 32):  # one matmul tile in every role
+        assert len({c.block_n for c in configs.DECODE_HOPPER[D][:3]}) == 1 and configs.DECODE_HOPPER[D][2].dot
     assert cfg(cuda, 1, 10**6, 64, 132).splits == 256  # DECODE_MAX_SPLITS
     assert cfg(cuda, 1, 10**6, 128, 132).splits == 132
     assert cfg(cuda, 1, 100, 64, 132).splits == 1

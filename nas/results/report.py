@@ -370,8 +370,7 @@ def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = Non
     ]
     head = (
         f"<h1>{html.escape(study.study_name)}</h1><p>space <b>{html.escape(str(search.get('space', '?')))}</b>, "
-        f"task <b>{html.escape(str(search.get('task', '?')))}</b>, latency at "
-        f"{html.escape(str(search.get('latency_shape', '?')))} for {html.escape(str(search.get('profile', '?')))}"
+        f"task <b>{html.escape(str(search.get('task', '?')))}</b>, {_costed(setup, search)}"
         f"{_generation(setup)}; "
         f"{len(completed(study))} completed trials, {len(front(study, epsilon))} on the front"
         f"{truncated_note}.</p>"
@@ -387,6 +386,15 @@ def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = Non
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     return out
+
+
+def _costed(setup, search: dict) -> str:
+    """``latency at 1x256 for h200``; only ``costs for h200`` when no objective is the forward's
+    (a generation-only study: its costs are at the context, which ``_generation`` names)."""
+    profile = html.escape(str(search.get("profile", "?")))
+    if setup is not None and not {"latency", "memory"} & set(setup.objectives):
+        return f"costs for {profile}"
+    return f"latency at {html.escape(str(search.get('latency_shape', '?')))} for {profile}"
 
 
 def _generation(setup) -> str:

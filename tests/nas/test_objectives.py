@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from nas.cli import main
 from nas.latency import cache_memory
 from nas.results.pareto import accuracy_epsilon, epsilon_dominates, front, pick, primary_cost
-from nas.results.report import figures, front_table_html
+from nas.results.report import figures, front_table_html, write_html
 from nas.search.objectives import CATALOGUE, parse_objectives
 from nas.search.record import records, study_objectives, study_setup
 from nas.search.study import SearchConfig, run_search
@@ -84,6 +84,16 @@ def test_report_axes_and_table_follow_the_objectives(decode_study):
     assert (scene.xaxis.title.text, scene.yaxis.title.text) == ("decode latency (ms/token)", "cache memory (MB)")
     table = front_table_html(study)
     assert "decode latency (ms/token)" in table and "cache memory (MB)" in table and "latency (ms)" not in table
+
+
+def test_report_header_names_the_context_not_the_forward_shape(decode_study, tmp_path):
+    """A generation-only study is costed at its context: the header does not quote the unused
+    forward shape (1x256) as if latency were scored there."""
+    study, _, _ = decode_study
+    page = write_html(study, tmp_path / "r.html").read_text()
+    head = page[page.index("<h1>") : page.index("</p>")]
+    assert f"generation costs at {CONTEXT:,} tokens × 2 sequence(s)" in head
+    assert "latency at" not in head and "costs for " in head
 
 
 def test_table_and_export_card_show_decode_latency_and_cache_bytes(decode_study, capsys):

@@ -123,6 +123,8 @@ def test_report_is_self_contained(study_with_report):
     assert "<script src=" not in text and "<link" not in text  # plotly.js inline, nothing fetched
     assert text.count("Plotly.newPlot(") == 4 and text.count('class="plotly-graph-div') == 4
     assert text.count('"showSendToCloud": false') == 4
+    head = text[text.index("<h1>") : text.index("</p>")]
+    assert "latency at 1x256 for " in head  # the default objectives: the forward's shape is named
 
 
 @needs_chromium

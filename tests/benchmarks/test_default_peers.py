@@ -1,0 +1,70 @@
+"""benchmarks/default_peers.py without a GPU: its grids cover the issue's odd shapes, a row is
+scored against its target (a wrong result never meets it), and --list runs anywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import default_peers as dp
+
+
+def test_grids_hold_the_odd_shapes_and_every_issue_shape():
+    attn = dp.attention_grid()
+    assert {L for _, _, L, _ in attn} == {333, 1000, 1024, 2048, 4097, 8192}
+    assert {D for *_, D in attn} == {32, 64, 128}
+    assert min(B * H for B, H, _, _ in attn) == 4 and max(B * H for B, H, _, _ in attn) == 512
+    assert set(dp.ATTN_QUICK) <= set(dp.attention_grid(quick=True))
+    lin = dp.linear_grid()
+    assert {M for M, *_ in lin} >= {777, 16384} and {K for _, K, _, _ in lin} >= {96, 200, 256, 384, 1024, 4096}
+    assert {N for _, _, N, _ in lin} >= {200, 384, 1024, 4096}
+    assert {e for *_, e in lin} == {"gelu", "silu", "relu", "gelu+residual", "none"}
+    assert {(M, K, N) for M, K, N, _ in dp.linear_grid(quick=True)} == set(dp.LINEAR_QUICK)
+    la = dp.linear_attention_grid()
+    assert {(3, 5, 1000, 64), (8, 8, 1024, 64), (1, 4, 256, 32), (4, 16, 4096, 64)} <= set(la)
+    assert {D for *_, D in la} == {32, 64, 128} and 4097 in {L for _, _, L, _ in la}
+
+
+def test_targets_follow_the_issue():
+    assert dp.attention_target(1000) == 0.9 and dp.attention_target(1024) == 1.0
+    assert dp.FEATURE_TARGETS == {"identity": 1.0, "elu+1": 1.5, "relu": 1.5}
+
+
+@pytest.mark.parametrize(
+    ("speedup", "target", "err", "met", "miss_by"),
+    [
+        (1.02, 1.0, 1e-3, True, None),
+        (0.97, 1.0, 1e-3, False, 0.03),
+        (1.60, 1.5, 1e-3, True, None),
+        (2.00, 1.0, 0.5, False, "wrong result"),  # fast but wrong
+        (2.00, 1.0, float("nan"), False, "wrong result"),
+    ],
+)
+def test_score(speedup, target, err, met, miss_by):
+    assert dp.score(speedup, target, err) == {"met": met, "miss_by": miss_by}
+
+
+def test_summary_counts_misses_per_op():
+    rows = [
+        {"op": "linear", "M": 777, "K": 96, "N": 384, "epilogue": "gelu", "speedup": 0.8, "met": False, "miss_by": 0.2},
+        {
+            "op": "linear",
+            "M": 3000,
+            "K": 200,
+            "N": 800,
+            "epilogue": "gelu",
+            "speedup": 1.1,
+            "met": True,
+            "miss_by": None,
+        },
+        {"op": "attention", "B": 1, "H": 4, "L": 333, "D": 32, "speedup": 0.95, "met": True, "miss_by": None},
+    ]
+    s = dp.summary(rows)
+    assert s["linear"]["rows"] == 2 and s["linear"]["met"] == 1 and s["linear"]["worst_speedup"] == 0.8
+    assert s["linear"]["misses"] == [{"M": 777, "K": 96, "N": 384, "epilogue": "gelu", "speedup": 0.8, "miss_by": 0.2}]
+    assert s["attention"]["misses"] == [] and s["attention"]["median_speedup"] == 0.95
+
+
+def test_list_runs_without_a_gpu(capsys):
+    dp.main(["--list", "--quick"])
+    out = capsys.readouterr().out
+    assert "attention: 5 shapes" in out and "linear: 5 shapes" in out and "linear_attention: 4 shapes" in out

@@ -196,16 +196,23 @@ def _sweep_variants(B: int, H: int, N: int, D: int) -> list[tuple[str, DecodeCon
     return out
 
 
-def bench_attention(B: int, N: int, D: int, copy_tbps: float, sweep: bool = False) -> list[dict]:
-    H = ATTN_HEADS
+def attention_sets(B: int, H: int, N: int, D: int) -> tuple[int, list[tuple[torch.Tensor, ...]]]:
+    """(cache bytes read per call, input sets ``(q, k_cache, v_cache, positions, out)``): random
+    bf16 caches of N rows at their last position, enough copies (at most 64) to rotate past L2."""
     cache_bytes = 2 * B * H * N * D * 2  # k and v, bf16, each read once
-    copies = min(copies_for_l2(cache_bytes), 64)
     sets = []
-    for _ in range(copies):
+    for _ in range(min(copies_for_l2(cache_bytes), 64)):
         k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
         q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
         pos = torch.full((B,), N - 1, dtype=torch.int32, device="cuda")
         sets.append((q, k, v, pos, torch.empty(B, H * D, device="cuda", dtype=torch.bfloat16)))
+    return cache_bytes, sets
+
+
+def bench_attention(B: int, N: int, D: int, copy_tbps: float, sweep: bool = False) -> list[dict]:
+    H = ATTN_HEADS
+    cache_bytes, sets = attention_sets(B, H, N, D)
+    copies = len(sets)
     q, k, v, pos, o = sets[0]
     theirs = F.scaled_dot_product_attention(q[:, :, None], k, v).reshape(B, H * D).float()
     sdpa_kernels = _cuda_kernels(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v))

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import copies_for_l2, time_graph, write_results  # noqa: E402
-from decode import _cuda_kernels, _inputs  # noqa: E402
+from decode import SWEEP_TILES as TILES  # noqa: E402
+from decode import _cuda_kernels, _inputs, attention_sets  # noqa: E402
 
 from kernels.attention import configs as attention_configs  # noqa: E402
-from kernels.attention.configs import DecodeConfig  # noqa: E402
 from kernels.attention.decode import decode_attention  # noqa: E402
 from kernels.linear_attention import configs as step_configs  # noqa: E402
 from kernels.linear_attention import reference as ref  # noqa: E402
@@ -57,24 +57,6 @@ ATTN_SHAPES = [
     (64, 4096, 128),
     (64, 16384, 64),
 ]
-TILES = {
-    64: (
-        DecodeConfig(128, 4, 3, dot=True),
-        DecodeConfig(128, 4, 4, dot=True),
-        DecodeConfig(128, 4, 2, dot=True),
-        DecodeConfig(256, 4, 3, dot=True),
-        DecodeConfig(256, 8, 3, dot=True),
-        DecodeConfig(64, 4, 4, dot=True),
-    ),
-    128: (
-        DecodeConfig(64, 4, 3, dot=True),
-        DecodeConfig(64, 4, 4, dot=True),
-        DecodeConfig(64, 4, 2, dot=True),
-        DecodeConfig(128, 8, 3, dot=True),
-        DecodeConfig(128, 4, 3, dot=True),
-        DecodeConfig(128, 8, 2, dot=True),
-    ),
-}
 STEP_SHAPES = [(1, 8, 128), (1, 4, 128), (1, 16, 128), (1, 32, 128), (1, 8, 64), (4, 8, 128), (16, 8, 128)]
 STEP_WIDTHS, STEP_WARPS = (16, 32, 64, 128), (1, 2, 4, 8)
 
@@ -91,14 +73,8 @@ def _summary(name: str, per_round: list[float], peer_rounds: list[float]) -> dic
 
 
 def attention(B: int, N: int, D: int, rounds: int, sms: int) -> dict:
-    cache_bytes = 2 * B * H * N * D * 2
-    copies = min(copies_for_l2(cache_bytes), 64)
-    sets = []
-    for _ in range(copies):
-        k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
-        q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
-        pos = torch.full((B,), N - 1, dtype=torch.int32, device="cuda")
-        sets.append((q, k, v, pos, torch.empty(B, H * D, device="cuda", dtype=torch.bfloat16)))
+    cache_bytes, sets = attention_sets(B, H, N, D)
+    copies = len(sets)
     q, k, v, pos, o = sets[0]
     theirs = F.scaled_dot_product_attention(q[:, :, None], k, v).reshape(B, H * D).float()
     chosen = attention_configs.decode_config(torch.device("cuda"), B * H, N, D, sms)

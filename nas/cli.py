@@ -166,7 +166,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--prune",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="early stopping on known costs: stop a trial at a rung (1/8, 1/4, 1/2 of its steps) when even its "
+        help="early stopping on known costs: stop a trial at a rung (1/8, 1/4, 1/2 of its steps; of a length "
+        "curriculum's last stage) when even its "
         "best case is dominated at its latency and memory; fixed when the study is created (default off)",
     )
     s.add_argument(

@@ -94,10 +94,14 @@ def lr_factor(step: int, spec: TrainSpec) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def rung_steps(steps: int) -> tuple[int, ...]:
+def rung_steps(steps: int, start: int = 0) -> tuple[int, ...]:
     """The steps (1-based, ascending, distinct, before the last) at which a training of ``steps``
-    steps reports a rung: ``RUNGS`` of it, rounded; none for a training too short to have them."""
-    return tuple(sorted({round(f * steps) for f in RUNGS} - {0, steps}))
+    steps reports a rung: ``RUNGS`` of the steps after ``start``, rounded; none for a training too
+    short to have them. ``start``: a length curriculum's first stage (``Task.stage1_steps``): a
+    rung is scored at the task's full length, which a model still trained on the short rows has
+    not been asked to solve, so its rungs fall in the last stage."""
+    span = steps - start
+    return tuple(sorted({start + round(f * span) for f in RUNGS} - {start, steps}))
 
 
 def _autocast(device: torch.device) -> torch.autocast:
@@ -224,7 +228,7 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, on_run
     norms = torch.zeros(spec.steps, device=device)
     curve: list[tuple[int, float]] = []
     stopped, step = "completed", 0
-    rungs = set(rung_steps(spec.steps)) if on_rung is not None else set()
+    rungs = set(rung_steps(spec.steps, stage1)) if on_rung is not None else set()
     while step < spec.steps:
         clock.paused += share.acquire_shared()
         try:

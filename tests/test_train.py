@@ -347,3 +347,30 @@ def test_a_curriculum_task_trains_its_first_steps_on_the_short_rows_then_the_ful
     model = LengthRecorder(build(arch, seed=0))
     train(model, plain, TrainSpec(lr=1e-3, steps=5, batch_size=4, seed=0), device="cpu")
     assert model.lengths == [40] * 5
+
+
+@pytest.mark.parametrize(
+    "steps, start, want", [(1200, 840, (885, 930, 1020)), (16, 0, (2, 4, 8)), (20, 6, (8, 10, 13)), (8, 7, ())]
+)
+def test_rungs_of_a_curriculum_fall_in_its_last_stage(steps, start, want):
+    assert train_module.rung_steps(steps, start) == want
+
+
+def test_a_curriculum_training_reports_its_rungs_after_the_short_rows():
+    """Rungs are scored at the task's full length: none comes while training draws short rows."""
+    from nas.tasks import load_task
+
+    task = load_task(
+        "mqar:vocab_size=32,seq_len=40,num_kv_pairs=4,n_train=64,n_test=16,curriculum_len=16,curriculum_frac=0.3"
+    )
+    arch = ArchSpec(32, (LayerSpec("attention", heads=2, mlp_ratio=2.0),), 32, 32)
+    model = LengthRecorder(build(arch, seed=0))
+    seen = []
+
+    def on_rung(step: int, accuracy: float) -> bool:
+        seen.append((step, len(model.lengths), model.lengths[-1]))
+        return False
+
+    train(model, task, TrainSpec(lr=1e-3, steps=20, batch_size=4, seed=0), device="cpu", on_rung=on_rung)
+    assert [s for s, _, _ in seen] == [8, 10, 13]  # 6 short steps, then 1/8, 1/4, 1/2 of the other 14
+    assert all(n == s and length == 40 for s, n, length in seen)  # each after a full-length step

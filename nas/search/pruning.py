@@ -13,7 +13,10 @@ optimistic extrapolation of it,
 jump, so a trial near chance at 1/8 of its steps can end at 0.99), stays ``margin`` below the
 accuracy of a completed, feasible, fully trained trial at no more of any cost.
 That trial would dominate it, so it cannot reach the front. A candidate cheaper than every such
-trial is never stopped this way.
+trial is never stopped this way. With a length curriculum (``Task.stage1_steps``) the rungs and
+the steps in the bound count from the end of its first stage: the rung accuracy is scored at the
+task's full length, which the model is not trained on before then (at 1/2 of its steps a
+``hybrid_long`` trial is still at chance on T=256 whatever it will reach).
 
 While the front is still empty (the first trials, or every one so far over a hard budget or cut
 short), the fallback is successive halving among trials of similar cost (latency and memory
@@ -29,6 +32,8 @@ on the front, not in the hypervolume and not counted toward ``--trials``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import optuna
 from optuna.pruners import BasePruner
@@ -48,19 +53,25 @@ ETA = 3  # successive halving: the best 1/ETA at a rung go on
 COST_BAND = 2.0  # successive halving compares trials whose latency and memory are within this factor
 
 
-def best_case(accuracy: float, step: int, planned_steps: int) -> float:
-    """The optimistic final accuracy of a trial at ``accuracy`` after ``step`` of ``planned_steps``."""
-    done = min(1.0, max(0.0, step / max(1, planned_steps)))
+def best_case(accuracy: float, step: int, planned_steps: int, start: int = 0) -> float:
+    """The optimistic final accuracy of a trial at ``accuracy`` after ``step`` of ``planned_steps``,
+    counting from ``start`` (the end of a length curriculum's first stage: the scored task is
+    trained from there on)."""
+    done = min(1.0, max(0.0, (step - start) / max(1, planned_steps - start)))
     return 1.0 - (1.0 - accuracy) * done**2
 
 
 class CostAwarePruner(BasePruner):
     """Stops a trial whose best-case accuracy is dominated at its known latency and memory."""
 
-    def __init__(self, margin: float = MARGIN) -> None:
+    def __init__(self, margin: float = MARGIN, start_of: Callable[[int], int] | None = None) -> None:
+        """``start_of(planned_steps)``: the step from which a trial trains on the scored task (a
+        length curriculum's ``Task.stage1_steps``; 0 without one), where its rungs and its best
+        case count from."""
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
         self.margin = margin
+        self.start_of = start_of or (lambda _steps: 0)
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         return self.reason(study, trial) is not None
@@ -73,7 +84,7 @@ class CostAwarePruner(BasePruner):
         if not r.rungs or r.planned_steps is None or any(v is None for v in mine):
             return None
         step, accuracy = r.rungs[-1]
-        bound = best_case(accuracy, step, r.planned_steps)
+        bound = best_case(accuracy, step, r.planned_steps, self.start_of(r.planned_steps))
         finished = [
             o
             for o in record.records(study, (TrialState.COMPLETE,))

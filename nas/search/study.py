@@ -483,7 +483,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
                 "study %r: recorded budgets changed (%s); workers and the report use the new ones", name, changes
             )
         record.write_study_budgets(study, recorded)  # the latest run's budgets: workers and the report read them
-    pruner = CostAwarePruner() if prune else None
+    pruner = CostAwarePruner(start_of=task.stage1_steps) if prune else None
     if pruner is not None:
         study.pruner = pruner  # what Trial.should_prune would ask (optuna-native tools see it)
     return TrialContext(

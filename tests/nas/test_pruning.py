@@ -61,6 +61,23 @@ def test_best_case_extrapolation_is_optimistic_and_exact_at_the_end():
     assert best_case(1.0, 1, 80) == 1.0
 
 
+def test_best_case_counts_from_the_end_of_a_curriculum():
+    # at step 885 of 1200 after 840 short-row steps, 45 of the 360 scored steps are done
+    assert best_case(0.02, 885, 1200, 840) == pytest.approx(1 - 0.98 * (45 / 360) ** 2)
+    assert best_case(0.02, 885, 1200) == pytest.approx(1 - 0.98 * (885 / 1200) ** 2)
+    assert best_case(0.5, 1200, 1200, 840) == pytest.approx(0.5)
+
+
+def test_a_curriculum_trial_at_chance_on_the_full_length_is_kept_early_in_its_last_stage(tmp_path):
+    """At its first rung after a 70 % curriculum a trial is at chance on the full-length rows: its
+    best case counts from the curriculum's end (kept); counted from step 0 it would be stopped."""
+    study = _study(tmp_path, (0.97, 1.0, 1.0))
+    trial = _running(study, 2.0, 3.0, {79: 0.02})  # TRAIN plans 80 steps: still at chance near its end
+    assert CostAwarePruner(start_of=lambda steps: 70).reason(study, _running(study, 2.0, 3.0, {72: 0.02})) is None
+    assert CostAwarePruner(start_of=lambda steps: 0).reason(study, _running(study, 2.0, 3.0, {72: 0.02})) is not None
+    assert CostAwarePruner(start_of=lambda steps: 70).prune(study, trial)  # best case 0.206 at 9/10 of its stage
+
+
 def test_a_trial_whose_best_case_is_dominated_at_its_cost_is_stopped(tmp_path):
     study = _study(tmp_path, (0.99, 1.0, 1.0))  # as fast, as small and far more accurate
     trial = _running(study, 2.0, 3.0, {10: 0.1, 40: 0.3})  # best case at step 40/80: 0.825

@@ -15,8 +15,9 @@ accuracy of a completed, feasible, fully trained trial at no more of any cost.
 That trial would dominate it, so it cannot reach the front. A candidate cheaper than every such
 trial is never stopped this way. With a length curriculum (``Task.stage1_steps``) the rungs and
 the steps in the bound count from the end of its first stage: the rung accuracy is scored at the
-task's full length, which the model is not trained on before then (at 1/2 of its steps a
-``hybrid_long`` trial is still at chance on T=256 whatever it will reach).
+task's full length, which the model is not trained on before then (on the CPU a 2-layer
+attention model scored 0.47 on T=256 halfway through its T=64 stage and ended at 0.96; linear
+stacks stay at chance there whatever they reach later).
 
 While the front is still empty (the first trials, or every one so far over a hard budget or cut
 short), the fallback is successive halving among trials of similar cost (latency and memory

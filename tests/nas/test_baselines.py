@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import optuna
@@ -27,9 +28,14 @@ def _space(**changes: str):
     return parse_space(yaml.safe_load(text), "user.yaml")
 
 
+@functools.cache
+def _task(spec: str):
+    return load_task(spec, seed=0)  # Zoology-scale MQAR takes seconds to draw: once per spec
+
+
 def _mixers(space, params) -> tuple[str, ...]:
     """The mixers of the candidate ``params`` draw from ``space`` (through Optuna, as a trial would)."""
-    cand = space.sample(optuna.trial.FixedTrial(params), load_task(space.task, seed=0))
+    cand = space.sample(optuna.trial.FixedTrial(params), _task(space.task))
     return tuple(layer.mixer for layer in cand.arch.layers), cand.arch.d_model
 
 

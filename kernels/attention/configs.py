@@ -127,7 +127,8 @@ class DecodeConfig:
 # The sweep of every tile x split count (decode_attention_h200_sweep_b1.json, _b8_b64.json: N 4K-128K)
 # put the fastest launches at one or two programs per SM, not at the 8 first chosen. Where they
 # were within a few percent of SDPA, rounds that time SDPA and every candidate in turn
-# (benchmarks/decode_close_calls.py, decode_close_calls_h200.log: medians of 3 rounds) chose:
+# (benchmarks/decode_close_calls.py, benchmarks/results/decode_close_calls_h200*.json and
+# decode_close_calls_h200_first.log: medians of 3 rounds) chose:
 # - D = 64: 128-row tiles, 3 stages (96 KB of shared memory: two programs fit an SM) at two
 #   programs per SM. vs SDPA: B1 N16K 1.046x (the 256-row tile at one per SM: 0.956x), B1 N32K
 #   1.018x (0.997x), B8 N4K 0.999x (0.984x), B8 N16K 1.010x (0.986x).

@@ -58,7 +58,7 @@ ATTN_SHAPES = [
     (64, 16384, 64),
 ]
 STEP_SHAPES = [(1, 8, 128), (1, 4, 128), (1, 16, 128), (1, 32, 128), (1, 8, 64), (4, 8, 128), (16, 8, 128)]
-STEP_WIDTHS, STEP_WARPS = (16, 32, 64, 128), (1, 2, 4, 8)
+STEP_WIDTHS, STEP_WARPS = (4, 8, 16, 32, 64, 128), (1, 2, 4, 8)
 
 
 def _summary(name: str, per_round: list[float], peer_rounds: list[float]) -> dict:

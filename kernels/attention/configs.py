@@ -190,6 +190,15 @@ DECODE_MAX_SHARED = 200 * 1024
 _DECODE_BY_CAPABILITY = {(9, 0): DECODE_HOPPER}
 
 
+def decode_shared_budget(device: torch.device) -> int:
+    """Shared memory a decode tile may take on ``device``: DECODE_MAX_SHARED, less on a GPU whose
+    blocks may opt in to less (A100: 163 KB, sm_86/89: 99 KB), keeping 16 KB for Triton's own."""
+    if not is_cuda(device):
+        return DECODE_MAX_SHARED
+    optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    return min(DECODE_MAX_SHARED, optin - 16 * 1024) if optin else DECODE_MAX_SHARED
+
+
 def _decode_splits(batch_heads: int, capacity: int, sms: int, per_sm: int) -> int:
     """Slices of ``capacity`` rows (each at least DECODE_MIN_SLICE) that bring ``batch_heads``
     programs up to at most ``per_sm`` per SM."""
@@ -207,8 +216,11 @@ def decode_configs(
         tiles: tuple[DecodeConfig, ...] = DECODE_INTERPRETER
         splits = max(1, min(-(-capacity // DECODE_INTERPRETER_SPLIT_ROWS), DECODE_MAX_SPLITS))
     else:
-        table = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DECODE_DEFAULT)[head_dim]
-        splits = _decode_splits(batch_heads, capacity, sms, DECODE_PROGRAMS_PER_SM.get(head_dim, 1))
+        tables = _DECODE_BY_CAPABILITY.get(torch.cuda.get_device_capability(device))
+        table = (tables or DECODE_DEFAULT)[head_dim]
+        # two programs per SM only where the table's tiles were measured to fit and win (sm_90)
+        per_sm = DECODE_PROGRAMS_PER_SM.get(head_dim, 1) if tables is not None else 1
+        splits = _decode_splits(batch_heads, capacity, sms, per_sm)
         if batch_heads >= DECODE_MANY_HEADS * sms:
             chosen = table[min(2, len(table) - 1)]
         elif -(-capacity // splits) >= DECODE_LONG_SLICE:
@@ -219,11 +231,14 @@ def decode_configs(
     return tuple(DecodeConfig(t.block_n, t.num_warps, t.num_stages, splits, t.dot, t.fused) for t in tiles)
 
 
-def fit_decode_shared(config: DecodeConfig, head_dim: int, element_bytes: int) -> DecodeConfig:
-    """``config`` with block_n halved until its k and v stages fit DECODE_MAX_SHARED at this
-    element size (the tables are sized for 2-byte caches; an fp32 cache needs half the rows)."""
+def fit_decode_shared(
+    config: DecodeConfig, head_dim: int, element_bytes: int, budget: int = DECODE_MAX_SHARED
+) -> DecodeConfig:
+    """``config`` with block_n halved until its k and v stages fit ``budget`` bytes at this
+    element size (the tables are sized for 2-byte caches on sm_90; an fp32 cache needs half the
+    rows, a GPU with less shared memory per block may need fewer: ``decode_shared_budget``)."""
     block_n = config.block_n
-    while block_n > 16 and block_n * head_dim * element_bytes * 2 * config.num_stages > DECODE_MAX_SHARED:
+    while block_n > 16 and block_n * head_dim * element_bytes * 2 * config.num_stages > budget:
         block_n //= 2
     if block_n == config.block_n:
         return config

@@ -42,7 +42,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._common import DTYPES, SUPPORTED_HEAD_DIMS, check_runnable, output_buffer, sm_count
-from kernels.attention.configs import DecodeConfig, decode_config, fit_decode_shared
+from kernels.attention.configs import DecodeConfig, decode_config, decode_shared_budget, fit_decode_shared
 from kernels.device import is_cuda
 
 __all__ = ["decode_attention", "rope_append"]
@@ -435,7 +435,8 @@ def decode_attention(
     C = k_cache.shape[2]
     if config is None:
         sms = sm_count(q.device) if is_cuda(q.device) else 1
-        config = fit_decode_shared(decode_config(q.device, B * H, C, D, sms), D, q.element_size())
+        chosen = decode_config(q.device, B * H, C, D, sms)
+        config = fit_decode_shared(chosen, D, q.element_size(), decode_shared_budget(q.device))
     split_rows = triton.cdiv(triton.cdiv(C, config.splits), config.block_n) * config.block_n
     splits = triton.cdiv(C, split_rows)  # no slice lies wholly past the capacity
     q = q.contiguous()

@@ -75,7 +75,9 @@ class StepConfig:
     num_warps: int
 
     def __post_init__(self) -> None:
-        _power_of_two("StepConfig", "block_v", self.block_v)
+        # no tl.dot here (unlike the chunked forward): any power of two from 4 columns is a tile
+        if self.block_v < 4 or self.block_v & (self.block_v - 1):
+            raise ValueError(f"StepConfig.block_v must be a power of two >= 4, got {self.block_v}")
 
 
 # sm_90, per head dim: 64-token chunks as fla's chunk kernels use; V split 2-4 ways so B·H = 64

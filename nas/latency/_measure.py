@@ -115,6 +115,7 @@ DECODE_ONLY: dict[str, frozenset[str]] = {
             "decode_config",
             "decode_configs",
             "fit_decode_shared",
+            "decode_shared_budget",
         }
     ),
     "kernels/attention/reference.py": frozenset({"rope_at", "decode_attention_ref"}),

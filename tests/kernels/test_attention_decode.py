@@ -266,6 +266,28 @@ def test_decode_config_fills_the_gpu_from_the_capacity(monkeypatch) -> None:
         DecodeConfig(16, 4, 1, 0)
 
 
+def test_other_gpus_get_one_program_per_sm_and_tiles_within_their_shared_memory(monkeypatch) -> None:
+    """Off sm_90 the default tiles run at one program per SM (two 96 KB tiles do not share an
+    A100 SM), and a tile is fitted to the device's opt-in shared memory, less 16 KB."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    cuda = torch.device("cuda")
+    assert configs.decode_config(cuda, 8, 32768, 64, 108).splits == 13  # 108 SMs // 8 heads
+    assert configs.decode_config(cuda, 8, 32768, 64, 108).block_n == configs.DECODE_DEFAULT[64][0].block_n
+
+    class Props:
+        shared_memory_per_block_optin = 101376  # sm_86 / sm_89: 99 KB
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    budget = configs.decode_shared_budget(cuda)
+    assert budget == 101376 - 16 * 1024
+    tile = DecodeConfig(128, 4, 3, 13, dot=True)  # 96 KB at 2 bytes
+    assert configs.fit_decode_shared(tile, 64, 2, budget).block_n == 64
+    assert configs.fit_decode_shared(tile, 64, 2).block_n == 128  # the sm_90 budget
+    Props.shared_memory_per_block_optin = 232448  # sm_90: 227 KB, capped at DECODE_MAX_SHARED
+    assert configs.decode_shared_budget(cuda) == configs.DECODE_MAX_SHARED
+    assert configs.decode_shared_budget(torch.device("cpu")) == configs.DECODE_MAX_SHARED
+
+
 def test_fit_decode_shared_halves_the_tile_for_wide_elements() -> None:
     """Every table tile fits the shared-memory budget at 2 bytes an element; at 4 bytes (fp32
     caches) the fitted tile does too, with the same warps, stages, split and combine."""

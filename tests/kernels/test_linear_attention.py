@@ -318,6 +318,15 @@ def test_steps_split_over_programs_equal_the_forward(D: int, config, feature_map
     _steps_against_forward(3, 21, 5, D, torch.float32, CPU, feature_map, config)
 
 
+@requires_interpreter
+@pytest.mark.parametrize("feature_map", ["identity", "elu+1"])
+@pytest.mark.parametrize("block_v", [4, 8])
+def test_steps_in_narrow_column_blocks_equal_the_forward(block_v: int, feature_map: str) -> None:
+    """Blocks narrower than the chunked forward's (4 and 8 columns: 8 and 4 programs a head at
+    D = 32, the z ticket shared by all of them) give the same steps."""
+    _steps_against_forward(3, 21, 5, 32, torch.float32, CPU, feature_map, configs.StepConfig(block_v, 4))
+
+
 def test_step_config_fills_the_gpu_and_divides_the_head_dim() -> None:
     """The widest block that still gives 2 programs per SM, else the narrowest: B1 H8 D128 splits
     each head 8 ways (64 programs), B256 H16 D64 keeps whole 64-column tiles."""

@@ -211,6 +211,14 @@ def linear_rows(quick: bool) -> list[dict]:
 
         err = _rel_err(ours(sets[0]), peer(sets[0]).float())
         config = last_tuned_config()
+        # Floors beside the peer: cuBLAS's matmul with its bias epilogue alone (what any route that
+        # keeps cuBLAS's main loop pays before its activation), and cuBLASLt's fused bias+GELU/ReLU
+        # epilogue (torch._addmm_activation; its GELU is the tanh form, so not the same function).
+        floors = {"addmm_us": _time([partial(F.linear, s["x"], s["w"], s["b"]) for s in sets])}
+        if act in ("gelu", "relu") and hasattr(torch, "_addmm_activation"):
+            lt = [partial(torch._addmm_activation, s["b"], s["x"], s["w"].t(), use_gelu=act == "gelu") for s in sets]
+            floors["cublaslt_epilogue_us"] = _time(lt)
+            floors["cublaslt_epilogue_kernels"] = _kernels(lt[0])
         row = _row(
             "linear",
             {"M": M, "K": K, "N": N, "epilogue": epilogue},
@@ -221,6 +229,7 @@ def linear_rows(quick: bool) -> list[dict]:
             err,
             peer_kernels=_kernels(partial(peer, sets[0])),
             config=str(config),
+            **floors,
         )
         rows.append(row)
         del sets
@@ -317,22 +326,26 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("default_peers.py times GPU kernels: no CUDA device here (--list works anywhere)")
     rows, notes = [], {}
-    if "attention" in ops:
-        rows += attention_rows(args.quick)
-    if "linear" in ops:
-        rows += linear_rows(args.quick)
-    if "linear_attention" in ops:
-        got, notes["linear_attention"] = linear_attention_rows(args.quick)
-        rows += got
     name = torch.cuda.get_device_name(0).split()[-1].lower()
-    path = write_results(
-        Path(args.out) / f"default_peers_{name}{'_quick' if args.quick else ''}.json",
-        rows,
-        notes=notes,
-        summary=summary(rows),
-        timing="CUDA-graph replay, median of 30 replays; inputs rotated over copies larger than L2 (at most 16)",
-    )
-    print(f"wrote {path}")
+    only = f"_{args.only}" if args.only else ""
+    out = Path(args.out) / f"default_peers_{name}{only}{'_quick' if args.quick else ''}.json"
+    for op in ops:  # the file is rewritten after each op, so a run cut short keeps what it timed
+        if op == "attention":
+            rows += attention_rows(args.quick)
+        elif op == "linear":
+            rows += linear_rows(args.quick)
+        else:
+            got, notes["linear_attention"] = linear_attention_rows(args.quick)
+            rows += got
+        path = write_results(
+            out,
+            rows,
+            ops=ops[: ops.index(op) + 1],
+            notes=notes,
+            summary=summary(rows),
+            timing="CUDA-graph replay, median of 30 replays; inputs rotated over copies larger than L2 (at most 16)",
+        )
+        print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

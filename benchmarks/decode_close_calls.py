@@ -162,7 +162,14 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=("step", "attention"))
+    parser.add_argument("--widths", help="step block_v values to sweep, comma-separated (default: all)")
+    parser.add_argument("--warps", help="step num_warps values to sweep, comma-separated (default: all)")
     args = parser.parse_args()
+    global STEP_WIDTHS, STEP_WARPS
+    if args.widths:
+        STEP_WIDTHS = tuple(int(v) for v in args.widths.split(","))
+    if args.warps:
+        STEP_WARPS = tuple(int(v) for v in args.warps.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     attn, steps = [], []
     if args.only != "step":
@@ -192,7 +199,7 @@ def main() -> None:
                 )
     name = torch.cuda.get_device_name(0).split()[-1].lower()
     path = write_results(
-        Path(args.out) / f"decode_close_calls_{name}.json",
+        Path(args.out) / f"decode_close_calls_{name}{'_' + args.only if args.only else ''}.json",
         attn + steps,
         rounds=args.rounds,
         peer="attention: F.scaled_dot_product_attention (default backend); step: the chooser's launch",

@@ -12,8 +12,10 @@ deploy without trying, in the same process, as CUDA-graph replays over inputs ro
   ``[B, L, 3·H·D]``; the forced FLASH_ATTENTION backend (FA2) is timed beside it, not instead.
   The profiler's kernel names for each peer are recorded per row. Target: ≥ 1.0× at L ≥ 1024,
   ≥ 0.9× below.
-- ``linear``: ``kernels.linear.linear`` with its fused epilogue (bias + gelu / silu / relu,
-  optional residual) vs cuBLAS ``F.linear`` + the separate torch ops. Target ≥ 1.0×.
+- ``linear``: ``kernels.linear.linear`` with its epilogue (bias + gelu / silu / relu, optional
+  residual; the route it took per shape, fused Triton kernel or cuBLAS + epilogue pass, is
+  recorded) vs cuBLAS ``F.linear`` + the separate torch ops. Target ≥ 1.0×. Beside them: cuBLAS's
+  matmul alone and cuBLASLt's fused bias + GELU (tanh form) / ReLU epilogue, as floors.
 - ``linear_attention``: ``linear_attention_qkv`` vs fla-core's ``chunk_linear_attn`` on its
   native contiguous ``[B, L, H, D]`` (identity map: ≥ 1.0×; elu+1 and relu: ≥ 1.5× torch φ + fla
   normalized). Without fla importable the rows say so and are not scored.
@@ -51,7 +53,7 @@ ATTN_QUICK = ((3, 5, 1000, 64), (3, 5, 1000, 128), (2, 7, 333, 64), (1, 3, 4097,
 # epilogues at three shapes.
 LINEAR_MS = (777, 3000, 16384)
 LINEAR_KN = ((96, 384), (200, 800), (256, 1024), (384, 1536), (1024, 4096), (4096, 1024), (200, 200), (96, 4096))
-LINEAR_EPILOGUES = ("silu", "relu", "gelu+residual", "none")
+LINEAR_EPILOGUES = ("silu", "relu", "gelu+residual", "none+residual", "none")
 LINEAR_QUICK = ((3000, 200, 800), (1000, 384, 1536), (16384, 256, 1024), (2048, 96, 384), (777, 1024, 4096))
 # (B, H, L, D) for linear attention: the shapes, then odd lengths at every head dim.
 LINATTN_CASES = ((3, 5, 1000, 64), (8, 8, 1024, 64), (1, 4, 256, 32), (4, 16, 4096, 64)) + tuple(
@@ -183,7 +185,7 @@ def attention_rows(quick: bool) -> list[dict]:
 
 
 def linear_rows(quick: bool) -> list[dict]:
-    from kernels.linear import last_tuned_config, linear
+    from kernels.linear import last_route, last_tuned_config, linear
 
     acts = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu, "none": None}
     rows = []
@@ -210,7 +212,8 @@ def linear_rows(quick: bool) -> list[dict]:
             return y + s["r"] if s["r"] is not None else y
 
         err = _rel_err(ours(sets[0]), peer(sets[0]).float())
-        config = last_tuned_config()
+        route = last_route()
+        config = last_tuned_config() if route == "triton" else None
         # Floors beside the peer: cuBLAS's matmul with its bias epilogue alone (what any route that
         # keeps cuBLAS's main loop pays before its activation), and cuBLASLt's fused bias+GELU/ReLU
         # epilogue (torch._addmm_activation; its GELU is the tanh form, so not the same function).
@@ -228,6 +231,7 @@ def linear_rows(quick: bool) -> list[dict]:
             1.0,
             err,
             peer_kernels=_kernels(partial(peer, sets[0])),
+            route=route,
             config=str(config),
             **floors,
         )

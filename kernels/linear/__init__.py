@@ -7,6 +7,6 @@ from kernels.linear import configs, reference
 from kernels.linear.configs import LinearConfig
 from kernels.linear.reference import ACTIVATIONS
 
-_KERNELS = ("linear", "last_tuned_config", "set_tma")
+_KERNELS = ("linear", "last_route", "last_tuned_config", "set_route", "set_tma")
 __all__ = [*_KERNELS, "ACTIVATIONS", "LinearConfig", "configs", "reference"]
 __getattr__ = lazy_exports(__name__, _KERNELS)

@@ -28,6 +28,9 @@ __all__ = [
     "m_bucket",
     "candidates",
     "prefers_tma",
+    "CUBLAS_MIN_N",
+    "CUBLAS_GELU_MIN_OUTPUT",
+    "prefers_cublas",
 ]
 
 
@@ -186,6 +189,59 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
     kernel's: sm_90 (where they were measured; later GPUs have other shared-memory limits), a
     long K loop to pipeline, and more rows than the small-M tile."""
     return capability == (9, 0) and k > SHORT_K_MAX and m_bucket_ > SMALL_M_MAX
+
+
+# Where cuBLAS's matmul (torch.addmm, bias in its epilogue) followed by this package's in-place
+# epilogue kernel (activation, residual) beats the one fused Triton kernel. Measured on an H200
+# (torch 2.11, triton 3.6; benchmarks/results/default_peers_h200_linear.json, each against cuBLAS
+# F.linear + the separate torch ops, CUDA-graph replays):
+# - no activation and no residual: the fused kernel has nothing to fuse, and its main loop ran
+#   0.36-0.70× cuBLAS's (3000×200→800: 21.1 vs 7.6 µs; 16384×256→1024: 31.6 vs 22.0);
+# - K not a multiple of 16 elements: Triton specialises integer arguments divisible by 16, so
+#   rows of K = 200 are loaded without vector loads: 0.42-0.70× at every M (16384×200→800 + GELU:
+#   108 vs 45 µs);
+# - K > SHORT_K_MAX on sm_90: 0.59-0.82× at M ≤ 3000 (777×4096→1024: 26.9 vs 15.8 µs); only the
+#   persistent TMA kernel at M > 8192 with N ≥ K kept up (16384×1024→4096 + GELU 1.04×,
+#   16384×384→1536 1.06×; 16384×4096→1024 0.96×);
+# - short K with N ≥ CUBLAS_MIN_N (0.90-1.02× at K = 96, N = 4096) and GELU over outputs of
+#   CUBLAS_GELU_MIN_OUTPUT elements or more (16384×256→1024: 0.93×; ReLU/SiLU/residual there won,
+#   1.05-1.27×).
+# - ReLU after a bias, no residual: cuBLASLt fuses bias + ReLU into its own epilogue
+#   (torch._addmm_activation; profiled: nvjet_…_relubias), as fast as the plain matmul
+#   (16384×256→1024: 22.3 µs against 31.4 fused, 38.3 cuBLAS + torch ReLU).
+# Elsewhere the fused kernel won: 1.04-1.49× at K = 96-256 with GELU, SiLU or a residual. Its
+# main loop never beat cuBLAS's (it was slower than the plain matmul at every measured shape):
+# it wins where the pass over the output it saves costs more than that.
+CUBLAS_MIN_N = 4096
+CUBLAS_GELU_MIN_OUTPUT = 1 << 24
+
+
+def prefers_cublas(
+    capability: tuple[int, int],
+    m_bucket_: int,
+    n: int,
+    k: int,
+    activation: str | None,
+    residual: bool,
+    bias: bool = True,
+) -> bool:
+    """Whether ``kernels.linear.linear`` should run cuBLAS's matmul and then its epilogue kernel
+    rather than the fused Triton kernel, for this GPU, M bucket, N, K and epilogue (see above; a
+    fixed rule, so a shape always takes the same route, and the latency model can follow it).
+    Off sm_90 only the rules that hold whatever the GPU do: nothing to fuse, cuBLASLt's own
+    bias + ReLU epilogue, and K rows that Triton cannot load as vectors; the rest was measured
+    on sm_90 only."""
+    if activation is None and not residual:
+        return True
+    if activation == "relu" and bias and not residual:
+        return True
+    if k % 16:
+        return True
+    if capability != (9, 0):
+        return False
+    if k > SHORT_K_MAX:
+        return not (m_bucket_ > 8192 and n >= k)
+    return n >= CUBLAS_MIN_N or (activation == "gelu" and m_bucket_ * n >= CUBLAS_GELU_MIN_OUTPUT)
 
 
 def candidates(

@@ -16,6 +16,13 @@ tile's epilogue overlaps the next tile's loads. ``configs.prefers_tma`` picks be
 call (TMA on sm_90+ for K > 256 and M > 64, where it measured faster on an H200); ``set_tma``
 forces one or the other for the process (where descriptors can address the operands: the app
 calls it from its settings), and an explicit config names its kernel.
+
+Where the fused kernel loses to cuBLAS's main loop (nothing to fuse; K rows Triton cannot load
+as vectors; long K and very wide outputs on sm_90, measured on an H200), ``linear`` runs
+``torch.addmm`` (bias in cuBLAS's epilogue) and then ``_epilogue_kernel`` (activation, residual)
+over the output in place: ``configs.prefers_cublas`` is the rule, fixed per shape so a captured
+graph always launches the same kernels and the latency model can follow it; ``set_route``
+forces one route for the process. 16-bit operands only: fp32 keeps the fused kernel's exact dot.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from kernels.linear import configs as _configs
 from kernels.linear.configs import LinearConfig
 from kernels.linear.reference import ACTIVATIONS
 
-__all__ = ["linear", "last_tuned_config", "set_tma", "tma_programs"]
+__all__ = ["linear", "last_route", "last_tuned_config", "set_route", "set_tma", "tma_programs"]
 
 _AUTOTUNE_CALLS, _AUTOTUNE_REPLAYS = 20, 10  # per candidate: ~7 ms at the largest NAS shape
 
@@ -228,6 +235,68 @@ def _linear_tma_kernel(
         y_desc.store([row0, col0], acc.to(y.dtype.element_ty))
 
 
+@triton.jit
+def _epilogue_kernel(
+    y,
+    r,  # y [M, N] in place (cuBLAS's x Wᵀ + b), r [M, N]; unit stride along N
+    M,
+    N,
+    stride_ym,
+    stride_rm,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # The fused kernel's epilogue as a pass of its own, after cuBLAS's matmul: activation in
+    # fp32, + residual, one rounding, written back in place.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    ptrs = y + rows[:, None] * stride_ym + cols[None, :]
+    v = _activate(tl.load(ptrs, mask=mask, other=0.0).to(tl.float32), ACTIVATION)
+    if HAS_RESIDUAL:
+        v += tl.load(r + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, v.to(y.dtype.element_ty), mask=mask)
+
+
+_EPILOGUE_ELEMENTS = 4096  # per program: [BLOCK_M, BLOCK_N] with BLOCK_N up to 256 columns
+
+
+def _cublas_route(
+    x2: Tensor, weight: Tensor, bias: Tensor | None, r2: Tensor | None, y2: Tensor, activation: str | None
+) -> None:
+    """``y2 = act(x2 Wᵀ + bias) + r2`` as cuBLAS's matmul (bias in its epilogue, as ``F.linear``
+    does; ReLU too where there is a bias: cuBLASLt's bias + ReLU epilogue) and, for what is left
+    (GELU, SiLU, a residual), ``_epilogue_kernel`` over y2 in place. Rounds once more than the
+    fused kernel (before the epilogue pass), as ``F.linear`` + ``F.gelu`` does."""
+    if activation == "relu" and bias is not None:  # cuBLASLt's bias + ReLU epilogue
+        torch._addmm_activation(bias, x2, weight.t(), use_gelu=False, out=y2)
+        activation = None
+    elif bias is not None:
+        torch.addmm(bias, x2, weight.t(), out=y2)
+    else:
+        torch.mm(x2, weight.t(), out=y2)
+    if activation is None and r2 is None:
+        return
+    M, N = y2.shape
+    block_n = min(256, triton.next_power_of_2(N))
+    block_m = _EPILOGUE_ELEMENTS // block_n
+    _epilogue_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        y2,
+        y2 if r2 is None else r2,
+        M,
+        N,
+        y2.stride(0),
+        0 if r2 is None else r2.stride(0),
+        ACTIVATION=activation or "none",
+        HAS_RESIDUAL=r2 is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+
+
 _even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 _fixed_kernel = _even_k(_linear_kernel)  # launched with an explicit config
 _TRITON_CONFIGS = {
@@ -247,6 +316,8 @@ _TRITON_CONFIGS = {
 _POINTER_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if not c.tma]
 _TMA_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if c.tma]
 _USE_TMA: bool | None = None  # set_tma's choice; None: configs.prefers_tma
+_ROUTE: str | None = None  # set_route's choice; None: configs.prefers_cublas
+_last_route: list[str] = []  # the route of the latest call without an explicit config
 _last_tuner: list = []  # the tuner of the latest autotuned call, for last_tuned_config
 
 
@@ -315,6 +386,29 @@ def set_tma(use: bool | None) -> None:
     _USE_TMA = use
 
 
+ROUTES = ("triton", "cublas")
+
+
+def set_route(route: str | None) -> None:
+    """For every later call of this process without an explicit config: "triton" runs the fused
+    kernel, "cublas" cuBLAS's matmul then the epilogue kernel, None (the default) lets
+    ``configs.prefers_cublas`` pick per shape. Under ``TRITON_INTERPRET=1`` the default is the
+    fused kernel; tests force "cublas" to check that route on the CPU (torch's matmul there)."""
+    if route not in (None, *ROUTES):
+        raise ValueError(f"set_route: route must be None or one of {ROUTES}, got {route!r}")
+    global _ROUTE
+    _ROUTE = route
+
+
+def last_route() -> str | None:
+    """The route ("triton" or "cublas") of the latest call without an explicit config."""
+    return _last_route[-1] if _last_route else None
+
+
+def _shares_memory(a: Tensor | None, b: Tensor) -> bool:
+    return a is not None and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def last_tuned_config() -> LinearConfig | None:
     """The tiling the tuner chose for the latest autotuned call (None before the first)."""
     chosen = getattr(_last_tuner[-1], "best_config", None) if _last_tuner else None
@@ -356,7 +450,8 @@ def linear(
     slower fallback: full-precision dot, no tf32). weight: ``[N, K]`` (``nn.Linear`` layout), x's
     dtype. bias: ``[N]`` or None. activation: None | "gelu" (erf, as ``nn.GELU()``) | "relu" |
     "silu". residual: ``[*, N]`` like the output, or None. out: ``[*, N]`` in x's dtype to write
-    into (contiguous), or None. config: a fixed tiling instead of the autotuned one. Returns ``[*, N]``.
+    into (contiguous), or None. config: a fixed tiling of the fused kernel instead of the route
+    and tiling chosen per shape (module docstring). Returns ``[*, N]``.
     CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     """
     if activation not in ACTIVATIONS:
@@ -415,6 +510,31 @@ def linear(
     def grid(meta_: dict) -> tuple[int]:
         return (triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"]),)
 
+    if config is None:
+        if _ROUTE is not None:
+            route = _ROUTE
+        elif INTERPRETED or x.dtype == torch.float32:
+            route = "triton"
+        else:
+            route = (
+                "cublas"
+                if _configs.prefers_cublas(
+                    torch.cuda.get_device_capability(x.device),
+                    _configs.m_bucket(M),
+                    N,
+                    K,
+                    activation,
+                    r2 is not None,
+                    bias is not None,
+                )
+                else "triton"
+            )
+        if _shares_memory(r2, y2):  # out is the residual: the matmul would overwrite it before the add
+            route = "triton"
+        _last_route[:] = [route]
+        if route == "cublas":
+            _cublas_route(x2, weight, bias, r2, y2, activation)
+            return out
     if config is None and INTERPRETED:
         config = (
             _configs.INTERPRETER_TMA if _USE_TMA else _configs.INTERPRETER

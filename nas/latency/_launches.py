@@ -16,7 +16,9 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
 - linear ``y[M, N] = act(x[M, K] Wᵀ + b) (+ r)``: the tile of the configs the wrapper hands the
   autotuner first (``kernels.linear.configs.candidates``), ``T = ⌈M/BM⌉·⌈N/BN⌉`` tiles,
   ``w = ⌈T/S⌉`` tiles on the busiest SM: ``[1, w, w·⌈K/BK⌉, w·BM·BN·gelu, w·BM·BN·(relu|silu),
-  w·BM·BN·residual, MB moved]``. The class is the kernel the wrapper picks: persistent TMA
+  w·BM·BN·residual, MB moved]``. The class is the kernel the wrapper picks: cuBLAS's matmul and
+  the epilogue pass (``kernels.linear.configs.prefers_cublas``; launch feature 2 with an epilogue,
+  a nominal 128×128×64 tile, the epilogue's read and write of y in MB moved), persistent TMA
   (sm_90, K > 256, M > 64, 16-byte rows), small M (one row of tiles), short K, long K.
 - attention (flash, causal, per padded head dim D): ``P = B·H·⌈T/128⌉`` programs; ``[1, ⌈P/S⌉,
   ⌈P/S⌉·mean key blocks, key blocks of the last query block (the critical path), MB moved]``.
@@ -33,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels.attention import padded_head_dim  # the kernels' head-dim rule, asked, not restated
+from kernels.linear.configs import LinearConfig
 from nas.spec import ArchSpec
 
 from ._costs import mlp_hidden
@@ -72,6 +75,7 @@ KINDS: dict[str, str] = {
 }
 _ATTN_BLOCK_M = 128  # query rows per flash-attention program (every sm_90 config)
 _CHUNK, _BLOCK_V = 64, 32  # linear attention: chunk length, value block of the common tiling
+_CUBLAS_TILE = LinearConfig(128, 128, 64, 1, 4, 1)  # nominal: cuBLAS picks its own; the fit absorbs the difference
 _NORM_ELEMENTS = 4096  # kernels.norm.configs.ELEMENTS_PER_PROGRAM
 _CONV_TILE = 64  # kernels.conv.configs.HOPPER: 64 × 64 tiles
 
@@ -104,27 +108,37 @@ def _linear(
     from kernels.linear import configs
 
     bucket = configs.m_bucket(M)
-    aligned = (K * _SIZE) % 16 == 0 and (N * _SIZE) % 16 == 0  # row strides a tensor descriptor can address
-    tma = configs.prefers_tma((9, 0), bucket, K) and aligned
-    tile = configs.candidates((9, 0), bucket, K, _SIZE, tma=tma)[0]
-    cls = (
-        "linear.tma"
-        if tma
-        else "linear.small_m"
-        if bucket <= configs.SMALL_M_MAX
-        else "linear.short_k"
-        if K <= configs.SHORT_K_MAX
-        else "linear.long_k"
-    )
+    moved = (M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
+    if configs.prefers_cublas((9, 0), bucket, N, K, activation, residual):
+        # cuBLAS's matmul (bias, and ReLU, in its epilogue), then for GELU, SiLU or a residual
+        # the epilogue pass over the output in place: one class for both launches, the tile a
+        # nominal one for the wave and K features (the model's linears all have a bias)
+        epilogue = activation in ("gelu", "silu") or residual
+        tile = _CUBLAS_TILE
+        cls, launch = "linear.cublas", 2.0 if epilogue else 1.0
+        moved += 2 * M * N * _SIZE * _MB * epilogue
+    else:
+        aligned = (K * _SIZE) % 16 == 0 and (N * _SIZE) % 16 == 0  # row strides a tensor descriptor can address
+        tma = configs.prefers_tma((9, 0), bucket, K) and aligned
+        tile = configs.candidates((9, 0), bucket, K, _SIZE, tma=tma)[0]
+        cls = (
+            "linear.tma"
+            if tma
+            else "linear.small_m"
+            if bucket <= configs.SMALL_M_MAX
+            else "linear.short_k"
+            if K <= configs.SHORT_K_MAX
+            else "linear.long_k"
+        )
+        launch = 1.0
     tiles = _cdiv(M, tile.block_m) * _cdiv(N, tile.block_n)
     w = _cdiv(tiles, sms)
     elems = w * tile.block_m * tile.block_n / 1e4
-    moved = (M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
     return Launch(
         name,
         cls,
         (
-            1.0,
+            launch,
             w,
             w * _cdiv(K, tile.block_k),
             elems * (activation == "gelu"),

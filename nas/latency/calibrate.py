@@ -165,6 +165,8 @@ def _case(family: str, **kw: Any) -> KernelCase:
 
 def kernel_grid() -> list[KernelCase]:
     """Every kernel family at the shapes it takes in random architectures (see the module docstring)."""
+    from kernels.linear import configs
+
     cases: list[KernelCase] = []
     acts = ("gelu", "relu", "silu")
     for shape in SHAPES:
@@ -178,6 +180,16 @@ def kernel_grid() -> list[KernelCase]:
                 cases += [
                     _case("linear", M=M, N=ratio * d, K=d, activation=acts[(i + j) % 3], residual=False),
                     _case("linear", M=M, N=d, K=ratio * d, activation=None, residual=True),
+                ]
+            # an activation and a residual in one launch: no forward has it, but without it the
+            # fused kernel's wave count and its epilogue features are collinear (each short-K
+            # launch would carry exactly one epilogue term once the plain ones go to cuBLAS)
+            cases.append(_case("linear", M=M, N=2 * d, K=d, activation=acts[i % 3], residual=True))
+            if M > 8192 and d > configs.SHORT_K_MAX:  # the TMA kernel's only shapes (long K, N >= K): every epilogue
+                cases += [
+                    _case("linear", M=M, N=ratio * d, K=d, activation=act, residual=act == "relu")
+                    for ratio in (1, 2, 4)
+                    for act in acts
                 ]
             for vocab in (64, 1001, 8192) + ((3001, 5003) if d > 256 else ()):
                 cases += [

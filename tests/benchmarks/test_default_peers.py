@@ -17,7 +17,7 @@ def test_grids_hold_the_odd_shapes_and_every_issue_shape():
     lin = dp.linear_grid()
     assert {M for M, *_ in lin} >= {777, 16384} and {K for _, K, _, _ in lin} >= {96, 200, 256, 384, 1024, 4096}
     assert {N for _, _, N, _ in lin} >= {200, 384, 1024, 4096}
-    assert {e for *_, e in lin} == {"gelu", "silu", "relu", "gelu+residual", "none"}
+    assert {e for *_, e in lin} == {"gelu", "silu", "relu", "gelu+residual", "none+residual", "none"}
     assert {(M, K, N) for M, K, N, _ in dp.linear_grid(quick=True)} == set(dp.LINEAR_QUICK)
     la = dp.linear_attention_grid()
     assert {(3, 5, 1000, 64), (8, 8, 1024, 64), (1, 4, 256, 32), (4, 16, 4096, 64)} <= set(la)

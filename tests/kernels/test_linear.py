@@ -240,6 +240,133 @@ def test_interpreter_set_tma_picks_the_tma_kernel(tma_forced, monkeypatch) -> No
     assert len(launches) == 1, "set_tma(None) ran the TMA kernel under the interpreter"
 
 
+@pytest.fixture
+def route():
+    """``set_route`` for one test, undone after it (the module-level choice of every later call)."""
+    import kernels.linear.triton as lt
+
+    yield lt
+    lt.set_route(None)
+
+
+# The cuBLAS route rounds to the output dtype after the bias and again after the epilogue (as
+# F.linear + F.gelu does): one more 16-bit rounding than the fused kernel, so twice its bound.
+ROUTE_TOLERANCES = {d: tuple(2 * v for v in t) for d, t in TOLERANCES.items()}
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["no-res", "res"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cublas_route_every_epilogue(route, dtype, activation, bias, residual) -> None:
+    """``set_route("cublas")``: torch's matmul (cuBLAS on a GPU), then the epilogue kernel over
+    the output in place (under the interpreter here), at odd M, K, N with leading dims."""
+    route.set_route("cublas")
+    inputs = _inputs(
+        (3, 13), 50, 41, dtype, bias=bias, residual=residual, device=DEVICE, gen=_gen("route", dtype, activation)
+    )
+    actual, expected = _run(*inputs, activation)
+    assert route.last_route() == "cublas"
+    rtol, atol, rel = ROUTE_TOLERANCES[dtype]
+    actual, expected = actual.float().cpu(), expected.float().cpu()
+    assert torch.isfinite(actual).all(), "an output element was not written (NaN poison left)"
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * expected.abs().max().item())
+    assert ((actual - expected).norm() / expected.norm()).item() < rel
+
+
+def test_cublas_route_epilogue_tiles_cover_wide_and_narrow_outputs(route) -> None:
+    """The epilogue's tile is up to 256 columns wide: N = 300 spans two column tiles with a
+    ragged edge, N = 3 one narrow tile; 70 rows span several row tiles at N = 300."""
+    route.set_route("cublas")
+    for M, N in ((70, 300), (9, 3)):
+        inputs = _inputs(M, 32, N, torch.float32, bias=True, residual=True, device=DEVICE, gen=_gen("tiles", M, N))
+        _assert_close(*_run(*inputs, "silu"), torch.float32)
+
+
+def test_route_never_overwrites_a_residual_that_is_the_output(route) -> None:
+    """``out=residual`` (an in-place residual add): the matmul would overwrite the residual
+    before the epilogue reads it, so the fused kernel runs whatever the route."""
+    route.set_route("cublas")
+    x, w, b, r = _inputs(37, 48, 40, torch.float32, bias=True, residual=True, device=DEVICE, gen=_gen("alias"))
+    expected = ref.linear(x, w, b, activation="relu", residual=r)
+    y = linear(x, w, b, activation="relu", residual=r, out=r)
+    assert route.last_route() == "triton" and y.data_ptr() == r.data_ptr()
+    _assert_close(y, expected, torch.float32)
+
+
+def test_set_route_rejects_unknown_routes(route) -> None:
+    with pytest.raises(ValueError, match="route must be None or one of"):
+        route.set_route("cudnn")
+
+
+def test_cublas_is_preferred_where_the_fused_kernel_lost() -> None:
+    """The rule's branches, and that it holds whatever the GPU only where the reason does."""
+    for cap in ((9, 0), (8, 0), (10, 0)):
+        assert configs.prefers_cublas(cap, 4096, 512, 256, None, False), "nothing to fuse"
+        assert configs.prefers_cublas(cap, 4096, 512, 200, "gelu", False), "K rows not 16-divisible"
+        assert not configs.prefers_cublas(cap, 4096, 512, 256, "gelu", False), "short K with an epilogue"
+        assert not configs.prefers_cublas(cap, 4096, 512, 128, None, True), "short K with a residual"
+    assert configs.prefers_cublas((9, 0), 4096, 1024, 1024, "gelu", False), "long K at M <= 8192"
+    assert not configs.prefers_cublas((8, 0), 4096, 1024, 1024, "gelu", False), "measured on sm_90 only"
+    assert not configs.prefers_cublas((9, 0), 16384, 4096, 1024, "gelu", False), "TMA at large M, N >= K"
+    assert configs.prefers_cublas((9, 0), 16384, 1024, 4096, "gelu", False), "large M but N < K"
+    assert configs.prefers_cublas((9, 0), 1024, configs.CUBLAS_MIN_N, 96, "relu", False), "wide N"
+    assert configs.prefers_cublas((9, 0), 16384, 1024, 256, "gelu", False), "GELU over 2^24 outputs"
+    assert not configs.prefers_cublas((9, 0), 16384, 1024, 256, "silu", False), "SiLU there: fused"
+    for cap in ((9, 0), (8, 0)):
+        assert configs.prefers_cublas(cap, 4096, 512, 128, "relu", False), "cuBLASLt's bias + ReLU"
+        assert not configs.prefers_cublas(cap, 4096, 512, 128, "relu", False, bias=False), "no bias to fuse with"
+        assert not configs.prefers_cublas(cap, 4096, 512, 128, "relu", True), "ReLU + residual: fused"
+    assert not configs.prefers_cublas((9, 0), 8192, 1024, 256, "gelu", False), "GELU below 2^24"
+
+
+def _route_estimate_us(row: dict) -> float:
+    """The cuBLAS route's time at a row of the fused-only H200 run, from what that run measured:
+    the plain matmul (no epilogue), cuBLASLt's bias + ReLU (ReLU), the peer itself (GELU / SiLU:
+    the same matmul and one pass), or for an activation + residual the matmul and the peer's two
+    passes (5 M·N element reads and writes) scaled to the route's one (3)."""
+    act, res = row["epilogue"].removesuffix("+residual"), row["epilogue"].endswith("+residual")
+    matmul, peer = row["addmm_us"]["median_us"], row["peer_us"]["median_us"]
+    if act == "none" and not res:
+        return matmul
+    if act == "relu" and not res:
+        return row["cublaslt_epilogue_us"]["median_us"]
+    if res and act != "none":
+        return matmul + (peer - matmul) * 3 / 5
+    return peer
+
+
+def test_route_rule_against_the_h200_rows_it_was_read_from() -> None:
+    """Every row of the H200 run of the fused kernel alone
+    (``benchmarks/results/default_peers_h200_linear_fused_only.json``) where the fused kernel or
+    the cuBLAS route (estimated from the same run) is faster by more than 5 %: the rule picks it."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/default_peers_h200_linear_fused_only.json"
+    rows = [r for r in json.loads(path.read_text())["results"] if r["op"] == "linear"]
+    assert len(rows) >= 30
+    decided = 0
+    for r in rows:
+        act = r["epilogue"].removesuffix("+residual")
+        cublas = configs.prefers_cublas(
+            (9, 0),
+            configs.m_bucket(r["M"]),
+            r["N"],
+            r["K"],
+            None if act == "none" else act,
+            r["epilogue"].endswith("+residual"),
+        )
+        ratio = r["ours_us"]["median_us"] / _route_estimate_us(r)
+        if ratio > 1.05:
+            assert cublas, f"the fused kernel took {ratio:.2f}x the cuBLAS route but the rule keeps it: {r}"
+            decided += 1
+        elif ratio < 0.95:
+            assert not cublas, f"the fused kernel took {ratio:.2f}x the cuBLAS route but the rule drops it: {r}"
+            decided += 1
+    assert decided >= 25
+
+
 def _config_id(c: LinearConfig) -> str:
     return (
         f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"

@@ -221,8 +221,10 @@ def tma_forced():
     import kernels.linear.triton as lt
 
     lt.set_tma(True)
+    lt.set_route("triton")  # the TMA kernel is the fused route's: keep shapes off cuBLAS
     yield lt
     lt.set_tma(None)
+    lt.set_route(None)
 
 
 @requires_interpreter
@@ -561,3 +563,48 @@ def test_gpu_autotuned_tma(M: int, K: int, N: int, tma_forced) -> None:
 def test_gpu_fp32_fallback_and_no_epilogue() -> None:
     inputs = _inputs(513, 200, 300, torch.float32, bias=False, residual=False, device=CUDA, gen=_gen("fp32"))
     _assert_close(*_run(*inputs, None), torch.float32)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("residual", [False, True], ids=["no-res", "res"])
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d.values[0] != torch.float32])
+def test_gpu_cublas_route(route, dtype, activation, residual) -> None:
+    """cuBLAS (cuBLASLt's bias + ReLU epilogue for ReLU) and the epilogue kernel, odd shapes."""
+    route.set_route("cublas")
+    inputs = _inputs(
+        (3, 333), 200, 808, dtype, bias=True, residual=residual, device=CUDA, gen=_gen("gpu-route", dtype, activation)
+    )
+    actual, expected = _run(*inputs, activation)
+    assert route.last_route() == "cublas"
+    rtol, atol, rel = ROUTE_TOLERANCES[dtype]
+    actual, expected = actual.float().cpu(), expected.float().cpu()
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * expected.abs().max().item())
+    assert ((actual - expected).norm() / expected.norm()).item() < rel
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize(
+    "M,K,N,activation,residual",
+    [
+        (3000, 200, 800, "gelu", False),  # K rows not 16-divisible: cuBLAS
+        (3000, 256, 1024, "gelu", False),  # short K + GELU: fused
+        (777, 4096, 1024, "silu", True),  # long K at small M: cuBLAS
+        (2053, 384, 384, None, False),  # nothing to fuse: cuBLAS
+        (1000, 128, 512, "relu", False),  # bias + ReLU: cuBLASLt's epilogue
+        (1000, 128, 512, None, True),  # short K + residual: fused
+    ],
+)
+def test_gpu_default_route_follows_the_rule(route, M, K, N, activation, residual) -> None:
+    inputs = _inputs(M, K, N, torch.bfloat16, bias=True, residual=residual, device=CUDA, gen=_gen("rule", M, K, N))
+    actual, expected = _run(*inputs, activation)
+    cap = torch.cuda.get_device_capability()
+    want = configs.prefers_cublas(cap, configs.m_bucket(M), N, K, activation, residual)
+    assert route.last_route() == ("cublas" if want else "triton")
+    tol = ROUTE_TOLERANCES if want else TOLERANCES
+    rtol, atol, rel = tol[torch.bfloat16]
+    actual, expected = actual.float().cpu(), expected.float().cpu()
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * expected.abs().max().item())
+    assert ((actual - expected).norm() / expected.norm()).item() < rel

@@ -184,7 +184,7 @@ def attention_rows(quick: bool) -> list[dict]:
     return rows
 
 
-def linear_rows(quick: bool) -> list[dict]:
+def linear_rows(quick: bool, floors: bool = True) -> list[dict]:
     from kernels.linear import last_route, last_tuned_config, linear
 
     acts = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu, "none": None}
@@ -217,8 +217,8 @@ def linear_rows(quick: bool) -> list[dict]:
         # Floors beside the peer: cuBLAS's matmul with its bias epilogue alone (what any route that
         # keeps cuBLAS's main loop pays before its activation), and cuBLASLt's fused bias+GELU/ReLU
         # epilogue (torch._addmm_activation; its GELU is the tanh form, so not the same function).
-        floors = {"addmm_us": _time([partial(F.linear, s["x"], s["w"], s["b"]) for s in sets])}
-        if act in ("gelu", "relu") and hasattr(torch, "_addmm_activation"):
+        floors = {"addmm_us": _time([partial(F.linear, s["x"], s["w"], s["b"]) for s in sets])} if floors else {}
+        if floors and act in ("gelu", "relu") and hasattr(torch, "_addmm_activation"):
             lt = [partial(torch._addmm_activation, s["b"], s["x"], s["w"].t(), use_gelu=act == "gelu") for s in sets]
             floors["cublaslt_epilogue_us"] = _time(lt)
             floors["cublaslt_epilogue_kernels"] = _kernels(lt[0])
@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the shapes the issue quotes only")
     parser.add_argument("--only", choices=("attention", "linear", "linear_attention"))
     parser.add_argument("--list", action="store_true", help="print the grids and exit")
+    parser.add_argument("--no-floors", action="store_true", help="linear: skip the cuBLAS-alone and cuBLASLt floors")
     args = parser.parse_args(argv)
     grids = {
         "attention": attention_grid(args.quick),
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         if op == "attention":
             rows += attention_rows(args.quick)
         elif op == "linear":
-            rows += linear_rows(args.quick)
+            rows += linear_rows(args.quick, floors=not args.no_floors)
         else:
             got, notes["linear_attention"] = linear_attention_rows(args.quick)
             rows += got

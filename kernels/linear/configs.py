@@ -191,7 +191,11 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
     return capability == (9, 0) and k > SHORT_K_MAX and m_bucket_ > SMALL_M_MAX
 
 
-# Where cuBLAS's matmul (torch.addmm, bias in its epilogue) followed by this package's in-place
+# Never where a row of x or y is not 16-byte aligned (K or N not a multiple of 8 bf16/fp16
+# elements): cuBLAS then runs kernels without its fast paths (H200, calibration kernel grid,
+# no epilogue: 16384×512→5003 took 995 µs, 8192×512→3001 313 µs, 256×512→5003 34 µs; the fused
+# kernel's masked stores do not care). Otherwise, where cuBLAS's matmul (torch.addmm, bias in
+# its epilogue) followed by this package's in-place
 # epilogue kernel (activation, residual) beats the one fused Triton kernel. Measured on an H200
 # (torch 2.11, triton 3.6; benchmarks/results/default_peers_h200_linear.json, each against cuBLAS
 # F.linear + the separate torch ops, CUDA-graph replays):
@@ -231,6 +235,8 @@ def prefers_cublas(
     Off sm_90 only the rules that hold whatever the GPU do: nothing to fuse, cuBLASLt's own
     bias + ReLU epilogue, and K rows that Triton cannot load as vectors; the rest was measured
     on sm_90 only."""
+    if n % 8 or k % 8:  # rows of 16-bit elements not 16-byte aligned: cuBLAS's slow kernels
+        return False
     if activation is None and not residual:
         return True
     if activation == "relu" and bias and not residual:

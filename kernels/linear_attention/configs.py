@@ -131,8 +131,11 @@ INTERPRETER = (ChunkConfig(16, 16, 4, 1, split=2),)
 # The decode step is memory-bound (8·D² state bytes per head) and, at small batch, latency-bound:
 # B·H programs alone leave most SMs idle (B1 H8: 8 of 132), so the state's columns are split
 # over programs until the grid has STEP_PROGRAMS_PER_SM programs per SM, the widest block first
-# (fewer, larger transfers once the GPU is full).
-STEP_BLOCK_V = (64, 32, 16)
+# (fewer, larger transfers once the GPU is full). Down to 8 columns: on an H200 (triton 3.6,
+# decode_close_calls_h200_step.json) 8 columns × 8 warps beat 16 × 4 at every D = 128 shape short
+# of 2 programs per SM (B1 H4-H32, B4 H8: 3.29-4.85 µs against 4.32-5.28; B1 H8 3.49 against
+# 4.47) and 8 × 4 at D = 64 (B1 H8: 3.00 against 3.46; 4 columns × 2 warps, 2.79, is not taken).
+STEP_BLOCK_V = (64, 32, 16, 8)
 STEP_PROGRAMS_PER_SM = 2
 STEP = StepConfig(block_v=64, num_warps=4)  # a full grid at D = 64: whole 64-column tiles (8 warps at D = 128)
 # TRITON_INTERPRET: 16 columns, so D = 32 has two programs per head (the shared-z path)
@@ -159,10 +162,16 @@ def step_config(device: torch.device, heads: int, head_dim: int, sms: int) -> St
         return StepConfig(min(INTERPRETER_STEP.block_v, head_dim), INTERPRETER_STEP.num_warps)
     widths = [b for b in STEP_BLOCK_V if b <= head_dim] or [head_dim]
     block_v = next((b for b in widths if heads * (head_dim // b) >= STEP_PROGRAMS_PER_SM * sms), widths[-1])
-    return StepConfig(block_v, 8 if head_dim * block_v >= 8192 else 4)
+    return StepConfig(block_v, _step_warps(head_dim, block_v))
+
+
+def _step_warps(head_dim: int, block_v: int) -> int:
+    """8 warps for a 128 × 64 state tile or larger, and for 8-column tiles of D ≥ 128 (measured: the
+    narrow tile's loads want the extra warps in flight); 4 otherwise."""
+    return 8 if head_dim * block_v >= 8192 or (block_v <= 8 and head_dim >= 128) else 4
 
 
 def step_configs(head_dim: int) -> tuple[StepConfig, ...]:
     """Every launch ``step_config`` may choose on a GPU at ``head_dim`` (the GPU tests run each)."""
     widths = [b for b in STEP_BLOCK_V if b <= head_dim] or [head_dim]
-    return tuple(StepConfig(b, 8 if head_dim * b >= 8192 else 4) for b in widths)
+    return tuple(StepConfig(b, _step_warps(head_dim, b)) for b in widths)

@@ -95,6 +95,7 @@ DECODE_ONLY: dict[str, frozenset[str]] = {
             "STEP_BLOCK_V",
             "STEP_PROGRAMS_PER_SM",
             "step_configs",
+            "_step_warps",
         }
     ),
     "kernels/attention/configs.py": frozenset(

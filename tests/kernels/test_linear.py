@@ -304,6 +304,8 @@ def test_set_route_rejects_unknown_routes(route) -> None:
 def test_cublas_is_preferred_where_the_fused_kernel_lost() -> None:
     """The rule's branches, and that it holds whatever the GPU only where the reason does."""
     for cap in ((9, 0), (8, 0), (10, 0)):
+        for n, k in ((5003, 512), (1001, 384), (512, 203)):  # rows not 16-byte aligned: never cuBLAS
+            assert not configs.prefers_cublas(cap, 16384, n, k, None, False), (n, k)
         assert configs.prefers_cublas(cap, 4096, 512, 256, None, False), "nothing to fuse"
         assert configs.prefers_cublas(cap, 4096, 512, 200, "gelu", False), "K rows not 16-divisible"
         assert not configs.prefers_cublas(cap, 4096, 512, 256, "gelu", False), "short K with an epilogue"

@@ -329,11 +329,13 @@ def test_steps_in_narrow_column_blocks_equal_the_forward(block_v: int, feature_m
 
 def test_step_config_fills_the_gpu_and_divides_the_head_dim() -> None:
     """The widest block that still gives 2 programs per SM, else the narrowest: B1 H8 D128 splits
-    each head 8 ways (64 programs), B256 H16 D64 keeps whole 64-column tiles."""
+    each head 16 ways (128 programs of 8 columns, 8 warps: the H200's fastest there), B256 H16
+    D64 keeps whole 64-column tiles."""
     cuda = torch.device("cuda")
-    assert configs.step_config(cuda, 8, 128, 132).block_v == 16
+    assert configs.step_config(cuda, 8, 128, 132) == configs.StepConfig(8, 8)
+    assert configs.step_config(cuda, 8, 64, 132) == configs.StepConfig(8, 4)
     assert configs.step_config(cuda, 256 * 16, 64, 132) == configs.StepConfig(64, 4)
-    assert configs.step_config(cuda, 64, 64, 132).block_v == 16  # 64·64/16 = 256 < 264: narrowest
+    assert configs.step_config(cuda, 64, 64, 132).block_v == 8  # 64·64/16 = 256 < 264 programs: 8 columns
     assert configs.step_config(cuda, 66, 64, 132).block_v == 16
     assert configs.step_config(cuda, 132, 64, 132).block_v == 32  # 132·2 = 264 programs
     for heads in (1, 7, 64, 1000, 4096):

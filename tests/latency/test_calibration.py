@@ -26,7 +26,15 @@ from nas.latency.calibrate import (
 from nas.spec import ArchSpec
 
 SMS = 132
-IDENTIFIABLE = ("linear.cublas", "linear.tma", "linear.short_k", "attention.D64", "linear_attention.D32", "conv", "copy")
+IDENTIFIABLE = (
+    "linear.cublas",
+    "linear.tma",
+    "linear.short_k",
+    "attention.D64",
+    "linear_attention.D32",
+    "conv",
+    "copy",
+)
 
 
 def _synthetic(

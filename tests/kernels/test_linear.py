@@ -256,6 +256,25 @@ def route():
 ROUTE_TOLERANCES = {d: tuple(2 * v for v in t) for d, t in TOLERANCES.items()}
 
 
+def _assert_route_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, cublas: bool = True) -> None:
+    """``_assert_close`` with the cuBLAS route's bound (one more rounding) when ``cublas``."""
+    rtol, atol, rel = (ROUTE_TOLERANCES if cublas else TOLERANCES)[dtype]
+    actual, expected = actual.float().cpu(), expected.float().cpu()
+    assert torch.isfinite(actual).all(), "an output element was not written (NaN poison left)"
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * expected.abs().max().item())
+    assert ((actual - expected).norm() / expected.norm()).item() < rel
+
+
+def _check_cublas_route(route, lead, K, N, dtype, activation, *, bias, residual, device) -> None:
+    """``set_route("cublas")`` at ``[*lead, K] → [*lead, N]``, against the fp32 reference."""
+    route.set_route("cublas")
+    gen = _gen("route", lead, dtype, activation, bias, residual)
+    inputs = _inputs(lead, K, N, dtype, bias=bias, residual=residual, device=device, gen=gen)
+    actual, expected = _run(*inputs, activation)
+    assert route.last_route() == "cublas"
+    _assert_route_close(actual, expected, dtype)
+
+
 @pytest.mark.parametrize("residual", [False, True], ids=["no-res", "res"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("activation", ACTS)
@@ -263,17 +282,7 @@ ROUTE_TOLERANCES = {d: tuple(2 * v for v in t) for d, t in TOLERANCES.items()}
 def test_cublas_route_every_epilogue(route, dtype, activation, bias, residual) -> None:
     """``set_route("cublas")``: torch's matmul (cuBLAS on a GPU), then the epilogue kernel over
     the output in place (under the interpreter here), at odd M, K, N with leading dims."""
-    route.set_route("cublas")
-    inputs = _inputs(
-        (3, 13), 50, 41, dtype, bias=bias, residual=residual, device=DEVICE, gen=_gen("route", dtype, activation)
-    )
-    actual, expected = _run(*inputs, activation)
-    assert route.last_route() == "cublas"
-    rtol, atol, rel = ROUTE_TOLERANCES[dtype]
-    actual, expected = actual.float().cpu(), expected.float().cpu()
-    assert torch.isfinite(actual).all(), "an output element was not written (NaN poison left)"
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * expected.abs().max().item())
-    assert ((actual - expected).norm() / expected.norm()).item() < rel
+    _check_cublas_route(route, (3, 13), 50, 41, dtype, activation, bias=bias, residual=residual, device=DEVICE)
 
 
 def test_cublas_route_epilogue_tiles_cover_wide_and_narrow_outputs(route) -> None:
@@ -574,16 +583,7 @@ def test_gpu_fp32_fallback_and_no_epilogue() -> None:
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d.values[0] != torch.float32])
 def test_gpu_cublas_route(route, dtype, activation, residual) -> None:
     """cuBLAS (cuBLASLt's bias + ReLU epilogue for ReLU) and the epilogue kernel, odd shapes."""
-    route.set_route("cublas")
-    inputs = _inputs(
-        (3, 333), 200, 808, dtype, bias=True, residual=residual, device=CUDA, gen=_gen("gpu-route", dtype, activation)
-    )
-    actual, expected = _run(*inputs, activation)
-    assert route.last_route() == "cublas"
-    rtol, atol, rel = ROUTE_TOLERANCES[dtype]
-    actual, expected = actual.float().cpu(), expected.float().cpu()
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * expected.abs().max().item())
-    assert ((actual - expected).norm() / expected.norm()).item() < rel
+    _check_cublas_route(route, (3, 333), 200, 808, dtype, activation, bias=True, residual=residual, device=CUDA)
 
 
 @pytest.mark.gpu
@@ -605,8 +605,4 @@ def test_gpu_default_route_follows_the_rule(route, M, K, N, activation, residual
     cap = torch.cuda.get_device_capability()
     want = configs.prefers_cublas(cap, configs.m_bucket(M), N, K, activation, residual)
     assert route.last_route() == ("cublas" if want else "triton")
-    tol = ROUTE_TOLERANCES if want else TOLERANCES
-    rtol, atol, rel = tol[torch.bfloat16]
-    actual, expected = actual.float().cpu(), expected.float().cpu()
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * expected.abs().max().item())
-    assert ((actual - expected).norm() / expected.norm()).item() < rel
+    _assert_route_close(actual, expected, torch.bfloat16, cublas=want)

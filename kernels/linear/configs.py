@@ -195,10 +195,11 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
 # elements): cuBLAS then runs kernels without its fast paths (H200, calibration kernel grid,
 # no epilogue: 16384×512→5003 took 995 µs, 8192×512→3001 313 µs, 256×512→5003 34 µs; the fused
 # kernel's masked stores do not care). Otherwise, where cuBLAS's matmul (torch.addmm, bias in
-# its epilogue) followed by this package's in-place
-# epilogue kernel (activation, residual) beats the one fused Triton kernel. Measured on an H200
-# (torch 2.11, triton 3.6; benchmarks/results/default_peers_h200_linear.json, each against cuBLAS
-# F.linear + the separate torch ops, CUDA-graph replays):
+# its epilogue) followed by this package's in-place epilogue kernel (activation, residual) beats
+# the one fused Triton kernel. Measured on an H200 (torch 2.11, triton 3.6; the fused kernel
+# alone in benchmarks/results/default_peers_h200_linear_fused_only.json, each row against cuBLAS
+# F.linear + the separate torch ops, CUDA-graph replays; the route's own rows in
+# default_peers_h200_linear.json):
 # - no activation and no residual: the fused kernel has nothing to fuse, and its main loop ran
 #   0.36-0.70× cuBLAS's (3000×200→800: 21.1 vs 7.6 µs; 16384×256→1024: 31.6 vs 22.0);
 # - K not a multiple of 16 elements: Triton specialises integer arguments divisible by 16, so

@@ -19,7 +19,7 @@ calls it from its settings), and an explicit config names its kernel.
 
 Where the fused kernel loses to cuBLAS's main loop (nothing to fuse; K rows Triton cannot load
 as vectors; long K and very wide outputs on sm_90, measured on an H200), ``linear`` runs
-``torch.addmm`` (bias in cuBLAS's epilogue) and then ``_epilogue_kernel`` (activation, residual)
+``torch.addmm`` (bias in cuBLAS's epilogue) and then an epilogue pass (activation, residual)
 over the output in place: ``configs.prefers_cublas`` is the rule, fixed per shape so a captured
 graph always launches the same kernels and the latency model can follow it; ``set_route``
 forces one route for the process. 16-bit operands only: fp32 keeps the fused kernel's exact dot.
@@ -260,7 +260,27 @@ def _epilogue_kernel(
     tl.store(ptrs, v.to(y.dtype.element_ty), mask=mask)
 
 
-_EPILOGUE_ELEMENTS = 4096  # per program: [BLOCK_M, BLOCK_N] with BLOCK_N up to 256 columns
+@triton.jit
+def _epilogue_flat_kernel(
+    y,
+    r,  # y and r contiguous [M, N], walked as one run of M·N elements
+    numel,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # The same pass where rows are contiguous: no row stride to prove aligned, so the loads are
+    # vectors whatever N is (a 2-D tile over N = 200 or 800 rows loads element by element).
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    v = _activate(tl.load(y + offs, mask=mask, other=0.0).to(tl.float32), ACTIVATION)
+    if HAS_RESIDUAL:
+        v += tl.load(r + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y + offs, v.to(y.dtype.element_ty), mask=mask)
+
+
+_EPILOGUE_ELEMENTS = 4096  # per program of the 2-D pass: [BLOCK_M, BLOCK_N], BLOCK_N up to 256 columns
+_EPILOGUE_FLAT_BLOCK = 1024  # per program of the flat pass: 8 elements a thread at 4 warps
 
 
 def _cublas_route(
@@ -268,8 +288,9 @@ def _cublas_route(
 ) -> None:
     """``y2 = act(x2 Wᵀ + bias) + r2`` as cuBLAS's matmul (bias in its epilogue, as ``F.linear``
     does; ReLU too where there is a bias: cuBLASLt's bias + ReLU epilogue) and, for what is left
-    (GELU, SiLU, a residual), ``_epilogue_kernel`` over y2 in place. Rounds once more than the
-    fused kernel (before the epilogue pass), as ``F.linear`` + ``F.gelu`` does."""
+    (GELU, SiLU, a residual), an epilogue pass over y2 in place: flat over M·N elements where
+    y2 and r2 are contiguous, else 2-D tiles that follow r2's row stride. Rounds once more than
+    the fused kernel (before the epilogue pass), as ``F.linear`` + ``F.gelu`` does."""
     if activation == "relu" and bias is not None:  # cuBLASLt's bias + ReLU epilogue
         torch._addmm_activation(bias, x2, weight.t(), use_gelu=False, out=y2)
         activation = None
@@ -280,6 +301,17 @@ def _cublas_route(
     if activation is None and r2 is None:
         return
     M, N = y2.shape
+    if y2.is_contiguous() and (r2 is None or r2.is_contiguous()):
+        _epilogue_flat_kernel[(triton.cdiv(M * N, _EPILOGUE_FLAT_BLOCK),)](
+            y2,
+            y2 if r2 is None else r2,
+            M * N,
+            ACTIVATION=activation or "none",
+            HAS_RESIDUAL=r2 is not None,
+            BLOCK=_EPILOGUE_FLAT_BLOCK,
+            num_warps=4,
+        )
+        return
     block_n = min(256, triton.next_power_of_2(N))
     block_m = _EPILOGUE_ELEMENTS // block_n
     _epilogue_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](

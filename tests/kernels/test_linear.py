@@ -294,6 +294,46 @@ def test_cublas_route_epilogue_tiles_cover_wide_and_narrow_outputs(route) -> Non
         _assert_close(*_run(*inputs, "silu"), torch.float32)
 
 
+def _spy_epilogues(monkeypatch) -> dict[str, list]:
+    """Record each launch of the two epilogue passes (name → grids) and still run them."""
+    import kernels.linear.triton as lt
+
+    launches: dict[str, list] = {"_epilogue_flat_kernel": [], "_epilogue_kernel": []}
+    for name, grids in launches.items():
+        real = getattr(lt, name)
+
+        class Spy:
+            def __getitem__(self, grid, real=real, grids=grids):
+                grids.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(lt, name, Spy())
+    return launches
+
+
+def test_cublas_route_epilogue_is_flat_over_contiguous_rows_and_2d_over_strided_residuals(route, monkeypatch) -> None:
+    """Contiguous output and residual: one flat pass over M·N elements, whatever N (ragged last
+    block at 37 × 41 = 1517 elements: 2 programs of 1024). A residual with a row stride wider
+    than N (a column slice) keeps the 2-D pass that follows its stride."""
+    import kernels.linear.triton as lt
+
+    route.set_route("cublas")
+    launches = _spy_epilogues(monkeypatch)
+    for residual in (False, True):
+        inputs = _inputs(
+            37, 24, 41, torch.float32, bias=True, residual=residual, device=DEVICE, gen=_gen("flat", residual)
+        )
+        _assert_close(*_run(*inputs, "gelu"), torch.float32)
+    assert launches["_epilogue_flat_kernel"] == [(2,), (2,)] and not launches["_epilogue_kernel"]
+    assert lt._EPILOGUE_FLAT_BLOCK == 1024
+    x, w, b, _ = _inputs(37, 24, 41, torch.float32, bias=True, residual=False, device=DEVICE, gen=_gen("strided"))
+    wide = torch.randn(37, 50, generator=_gen("strided-r")).to(DEVICE)
+    r = wide[:, 3:44]  # row stride 50, unit column stride: a view as_rows keeps
+    assert not r.is_contiguous()
+    _assert_close(*_run(x, w, b, r, "silu"), torch.float32)
+    assert len(launches["_epilogue_kernel"]) == 1 and len(launches["_epilogue_flat_kernel"]) == 2
+
+
 def test_route_never_overwrites_a_residual_that_is_the_output(route) -> None:
     """``out=residual`` (an in-place residual add): the matmul would overwrite the residual
     before the epilogue reads it, so the fused kernel runs whatever the route."""

@@ -6,12 +6,14 @@ The search ranks mixers by the speed of our kernels, so each is timed beside wha
 deploy without trying, in the same process, as CUDA-graph replays over inputs rotated past L2
 (``benchmarks/_timing.py``: median and IQR per call):
 
-- ``attention``: causal ``kernels.attention.flash_attention_qkv`` vs
-  ``F.scaled_dot_product_attention(is_causal=True)`` with its **default** backend (on an H200 with
-  torch 2.11: cuDNN's wgmma flash kernel), both on strided views of one fused projection
-  ``[B, L, 3·H·D]``; the forced FLASH_ATTENTION backend (FA2) is timed beside it, not instead.
-  The profiler's kernel names for each peer are recorded per row. Target: ≥ 1.0× at L ≥ 1024,
-  ≥ 0.9× below.
+- ``attention``: causal ``kernels.attention.flash_attention_qkv`` (by its route: the Triton
+  kernel or SDPA, recorded per row) vs ``F.scaled_dot_product_attention(is_causal=True)`` with its
+  **default** backend (on an H200 with torch 2.11: cuDNN's wgmma flash kernel), both on strided
+  views of one fused projection ``[B, L, 3·H·D]``; the forced FLASH_ATTENTION backend (FA2) is
+  timed beside it, not instead. The profiler's kernel names for each peer are recorded per row.
+  Target: ≥ 1.0× at L ≥ 1024, ≥ 0.9× below. ``--rope`` adds, per row, the model's case (RoPE):
+  the route, the Triton kernel forced (rotation fused), and the model's ``apply_rope`` + default
+  SDPA as the peer (FA2 is then not timed).
 - ``linear``: ``kernels.linear.linear`` with its epilogue (bias + gelu / silu / relu, optional
   residual; the route it took per shape, fused Triton kernel or cuBLAS + epilogue pass, is
   recorded) vs cuBLAS ``F.linear`` + the separate torch ops. Target ≥ 1.0×. Beside them: cuBLAS's
@@ -139,7 +141,39 @@ def _views(qkv: torch.Tensor, H: int) -> tuple[torch.Tensor, ...]:
     return tuple(qkv.view(B, L, 3, H, -1).permute(2, 0, 3, 1, 4))  # [B, H, L, D] strided views
 
 
-def attention_rows(quick: bool) -> list[dict]:
+def _rope_columns(fa, copies: list[torch.Tensor], views: list, H: int, L: int, D: int) -> dict:
+    """With RoPE (the model's attention): ``flash_attention_qkv`` by its route, the Triton kernel
+    forced (rotation fused), and the peer a user gets: the model's ``apply_rope`` on q and k then
+    default SDPA. Each checked against that peer."""
+    from nas.models.mixers import apply_rope, rope_tables
+
+    cos, sin = rope_tables(L, D, device=copies[0].device, dtype=torch.float32)
+
+    def peer(q, k, v):
+        return F.scaled_dot_product_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, is_causal=True)
+
+    def ours(qkv):
+        return fa.flash_attention_qkv(qkv, H, causal=True, rope=(cos, sin))
+
+    expected = peer(*views[0]).transpose(1, 2)
+    cols = {"rope_route": None}
+    err = _rel_err(ours(copies[0]), expected)
+    cols["rope_route"] = fa.last_route()
+    cols["rope_ours_us"] = _time([partial(ours, c) for c in copies])
+    cols["rope_peer"] = "apply_rope+sdpa-default"
+    cols["rope_peer_us"] = _time([partial(peer, *v) for v in views])
+    cols["rope_speedup"] = cols["rope_peer_us"]["median_us"] / cols["rope_ours_us"]["median_us"]
+    cols["rope_rel_err"] = err
+    fa.set_route("triton")
+    try:
+        cols["rope_triton_rel_err"] = _rel_err(ours(copies[0]), expected)
+        cols["rope_triton_us"] = _time([partial(ours, c) for c in copies])
+    finally:
+        fa.set_route(None)
+    return cols
+
+
+def attention_rows(quick: bool, rope: bool = False) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from kernels.attention import triton as fa
@@ -158,13 +192,16 @@ def attention_rows(quick: bool) -> list[dict]:
         case = {"B": B, "H": H, "L": L, "D": D}
         expected = sdpa(*views[0]).transpose(1, 2)
         err = _rel_err(fa.flash_attention_qkv(copies[0], H, causal=True), expected)
+        route = fa.last_route()
         ours = _time([partial(fa.flash_attention_qkv, c, H, causal=True) for c in copies])
         peer = _time([partial(sdpa, *v) for v in views])
-        forced = {}
-        try:
-            forced = _time([partial(sdpa_flash, *v) for v in views])
-        except Exception as exc:  # noqa: BLE001 - FA2 refuses some shapes (head dims, dtypes)
-            forced = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        forced = {"skipped": "--rope (see default_peers_h200_attention_triton_only.json)"}
+        if not rope:
+            try:
+                forced = _time([partial(sdpa_flash, *v) for v in views])
+            except Exception as exc:  # noqa: BLE001 - FA2 refuses some shapes (head dims, dtypes)
+                forced = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        extra = _rope_columns(fa, copies, views, H, L, D) if rope else {}
         rows.append(
             _row(
                 "attention",
@@ -176,7 +213,9 @@ def attention_rows(quick: bool) -> list[dict]:
                 err,
                 peer_kernels=_kernels(partial(sdpa, *views[0])),
                 forced_flash_us=forced,
-                config=str(fa.last_tuned_config(copies[0].device, D)),
+                route=route,
+                config=str(fa.last_tuned_config(copies[0].device, D)) if route == "triton" else None,
+                **extra,
             )
         )
         del copies, views
@@ -317,6 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=("attention", "linear", "linear_attention"))
     parser.add_argument("--list", action="store_true", help="print the grids and exit")
     parser.add_argument("--no-floors", action="store_true", help="linear: skip the cuBLAS-alone and cuBLASLt floors")
+    parser.add_argument(
+        "--rope", action="store_true", help="attention: also time RoPE (route, fused Triton, apply_rope + SDPA)"
+    )
     args = parser.parse_args(argv)
     grids = {
         "attention": attention_grid(args.quick),
@@ -336,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) / f"default_peers_{name}{only}{'_quick' if args.quick else ''}.json"
     for op in ops:  # the file is rewritten after each op, so a run cut short keeps what it timed
         if op == "attention":
-            rows += attention_rows(args.quick)
+            rows += attention_rows(args.quick, rope=args.rope)
         elif op == "linear":
             rows += linear_rows(args.quick, floors=not args.no_floors)
         else:

@@ -29,6 +29,9 @@ __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "attention_configs",
     "padded_head_dim",
+    "prefers_sdpa",
+    "ROPE_BLOCK_ELEMENTS",
+    "ROPE_INTERPRETER_ROWS",
 ]
 
 
@@ -73,6 +76,11 @@ DEFAULT: dict[int, tuple[AttentionConfig, ...]] = {
 # TRITON_INTERPRET on CPU (tests): small tiles so odd test lengths span several query blocks,
 # off-diagonal and diagonal key blocks, and a masked tail.
 INTERPRETER = AttentionConfig(block_m=32, block_n=16, num_warps=4, num_stages=1)
+# The rotary pass of the SDPA route: a program rotates this many elements of one head's q or k
+# ([rows, D/2] pairs, 8 per thread at 4 warps); under the interpreter, 16-row blocks so odd test
+# lengths end in a ragged block.
+ROPE_BLOCK_ELEMENTS = 2048
+ROPE_INTERPRETER_ROWS = 16
 
 _BY_CAPABILITY = {(9, 0): HOPPER}
 
@@ -82,6 +90,32 @@ def attention_configs(device: torch.device, head_dim: int) -> tuple[AttentionCon
     if not is_cuda(device):
         return (INTERPRETER,)
     return _BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DEFAULT)[head_dim]
+
+
+# Route (``kernels/attention/triton.py``): torch's ``F.scaled_dot_product_attention`` with its
+# default backend instead of the Triton kernel, where it measured faster. On an H200 (torch 2.11,
+# triton 3.6, causal bf16, benchmarks/results/default_peers_h200_attention.json, 72 shapes with
+# L 333-8192, B·H 4-512, D 32-128) the default backend is cuDNN's wgmma flash kernel and the
+# Triton kernel ran 0.37-0.92x its speed at 66 of them (median 0.75x; worst at many heads and
+# short rows, 32x16x333x64: 137.5 vs 50.5 µs). It won only where cuDNN's grid leaves SMs idle:
+# few heads over long rows (B·H = 4 at L = 8192: 1.20-1.41x; B·H = 15 at L = 2048, D 32 / 128:
+# 1.07-1.13x, but 0.92x at D 64, so that one stays with SDPA). With RoPE the SDPA route adds a
+# rotary pass over q and k (half the bytes of qkv, read and written), while the fused kernel
+# rotates in-kernel at +47-72 % of its time (kernels_attention.json): SDPA there too.
+SDPA_TRITON_MAX_HEADS = 4  # B·H at most this many ...
+SDPA_TRITON_MIN_LENGTH = 8192  # ... over at least this many rows: the Triton kernel without RoPE
+
+
+def prefers_sdpa(capability: tuple[int, int], batch_heads: int, length: int, rope: bool) -> bool:
+    """Whether the 16-bit causal forward at ``B·H = batch_heads`` rows of ``length`` goes to torch's
+    SDPA (default backend; with ``rope``, after the rotary pass) rather than the Triton kernel: a
+    fixed rule per shape, measured on sm_90 (above), so a captured graph always launches the same
+    kernels. Other GPUs keep the Triton kernel until measured."""
+    if capability != (9, 0):
+        return False
+    if rope:
+        return True
+    return not (batch_heads <= SDPA_TRITON_MAX_HEADS and length >= SDPA_TRITON_MIN_LENGTH)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,15 @@ of depth D follows whatever D is. K is rotated per (query block, key block): the
 needing no separate rotation launch. Measured on an H200 (causal bf16, L = 1024-4096): +47-72%
 over the same kernel without RoPE, yet 1.6-2.3× faster than torch's ``apply_rope`` + SDPA.
 
+Route. Where torch's ``F.scaled_dot_product_attention`` (its default backend: cuDNN's flash
+kernel on an H200) measured faster, ``flash_attention`` calls it instead, after ``_rope_kernel``
+rotates q and k into a ``[2, B, T, H, D]`` buffer when there is RoPE (v stays a view):
+``configs.prefers_sdpa`` is the rule, fixed per shape so a captured graph always launches the
+same kernels and the latency model can follow it; ``set_route`` forces one route for the process.
+16-bit inputs only by default (fp32 keeps the Triton kernel); an explicit config is the Triton
+kernel's. The SDPA output is ``[B, H, T, D]`` over memory laid out like q (``[B, T, H, D]`` for
+the qkv views), so the ``[B, T, H·D]`` result is a view there, a copy otherwise.
+
 Cost, causal, per (batch, head): 2·T²·D matmul FLOPs (half of the non-causal 4·T²·D); bytes
 read: q once, k and v ⌈T/BLOCK_M⌉/2 times on average (from L2 mostly), o written once:
 2·T·D·(1 + 1 + 1) bytes at the minimum in bf16.
@@ -37,15 +46,21 @@ from __future__ import annotations
 from functools import cache
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels._common import check_heads, output_buffer, tma_ready, use_torch_allocator
+from kernels._common import INTERPRETED, check_heads, output_buffer, tma_ready, use_torch_allocator
+from kernels.attention import configs as _configs
 from kernels.attention.configs import AttentionConfig, attention_configs
 
-__all__ = ["flash_attention", "flash_attention_qkv", "flops", "last_tuned_config"]
+__all__ = ["flash_attention", "flash_attention_qkv", "flops", "last_route", "last_tuned_config", "set_route"]
+
+ROUTES = ("triton", "sdpa")
+_ROUTE: str | None = None  # set_route's choice; None: configs.prefers_sdpa
+_last_route: list[str] = []  # the route of the latest call without an explicit config
 
 _LOG2E = 1.4426950408889634
 # Mask modes of one key-block walk.
@@ -211,6 +226,118 @@ def _flash_fwd_kernel(
     o_desc.store([start_m * BLOCK_M, (h * HEAD_DIM).to(tl.int32)], (acc / l_i[:, None]).to(O.dtype.element_ty))
 
 
+@triton.jit
+def _rope_kernel(
+    q,
+    k,  # [B, H, T, D] each, any strides with unit stride along D
+    out,  # [2, B, T, H, D] contiguous: rotated q, then rotated k
+    cos,
+    sin,  # [>= T, D/2], row stride stride_c, unit column stride
+    H,
+    T,
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_c,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    # One program: BLOCK_T rows of one head of q (axis 2 = 0) or k (= 1), channel pairs
+    # (d, d + D/2) rotated in fp32 as ``reference.rope``, one rounding.
+    bh = tl.program_id(1)
+    which = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, HALF)
+    mask = (rows < T)[:, None]
+    if which == 0:
+        src = q + b.to(tl.int64) * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_qt + cols[None, :]
+    else:
+        src = k + b.to(tl.int64) * stride_kb + h * stride_kh + rows[:, None].to(tl.int64) * stride_kt + cols[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    table = rows[:, None] * stride_c + cols[None, :]
+    c = tl.load(cos + table, mask=mask, other=1.0).to(tl.float32)
+    s = tl.load(sin + table, mask=mask, other=0.0).to(tl.float32)
+    B = tl.num_programs(1) // H
+    dst = out + (((which * B + b).to(tl.int64) * T + rows[:, None]) * H + h) * (2 * HALF) + cols[None, :]
+    tl.store(dst, (x1 * c - x2 * s).to(out.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, (x2 * c + x1 * s).to(out.dtype.element_ty), mask=mask)
+
+
+def _rotate(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """q and k ``[B, H, T, D]`` rotated (``reference.rope``) into one new ``[2, B, T, H, D]``
+    buffer; returns its two halves as ``[B, H, T, D]`` views (the layout of the qkv views)."""
+    B, H, T, D = q.shape
+    half = D // 2
+    if cos.stride(1) != 1 or sin.stride(1) != 1 or cos.stride(0) != sin.stride(0):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    rot = torch.empty(2, B, T, H, D, dtype=q.dtype, device=q.device)
+    block_t = _configs.ROPE_INTERPRETER_ROWS if INTERPRETED else _configs.ROPE_BLOCK_ELEMENTS // half
+    _rope_kernel[(triton.cdiv(T, block_t), B * H, 2)](
+        q,
+        k,
+        rot,
+        cos,
+        sin,
+        H,
+        T,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        cos.stride(0),
+        HALF=half,
+        BLOCK_T=block_t,
+        num_warps=4,
+    )
+    return rot[0].permute(0, 2, 1, 3), rot[1].permute(0, 2, 1, 3)
+
+
+def _sdpa_route(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    rope: tuple[Tensor, Tensor] | None,
+    scale: float,
+    out: Tensor | None,
+) -> Tensor:
+    """``flash_attention`` as [the rotary pass and] torch's SDPA with its default backend."""
+    B, H, T, D = q.shape
+    if rope is not None:
+        q, k = _rotate(q, k, *rope)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).transpose(1, 2)  # [B, T, H, D]
+    if out is None:
+        return o.reshape(B, T, H * D)  # a view where SDPA wrote q's layout
+    out.view(B, T, H, D).copy_(o)
+    return out
+
+
+def set_route(route: str | None) -> None:
+    """For every later call of this process without an explicit config: "triton" runs the Triton
+    kernel, "sdpa" the rotary pass and torch's SDPA, None (the default) lets
+    ``configs.prefers_sdpa`` pick per shape. Under ``TRITON_INTERPRET=1`` and for fp32 the
+    default is the Triton kernel; tests force "sdpa" to check that route on the CPU (torch's
+    math backend there)."""
+    if route not in (None, *ROUTES):
+        raise ValueError(f"set_route: route must be None or one of {ROUTES}, got {route!r}")
+    global _ROUTE
+    _ROUTE = route
+
+
+def last_route() -> str | None:
+    """The route ("triton" or "sdpa") of the latest call without an explicit config."""
+    return _last_route[-1] if _last_route else None
+
+
 @cache
 def _tuned(device: torch.device, head_dim: int) -> triton.runtime.Autotuner:
     """The kernel autotuned over ``configs.attention_configs`` for this device and head dim
@@ -252,7 +379,8 @@ def flash_attention(
     out: Tensor | None = None,
     config: AttentionConfig | None = None,
 ) -> Tensor:
-    """Softmax attention ``softmax(q·kᵀ·scale [+ causal mask])·v``, one launch.
+    """Softmax attention ``softmax(q·kᵀ·scale [+ causal mask])·v``: one launch of the Triton kernel,
+    or the SDPA route where ``configs.prefers_sdpa`` says so (module docstring).
 
     q, k, v: ``[B, H, T, D]`` bf16/fp16 (fp32: tf32 on GPU), any strides (read in place when rows
     are 16-byte aligned with unit stride on D, as views of the qkv projection are; else copied);
@@ -261,13 +389,27 @@ def flash_attention(
     traffic), applied to q and k in-kernel as ``nas.models.mixers.apply_rope`` does (half-split pairs).
     scale: defaults to D^-1/2, as ``F.scaled_dot_product_attention``.
     out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write into.
-    config: run this launch config instead of the autotuned one (tests, benchmark sweeps).
+    config: run the Triton kernel with this launch config instead of the route and the autotuned
+    config (tests, benchmark sweeps).
     Returns ``[B, T, H·D]`` in q's dtype, contiguous.
     """
     check_heads("flash_attention", q, k, v, layout="BHTD")
     if rope is not None:
         _check_rope(rope, q)
     B, H, T, D = q.shape
+    if config is None:
+        if _ROUTE is not None:
+            route = _ROUTE
+        elif INTERPRETED or q.dtype == torch.float32:
+            route = "triton"
+        else:
+            capability = torch.cuda.get_device_capability(q.device)
+            route = "sdpa" if _configs.prefers_sdpa(capability, B * H, T, rope is not None) else "triton"
+        _last_route[:] = [route]
+        if route == "sdpa" and T > 0 and B * H > 0:
+            if out is not None:
+                output_buffer("flash_attention", out, (B, T, H * D), q)  # checks it
+            return _sdpa_route(q, k, v, causal=causal, rope=rope, scale=D**-0.5 if scale is None else scale, out=out)
     o = output_buffer("flash_attention", out, (B, T, H * D), q)
     if T == 0 or B * H == 0:
         return o

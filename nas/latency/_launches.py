@@ -22,6 +22,9 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
   (sm_90, K > 256, M > 64, 16-byte rows), small M (one row of tiles), short K, long K.
 - attention (flash, causal, per padded head dim D): ``P = B·H·⌈T/128⌉`` programs; ``[1, ⌈P/S⌉,
   ⌈P/S⌉·mean key blocks, key blocks of the last query block (the critical path), MB moved]``.
+  The class is the route the wrapper takes (``kernels.attention.configs.prefers_sdpa`` with RoPE):
+  ``attention.sdpa.D*`` for the rotary pass + SDPA (launch feature 3: rotary pass, cuDNN's memset
+  and its kernel; the pass's read and write of q and k in MB moved), else the Triton kernel's.
 - linear attention (chunked, per padded head dim D): ``P = B·H·(D/block_v)·split`` programs,
   each walking ``c`` chunks of 64 tokens: ``[1, ⌈P/S⌉, ⌈P/S⌉·c·identity, ⌈P/S⌉·c·elu+1,
   ⌈P/S⌉·c·relu, ⌈P/S⌉·prefix chunks, MB moved]``.
@@ -150,10 +153,17 @@ def _linear(
 
 
 def _attention(name: str, B: int, T: int, H: int, D: int, sms: int) -> Launch:
+    from kernels.attention.configs import prefers_sdpa
+
     q_blocks = _cdiv(T, _ATTN_BLOCK_M)
     w = _cdiv(B * H * q_blocks, sms)
     mean_blocks = (q_blocks + 1) / 2  # causal: query block i reads i + 1 key blocks of 128
     moved = 4 * B * T * H * D * _SIZE * _MB  # q, k, v read, o written
+    if prefers_sdpa((9, 0), B * H, T, rope=True):  # the model's attention always has RoPE
+        # the rotary pass (q and k read and written), cuDNN's memset and its flash kernel: one
+        # class for the three launches, 128-row query tiles as the Triton kernel's
+        moved += 4 * B * T * H * D * _SIZE * _MB
+        return Launch(name, f"attention.sdpa.D{D}", (3.0, w, w * mean_blocks * D / 64, q_blocks * D / 64, moved))
     return Launch(name, f"attention.D{D}", (1.0, w, w * mean_blocks * D / 64, q_blocks * D / 64, moved))
 
 

@@ -136,6 +136,94 @@ def test_unaligned_views_are_copied() -> None:
     _assert_close(out, ref.attention(q, k, v, causal=True, rope_tables=(cos, sin)), torch.float32)
 
 
+# ---------------------------------------------------------------------------------------------
+# The SDPA route: the rotary pass (interpreted here) and torch's SDPA (its math backend on CPU).
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def route():
+    """``set_route`` for one test, undone after it (the module-level choice of every later call)."""
+    yield fa
+    fa.set_route(None)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("rope", ROPE)
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("D", [16, 32])
+def test_sdpa_route_matches_reference_on_qkv_views(route, D: int, causal: bool, rope: bool) -> None:
+    """``set_route("sdpa")`` at odd shapes (T = 37: a ragged 16-row block of the rotary pass)."""
+    route.set_route("sdpa")
+    _check((2, 37, 3, D), torch.float32, CPU, causal=causal, rope=rope)
+    assert route.last_route() == "sdpa"
+
+
+@requires_interpreter
+def test_sdpa_route_without_out_and_on_strided_inputs(route) -> None:
+    """No ``out``: a ``[B, T, H·D]`` result; q, k, v and the tables in views with other strides
+    (q's D every other element is not SDPA-ready: torch copies; k, v transposed layouts)."""
+    route.set_route("sdpa")
+    B, T, H, D = 2, 19, 3, 16
+    q = torch.randn(B, T, H, D).transpose(1, 2)
+    k = torch.randn(B, H, T, D)
+    v = torch.randn(B, T, H, D).transpose(1, 2)
+    cos, sin = (t.t().contiguous().t() for t in rope_tables(T + 5, D, device=CPU, dtype=torch.float32))
+    out = fa.flash_attention(q, k, v, causal=True, rope=(cos, sin), scale=0.2)
+    assert out.shape == (B, T, H * D) and out.is_contiguous()
+    _assert_close(out, ref.attention(q, k, v, causal=True, rope_tables=(cos, sin), scale=0.2), torch.float32)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("T", [1, 16, 37])
+@pytest.mark.parametrize("D", [16, 64, 128])
+def test_rotary_pass_matches_reference(D: int, T: int) -> None:
+    """``_rotate``: q and k of the qkv views rotated into one buffer, each equal to
+    ``reference.rope``, returned as ``[B, H, T, D]`` views of it; the inputs untouched."""
+    B, H = 2, 3
+    qkv = support.random_qkv(B, T, H, D, torch.float32, CPU)
+    before = qkv.clone()
+    q, k, _ = support.head_views(qkv, H)
+    cos, sin = rope_tables(T, D, device=CPU, dtype=torch.float32)
+    rq, rk = fa._rotate(q, k, cos, sin)
+    assert rq.shape == rk.shape == (B, H, T, D) and rq.untyped_storage().data_ptr() == rk.untyped_storage().data_ptr()
+    torch.testing.assert_close(rq, ref.rope(q, cos, sin), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rk, ref.rope(k, cos, sin), rtol=1e-6, atol=1e-6)
+    assert torch.equal(qkv, before)
+
+
+def test_set_route_rejects_unknown_routes(route) -> None:
+    with pytest.raises(ValueError, match="route must be None or one of"):
+        route.set_route("cudnn")
+
+
+def test_route_rule_branches() -> None:
+    """SDPA on sm_90 (with RoPE always; without, except few heads over long rows); never off sm_90."""
+    for cap in ((8, 0), (8, 9), (10, 0)):
+        assert not configs.prefers_sdpa(cap, 64, 1024, True), cap
+    assert configs.prefers_sdpa((9, 0), 4, 8192, True), "RoPE: SDPA even where the Triton kernel wins without it"
+    assert not configs.prefers_sdpa((9, 0), configs.SDPA_TRITON_MAX_HEADS, configs.SDPA_TRITON_MIN_LENGTH, False)
+    assert configs.prefers_sdpa((9, 0), configs.SDPA_TRITON_MAX_HEADS + 1, 8192, False)
+    assert configs.prefers_sdpa((9, 0), 4, configs.SDPA_TRITON_MIN_LENGTH - 1, False)
+
+
+def test_route_rule_against_the_measured_rows() -> None:
+    """Every row of the H200 measurement (Triton kernel vs default SDPA, no RoPE, 72 shapes):
+    the rule's route is within 15 % of the faster of the two (the rows where the Triton kernel
+    won by more, 1.20-1.41x, go to it)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/default_peers_h200_attention_triton_only.json"
+    rows = json.loads(path.read_text())["results"]
+    assert len(rows) == 72
+    for r in rows:
+        ours, sdpa = r["ours_us"]["median_us"], r["peer_us"]["median_us"]
+        sdpa_route = configs.prefers_sdpa((9, 0), r["B"] * r["H"], r["L"], False)
+        chosen = sdpa if sdpa_route else ours
+        assert chosen <= 1.15 * min(ours, sdpa), f"the rule's route took {chosen / min(ours, sdpa):.2f}x the best: {r}"
+
+
 @pytest.mark.parametrize("D", [8, 24, 48, 96, 256])
 def test_unsupported_head_dim_raises(D: int) -> None:
     q = torch.randn(1, 2, 5, D)
@@ -184,6 +272,43 @@ def test_gpu_matches_reference(D: int, T: int, dtype: torch.dtype, causal: bool)
 @pytest.mark.parametrize("D,T", [(16, 1000), (32, 1000), (64, 4096), (128, 4096)])
 def test_gpu_rope_and_small_heads(D: int, T: int) -> None:
     _check((1, T, 16, D), torch.bfloat16, CUDA, causal=True, rope=True)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("rope", ROPE)
+@pytest.mark.parametrize("route_name", ["triton", "sdpa"])
+@pytest.mark.parametrize("D,T", [(32, 333), (64, 1000), (128, 4097)])
+def test_gpu_each_route(route, D: int, T: int, route_name: str, rope: bool) -> None:
+    """Both routes forced, bf16, causal, at ragged lengths, with and without RoPE."""
+    route.set_route(route_name)
+    _check((2, T, 5, D), torch.bfloat16, CUDA, causal=True, rope=rope)
+    assert route.last_route() == route_name
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize(
+    "B,H,T,rope", [(3, 5, 1000, True), (1, 4, 8192, False), (1, 4, 8192, True), (16, 12, 333, False)]
+)
+def test_gpu_default_route_follows_the_rule(B: int, H: int, T: int, rope: bool) -> None:
+    """Without a forced route, the call takes the one ``configs.prefers_sdpa`` names for the GPU,
+    and its output is right, also replayed from a CUDA graph."""
+    D = 64
+    qkv = support.random_qkv(B, T, H, D, torch.bfloat16, CUDA)
+    tables = rope_tables(T, D, device=CUDA, dtype=torch.float32) if rope else None
+    expected = ref.attention(*support.head_views(qkv, H), causal=True, rope_tables=tables)
+    out = fa.flash_attention_qkv(qkv, H, causal=True, rope=tables)
+    want = "sdpa" if configs.prefers_sdpa(torch.cuda.get_device_capability(), B * H, T, rope) else "triton"
+    assert fa.last_route() == want
+    _assert_close(out, expected, torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = fa.flash_attention_qkv(qkv, H, causal=True, rope=tables)
+    qkv.copy_(support.random_qkv(B, T, H, D, torch.bfloat16, CUDA))
+    graph.replay()
+    expected = ref.attention(*support.head_views(qkv, H), causal=True, rope_tables=tables)
+    _assert_close(static, expected, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ IDENTIFIABLE = (
     "linear.cublas",
     "linear.tma",
     "linear.short_k",
-    "attention.D64",
+    "attention.sdpa.D64",
     "linear_attention.D32",
     "conv",
     "copy",

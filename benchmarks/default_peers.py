@@ -147,7 +147,7 @@ def _rope_columns(fa, copies: list[torch.Tensor], views: list, H: int, L: int, D
     default SDPA. Each checked against that peer."""
     from nas.models.mixers import apply_rope, rope_tables
 
-    cos, sin = rope_tables(L, D, device=copies[0].device, dtype=torch.float32)
+    cos, sin = rope_tables(L, D, device=copies[0].device, dtype=DTYPE)  # the torch model's tables: its dtype
 
     def peer(q, k, v):
         return F.scaled_dot_product_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, is_causal=True)

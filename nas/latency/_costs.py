@@ -97,7 +97,9 @@ def _attention(name: str, batch: int, seq: int, d: int, size: int, *, live: int)
 
     Per head the T(T+1)/2 unmasked (query, key) pairs each cost 2·Dh for QKᵀ and 2·Dh for PV,
     so FLOPs are 4·B·pairs·d (softmax exps not counted). Reads q, k, v, writes o; the T×T
-    scores never leave SRAM.
+    scores never leave SRAM. Live while it runs: the residual stream, q, k, v, o and, on the
+    SDPA route (``kernels.attention.configs.prefers_sdpa``), the rotated q and k: 7 streams,
+    counted on every device so the memory objective stays an upper bound whatever the route.
     """
     pairs = seq * (seq + 1) // 2
     return OpCost(name, 4 * batch * pairs * d, size * 4 * batch * seq * d, 1, True, live)
@@ -147,7 +149,7 @@ def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> lis
                     if layer.short_conv
                     else []
                 ),
-                _attention(f"{prefix}.attention", batch, seq, d, size, live=5 * stream)
+                _attention(f"{prefix}.attention", batch, seq, d, size, live=7 * stream)
                 if layer.mixer == "attention"
                 else _linear_attention(f"{prefix}.linear_attention", batch, seq, d, layer.heads, size, live=5 * stream),
                 _linear(f"{prefix}.out", tokens, d, d, size, residual=True, live=3 * stream),

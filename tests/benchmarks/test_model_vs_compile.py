@@ -1,0 +1,60 @@
+"""benchmarks/model_vs_compile.py without a GPU: its architectures span the issue's range, the
+summary scores the targets only from 20 architectures and never counts a wrong or failed row,
+slices merge, and --list runs anywhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import model_vs_compile as mc
+
+
+def test_architectures_span_depth_width_and_every_mixer():
+    archs = mc.architectures(7, 20)
+    assert len(archs) == 20 and archs == mc.architectures(7, 20), "deterministic by seed"
+    depths = {len(a.layers) for a in archs}
+    assert min(depths) == 1 and max(depths) == 8
+    assert min(a.d_model for a in archs) <= 64 and max(a.d_model for a in archs) >= 384
+    assert {layer.mixer for a in archs for layer in a.layers} == {"attention", "linear_attention", "none"}
+
+
+def _row(i: int, shape: str, ratio: float | None) -> dict:
+    return {"arch_index": i, "arch": f"a{i}", "shape": shape, "ratio": ratio}
+
+
+def test_summary_needs_20_archs_and_counts_failures_against_the_worst_target():
+    rows = [_row(i, "1x256", 0.5 + 0.01 * i) for i in range(19)]
+    s = mc.summary(rows)["1x256"]
+    assert s["timed"] == 19 and s["median_met"] is None and s["worst_met"] is None
+    rows.append(_row(19, "1x256", 0.6))
+    s = mc.summary(rows)["1x256"]
+    assert s["median_ratio"] == pytest.approx(0.595) and s["median_met"] and s["worst_met"]
+    rows.append(_row(20, "1x256", None))  # compile failed or a result was wrong
+    s = mc.summary(rows)["1x256"]
+    assert s["failed_or_wrong"] == [20] and s["worst_met"] is False and s["median_met"]
+    rows = [_row(i, "8x1024", 0.9 if i else 1.2) for i in range(20)]
+    s = mc.summary(rows)["8x1024"]
+    assert s["above_1"] == [0] and s["worst_met"] is False and s["median_met"] is False
+
+
+def test_merge_keeps_one_row_per_arch_and_shape(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"results": [_row(1, "1x256", 0.5), _row(0, "1x256", 0.4)]}))
+    b.write_text(json.dumps({"results": [_row(1, "1x256", 0.6), _row(1, "8x1024", 0.7)]}))
+    rows = mc.merge([str(a), str(b)])
+    assert [(r["arch_index"], r["shape"], r["ratio"]) for r in rows] == [
+        (0, "1x256", 0.4),
+        (1, "1x256", 0.6),
+        (1, "8x1024", 0.7),
+    ]
+
+
+def test_list_runs_without_a_gpu(capsys):
+    mc.main(["--list", "--archs", "5", "--start", "2"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [int(line.split()[0]) for line in lines] == [2, 3, 4]
+    with pytest.raises(SystemExit) as exit_:
+        mc.main(["--list", "--shapes", "8by1024"])
+    assert exit_.value.code == 2 and "invalid shape '8by1024'" in capsys.readouterr().err

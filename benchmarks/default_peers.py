@@ -119,10 +119,15 @@ def _time(fns: Sequence[Callable[[], object]]) -> dict:
     return {"median_us": t.median_us, "iqr_us": t.iqr_us}
 
 
+_SINKS: list[Callable[[dict], None]] = []  # called with every finished row (main: rewrite the file)
+
+
 def _row(op: str, case: dict, ours: dict, peer: dict, peer_name: str, target: float, err: float, **extra) -> dict:
     speedup = peer["median_us"] / ours["median_us"]
     row = {"op": op, **case, "ours_us": ours, "peer": peer_name, "peer_us": peer, "speedup": speedup}
     row |= {"target": target, "rel_err": err, **score(speedup, target, err), **extra}
+    for sink in _SINKS:
+        sink(row)
     print(
         f"{op:16s} {case} ours {ours['median_us']:9.2f} µs | {peer_name} {peer['median_us']:9.2f} µs | "
         f"{speedup:5.2f}x (target {target})" + ("" if row["met"] else f"  MISS {row['miss_by']}"),
@@ -376,7 +381,15 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(0).split()[-1].lower()
     only = f"_{args.only}" if args.only else ""
     out = Path(args.out) / f"default_peers_{name}{only}{'_quick' if args.quick else ''}.json"
-    for op in ops:  # the file is rewritten after each op, so a run cut short keeps what it timed
+    timing = "CUDA-graph replay, median of 30 replays; inputs rotated over copies larger than L2 (at most 16)"
+    streamed: list[dict] = []
+
+    def keep(row: dict) -> None:  # the file is rewritten after every row: a run cut short keeps what it timed
+        streamed.append(row)
+        write_results(out, streamed, ops=ops, notes=notes, summary=summary(streamed), timing=timing, complete=False)
+
+    _SINKS[:] = [keep]
+    for op in ops:
         if op == "attention":
             rows += attention_rows(args.quick, rope=args.rope)
         elif op == "linear":
@@ -384,15 +397,8 @@ def main(argv: list[str] | None = None) -> None:
         else:
             got, notes["linear_attention"] = linear_attention_rows(args.quick)
             rows += got
-        path = write_results(
-            out,
-            rows,
-            ops=ops[: ops.index(op) + 1],
-            notes=notes,
-            summary=summary(rows),
-            timing="CUDA-graph replay, median of 30 replays; inputs rotated over copies larger than L2 (at most 16)",
-        )
-        print(f"wrote {path}", flush=True)
+    path = write_results(out, rows, ops=ops, notes=notes, summary=summary(rows), timing=timing, complete=True)
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

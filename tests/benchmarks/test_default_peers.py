@@ -68,3 +68,32 @@ def test_list_runs_without_a_gpu(capsys):
     dp.main(["--list", "--quick"])
     out = capsys.readouterr().out
     assert "attention: 5 shapes" in out and "linear: 5 shapes" in out and "linear_attention: 4 shapes" in out
+
+
+def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
+    """A run cut short (here: the second shape raises) leaves a file holding the rows timed so
+    far, marked incomplete; a finished run marks it complete."""
+    import json
+
+    timing = {"median_us": 2.0, "iqr_us": 0.1}
+
+    def rows(quick, rope=False, fail_after=None):
+        out = []
+        for i, shape in enumerate(dp.attention_grid(quick=True)[:2]):
+            if fail_after is not None and i == fail_after:
+                raise RuntimeError("cut short")
+            case = dict(zip(("B", "H", "L", "D"), shape, strict=True))
+            out.append(dp._row("attention", case, timing, timing, "sdpa-default", 1.0, 0.0))
+        return out
+
+    monkeypatch.setattr(dp.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dp.torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
+    monkeypatch.setattr(dp, "attention_rows", lambda quick, rope=False: rows(quick, rope, fail_after=1))
+    with pytest.raises(RuntimeError, match="cut short"):
+        dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "default_peers_h200_attention_quick.json").read_text())
+    assert saved["complete"] is False and len(saved["results"]) == 1
+    monkeypatch.setattr(dp, "attention_rows", rows)
+    dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "default_peers_h200_attention_quick.json").read_text())
+    assert saved["complete"] is True and len(saved["results"]) == 2 and saved["summary"]["attention"]["rows"] == 2

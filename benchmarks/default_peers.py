@@ -20,7 +20,8 @@ deploy without trying, in the same process, as CUDA-graph replays over inputs ro
   matmul alone and cuBLASLt's fused bias + GELU (tanh form) / ReLU epilogue, as floors.
 - ``linear_attention``: ``linear_attention_qkv`` vs fla-core's ``chunk_linear_attn`` on its
   native contiguous ``[B, L, H, D]`` (identity map: ≥ 1.0×; elu+1 and relu: ≥ 1.5× torch φ + fla
-  normalized). Without fla importable the rows say so and are not scored.
+  normalized). Identity rows also time the two-pass forward forced (``set_route("two_pass")``).
+  Without fla importable the rows say so and are not scored.
 
 Every implementation's output is checked against the peer's (relative Frobenius distance ≤ 2e-2)
 before its time counts. A row that misses its target records ``miss_by`` (target − speed-up).
@@ -314,6 +315,18 @@ def linear_attention_rows(quick: bool) -> tuple[list[dict], str]:
 
             expected = peer(*natives[0]).reshape(B, L, H * D)
             err = _rel_err(la.linear_attention_qkv(copies[0], H, feature_map=fm), expected)
+            extra = {}
+            if fm == "identity":  # the two-pass forward beside the default route (forced)
+                la.set_route("two_pass")
+                try:
+                    extra["two_pass_rel_err"] = _rel_err(
+                        la.linear_attention_qkv(copies[0], H, feature_map=fm), expected
+                    )
+                    extra["two_pass_us"] = _time(
+                        [partial(la.linear_attention_qkv, c, H, feature_map=fm) for c in copies]
+                    )
+                finally:
+                    la.set_route(None)
             rows.append(
                 _row(
                     "linear_attention",
@@ -324,6 +337,7 @@ def linear_attention_rows(quick: bool) -> tuple[list[dict], str]:
                     target,
                     err,
                     config=str(la.last_tuned_config(copies[0].device, D)),
+                    **extra,
                 )
             )
         del copies, natives

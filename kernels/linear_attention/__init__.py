@@ -7,7 +7,14 @@ from kernels.linear_attention import configs, reference
 from kernels.linear_attention.configs import SUPPORTED_HEAD_DIMS, ChunkConfig, StepConfig, padded_head_dim
 from kernels.linear_attention.reference import FEATURE_MAPS
 
-_KERNELS = ("linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config")
+_KERNELS = (
+    "linear_attention",
+    "linear_attention_qkv",
+    "linear_attention_step",
+    "last_route",
+    "last_tuned_config",
+    "set_route",
+)
 __all__ = [
     *_KERNELS,
     "FEATURE_MAPS",

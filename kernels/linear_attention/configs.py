@@ -38,6 +38,10 @@ __all__ = [
     "padded_head_dim",
     "split_for",
     "step_config",
+    "TwoPassConfig",
+    "TWO_PASS_HOPPER",
+    "TWO_PASS_INTERPRETER",
+    "two_pass_config",
 ]
 
 
@@ -140,6 +144,48 @@ STEP_PROGRAMS_PER_SM = 2
 STEP = StepConfig(block_v=64, num_warps=4)  # a full grid at D = 64: whole 64-column tiles (8 warps at D = 128)
 # TRITON_INTERPRET: 16 columns, so D = 32 has two programs per head (the shared-z path)
 INTERPRETER_STEP = StepConfig(block_v=16, num_warps=4)
+
+
+@dataclass(frozen=True)
+class TwoPassConfig:
+    """The two-pass forward of the identity map (``triton.linear_attention`` with route
+    "two_pass"): pass 1 walks the chunks of one (batch·head, ``block_k`` rows, ``block_v``
+    columns) block of the state and stores the state before every chunk; pass 2 computes each
+    chunk's ``block_v`` output columns from its stored state and its own tokens, all chunks in
+    parallel. chunk: tokens per chunk (both passes); num_warps, num_stages: as in ``triton.Config``."""
+
+    chunk: int
+    block_k: int
+    block_v: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("chunk", "block_k", "block_v"):
+            _power_of_two("TwoPassConfig", name, getattr(self, name))
+
+
+# Not yet timed on a GPU: fla-core's chunk kernels (the same two passes) use 64-token chunks and
+# 64 × 64 state blocks; 128-column blocks halve pass 2's programs at D = 128.
+TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
+    16: (TwoPassConfig(64, 16, 16, 4, 2),),
+    32: (TwoPassConfig(64, 32, 32, 4, 2),),
+    64: (TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 32, 64, 4, 2)),
+    128: (TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 64, 128, 8, 2)),
+}
+# TRITON_INTERPRET: 16-token chunks and 16-wide state blocks, so D = 32 has 2 × 2 blocks in pass 1
+# and two programs per chunk in pass 2, and odd lengths end in a masked chunk.
+TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1)
+
+
+def two_pass_config(device: torch.device, head_dim: int) -> TwoPassConfig:
+    """The two-pass launch at ``head_dim`` on ``device`` (blocks capped at D)."""
+    if not is_cuda(device):
+        c = TWO_PASS_INTERPRETER
+    else:
+        c = TWO_PASS_HOPPER.get(head_dim, (TwoPassConfig(64, 64, 64, 4, 2),))[0]
+    return TwoPassConfig(c.chunk, min(c.block_k, head_dim), min(c.block_v, head_dim), c.num_warps, c.num_stages)
+
 
 _BY_CAPABILITY = {(9, 0): HOPPER}
 

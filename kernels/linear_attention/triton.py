@@ -46,10 +46,25 @@ from torch import Tensor
 from kernels._autotune import autotune
 from kernels._common import check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
 from kernels.device import is_cuda
-from kernels.linear_attention.configs import ChunkConfig, StepConfig, chunk_configs, split_for, step_config
+from kernels.linear_attention.configs import (
+    ChunkConfig,
+    StepConfig,
+    TwoPassConfig,
+    chunk_configs,
+    split_for,
+    step_config,
+    two_pass_config,
+)
 from kernels.linear_attention.reference import CHUNK, EPS, FEATURE_MAPS, normalizes
 
-__all__ = ["linear_attention", "linear_attention_qkv", "linear_attention_step", "last_tuned_config"]
+__all__ = [
+    "linear_attention",
+    "linear_attention_qkv",
+    "linear_attention_step",
+    "last_route",
+    "last_tuned_config",
+    "set_route",
+]
 
 _EPS = tl.constexpr(EPS)
 
@@ -281,6 +296,185 @@ def _step_kernel(
                 tl.atomic_xchg(TICKETS + bh, 0, sem="relaxed")
 
 
+@triton.jit
+def _two_pass_states_kernel(
+    K,
+    V,
+    HS,  # k, v [B, H, T, D] strided; HS [B·H, NC, D, D] (the state before each chunk), HS's dtype
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    H,
+    T,
+    NC,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # Pass 1, one program per (batch·head, block of state rows, block of state columns): the
+    # identity map's state S = Σ kᵀv is separable by rows and columns, so the blocks walk the
+    # chunks independently; each stores the state before the chunk, then adds the chunk.
+    bh = tl.program_id(0)
+    k0 = tl.program_id(1) * BLOCK_K
+    v0 = tl.program_id(2) * BLOCK_V
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    k_desc = tl.make_tensor_descriptor(
+        K + b * stride_kb + h * stride_kh + k0, [T, HEAD_DIM - k0], [stride_kt, 1], [CHUNK, BLOCK_K]
+    )
+    v_desc = tl.make_tensor_descriptor(
+        V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1], [CHUNK, BLOCK_V]
+    )
+    rows = k0 + tl.arange(0, BLOCK_K)
+    cols = v0 + tl.arange(0, BLOCK_V)
+    states = HS + bh.to(tl.int64) * NC * HEAD_DIM * HEAD_DIM + rows[:, None] * HEAD_DIM + cols[None, :]
+    S = tl.zeros([BLOCK_K, BLOCK_V], tl.float32)
+    for c in range(0, NC):
+        tl.store(states + c * HEAD_DIM * HEAD_DIM, S.to(HS.dtype.element_ty))
+        k = k_desc.load([c * CHUNK, 0])  # [CHUNK, BLOCK_K]; rows past T arrive as zeros
+        v = v_desc.load([c * CHUNK, 0])  # [CHUNK, BLOCK_V]
+        S = tl.dot(tl.trans(k), v, S)
+
+
+@triton.jit
+def _two_pass_out_kernel(
+    Q,
+    K,
+    V,
+    HS,
+    O,  # q, k, v [B, H, T, D] strided; HS [B·H, NC, D, D]; o [B, T, H·D]
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    H,
+    T,
+    NC,
+    q_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # Pass 2, one program per (batch·head·chunk, block of value columns), all chunks at once:
+    # o = (q·kᵀ ⊙ causal)·v within the chunk + q·S (the state before it, from pass 1).
+    pid = tl.program_id(0)
+    bh = pid // NC
+    c = pid % NC
+    v0 = tl.program_id(1) * BLOCK_V
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    t0 = c * CHUNK
+    q_desc = tl.make_tensor_descriptor(
+        Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1], [CHUNK, HEAD_DIM]
+    )
+    k_desc = tl.make_tensor_descriptor(
+        K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1], [CHUNK, HEAD_DIM]
+    )
+    v_desc = tl.make_tensor_descriptor(
+        V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1], [CHUNK, BLOCK_V]
+    )
+    o_desc = tl.make_tensor_descriptor(
+        O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1], [CHUNK, BLOCK_V]
+    )
+    q = q_desc.load([t0, 0])  # [CHUNK, D]
+    k = k_desc.load([t0, 0])
+    v = v_desc.load([t0, 0])  # [CHUNK, BLOCK_V]
+    qc = (q.to(tl.float32) * q_scale).to(v.dtype)
+    rows = tl.arange(0, CHUNK)
+    scores = tl.dot(qc, tl.trans(k))  # [CHUNK, CHUNK] fp32
+    scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0).to(v.dtype)
+    o = tl.dot(scores, v)  # intra-chunk
+    d = tl.arange(0, HEAD_DIM)
+    cols = v0 + tl.arange(0, BLOCK_V)
+    S = tl.load(HS + (bh.to(tl.int64) * NC + c) * HEAD_DIM * HEAD_DIM + d[:, None] * HEAD_DIM + cols[None, :])
+    if HS.dtype.element_ty == tl.float32:
+        o = tl.dot(qc.to(tl.float32), S, o)  # + inter-chunk, fp32 state (fp16 and fp32 inputs)
+    else:
+        o = tl.dot(qc, S, o)  # + inter-chunk, 16-bit state
+    o_desc.store([t0, (h * HEAD_DIM + v0).to(tl.int32)], o.to(v.dtype))  # rows past T are dropped
+
+
+def _capped(c: TwoPassConfig, head_dim: int) -> tuple[int, int, int, int, int]:
+    return c.chunk, min(c.block_k, head_dim), min(c.block_v, head_dim), c.num_warps, c.num_stages
+
+
+def _two_pass(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config: TwoPassConfig) -> None:
+    """The identity map's forward as pass 1 (states before every chunk, to memory) and pass 2
+    (outputs, every chunk in parallel). The states are bf16 for bf16 inputs (each rounded once from
+    its fp32 accumulator, as fla-core stores them), fp32 otherwise (fp16 sums of T products can
+    overflow)."""
+    B, H, T, D = q.shape
+    cfg = config
+    nc = triton.cdiv(T, cfg.chunk)
+    dtype = torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
+    states = torch.empty(B * H, nc, D, D, device=q.device, dtype=dtype)
+    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
+    _two_pass_states_kernel[(B * H, D // cfg.block_k, D // cfg.block_v)](
+        k,
+        v,
+        states,
+        *strides,
+        H,
+        T,
+        nc,
+        HEAD_DIM=D,
+        BLOCK_K=cfg.block_k,
+        BLOCK_V=cfg.block_v,
+        CHUNK=cfg.chunk,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    _two_pass_out_kernel[(B * H * nc, D // cfg.block_v)](
+        q,
+        k,
+        v,
+        states,
+        o,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        *strides,
+        H,
+        T,
+        nc,
+        q_scale,
+        HEAD_DIM=D,
+        BLOCK_V=cfg.block_v,
+        CHUNK=cfg.chunk,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+ROUTES = ("fused", "two_pass")
+_ROUTE: str | None = None  # set_route's choice; None: the fused kernel (two_pass not yet measured)
+_last_route: list[str] = []
+
+
+def set_route(route: str | None) -> None:
+    """For every later ``linear_attention`` call of this process without an explicit config and
+    without ``return_state``: "two_pass" runs the identity map as two passes (other maps keep the
+    fused kernel), "fused" or None the one-launch kernel."""
+    if route not in (None, *ROUTES):
+        raise ValueError(f"set_route: route must be None or one of {ROUTES}, got {route!r}")
+    global _ROUTE
+    _ROUTE = route
+
+
+def last_route() -> str | None:
+    """The route ("fused" or "two_pass") of the latest call without an explicit config."""
+    return _last_route[-1] if _last_route else None
+
+
 def _step_tickets(device: torch.device, heads: int) -> Tensor:
     """The step kernel's per-head tickets (int32 zeros, ``heads`` at least): one buffer per device,
     kept by this function and grown when a larger batch comes; the kernel leaves it zero. It is
@@ -361,7 +555,7 @@ def linear_attention(
     feature_map: str,
     return_state: bool = False,
     out: Tensor | None = None,
-    config: ChunkConfig | None = None,
+    config: ChunkConfig | TwoPassConfig | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Causal linear attention of the raw projections, feature map applied in-kernel; one launch.
 
@@ -371,7 +565,8 @@ def linear_attention(
     Returns o ``[B, T, H·D]`` in q's dtype; with ``return_state`` also the state after the last
     token, S ``[B, H, D, D]`` and z ``[B, H, D]`` fp32, ready for ``linear_attention_step``.
     out: optional contiguous ``[B, T, H·D]`` buffer of q's dtype to write o into.
-    config: run this launch config instead of the autotuned one (tests, benchmark sweeps).
+    config: run this launch config instead of the autotuned one (tests, benchmark sweeps); a
+    ``TwoPassConfig`` runs the identity map's two-pass forward with it.
     """
     check_heads("linear_attention", q, k, v, layout="BHTD")
     normalize, q_scale = _feature_args(feature_map, q.shape[-1])
@@ -382,6 +577,17 @@ def linear_attention(
     if T and B * H:
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         use_torch_allocator()
+        if isinstance(config, TwoPassConfig):
+            if feature_map != "identity" or return_state:
+                raise ValueError("a TwoPassConfig runs the identity map without return_state only")
+            _two_pass(q, k, v, o, q_scale, TwoPassConfig(*_capped(config, D)))
+            return o
+        if config is None and not return_state:
+            route = "two_pass" if _ROUTE == "two_pass" and feature_map == "identity" else "fused"
+            _last_route[:] = [route]
+            if route == "two_pass":
+                _two_pass(q, k, v, o, q_scale, two_pass_config(q.device, D))
+                return o
 
         def grid(meta: dict) -> tuple[int]:
             return (B * H * meta["SPLIT"] * (D // meta["BLOCK_V"]),)
@@ -420,7 +626,12 @@ def linear_attention(
 
 
 def linear_attention_qkv(
-    qkv: Tensor, heads: int, *, feature_map: str, out: Tensor | None = None, config: ChunkConfig | None = None
+    qkv: Tensor,
+    heads: int,
+    *,
+    feature_map: str,
+    out: Tensor | None = None,
+    config: ChunkConfig | TwoPassConfig | None = None,
 ) -> Tensor:
     """``linear_attention`` on the fused projection ``qkv [B, T, 3·H·D]``, read in place → ``[B, T, H·D]``."""
     if qkv.dim() != 3 or qkv.shape[-1] % (3 * heads):

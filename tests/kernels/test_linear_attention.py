@@ -61,6 +61,21 @@ def _decode(
     return torch.stack(steps, dim=1)
 
 
+# Every two-pass config the GPU tables name, and the interpreter's, at each supported head dim.
+TWO_PASS_CONFIGS = support.config_params(
+    [(D, c) for D, cs in configs.TWO_PASS_HOPPER.items() for c in cs]
+    + [(D, configs.TWO_PASS_INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS],
+    lambda c: f"c{c.chunk}k{c.block_k}v{c.block_v}w{c.num_warps}s{c.num_stages}",
+)
+
+
+@pytest.fixture
+def route():
+    """``set_route`` for one test, undone after it."""
+    yield la
+    la.set_route(None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Interpreter: T = 37 is two full 16-token chunks and a 5-token tail; D = 32 splits V across two
 # programs (block_v 16).
@@ -72,6 +87,40 @@ def _decode(
 @pytest.mark.parametrize("D", [16, 32])
 def test_matches_reference_on_qkv_views(D: int, feature_map: str) -> None:
     _check((2, 37, 3, D), torch.float32, CPU, feature_map=feature_map)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("D,config", TWO_PASS_CONFIGS)
+def test_two_pass_every_config(D: int, config) -> None:
+    """The identity map's two passes with each config, at an odd length (T = 150: a masked last
+    chunk at every chunk size), against the reference."""
+    _check((2, 150, 2, D), torch.float32, CPU, feature_map="identity", config=config)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("T", [1, 16, 37])
+@pytest.mark.parametrize("D", [16, 32])
+def test_two_pass_route_matches_reference(route, D: int, T: int) -> None:
+    """``set_route("two_pass")``: the identity map takes it (2 × 2 state blocks at D = 32, chunks
+    of 16 with a ragged tail at T = 37); the normalized maps and ``return_state`` keep the fused
+    kernel, with the same results."""
+    route.set_route("two_pass")
+    _check((2, T, 3, D), torch.float32, CPU, feature_map="identity")
+    assert route.last_route() == "two_pass"
+    _check((2, T, 3, D), torch.float32, CPU, feature_map="elu+1")
+    assert route.last_route() == "fused"
+    q, k, v = (torch.randn(1, 2, T, D) for _ in range(3))
+    o, state, _ = la.linear_attention(q, k, v, feature_map="identity", return_state=True)
+    _assert_close(o, ref.linear_attention(q, k, v, feature_map="identity"), torch.float32)
+    assert route.last_route() == "fused"
+
+
+def test_two_pass_config_is_for_the_identity_map_only() -> None:
+    q = torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match="identity map without return_state"):
+        la.linear_attention(q, q, q, feature_map="relu", config=configs.TWO_PASS_INTERPRETER)
+    with pytest.raises(ValueError, match="route must be None or one of"):
+        la.set_route("chunked")
 
 
 @requires_interpreter
@@ -221,6 +270,15 @@ GPU_CASES = support.qkv_cases(
         (32, 1000, torch.bfloat16),
     ]
 )
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("D,config", TWO_PASS_CONFIGS)
+def test_gpu_two_pass_every_config(D: int, config, dtype: torch.dtype) -> None:
+    """Each two-pass config compiled and run at a ragged length (bf16 states for bf16, fp32 for fp16)."""
+    _check((2, 1000, 5, D), dtype, CUDA, feature_map="identity", config=config)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,111 @@
+"""Identity-map linear attention: the fused single-pass kernel vs the two-pass forward at every
+candidate launch config vs fla-core's ``chunk_linear_attn`` (the default peer), on
+``default_peers``' linear-attention grid. Decides the per-shape route (issue #15 item 3).
+
+Each row: the peer's time, the fused kernel's (its tuned route), and every two-pass config's,
+all CUDA-graph replays over input copies larger than L2 (bf16, random normal), each output
+checked against the peer's before its time counts. Writes after every row.
+
+    python benchmarks/linear_attention_two_pass.py --out benchmarks/results/linear_attention_two_pass_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks._timing import write_results  # noqa: E402
+from benchmarks.default_peers import (  # noqa: E402
+    TOLERANCE,
+    _fla,
+    _kernels,
+    _qkv,
+    _rel_err,
+    _time,
+    _views,
+    linear_attention_grid,
+)
+
+
+def candidates(D: int) -> list:
+    """Two-pass launch configs worth timing at head dim D (64-token chunks as fla-core; 32 too)."""
+    from kernels.linear_attention.configs import TwoPassConfig
+
+    out = []
+    for chunk in (32, 64, 128):
+        for bk in (32, 64, 128):
+            for bv in (32, 64, 128):
+                if bk > D or bv > D or (chunk == 128 and bv == 128):
+                    continue
+                out.append(TwoPassConfig(chunk, bk, bv, 8 if chunk * bv >= 128 * 64 else 4, 2))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+
+    from kernels.linear_attention import triton as la
+
+    chunk, note = _fla()
+    if chunk is None:
+        print(note)
+        return 1
+    rows: list[dict] = []
+    for B, H, L, D in linear_attention_grid(args.quick):
+        copies = _qkv(B, L, H, D)
+        natives = [tuple(t.transpose(1, 2).contiguous() for t in _views(c, H)) for c in copies]
+
+        def peer(q, k, v):
+            return chunk(q, k, v, scale=q.shape[-1] ** -0.5, normalize=False)[0]
+
+        expected = peer(*natives[0]).reshape(B, L, H * D)
+        peer_t = _time([partial(peer, *n) for n in natives])
+        fused_err = _rel_err(la.linear_attention_qkv(copies[0], H, feature_map="identity"), expected)
+        fused_t = _time([partial(la.linear_attention_qkv, c, H, feature_map="identity") for c in copies])
+        two = []
+        for cfg in candidates(D):
+            fn = partial(la.linear_attention_qkv, copies[0], H, feature_map="identity", config=cfg)
+            err = _rel_err(fn(), expected)
+            t = _time([partial(la.linear_attention_qkv, c, H, feature_map="identity", config=cfg) for c in copies])
+            two.append({"config": list(cfg.__dict__.values()), "rel_err": err, "us": t, "ok": err <= TOLERANCE})
+        good = [r for r in two if r["ok"]]
+        best = min(good, key=lambda r: r["us"]["median_us"]) if good else None
+        row = {
+            "B": B,
+            "H": H,
+            "L": L,
+            "D": D,
+            "peer_us": peer_t,
+            "peer_kernels": _kernels(partial(peer, *natives[0])),
+            "fused_us": fused_t,
+            "fused_rel_err": fused_err,
+            "fused_speedup": peer_t["median_us"] / fused_t["median_us"],
+            "two_pass": two,
+            "best_two_pass": best["config"] if best else None,
+            "best_two_pass_speedup": peer_t["median_us"] / best["us"]["median_us"] if best else None,
+        }
+        rows.append(row)
+        print(
+            f"B{B} H{H} L{L} D{D}: fla {peer_t['median_us']:.1f} fused {fused_t['median_us']:.1f} "
+            f"({row['fused_speedup']:.2f}x) best two-pass {best['us']['median_us'] if best else float('nan'):.1f} "
+            f"{row['best_two_pass']} ({row['best_two_pass_speedup'] or 0:.2f}x)",
+            flush=True,
+        )
+        write_results(args.out, rows, peer=note, complete=False)
+        del copies, natives
+        torch.cuda.empty_cache()
+    write_results(args.out, rows, peer=note, complete=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

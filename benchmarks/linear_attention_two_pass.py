@@ -12,6 +12,7 @@ checked against the peer's before its time counts. Writes after every row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from functools import partial
 from pathlib import Path
@@ -34,16 +35,17 @@ from benchmarks.default_peers import (  # noqa: E402
 
 
 def candidates(D: int) -> list:
-    """Two-pass launch configs worth timing at head dim D (64-token chunks as fla-core; 32 too)."""
+    """Two-pass launch configs worth timing at head dim D: 64- and 128-token chunks, 32- and
+    64-row state blocks, 64 columns (or D), pass 1 at 1-4 warps and 2-4 stages (pass 2 at 4
+    warps for 64-token chunks, 8 for 128)."""
     from kernels.linear_attention.configs import TwoPassConfig
 
     out = []
-    for chunk in (32, 64, 128):
-        for bk in (32, 64, 128):
-            for bv in (32, 64, 128):
-                if bk > D or bv > D or (chunk == 128 and bv == 128):
-                    continue
-                out.append(TwoPassConfig(chunk, bk, bv, 8 if chunk * bv >= 128 * 64 else 4, 2))
+    for chunk in (64, 128):
+        for bk in sorted({min(32, D), min(64, D)}):
+            for warps in (1, 2, 4):
+                for stages in (2, 3, 4):
+                    out.append(TwoPassConfig(chunk, bk, min(64, D), 4 if chunk == 64 else 8, 2, warps, stages))
     return out
 
 
@@ -71,7 +73,7 @@ def _vet(dims: list[int]) -> dict:
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = [(D, list(c.__dict__.values())) for D in dims for c in candidates(D)]
+    jobs = [(D, list(dataclasses.astuple(c))) for D in dims for c in candidates(D)]
 
     def one(job):
         D, cfg = job
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--small", action="store_true", help="only shapes with B·H ≤ 64")
     parser.add_argument("--check", nargs="+", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.check:
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = {(v["D"], tuple(v["config"])) for v in vetted if v["rc"] == 0}
     rows: list[dict] = []
     for B, H, L, D in linear_attention_grid(args.quick):
+        if args.small and B * H > 64:
+            continue
         copies = _qkv(B, L, H, D)
         natives = [tuple(t.transpose(1, 2).contiguous() for t in _views(c, H)) for c in copies]
 
@@ -117,12 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         fused_t = _time([partial(la.linear_attention_qkv, c, H, feature_map="identity") for c in copies])
         two = []
         for cfg in candidates(D):
-            if (D, tuple(cfg.__dict__.values())) not in ok:
+            if (D, tuple(dataclasses.astuple(cfg))) not in ok:
                 continue
             fn = partial(la.linear_attention_qkv, copies[0], H, feature_map="identity", config=cfg)
             err = _rel_err(fn(), expected)
             t = _time([partial(la.linear_attention_qkv, c, H, feature_map="identity", config=cfg) for c in copies])
-            two.append({"config": list(cfg.__dict__.values()), "rel_err": err, "us": t, "ok": err <= TOLERANCE})
+            two.append({"config": list(dataclasses.astuple(cfg)), "rel_err": err, "us": t, "ok": err <= TOLERANCE})
         good = [r for r in two if r["ok"]]
         best = min(good, key=lambda r: r["us"]["median_us"]) if good else None
         row = {

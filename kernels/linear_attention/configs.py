@@ -16,7 +16,7 @@ bytes); a program owns ``block_v`` of its columns, so small batches still spread
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -152,13 +152,17 @@ class TwoPassConfig:
     "two_pass"): pass 1 walks the chunks of one (batch·head, ``block_k`` rows, ``block_v``
     columns) block of the state and stores the state before every chunk; pass 2 computes each
     chunk's ``block_v`` output columns from its stored state and its own tokens, all chunks in
-    parallel. chunk: tokens per chunk (both passes); num_warps, num_stages: as in ``triton.Config``."""
+    parallel. chunk: tokens per chunk (both passes); num_warps, num_stages: pass 2's, as in
+    ``triton.Config``; states_warps, states_stages: pass 1's (its chunk walk is sequential, so
+    fewer warps and deeper prefetch can pay), None: pass 2's."""
 
     chunk: int
     block_k: int
     block_v: int
     num_warps: int
     num_stages: int
+    states_warps: int | None = None
+    states_stages: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("chunk", "block_k", "block_v"):
@@ -184,7 +188,7 @@ def two_pass_config(device: torch.device, head_dim: int) -> TwoPassConfig:
         c = TWO_PASS_INTERPRETER
     else:
         c = TWO_PASS_HOPPER.get(head_dim, (TwoPassConfig(64, 64, 64, 4, 2),))[0]
-    return TwoPassConfig(c.chunk, min(c.block_k, head_dim), min(c.block_v, head_dim), c.num_warps, c.num_stages)
+    return replace(c, block_k=min(c.block_k, head_dim), block_v=min(c.block_v, head_dim))
 
 
 _BY_CAPABILITY = {(9, 0): HOPPER}

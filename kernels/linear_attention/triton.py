@@ -36,6 +36,7 @@ rounding it to bf16 — or overflowing fp16 — would cost more than the matmul.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 
 import torch
@@ -403,8 +404,8 @@ def _two_pass_out_kernel(
     o_desc.store([t0, (h * HEAD_DIM + v0).to(tl.int32)], o.to(v.dtype))  # rows past T are dropped
 
 
-def _capped(c: TwoPassConfig, head_dim: int) -> tuple[int, int, int, int, int]:
-    return c.chunk, min(c.block_k, head_dim), min(c.block_v, head_dim), c.num_warps, c.num_stages
+def _capped(c: TwoPassConfig, head_dim: int) -> TwoPassConfig:
+    return dataclasses.replace(c, block_k=min(c.block_k, head_dim), block_v=min(c.block_v, head_dim))
 
 
 def _two_pass(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config: TwoPassConfig) -> None:
@@ -430,8 +431,8 @@ def _two_pass(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config
         BLOCK_K=cfg.block_k,
         BLOCK_V=cfg.block_v,
         CHUNK=cfg.chunk,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_warps=cfg.states_warps or cfg.num_warps,
+        num_stages=cfg.states_stages or cfg.num_stages,
     )
     _two_pass_out_kernel[(B * H * nc, D // cfg.block_v)](
         q,
@@ -580,7 +581,7 @@ def linear_attention(
         if isinstance(config, TwoPassConfig):
             if feature_map != "identity" or return_state:
                 raise ValueError("a TwoPassConfig runs the identity map without return_state only")
-            _two_pass(q, k, v, o, q_scale, TwoPassConfig(*_capped(config, D)))
+            _two_pass(q, k, v, o, q_scale, _capped(config, D))
             return o
         if config is None and not return_state:
             route = "two_pass" if _ROUTE == "two_pass" and feature_map == "identity" else "fused"

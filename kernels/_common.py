@@ -30,6 +30,7 @@ __all__ = [
     "DTYPES",
     "INT32_MAX",
     "INTERPRETED",
+    "Routes",
     "SUPPORTED_HEAD_DIMS",
     "as_rows",
     "check_heads",
@@ -54,6 +55,29 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
 
 INTERPRETED: bool  # read on first use: see _interpreted
+
+
+class Routes:
+    """A kernel family's per-process route override and the route its latest call took (what a
+    family's ``set_route`` / ``last_route`` expose). ``forced``: the route ``set`` chose, None for
+    the family's own per-shape rule."""
+
+    def __init__(self, op: str, routes: tuple[str, ...]) -> None:
+        self.op, self.routes = op, routes
+        self.forced: str | None = None
+        self._last: str | None = None
+
+    def set(self, route: str | None) -> None:
+        if route not in (None, *self.routes):
+            raise ValueError(f"{self.op} set_route: route must be None or one of {self.routes}, got {route!r}")
+        self.forced = route
+
+    def took(self, route: str) -> str:
+        self._last = route
+        return route
+
+    def last(self) -> str | None:
+        return self._last
 
 
 def _interpreted() -> bool:

@@ -52,15 +52,14 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels._common import INTERPRETED, check_heads, output_buffer, tma_ready, use_torch_allocator
+from kernels._common import INTERPRETED, Routes, check_heads, output_buffer, tma_ready, use_torch_allocator
 from kernels.attention import configs as _configs
 from kernels.attention.configs import AttentionConfig, attention_configs
 
 __all__ = ["flash_attention", "flash_attention_qkv", "flops", "last_route", "last_tuned_config", "set_route"]
 
 ROUTES = ("triton", "sdpa")
-_ROUTE: str | None = None  # set_route's choice; None: configs.prefers_sdpa
-_last_route: list[str] = []  # the route of the latest call without an explicit config
+_routes = Routes("flash_attention", ROUTES)  # forced None: configs.prefers_sdpa picks per shape
 
 _LOG2E = 1.4426950408889634
 # Mask modes of one key-block walk.
@@ -327,15 +326,12 @@ def set_route(route: str | None) -> None:
     ``configs.prefers_sdpa`` pick per shape. Under ``TRITON_INTERPRET=1`` and for fp32 the
     default is the Triton kernel; tests force "sdpa" to check that route on the CPU (torch's
     math backend there)."""
-    if route not in (None, *ROUTES):
-        raise ValueError(f"set_route: route must be None or one of {ROUTES}, got {route!r}")
-    global _ROUTE
-    _ROUTE = route
+    _routes.set(route)
 
 
 def last_route() -> str | None:
     """The route ("triton" or "sdpa") of the latest call without an explicit config."""
-    return _last_route[-1] if _last_route else None
+    return _routes.last()
 
 
 @cache
@@ -398,14 +394,14 @@ def flash_attention(
         _check_rope(rope, q)
     B, H, T, D = q.shape
     if config is None:
-        if _ROUTE is not None:
-            route = _ROUTE
+        if _routes.forced is not None:
+            route = _routes.forced
         elif INTERPRETED or q.dtype == torch.float32:
             route = "triton"
         else:
             capability = torch.cuda.get_device_capability(q.device)
             route = "sdpa" if _configs.prefers_sdpa(capability, B * H, T, rope is not None) else "triton"
-        _last_route[:] = [route]
+        _routes.took(route)
         if route == "sdpa" and T > 0 and B * H > 0:
             if out is not None:
                 output_buffer("flash_attention", out, (B, T, H * D), q)  # checks it

@@ -45,7 +45,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels._common import check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
+from kernels._common import Routes, check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
 from kernels.device import is_cuda
 from kernels.linear_attention.configs import (
     ChunkConfig,
@@ -457,23 +457,19 @@ def _two_pass(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config
 
 
 ROUTES = ("fused", "two_pass")
-_ROUTE: str | None = None  # set_route's choice; None: the fused kernel (two_pass not yet measured)
-_last_route: list[str] = []
+_routes = Routes("linear_attention", ROUTES)
 
 
 def set_route(route: str | None) -> None:
     """For every later ``linear_attention`` call of this process without an explicit config and
     without ``return_state``: "two_pass" runs the identity map as two passes (other maps keep the
     fused kernel), "fused" or None the one-launch kernel."""
-    if route not in (None, *ROUTES):
-        raise ValueError(f"set_route: route must be None or one of {ROUTES}, got {route!r}")
-    global _ROUTE
-    _ROUTE = route
+    _routes.set(route)
 
 
 def last_route() -> str | None:
     """The route ("fused" or "two_pass") of the latest call without an explicit config."""
-    return _last_route[-1] if _last_route else None
+    return _routes.last()
 
 
 def _step_tickets(device: torch.device, heads: int) -> Tensor:
@@ -581,11 +577,14 @@ def linear_attention(
         if isinstance(config, TwoPassConfig):
             if feature_map != "identity" or return_state:
                 raise ValueError("a TwoPassConfig runs the identity map without return_state only")
+            if is_cuda(q.device) and min(config.block_v, D) < min(64, D):
+                # 32-column blocks at D ≥ 64 with 64- or 128-token chunks gave wrong outputs or an
+                # illegal address on the H200 (triton 3.6; linear_attention_two_pass_h200_first.json)
+                raise ValueError(f"a TwoPassConfig on a GPU needs block_v ≥ min(64, D), got {config.block_v} at D={D}")
             _two_pass(q, k, v, o, q_scale, _capped(config, D))
             return o
         if config is None and not return_state:
-            route = "two_pass" if _ROUTE == "two_pass" and feature_map == "identity" else "fused"
-            _last_route[:] = [route]
+            route = _routes.took("two_pass" if _routes.forced == "two_pass" and feature_map == "identity" else "fused")
             if route == "two_pass":
                 _two_pass(q, k, v, o, q_scale, two_pass_config(q.device, D))
                 return o

@@ -42,6 +42,7 @@ __all__ = [
     "TWO_PASS_HOPPER",
     "TWO_PASS_INTERPRETER",
     "two_pass_config",
+    "prefers_two_pass",
 ]
 
 
@@ -169,14 +170,32 @@ class TwoPassConfig:
             _power_of_two("TwoPassConfig", name, getattr(self, name))
 
 
-# Not yet timed on a GPU: fla-core's chunk kernels (the same two passes) use 64-token chunks and
-# 64 × 64 state blocks; 128-column blocks halve pass 2's programs at D = 128.
+# sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200*.json): the
+# first is the route's launch, the rest are timed and tested beside it.
 TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
     16: (TwoPassConfig(64, 16, 16, 4, 2),),
     32: (TwoPassConfig(64, 32, 32, 4, 2),),
     64: (TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 32, 64, 4, 2)),
     128: (TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 64, 128, 8, 2)),
 }
+# The identity map's route on sm_90 for bf16: the two passes where they measured faster than the
+# fused kernel, which is few heads over long rows (the fused kernel's sequence split then leaves
+# its programs walking many chunks each): B·H at most TWO_PASS_MAX_HEADS[D] over at least
+# TWO_PASS_MIN_LENGTH[D] tokens.
+TWO_PASS_MAX_HEADS: dict[int, int] = {32: 16, 64: 16, 128: 16}
+TWO_PASS_MIN_LENGTH: dict[int, int] = {32: 4096, 64: 4096, 128: 2048}
+
+
+def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
+    """Whether the bf16 identity-map forward at ``B·H = batch_heads`` rows of ``length`` and head
+    dim ``head_dim`` runs as two passes rather than the fused kernel: a fixed rule per shape,
+    measured on sm_90 (above), so a captured graph always launches the same kernels. Other GPUs
+    keep the fused kernel until measured."""
+    if capability != (9, 0) or head_dim not in TWO_PASS_MAX_HEADS:
+        return False
+    return batch_heads <= TWO_PASS_MAX_HEADS[head_dim] and length >= TWO_PASS_MIN_LENGTH[head_dim]
+
+
 # TRITON_INTERPRET: 16-token chunks and 16-wide state blocks, so D = 32 has 2 × 2 blocks in pass 1
 # and two programs per chunk in pass 2, and odd lengths end in a masked chunk.
 TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1)

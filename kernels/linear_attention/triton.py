@@ -45,13 +45,14 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels._common import Routes, check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
+from kernels._common import INTERPRETED, Routes, check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
 from kernels.device import is_cuda
 from kernels.linear_attention.configs import (
     ChunkConfig,
     StepConfig,
     TwoPassConfig,
     chunk_configs,
+    prefers_two_pass,
     split_for,
     step_config,
     two_pass_config,
@@ -463,7 +464,8 @@ _routes = Routes("linear_attention", ROUTES)
 def set_route(route: str | None) -> None:
     """For every later ``linear_attention`` call of this process without an explicit config and
     without ``return_state``: "two_pass" runs the identity map as two passes (other maps keep the
-    fused kernel), "fused" or None the one-launch kernel."""
+    fused kernel), "fused" the one-launch kernel, None (the default) lets
+    ``configs.prefers_two_pass`` pick per shape for bf16 on a GPU (else the fused kernel)."""
     _routes.set(route)
 
 
@@ -584,7 +586,16 @@ def linear_attention(
             _two_pass(q, k, v, o, q_scale, _capped(config, D))
             return o
         if config is None and not return_state:
-            route = _routes.took("two_pass" if _routes.forced == "two_pass" and feature_map == "identity" else "fused")
+            if _routes.forced is not None or feature_map != "identity":
+                two = _routes.forced == "two_pass" and feature_map == "identity"
+            else:  # the measured rule: bf16 on a GPU (the interpreter, fp16 and fp32 stay fused)
+                two = (
+                    q.dtype == torch.bfloat16
+                    and is_cuda(q.device)
+                    and not INTERPRETED
+                    and prefers_two_pass(torch.cuda.get_device_capability(q.device), B * H, T, D)
+                )
+            route = _routes.took("two_pass" if two else "fused")
             if route == "two_pass":
                 _two_pass(q, k, v, o, q_scale, two_pass_config(q.device, D))
                 return o

@@ -119,6 +119,21 @@ def _linear_attention(name: str, batch: int, seq: int, d: int, heads: int, size:
     return OpCost(name, batch * heads * (intra + inter), size * 4 * batch * seq * d, 1, True, live)
 
 
+def _two_pass_states(batch: int, seq: int, d: int, layer: LayerSpec, size: int) -> int:
+    """Bytes of the identity map's states before every chunk, where sm_90's rule takes the two
+    passes (``kernels.linear_attention.configs.prefers_two_pass``, 16-bit inputs, states in the
+    input's 2 bytes): counted on every device, as the SDPA route's streams are, so the memory
+    objective stays an upper bound whatever the route."""
+    from kernels.linear_attention.configs import TWO_PASS_HOPPER, padded_head_dim, prefers_two_pass
+
+    P = padded_head_dim(d // layer.heads)
+    if size != 2 or layer.feature_map != "identity" or P is None:
+        return 0
+    if not prefers_two_pass((9, 0), batch * layer.heads, seq, P):
+        return 0
+    return size * batch * layer.heads * -(-seq // TWO_PASS_HOPPER[P][0].chunk) * P * P
+
+
 def _short_conv(name: str, rows: int, d: int, width: int, size: int, *, live: int) -> OpCost:
     """Depthwise causal convolution of width K over qkv ``[rows, 3d]``: 2·K FLOPs per element;
     reads the input and the K+1 weights per channel, writes the output."""
@@ -151,7 +166,15 @@ def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> lis
                 ),
                 _attention(f"{prefix}.attention", batch, seq, d, size, live=7 * stream)
                 if layer.mixer == "attention"
-                else _linear_attention(f"{prefix}.linear_attention", batch, seq, d, layer.heads, size, live=5 * stream),
+                else _linear_attention(
+                    f"{prefix}.linear_attention",
+                    batch,
+                    seq,
+                    d,
+                    layer.heads,
+                    size,
+                    live=5 * stream + _two_pass_states(batch, seq, d, layer, size),
+                ),
                 _linear(f"{prefix}.out", tokens, d, d, size, residual=True, live=3 * stream),
             ]
         if layer.mlp_ratio > 0:

@@ -27,7 +27,9 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
   and its kernel; the pass's read and write of q and k in MB moved), else the Triton kernel's.
 - linear attention (chunked, per padded head dim D): ``P = B·H·(D/block_v)·split`` programs,
   each walking ``c`` chunks of 64 tokens: ``[1, ⌈P/S⌉, ⌈P/S⌉·c·identity, ⌈P/S⌉·c·elu+1,
-  ⌈P/S⌉·c·relu, ⌈P/S⌉·prefix chunks, MB moved]``.
+  ⌈P/S⌉·c·relu, ⌈P/S⌉·prefix chunks, MB moved]``. Where the identity map takes the two passes
+  (``kernels.linear_attention.configs.prefers_two_pass``), class ``linear_attention.two_pass.D*``:
+  ``[2, pass-2 waves, pass-1 waves · c, 0, 0, 0, MB moved with the states' write and read]``.
 - norm (per kind; a program holds ~4096 elements whatever d is): ``[1, ⌈P/S⌉, MB moved]``;
   conv: ``[1, ⌈P/S⌉, ⌈P/S⌉·width, MB moved]``; embedding and the torch copies of head padding:
   ``[1, MB moved]``.
@@ -168,8 +170,18 @@ def _attention(name: str, B: int, T: int, H: int, D: int, sms: int) -> Launch:
 
 
 def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: str, sms: int) -> Launch:
-    from kernels.linear_attention.configs import split_for
+    from kernels.linear_attention.configs import TWO_PASS_HOPPER, prefers_two_pass, split_for
 
+    if feature_map == "identity" and prefers_two_pass((9, 0), B * H, T, D):
+        # pass 1: B·H·(D/bk)·(D/bv) programs, each walking every chunk (the critical path); pass
+        # 2: one program per (chunk, value block); the states go to memory and back (bf16)
+        c = TWO_PASS_HOPPER[D][0]
+        bk, bv = min(c.block_k, D), min(c.block_v, D)
+        nc = _cdiv(T, c.chunk)
+        w1 = _cdiv(B * H * (D // bk) * (D // bv), sms)
+        w2 = _cdiv(B * H * nc * (D // bv), sms)
+        moved = (4 * B * T * H * D + 2 * B * H * nc * D * D) * _SIZE * _MB
+        return Launch(name, f"linear_attention.two_pass.D{D}", (2.0, w2, w1 * nc * D / 64, 0.0, 0.0, 0.0, moved))
     chunks = _cdiv(T, _CHUNK)
     block_v = min(_BLOCK_V, D)
     split = split_for(B * H * max(1, D // 32), chunks, sms)

@@ -118,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
 
         expected = peer(*natives[0]).reshape(B, L, H * D)
         peer_t = _time([partial(peer, *n) for n in natives])
-        fused_err = _rel_err(la.linear_attention_qkv(copies[0], H, feature_map="identity"), expected)
-        fused_t = _time([partial(la.linear_attention_qkv, c, H, feature_map="identity") for c in copies])
+        la.set_route("fused")  # the fused kernel forced (the default route may be either)
+        try:
+            fused_err = _rel_err(la.linear_attention_qkv(copies[0], H, feature_map="identity"), expected)
+            fused_t = _time([partial(la.linear_attention_qkv, c, H, feature_map="identity") for c in copies])
+        finally:
+            la.set_route(None)
         two = []
         for cfg in candidates(D):
             if (D, tuple(dataclasses.astuple(cfg))) not in ok:

@@ -8,8 +8,9 @@
 2. times every kernel family the ``TritonModel`` launches — fused linear (every epilogue, every
    kernel path: TMA, small M, short K, long K), flash attention and chunked linear attention per
    head dim and feature map, both norms, the short conv, the embedding gather and the torch
-   copies of head padding — over ``kernel_grid()``: d 32-512, the three latency shapes, vocab
-   sizes that do and do not fill the last tile, so wave quantisation over the SM count shows;
+   copies of head padding — over ``kernel_grid()``: d 32-512, the three latency shapes (and
+   linear attention over one long sequence, where few heads take the identity map's two passes),
+   vocab sizes that do and do not fill the last tile, so wave quantisation over the SM count shows;
    each kernel back to back in a CUDA graph, the per-launch graph gap included;
 3. fits stage 1 of ``nas.latency._model`` on those timings (the prior), then stage 2 (every
    class's coefficients refitted on whole forwards, pulled toward the prior; graph gap,
@@ -71,6 +72,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SHAPES = tuple(parse_shape(s) for s in ("1x256", "8x1024", "32x512"))
+LONG_LENGTHS = (2048, 8192)  # linear attention's kernel rows at one sequence of these lengths
 D_GRID = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of held-out |relative error|
 CV_FOLDS = 5
@@ -205,6 +207,13 @@ def kernel_grid() -> list[KernelCase]:
                 cases.append(_case("attention", B=shape.batch, T=shape.seq_len, H=H, D=D))
                 for fm in FEATURE_MAPS:
                     cases.append(_case("linear_attention", B=shape.batch, T=shape.seq_len, H=H, D=D, feature_map=fm))
+    # long rows with few heads (a prefill at --context N): where the identity map takes the two
+    # passes (kernels.linear_attention.configs.prefers_two_pass), and the fused kernel beside it
+    for T in LONG_LENGTHS:
+        for D in (32, 64, 128):
+            for H in (1, 4, 16):
+                for fm in ("identity", "elu+1"):
+                    cases.append(_case("linear_attention", B=1, T=T, H=H, D=D, feature_map=fm))
     for kind in NORMS:
         for d in D_GRID:
             for rows in (1, 8, 32, 256, 8192, 16384):

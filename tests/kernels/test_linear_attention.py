@@ -65,7 +65,10 @@ def _decode(
 TWO_PASS_CONFIGS = support.config_params(
     [(D, c) for D, cs in configs.TWO_PASS_HOPPER.items() for c in cs]
     + [(D, configs.TWO_PASS_INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS],
-    lambda c: f"c{c.chunk}k{c.block_k}v{c.block_v}w{c.num_warps}s{c.num_stages}",
+    lambda c: (
+        f"c{c.chunk}k{c.block_k}v{c.block_v}w{c.num_warps}s{c.num_stages}"
+        + (f"-p1w{c.states_warps}s{c.states_stages}" if c.states_warps or c.states_stages else "")
+    ),
 )
 
 
@@ -113,6 +116,18 @@ def test_two_pass_route_matches_reference(route, D: int, T: int) -> None:
     o, state, _ = la.linear_attention(q, k, v, feature_map="identity", return_state=True)
     _assert_close(o, ref.linear_attention(q, k, v, feature_map="identity"), torch.float32)
     assert route.last_route() == "fused"
+
+
+def test_two_pass_rule_branches() -> None:
+    """Two passes on sm_90 for few heads over long rows at the measured head dims; never off sm_90."""
+    for D, heads in configs.TWO_PASS_MAX_HEADS.items():
+        length = configs.TWO_PASS_MIN_LENGTH[D]
+        assert configs.prefers_two_pass((9, 0), heads, length, D), D
+        assert not configs.prefers_two_pass((9, 0), heads + 1, length, D), D
+        assert not configs.prefers_two_pass((9, 0), heads, length - 1, D), D
+        for cap in ((8, 0), (8, 9), (10, 0)):
+            assert not configs.prefers_two_pass(cap, 1, 1 << 16, D), (cap, D)
+    assert not configs.prefers_two_pass((9, 0), 1, 1 << 16, 16), "D 16 was not measured"
 
 
 def test_two_pass_config_is_for_the_identity_map_only() -> None:
@@ -279,6 +294,33 @@ GPU_CASES = support.qkv_cases(
 def test_gpu_two_pass_every_config(D: int, config, dtype: torch.dtype) -> None:
     """Each two-pass config compiled and run at a ragged length (bf16 states for bf16, fp32 for fp16)."""
     _check((2, 1000, 5, D), dtype, CUDA, feature_map="identity", config=config)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("D", sorted(configs.TWO_PASS_MAX_HEADS))
+def test_gpu_default_route_follows_the_rule(route, D: int) -> None:
+    """Without a forced route, bf16 identity takes the route ``configs.prefers_two_pass`` names
+    (a shape on each side of the length threshold), fp16 and the normalized maps the fused
+    kernel; every result matches the reference."""
+    heads, length = configs.TWO_PASS_MAX_HEADS[D], configs.TWO_PASS_MIN_LENGTH[D]
+    cap = torch.cuda.get_device_capability()
+    for T in (length - 1, length + 37):
+        _check((1, T, heads, D), torch.bfloat16, CUDA, feature_map="identity")
+        assert route.last_route() == ("two_pass" if configs.prefers_two_pass(cap, heads, T, D) else "fused")
+        _check((1, T, heads, D), torch.float16, CUDA, feature_map="identity")
+        assert route.last_route() == "fused"
+        _check((1, T, heads, D), torch.bfloat16, CUDA, feature_map="elu+1")
+        assert route.last_route() == "fused"
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_two_pass_rejects_narrow_column_blocks() -> None:
+    """32-column blocks at D ≥ 64 (wrong outputs or an illegal address on the H200): refused."""
+    qkv = torch.randn(1, 100, 3 * 2 * 64, device=CUDA, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="block_v"):
+        la.linear_attention_qkv(qkv, 2, feature_map="identity", config=configs.TwoPassConfig(64, 64, 32, 4, 2))
 
 
 @pytest.mark.gpu

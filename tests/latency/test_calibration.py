@@ -131,6 +131,29 @@ def test_fit_sees_a_wrong_kernel_model():
     assert report["interval"] > 0.05
 
 
+def test_two_pass_launch_class_follows_the_rule():
+    """The identity map's launch is class ``linear_attention.two_pass.D*`` exactly where sm_90's
+    rule takes the two passes (two launches, the pass-1 walk over every chunk), and the kernel
+    grid times that class."""
+    from kernels.linear_attention import configs
+    from nas.spec import LayerSpec
+
+    D = 64
+    heads, length = configs.TWO_PASS_MAX_HEADS[D], configs.TWO_PASS_MIN_LENGTH[D]
+    layer = LayerSpec("linear_attention", heads=heads, feature_map="identity")
+    arch = ArchSpec(d_model=heads * D, layers=(layer,), vocab_size=64, n_out=64)
+
+    def mixer(seq: int):
+        return next(w for w in launches(arch, parse_shape(f"1x{seq}"), SMS) if w.cls.startswith("linear_attention"))
+
+    long, short = mixer(length), mixer(length - 1)
+    assert long.cls == f"linear_attention.two_pass.D{D}" and short.cls == f"linear_attention.D{D}"
+    chunks = -(-length // configs.TWO_PASS_HOPPER[D][0].chunk)
+    assert long.x[0] == 2.0 and long.x[2] % chunks == 0 and long.x[2] > 0
+    grid = {c.launch(SMS).cls for c in kernel_grid()}
+    assert {f"linear_attention.two_pass.D{D}" for D in configs.TWO_PASS_MAX_HEADS} <= grid
+
+
 def test_wave_quantisation_shows_in_the_features():
     one_wave = KernelCase(
         "linear", (("K", 512), ("M", 128 * 132), ("N", 128), ("activation", None), ("residual", False))

@@ -256,6 +256,30 @@ def test_memory_by_hand() -> None:
     assert memory(arch, LatencyShape(batch, seq), dtype="fp32").kv_cache_bytes == 2 * estimate.kv_cache_bytes
 
 
+def test_memory_counts_the_two_pass_states_where_the_rule_takes_them() -> None:
+    """The identity map's per-chunk states (bf16, [B·H, ⌈T/chunk⌉, D, D]) are live at its op where
+    sm_90's rule takes the two passes, on top of the fused route's 5 streams; elu+1 never."""
+    from kernels.linear_attention import configs
+
+    D = 64
+    heads, length = configs.TWO_PASS_MAX_HEADS[D], configs.TWO_PASS_MIN_LENGTH[D] + 37
+    d = heads * D
+    identity = LayerSpec("linear_attention", heads=heads, feature_map="identity", mlp_ratio=0.0)
+    elu = LayerSpec("linear_attention", heads=heads, feature_map="elu+1", mlp_ratio=0.0)
+    shape = LatencyShape(1, length)
+    chunks = -(-length // configs.TWO_PASS_HOPPER[D][0].chunk)
+    states = 2 * heads * chunks * D * D
+    # vocab 8 and no MLP: the mixer's op sets the peak
+    with_states = memory(_arch(identity, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
+    without = memory(_arch(elu, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
+    assert with_states - without == states
+    short = LatencyShape(1, configs.TWO_PASS_MIN_LENGTH[D] - 1)  # the fused route: no states
+    assert (
+        memory(_arch(identity, d=d, vocab=8, n_out=8), short).peak_activation_bytes
+        == memory(_arch(elu, d=d, vocab=8, n_out=8), short).peak_activation_bytes
+    )
+
+
 def test_memory_of_mlp_only_model_has_no_cache() -> None:
     estimate = memory(_arch(LayerSpec("none"), d=64), LatencyShape(2, 32))
     assert estimate.kv_cache_bytes == estimate.recurrent_state_bytes == 0

@@ -1,8 +1,8 @@
 """``TritonDecoder``: one generated token of a ``TritonModel`` on the library's decode kernels.
 
 Per block: norm → qkv linear (every linear here is ``linear_rows``, split over K for the few rows
-of a step) → short-conv step → (heads zero-padded to the kernel's head dim, as
-the forward does) → softmax attention: ``rope_append`` (rotate q and k at the position, write k
+of a step; heads already zero-padded to the kernel's head dim by the weights, as in the forward)
+→ short-conv step → softmax attention: ``rope_append`` (rotate q and k at the position, write k
 and v to the cache) then ``decode_attention``; linear attention: ``linear_attention_step`` (the
 state and z in place) → out linear with the residual add → norm → MLP up (activation) → down
 (residual); final norm → head; then every sequence's position advances by one.
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from kernels.device import is_cuda
 from kernels.linear_attention.reference import normalizes
 from nas.models.decode import DecodeCache, LayerCache
-from nas.models.triton_model import TritonModel, _Block, _halves, _pad_heads, _unpad_heads
+from nas.models.triton_model import TritonModel, _Block, _channels, _halves
 
 __all__ = ["TritonDecoder"]
 
@@ -32,7 +32,7 @@ __all__ = ["TritonDecoder"]
 class _Buffers:
     """One block's device state; fields absent from its mixer are None (all of them for an MLP-only block)."""
 
-    conv: torch.Tensor | None  # [B, K-1, 3d] in the model's dtype
+    conv: torch.Tensor | None  # [B, K-1, 3·H·P] in the model's dtype (the padded heads' channels)
     k: torch.Tensor | None  # [B, H, C, P] keys after RoPE, the model's dtype
     v: torch.Tensor | None  # [B, H, C, P]
     rope: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin [>= C, P/2] fp32
@@ -45,7 +45,7 @@ class _Buffers:
 
 
 def _padded(x: torch.Tensor, P: int, mixer: str) -> torch.Tensor:
-    """A torch cache's ``[..., D]`` channels in the kernel's head dim P, as ``_pad_heads`` lays them
+    """A torch cache's ``[..., D]`` channels in the kernel's head dim P, as ``_pad_weights`` lays them
     out: attention's rotary halves at [0, D/2) and [P/2, P/2 + D/2), linear attention's at [0, D)."""
     D = x.shape[-1]
     out = x.new_zeros(*x.shape[:-1], P)
@@ -123,9 +123,14 @@ class TritonDecoder:
         L = cache.length
         for i, (blk, buf, layer) in enumerate(zip(self.tmodel.blocks, self.layers, cache.layers, strict=True)):
             self._check_layer(i, blk, layer)
-            if buf.conv is not None:
-                buf.conv.copy_(layer.conv)
             P = blk.padded_head_dim
+            if buf.conv is not None:  # the window's qkv channels, moved to the padded heads' (zeros between)
+                H = blk.heads
+                rows = torch.cat(
+                    [s * H * P + _channels(H, layer.conv.shape[-1] // (3 * H), P, blk.mixer) for s in range(3)]
+                )
+                buf.conv.zero_()
+                buf.conv[..., rows.to(buf.conv.device)] = layer.conv.to(buf.conv.dtype)
             if buf.k is not None:
                 buf.k.zero_()
                 buf.v.zero_()
@@ -169,7 +174,7 @@ class TritonDecoder:
 
         d = self.tmodel.arch.d_model
         for blk, buf in zip(self.tmodel.blocks, self.layers, strict=True):
-            if buf.conv is not None:
+            if buf.conv is not None:  # the padded heads' channels too: their conv weights are zero
                 buf.conv.copy_(draw(tuple(buf.conv.shape)))
             if blk.heads == 0:
                 continue
@@ -212,21 +217,17 @@ class TritonDecoder:
         h = F.embedding(tokens, tm.embed)  # residual stream [B, d]
         for blk, buf in zip(tm.blocks, self.layers, strict=True):
             if blk.qkv is not None:
-                qkv = linear_rows(blk.norm1(h), *blk.qkv)  # [B, 3d]
+                qkv = linear_rows(blk.norm1(h), *blk.qkv)  # [B, 3·H·P]
                 if blk.conv is not None:
                     qkv = causal_conv_step(qkv, buf.conv, *blk.conv)
                 H, D, P = blk.heads, d // blk.heads, blk.padded_head_dim
-                if P != D:
-                    qkv = _pad_heads(qkv.view(B, 1, 3 * d), H, D, P, blk.mixer, blk.feature_map).view(B, 3 * H * P)
                 if blk.mixer == "attention":
                     q = rope_append(qkv, H, buf.k, buf.v, self.positions, buf.rope)  # [B, H, P]
                     o = decode_attention(q, buf.k, buf.v, self.positions, scale=D**-0.5)  # [B, H·P]
                 else:
                     q, k, v = qkv.view(B, 3, H, P).unbind(1)  # each [B, H, P], views of the row
                     o = linear_attention_step(q, k, v, buf.state, buf.z, feature_map=blk.feature_map)
-                if P != D:
-                    o = _unpad_heads(o.view(B, 1, H * P), H, D, P, blk.mixer).view(B, d)
-                h = linear_rows(o, *blk.out, residual=h)
+                h = linear_rows(o.reshape(B, H * P), *blk.out, residual=h)  # the out weights read the padded heads
             if blk.up is not None:
                 u = linear_rows(blk.norm2(h), *blk.up, activation=blk.activation)
                 h = linear_rows(u, *blk.down, residual=h)

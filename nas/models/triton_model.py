@@ -3,11 +3,12 @@
 Per block: norm → qkv linear (+bias) → short causal conv → attention (RoPE fused) or causal
 linear attention (feature map fused) → out linear with the residual add in its epilogue; then
 norm → MLP up with the activation in its epilogue → MLP down with the residual add. Only the
-embedding gather and reshapes run in torch, plus, for a head dim below the kernels' smallest
-(16: ``tl.dot`` needs K ≥ 16), zero-padding the heads to it and slicing them back (two copies,
-timed with the rest; the result is exactly the model's, see ``_pad_heads``). Weights are cast
-once to ``dtype`` at construction (bf16 on a GPU; fp32 lets the CPU interpreter tests compare
-with the torch model tightly).
+embedding gather and reshapes run in torch. A head dim the kernels do not run (one that is not
+16, 32, 64 or 128) is zero-padded to the next one they do, in the weights, once, at construction
+(``_pad_weights``): the qkv projection (and short conv) write every head already padded and the
+out projection reads the padded heads, so a forward makes no padding copies and gives exactly
+the model's result. Weights are cast once to ``dtype`` at construction (bf16 on a GPU; fp32 lets
+the CPU interpreter tests compare with the torch model tightly).
 
 Capturing the forward in a CUDA graph per input shape (``capture``) is what makes its latency
 that of the kernels rather than of Python (issue: eager ~911 µs vs ~99 µs replayed, d128×4).
@@ -76,6 +77,10 @@ def _linear(module: torch.nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, 
     return module.weight.detach().to(dtype), module.bias.detach().to(dtype)
 
 
+def _cast(pair: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return pair[0].to(dtype).contiguous(), pair[1].to(dtype).contiguous()
+
+
 class TritonModel:
     """tokens ``[B, T]`` int64 → logits, computed by ``kernels/``; see the module docstring."""
 
@@ -101,9 +106,15 @@ class TritonModel:
                         f"{max(SUPPORTED_HEAD_DIMS)}, zero-padded)"
                     )
             mixer, mlp = block.mixer, block.mlp
-            conv = None
-            if mixer is not None and mixer.conv is not None:
-                conv = (mixer.conv.weight.detach()[:, 0].to(dtype), mixer.conv.bias.detach().to(dtype))
+            qkv = conv = out = None
+            if mixer is not None:
+                qkv, out = _linear(mixer.qkv, torch.float32), _linear(mixer.out, torch.float32)
+                if mixer.conv is not None:
+                    conv = (mixer.conv.weight.detach()[:, 0].float(), mixer.conv.bias.detach().float())
+                if padded != d // spec.heads:
+                    qkv, conv, out = _pad_weights(qkv, conv, out, spec.heads, padded, spec.mixer, spec.feature_map)
+                qkv, out = _cast(qkv, dtype), _cast(out, dtype)
+                conv = None if conv is None else _cast(conv, dtype)
             blocks.append(
                 _Block(
                     spec.mixer,
@@ -111,9 +122,9 @@ class TritonModel:
                     padded,
                     spec.feature_map,
                     _norm(block.norm1, dtype),
-                    _linear(mixer.qkv, dtype) if mixer is not None else None,
+                    qkv,
                     conv,
-                    _linear(mixer.out, dtype) if mixer is not None else None,
+                    out,
                     _norm(block.norm2, dtype),
                     _linear(block.mlp_up, dtype) if mlp is not None else None,
                     spec.activation,
@@ -154,21 +165,17 @@ class TritonModel:
         h = F.embedding(tokens, self.embed).view(B * T, d)  # residual stream [M, d]
         for blk in self.blocks:
             if blk.qkv is not None:
-                qkv = linear(blk.norm1(h), *blk.qkv).view(B, T, 3 * d)
+                qkv = linear(blk.norm1(h), *blk.qkv).view(B, T, -1)
                 if blk.conv is not None:
                     qkv = causal_depthwise_conv(qkv, *blk.conv)
-                D, P = d // blk.heads, blk.padded_head_dim
-                if P != D:
-                    qkv = _pad_heads(qkv, blk.heads, D, P, blk.mixer, blk.feature_map)
+                D, P = d // blk.heads, blk.padded_head_dim  # qkv: [B, T, 3·H·P], heads padded
                 if blk.mixer == "attention":
                     o = flash_attention_qkv(
                         qkv, blk.heads, causal=True, scale=D**-0.5, rope=self._rope_tables(T, D, P, tokens.device)
                     )
                 else:
                     o = linear_attention_qkv(qkv, blk.heads, feature_map=blk.feature_map)
-                if P != D:
-                    o = _unpad_heads(o, blk.heads, D, P, blk.mixer)
-                h = linear(o.reshape(B * T, d), *blk.out, residual=h)
+                h = linear(o.reshape(B * T, blk.heads * P), *blk.out, residual=h)
             if blk.up is not None:
                 u = linear(blk.norm2(h), *blk.up, activation=blk.activation)
                 h = linear(u, *blk.down, residual=h)
@@ -207,35 +214,60 @@ def _halves(D: int, P: int) -> tuple[slice, slice, slice, slice]:
     return slice(0, D // 2), slice(D // 2, D), slice(0, D // 2), slice(P // 2, P // 2 + D // 2)
 
 
-def _pad_heads(qkv: torch.Tensor, heads: int, D: int, P: int, mixer: str, feature_map: str | None) -> torch.Tensor:
-    """``qkv [B, T, 3·H·D]`` → ``[B, T, 3·H·P]`` for a kernel with head dim P > D, giving exactly
-    the model's result. Softmax attention: zero channels add 0 to q·k and to o; the caller passes
-    the scale D^-1/2 and rotary tables padded with the identity. Linear attention: φ of a padded
-    key channel must be 0 — keys are padded with −inf for elu+1 (exp(−∞) = 0), 0 for relu and
-    identity — and the identity map's q scale P^-1/2 is corrected to D^-1/2 on q itself."""
-    B, T, _ = qkv.shape
-    x = qkv.view(B, T, 3, heads, D)
-    out = qkv.new_zeros(B, T, 3, heads, P)
+def _channels(heads: int, D: int, P: int, mixer: str) -> torch.Tensor:
+    """Where each of the model's ``H·D`` head channels sits among the kernel's ``H·P``: attention's
+    rotary halves at [0, D/2) and [P/2, P/2 + D/2) of its head (``_halves``), linear attention's
+    at [0, D); int64 ``[H·D]``."""
+    c = torch.arange(D)
     if mixer == "attention":
-        lo, hi, lo_p, hi_p = _halves(D, P)
-        out[..., lo_p], out[..., hi_p] = x[..., lo], x[..., hi]
-    else:
-        out[..., :D] = x
-        if feature_map == "elu+1":
-            out[:, :, 1, :, D:] = float("-inf")
-        elif feature_map == "identity":
-            out[:, :, 0, :, :D] *= (P / D) ** 0.5
-    return out.view(B, T, 3 * heads * P)
+        c = torch.where(c < D // 2, c, c - D // 2 + P // 2)
+    return (torch.arange(heads)[:, None] * P + c[None, :]).reshape(-1)
 
 
-def _unpad_heads(o: torch.Tensor, heads: int, D: int, P: int, mixer: str) -> torch.Tensor:
-    """The kernel's ``[B, T, H·P]`` output back to the model's ``[B, T, H·D]`` channels."""
-    B, T, _ = o.shape
-    o = o.view(B, T, heads, P)
-    if mixer == "attention":
-        lo, hi, lo_p, hi_p = _halves(D, P)
-        return torch.cat((o[..., lo_p], o[..., hi_p]), dim=-1).reshape(B, T, heads * D)
-    return o[..., :D].reshape(B, T, heads * D)
+def _pad_weights(
+    qkv: tuple[torch.Tensor, torch.Tensor],
+    conv: tuple[torch.Tensor, torch.Tensor] | None,
+    out: tuple[torch.Tensor, torch.Tensor],
+    heads: int,
+    P: int,
+    mixer: str,
+    feature_map: str | None,
+) -> tuple[
+    tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None, tuple[torch.Tensor, torch.Tensor]
+]:
+    """Head dim D = d/H run as P > D, in the weights (fp32 in, fp32 out), exactly the model's result:
+    the qkv projection's rows (and the short conv's channels) move to ``_channels`` of each of q,
+    k and v, the padded rows are zero, and the out projection reads those channels (zero columns
+    elsewhere). Softmax attention: zero channels add 0 to q·k and to o; the caller passes the
+    scale D^-1/2 and rotary tables padded with the identity. Linear attention: φ of a padded key
+    channel must be 0, so for elu+1 it is −∞ (exp(−∞) = 0) through the bias of the last op before
+    the mixer (the conv's, else the projection's; relu and identity: 0), and the identity map's q
+    scale P^-1/2 is corrected to D^-1/2 on that op's q rows (weights and bias)."""
+    (w, b), (wo, bo) = qkv, out
+    d = w.shape[1]
+    D = d // heads
+    idx = _channels(heads, D, P, mixer)
+    rows = torch.cat([s * heads * P + idx for s in range(3)])
+
+    def spread(t: torch.Tensor) -> torch.Tensor:  # [3d, ...] → [3·H·P, ...], zeros between
+        z = t.new_zeros(3 * heads * P, *t.shape[1:])
+        z[rows] = t
+        return z
+
+    w, b = spread(w), spread(b)
+    wc, bc = (spread(conv[0]), spread(conv[1])) if conv is not None else (None, None)
+    last_w, last_b = (wc, bc) if conv is not None else (w, b)  # the op whose output the mixer reads
+    if feature_map == "elu+1":
+        pad_keys = torch.ones(heads * P, dtype=torch.bool)
+        pad_keys[idx] = False
+        last_b[heads * P : 2 * heads * P][pad_keys] = float("-inf")
+    elif feature_map == "identity":
+        scale = (P / D) ** 0.5
+        last_w[: heads * P] *= scale
+        last_b[: heads * P] *= scale
+    wide = wo.new_zeros(wo.shape[0], heads * P)
+    wide[:, idx] = wo
+    return (w, b), (None if conv is None else (wc, bc)), (wide, bo)
 
 
 def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> TritonModel:

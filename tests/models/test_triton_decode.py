@@ -28,6 +28,11 @@ ARCHS = {
     "L identity hd8 conv4": (32, [LayerSpec("linear_attention", 4, "identity", 4, 0.0)]),
     "L elu+1 hd8": (32, [LayerSpec("linear_attention", 4, "elu+1", 0, 2.0, "silu", "rmsnorm")]),
     "L elu+1 conv4": (32, [LayerSpec("linear_attention", 2, "elu+1", 4, 0.0)]),
+    "L elu+1 hd8 conv4": (32, [LayerSpec("linear_attention", 4, "elu+1", 4, 0.0)]),  # −∞ keys via the conv bias
+    "A L hd24 conv4": (  # head dim 24 run as 32: rotary halves of 12 channels
+        48,
+        [LayerSpec("attention", 2, None, 4, 0.0), LayerSpec("linear_attention", 2, "identity", 4, 1.0)],
+    ),
     "L relu conv4": (32, [LayerSpec("linear_attention", 2, "relu", 4, 0.0)]),
     "L relu hd8 rms": (32, [LayerSpec("linear_attention", 4, "relu", 0, 1.0, "gelu", "rmsnorm")]),
     "A L M mixed": (
@@ -91,7 +96,8 @@ def test_buffers_and_fill_random():
     tm = to_triton(_model(d, layers), dtype=torch.float32)
     decoder = TritonDecoder(tm, batch=3, capacity=20)
     att, lin, none = decoder.layers
-    assert att.conv.shape == (3, 3, 3 * d) and att.k.shape == att.v.shape == (3, 4, 20, 16)
+    # head dim 8 run as 16: the conv window holds the padded heads' 3·H·P channels
+    assert att.conv.shape == (3, 3, 3 * 4 * 16) and att.k.shape == att.v.shape == (3, 4, 20, 16)
     assert att.rope[0].shape[0] >= 20 and att.rope[0].shape[1] == 8
     assert lin.state.shape == (3, 2, 16, 16) and lin.z.shape == (3, 2, 16) and lin.state.dtype == torch.float32
     assert none.conv is none.k is none.state is none.z is None

@@ -31,6 +31,17 @@ ARCHS = {
         LayerSpec("linear_attention", 4, "identity", 0, 0.0),
         LayerSpec("linear_attention", 4, "relu", 4, 2.0),
     ],
+    # the other side of each fold: the identity map's q scale on the conv, elu+1's −∞ keys on
+    # the projection's bias
+    "L hd8 identity conv + elu+1": [
+        LayerSpec("linear_attention", 4, "identity", 4, 0.0),
+        LayerSpec("linear_attention", 4, "elu+1", 0, 1.0),
+    ],
+}
+# head dim 24 run as 32 (d 48, 2 heads): rotary halves of 12 channels, P/D not a power of two
+WIDE = {
+    "A L hd24": [LayerSpec("attention", 2, None, 4, 0.0), LayerSpec("linear_attention", 2, "elu+1", 0, 1.0)],
+    "L hd24 identity conv": [LayerSpec("linear_attention", 2, "identity", 4, 1.0)],
 }
 
 
@@ -48,6 +59,53 @@ def test_interpreted_kernels_match_the_torch_model(name):
     got = to_triton(model, dtype=torch.float32)(tokens)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("name", list(WIDE))
+def test_head_dim_24_runs_as_32(name):
+    model = build(_arch(WIDE[name], d=48), seed=6).eval()
+    tokens = torch.randint(0, 29, (2, 37), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = model(tokens)
+    tm = to_triton(model, dtype=torch.float32)
+    assert all(blk.qkv[0].shape == (3 * 2 * 32, 48) and blk.out[0].shape == (48, 2 * 32) for blk in tm.blocks)
+    torch.testing.assert_close(tm(tokens), expected, rtol=1e-4, atol=1e-4)
+
+
+@requires_interpreter
+def test_padding_is_in_the_weights_not_the_forward(monkeypatch):
+    """A padded head dim costs the forward no torch copies: each mixer kernel reads the very
+    tensor the projection (or the short conv after it) wrote, already ``[B, T, 3·H·P]``."""
+    import kernels.attention.triton as fa
+    import kernels.conv as conv
+    import kernels.linear as lin
+    import kernels.linear_attention.triton as la
+
+    written, seen = set(), []
+
+    def producer(real):
+        def call(*args, **kw):
+            out = real(*args, **kw)
+            written.add(out.data_ptr())
+            return out
+
+        return call
+
+    def mixer(real):
+        def call(qkv, heads, **kw):
+            seen.append((tuple(qkv.shape), qkv.data_ptr() in written))
+            return real(qkv, heads, **kw)
+
+        return call
+
+    monkeypatch.setattr(lin, "linear", producer(lin.linear))
+    monkeypatch.setattr(conv, "causal_depthwise_conv", producer(conv.causal_depthwise_conv))
+    monkeypatch.setattr(fa, "flash_attention_qkv", mixer(fa.flash_attention_qkv))
+    monkeypatch.setattr(la, "linear_attention_qkv", mixer(la.linear_attention_qkv))
+    model = build(_arch(WIDE["A L hd24"], d=48), seed=6).eval()
+    to_triton(model, dtype=torch.float32)(torch.randint(0, 29, (2, 5)))
+    assert seen == [((2, 5, 3 * 2 * 32), True)] * 2
 
 
 @requires_interpreter

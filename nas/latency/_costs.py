@@ -36,6 +36,7 @@ from ._shape import LatencyShape
 __all__ = ["DTYPE_BYTES", "LINEAR_ATTENTION_CHUNK", "OpCost", "count_params", "mlp_hidden", "op_costs"]
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+from kernels.attention import padded_head_dim  # noqa: E402 (the kernels' head-dim rule)
 from kernels.linear_attention.reference import CHUNK as LINEAR_ATTENTION_CHUNK  # noqa: E402 (the kernel's chunk length)
 
 _ID_BYTES = 8  # int64 token ids
@@ -156,15 +157,18 @@ def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> lis
     for i, layer in enumerate(arch.layers):
         prefix = f"layers.{i}"
         if layer.mixer != "none":
+            # one [B, T, H·P] activation: the heads as the kernels run them, padded to P in the
+            # weights (nas.models.triton_model._pad_weights); FLOPs stay the model's
+            heads = size * tokens * layer.heads * (padded_head_dim(d // layer.heads) or d // layer.heads)
             ops += [
                 _norm(f"{prefix}.mixer_norm", layer.norm, tokens, d, size, live=2 * stream),
-                _linear(f"{prefix}.qkv", tokens, d, 3 * d, size, residual=False, live=5 * stream),
+                _linear(f"{prefix}.qkv", tokens, d, 3 * d, size, residual=False, live=2 * stream + 3 * heads),
                 *(
-                    [_short_conv(f"{prefix}.short_conv", tokens, d, layer.short_conv, size, live=7 * stream)]
+                    [_short_conv(f"{prefix}.short_conv", tokens, d, layer.short_conv, size, live=stream + 6 * heads)]
                     if layer.short_conv
                     else []
                 ),
-                _attention(f"{prefix}.attention", batch, seq, d, size, live=7 * stream)
+                _attention(f"{prefix}.attention", batch, seq, d, size, live=stream + 6 * heads)
                 if layer.mixer == "attention"
                 else _linear_attention(
                     f"{prefix}.linear_attention",
@@ -173,9 +177,9 @@ def op_costs(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> lis
                     d,
                     layer.heads,
                     size,
-                    live=5 * stream + _two_pass_states(batch, seq, d, layer, size),
+                    live=stream + 4 * heads + _two_pass_states(batch, seq, d, layer, size),
                 ),
-                _linear(f"{prefix}.out", tokens, d, d, size, residual=True, live=3 * stream),
+                _linear(f"{prefix}.out", tokens, d, d, size, residual=True, live=2 * stream + heads),
             ]
         if layer.mlp_ratio > 0:
             hidden = mlp_hidden(layer, d)

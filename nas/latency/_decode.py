@@ -8,12 +8,14 @@ down; then the final norm, the head and the position counter. With one token per
 linear is a matrix-vector product: the step is memory-bound (Flash-Decoding; Kimi Linear and
 Jet-Nemotron name the KV cache the cost that dominates long-context decoding). Its bytes:
 
-- weights: every parameter once per step (``count_params``; of the embedding only the B rows
-  gathered), whatever the batch;
+- weights: every parameter once per step (``count_params``, plus the zero rows and columns of
+  heads padded to a kernel's head dim; of the embedding only the B rows gathered), whatever the
+  batch;
 - KV cache: each attention layer reads K and V of ``context`` rows: ``2·context·d`` elements per
   sequence (its heads' dims are zero-padded to a kernel's head dim, as the decoder stores them);
 - state: each linear-attention layer reads and writes its ``heads`` fp32 ``[Dh, Dh]`` states
-  and normalizers; each short convolution reads and shifts its ``K-1`` rows of ``3d``.
+  and normalizers; each short convolution reads and shifts its ``K-1`` rows of ``3·H·P`` (the
+  padded heads' channels).
 
 ``cache_memory`` is what stays resident at that context (the objective ``cache_memory``), and
 ``decode_work`` what one step moves: the inputs of the decode cost model (``DecodeModel``,
@@ -88,7 +90,6 @@ def cache_memory(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "
     """What decoding ``arch`` keeps resident at ``context`` tokens for ``batch`` sequences (see
     ``CacheEstimate``); KV cache and conv windows in ``dtype``, states in fp32."""
     size = _check(context, batch, dtype)
-    d = arch.d_model
     kv = state = conv = 0
     for layer in arch.layers:
         if layer.mixer == "attention":
@@ -96,8 +97,8 @@ def cache_memory(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "
         elif layer.mixer == "linear_attention":
             p = _kernel_head_dim(arch, layer.heads)
             state += layer.heads * (p * p + (p if layer.feature_map != "identity" else 0)) * STATE_BYTES
-        if layer.mixer != "none" and layer.short_conv:
-            conv += (layer.short_conv - 1) * 3 * d * size
+        if layer.mixer != "none" and layer.short_conv:  # the window of the padded heads' qkv channels
+            conv += (layer.short_conv - 1) * 3 * layer.heads * _kernel_head_dim(arch, layer.heads) * size
     return CacheEstimate(context, batch, kv * batch, state * batch, conv * batch, count_params(arch) * size)
 
 
@@ -126,17 +127,17 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
     d, B = arch.d_model, batch
     launches = 1 + 2 + 1  # embedding gather; final norm + head; position counter
     act = B * d * size * 2 + B * arch.n_out * size  # embedding rows, final norm, logits
-    cache = state = 0
+    cache = state = padding = 0  # padding: weights the padded heads add (zero rows and columns)
     for layer in arch.layers:
         if layer.mixer != "none":
             launches += 3  # norm, qkv, out
-            act += B * d * size * 2 + B * 3 * d * size + B * d * size * 3  # norm, qkv out, out + residual
             p = _kernel_head_dim(arch, layer.heads)
-            if p * layer.heads != d:
-                launches += 4  # zero-padding the heads to a kernel's head dim and back (torch copies)
+            hp = layer.heads * p  # the heads padded to p in the weights: qkv writes 3·hp, out reads hp
+            padding += (hp - d) * (4 * d + 3 + (3 * (layer.short_conv + 1) if layer.short_conv else 0))
+            act += B * d * size * 2 + B * 3 * hp * size + B * (hp + 2 * d) * size  # norm, qkv out, out + residual
             if layer.short_conv:
                 launches += 1
-                state += 2 * (layer.short_conv - 1) * 3 * d * B * size + B * 3 * d * size * 2
+                state += 2 * (layer.short_conv - 1) * 3 * hp * B * size + B * 3 * hp * size * 2
             if layer.mixer == "attention":
                 launches += 2  # rope + append; split-KV (the last slice of each head combines)
                 cache += 2 * context * layer.heads * p * B * size
@@ -147,5 +148,5 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
         if hidden:
             launches += 3
             act += B * d * size * 2 + B * hidden * size * 2 + B * d * size * 3
-    weights = count_params(arch) - arch.vocab_size * d  # the embedding table is gathered, B rows of it
+    weights = count_params(arch) - arch.vocab_size * d + padding  # the embedding table: B rows gathered
     return DecodeWork(launches, weights * size, cache, state + act)

@@ -2,9 +2,11 @@
 
 ``launches(arch, shape, sm_count)`` walks the same path as
 ``nas.models.triton_model.TritonModel.forward`` (and the kernel wrappers' own launch choices)
-without a GPU: embedding gather, then per block norm → qkv linear → short conv → [head padding] →
-attention / linear attention → [unpadding] → out linear (+residual); norm → MLP up (+activation) →
-MLP down (+residual); final norm; head.
+without a GPU: embedding gather, then per block norm → qkv linear → short conv → attention /
+linear attention → out linear (+residual); norm → MLP up (+activation) →
+MLP down (+residual); final norm; head. A head dim the kernels do not run is
+padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
+conv ``3·H·P`` channels and the out linear ``K = H·P`` deep.
 
 Every launch belongs to a *class* (one set of fitted coefficients: ``linear.tma``,
 ``attention.D64``, ``norm.rmsnorm``, …). Its features are the
@@ -31,8 +33,7 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
   (``kernels.linear_attention.configs.prefers_two_pass``), class ``linear_attention.two_pass.D*``:
   ``[2, pass-2 waves, pass-1 waves · c, 0, 0, 0, MB moved with the states' write and read]``.
 - norm (per kind; a program holds ~4096 elements whatever d is): ``[1, ⌈P/S⌉, MB moved]``;
-  conv: ``[1, ⌈P/S⌉, ⌈P/S⌉·width, MB moved]``; embedding and the torch copies of head padding:
-  ``[1, MB moved]``.
+  conv: ``[1, ⌈P/S⌉, ⌈P/S⌉·width, MB moved]``; embedding gather: ``[1, MB moved]``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "norm": ("launch", "waves", "mbytes"),
     "conv": ("launch", "waves", "taps", "mbytes"),
     "embed": ("launch", "mbytes"),
-    "copy": ("launch", "mbytes"),
 }
 # launch: fixed cost per kernel; wave: per program-wave on an SM (latency); tensor: tensor-core
 # work on the busiest SM; vector: CUDA-core work on the busiest SM; bytes: HBM traffic
@@ -218,28 +218,6 @@ def _conv(name: str, B: int, T: int, C: int, width: int, sms: int) -> Launch:
     return Launch(name, "conv", (1.0, w, w * width, moved))
 
 
-def _copy(name: str, elements: int, passes: float = 2.0) -> Launch:
-    return Launch(name, "copy", (1.0, passes * elements * _SIZE * _MB))
-
-
-def _padding(prefix: str, B: int, T: int, H: int, D: int, P: int, mixer: str, feature_map: str | None) -> list[Launch]:
-    """The torch ops of ``triton_model._pad_heads`` / ``_unpad_heads`` for head dim D run as P."""
-    tokens = B * T
-    ops = [_copy(f"{prefix}.pad_zeros", 3 * tokens * H * P, passes=1.0)]
-    if mixer == "attention":  # two half-head copies in, one cat out
-        ops += [
-            _copy(f"{prefix}.pad_lo", 3 * tokens * H * D // 2),
-            _copy(f"{prefix}.pad_hi", 3 * tokens * H * D // 2),
-            _copy(f"{prefix}.unpad", tokens * H * D),
-        ]
-    else:
-        ops.append(_copy(f"{prefix}.pad", 3 * tokens * H * D))
-        if feature_map in ("elu+1", "identity"):  # -inf keys / rescaled queries
-            ops.append(_copy(f"{prefix}.pad_fix", tokens * H * (P - D if feature_map == "elu+1" else D)))
-        ops.append(_copy(f"{prefix}.unpad", tokens * H * D))
-    return ops
-
-
 def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]:
     """The kernel launches of ``arch``'s TritonModel forward at ``shape`` in execution order, with
     their features on a GPU of ``sm_count`` SMs. ValueError for a head dim no kernel runs."""
@@ -253,23 +231,20 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             P = padded_head_dim(D)
             if P is None:
                 raise ValueError(f"layer {i}: head dim {D} has no {layer.mixer} kernel")
+            HP = layer.heads * P  # heads padded to P in the weights: the projection writes them so
             out += [
                 _norm(f"{prefix}.mixer_norm", layer.norm, M, d, sm_count),
-                _linear(f"{prefix}.qkv", M, 3 * d, d, sm_count),
+                _linear(f"{prefix}.qkv", M, 3 * HP, d, sm_count),
             ]
             if layer.short_conv:
-                out.append(_conv(f"{prefix}.short_conv", B, T, 3 * d, layer.short_conv, sm_count))
-            if P != D:
-                out += _padding(prefix, B, T, layer.heads, D, P, layer.mixer, layer.feature_map)
+                out.append(_conv(f"{prefix}.short_conv", B, T, 3 * HP, layer.short_conv, sm_count))
             if layer.mixer == "attention":
                 out.append(_attention(f"{prefix}.attention", B, T, layer.heads, P, sm_count))
             else:
                 out.append(
                     _linear_attention(f"{prefix}.linear_attention", B, T, layer.heads, P, layer.feature_map, sm_count)
                 )
-            if P != D:  # the unpad copy runs after the mixer
-                out.append(out.pop(-2))
-            out.append(_linear(f"{prefix}.out", M, d, d, sm_count, residual=True))
+            out.append(_linear(f"{prefix}.out", M, d, HP, sm_count, residual=True))
         if layer.mlp_ratio > 0:
             hidden = mlp_hidden(layer, d)
             out += [

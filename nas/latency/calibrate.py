@@ -7,10 +7,10 @@
    from Triton's cache so that the timed process tunes alone);
 2. times every kernel family the ``TritonModel`` launches — fused linear (every epilogue, every
    kernel path: TMA, small M, short K, long K), flash attention and chunked linear attention per
-   head dim and feature map, both norms, the short conv, the embedding gather and the torch
-   copies of head padding — over ``kernel_grid()``: d 32-512, the three latency shapes (and
-   linear attention over one long sequence, where few heads take the identity map's two passes),
-   vocab sizes that do and do not fill the last tile, so wave quantisation over the SM count shows;
+   head dim and feature map, both norms, the short conv and the embedding gather — over
+   ``kernel_grid()``: d 32-512, the three latency shapes (and linear attention over one long
+   sequence, where few heads take the identity map's two passes), vocab sizes that do and do not
+   fill the last tile, so wave quantisation over the SM count shows;
    each kernel back to back in a CUDA graph, the per-launch graph gap included;
 3. fits stage 1 of ``nas.latency._model`` on those timings (the prior), then stage 2 (every
    class's coefficients refitted on whole forwards, pulled toward the prior; graph gap,
@@ -158,7 +158,7 @@ class KernelCase:
             return L._conv("conv", a["B"], a["T"], a["C"], a["width"], sm_count)
         if self.family == "embed":
             return L.Launch("embed", "embed", (1.0, (a["M"] * 8 + 2 * a["M"] * a["d"]) * 2e-6))
-        return L._copy("copy", a["n"], passes=1.0 if a["op"] == "zeros" else 2.0)
+        raise ValueError(f"unknown kernel family {self.family!r}")
 
 
 def _case(family: str, **kw: Any) -> KernelCase:
@@ -218,8 +218,6 @@ def kernel_grid() -> list[KernelCase]:
         for d in D_GRID:
             for rows in (1, 8, 32, 256, 8192, 16384):
                 cases.append(_case("norm", kind=kind, rows=rows, d=d))
-    for n in (10**4, 10**5, 10**6, 10**7, 5 * 10**7):
-        cases += [_case("copy", op="zeros", n=n), _case("copy", op="copy", n=n)]
     return cases
 
 
@@ -261,11 +259,7 @@ def _kernel_fn(case: KernelCase, device: str = CUDA) -> Callable[[], object]:
         table = rand(a["vocab"], a["d"])
         ids = torch.randint(0, a["vocab"], (a["M"],), device=dev)
         return lambda: torch.nn.functional.embedding(ids, table)
-    src = rand(a["n"])
-    if a["op"] == "zeros":
-        return lambda: torch.zeros(a["n"], device=dev, dtype=bf)
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
+    raise ValueError(f"unknown kernel family {case.family!r}")
 
 
 def graph_us(fn: Callable[[], object], *, calls: int = 20, reps: int = 15) -> float:

@@ -33,7 +33,6 @@ IDENTIFIABLE = (
     "attention.sdpa.D64",
     "linear_attention.D32",
     "conv",
-    "copy",
 )
 
 

@@ -50,6 +50,27 @@ def test_decode_work_bytes_by_hand() -> None:
     assert decode_work(arch, 1000, 2).launches == decode_work(arch, 9999, 7).launches
 
 
+def test_padded_heads_cost_weights_not_launches() -> None:
+    """Head dim 24 (d 48, 2 heads) runs as 32 with the padding in the weights: the step launches
+    what an unpadded layer does, reads the wider qkv / out weights, and its conv window and cache
+    are the ``TritonDecoder``'s own buffers, byte for byte."""
+    import torch
+
+    from nas.latency import count_params
+    from nas.models import TritonDecoder, build, to_triton
+
+    padded = ArchSpec(48, (LayerSpec("attention", heads=2, short_conv=4, mlp_ratio=0.0),), 64, 64)
+    plain = ArchSpec(64, (LayerSpec("attention", heads=2, short_conv=4, mlp_ratio=0.0),), 64, 64)
+    assert decode_work(padded, 100).launches == decode_work(plain, 100).launches
+    extra = (64 - 48) * (4 * 48 + 3 + 3 * 5)  # zero qkv rows + out columns, qkv bias, conv weights + bias
+    assert decode_work(padded, 100).weight_bytes == (count_params(padded) - 64 * 48 + extra) * 2
+    decoder = TritonDecoder(to_triton(build(padded, seed=0), dtype=torch.bfloat16), batch=3, capacity=100)
+    (buf,) = decoder.layers
+    c = cache_memory(padded, 100, 3)
+    assert c.conv_bytes == buf.conv.numel() * buf.conv.element_size()
+    assert c.kv_cache_bytes == (buf.k.numel() + buf.v.numel()) * buf.k.element_size()
+
+
 def test_fit_recovers_the_coefficients_of_rows_it_generated() -> None:
     true = [2.5, 0.30, 0.22, 0.9]  # µs per launch, per MiB of weights, cache, state
     rows = []

@@ -170,19 +170,21 @@ class TwoPassConfig:
             _power_of_two("TwoPassConfig", name, getattr(self, name))
 
 
-# sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200*.json): the
-# first is the route's launch, the rest are timed and tested beside it.
+# sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200_first.json):
+# the first is the route's launch, the fastest there at B·H = 4 over 2048-4097 tokens (128-token
+# chunks: half the sequential steps of pass 1; 32-row state blocks: twice its programs); the rest
+# are timed and tested beside it.
 TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
     16: (TwoPassConfig(64, 16, 16, 4, 2),),
-    32: (TwoPassConfig(64, 32, 32, 4, 2),),
-    64: (TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 32, 64, 4, 2)),
-    128: (TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 64, 128, 8, 2)),
+    32: (TwoPassConfig(128, 32, 32, 4, 2), TwoPassConfig(64, 32, 32, 4, 2)),
+    64: (TwoPassConfig(128, 32, 64, 8, 2), TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 32, 64, 4, 2)),
+    128: (TwoPassConfig(128, 32, 64, 8, 2), TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 64, 128, 8, 2)),
 }
 # The identity map's route on sm_90 for bf16: the two passes where they measured faster than the
-# fused kernel, which is few heads over long rows (the fused kernel's sequence split then leaves
-# its programs walking many chunks each): B·H at most TWO_PASS_MAX_HEADS[D] over at least
-# TWO_PASS_MIN_LENGTH[D] tokens.
-TWO_PASS_MAX_HEADS: dict[int, int] = {32: 16, 64: 16, 128: 16}
+# fused kernel (same file, 22 shapes): few heads over long rows, B·H = 4 at 4097 tokens (D 32:
+# 40.8 vs 52.7 µs; D 64: 47.4 vs 53.3; D 128: 49.0 vs 69.0) and at 2048 for D 128 (29.7 vs
+# 35.7). Shorter rows, and 15-128 heads, stay fused (B·H between 4 and 15 was not measured).
+TWO_PASS_MAX_HEADS: dict[int, int] = {32: 4, 64: 4, 128: 4}
 TWO_PASS_MIN_LENGTH: dict[int, int] = {32: 4096, 64: 4096, 128: 2048}
 
 

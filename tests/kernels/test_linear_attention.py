@@ -130,6 +130,26 @@ def test_two_pass_rule_branches() -> None:
     assert not configs.prefers_two_pass((9, 0), 1, 1 << 16, 16), "D 16 was not measured"
 
 
+def test_two_pass_rule_against_the_measured_rows() -> None:
+    """Every row of the H200 sweep (fused kernel vs each two-pass config, bf16, 22 shapes): the
+    route the rule picks, with the launch the route takes, is within 10 % of the faster of the
+    two routes there."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/linear_attention_two_pass_h200_first.json"
+    rows = json.loads(path.read_text())["results"]
+    assert len(rows) == 22
+    for r in rows:
+        D = r["D"]
+        launch = configs.TWO_PASS_HOPPER[D][0]
+        two = {tuple(t["config"][:5]): t["us"]["median_us"] for t in r["two_pass"] if t["ok"]}
+        two_pass = two[(launch.chunk, launch.block_k, launch.block_v, launch.num_warps, launch.num_stages)]
+        fused = r["fused_us"]["median_us"]
+        chosen = two_pass if configs.prefers_two_pass((9, 0), r["B"] * r["H"], r["L"], D) else fused
+        assert chosen <= 1.10 * min(fused, two_pass), f"the rule's route took {chosen / min(fused, two_pass):.2f}x: {r}"
+
+
 def test_two_pass_config_is_for_the_identity_map_only() -> None:
     q = torch.randn(1, 2, 5, 16)
     with pytest.raises(ValueError, match="identity map without return_state"):

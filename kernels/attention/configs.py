@@ -94,7 +94,7 @@ def attention_configs(device: torch.device, head_dim: int) -> tuple[AttentionCon
 
 # Route (``kernels/attention/triton.py``): torch's ``F.scaled_dot_product_attention`` with its
 # default backend instead of the Triton kernel, where it measured faster. On an H200 (torch 2.11,
-# triton 3.6, causal bf16, benchmarks/results/default_peers_h200_attention.json, 72 shapes with
+# triton 3.6, causal bf16, benchmarks/results/default_peers_h200_attention_triton_only.json, 72 shapes with
 # L 333-8192, B·H 4-512, D 32-128) the default backend is cuDNN's wgmma flash kernel and the
 # Triton kernel ran 0.37-0.92x its speed at 66 of them (median 0.75x; worst at many heads and
 # short rows, 32x16x333x64: 137.5 vs 50.5 µs). It won only where cuDNN's grid leaves SMs idle:

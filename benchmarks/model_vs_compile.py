@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/model_vs_compile.py [--archs 20] [--seed 7] [--start 0 --count N]
                                                           [--shapes 1x256 8x1024] [--out DIR] [--list]
+                                                          [--no-compile]
 
 Each architecture comes from the calibration's generator (``nas.latency.calibrate.random_arch``:
 depth 1-8, d 32-512, every mixer, feature map, short conv, MLP ratio, norm, vocab 64-8192) and is
@@ -19,6 +20,9 @@ their times count. ``ratio`` = ours / compile (lower is better). Targets (issue 
 ≤ 0.7 at each shape over ≥ 20 architectures, and no architecture above 1.0. The JSON is rewritten
 after every row, so a run cut short keeps what it timed; ``--start``/``--count`` run a slice of the
 architecture list (several GPU calls) and ``--merge`` joins the slices' files into one summary.
+Each side is also profiled once (torch.profiler: launches, summed kernel time, heaviest kernels),
+so ``*_gap_us`` (replay time minus kernel time) shows what is launch gaps rather than work.
+``--no-compile`` times and profiles ours alone (the compile is most of a row's minutes).
 ``--list`` prints the architectures and exits (no GPU needed).
 """
 
@@ -63,7 +67,32 @@ def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float("nan") if not torch.isfinite(a).all() else ((a - e).norm() / e.norm()).item()
 
 
-def bench(index: int, arch: ArchSpec, shape_text: str) -> dict:
+def profile_summary(kernels) -> dict:
+    """``(name, calls, device µs)`` per kernel name -> launches, summed kernel time and the six
+    heaviest kernels: set beside a graph replay's time, what is kernel work and what is the gaps
+    between launches."""
+    rows = sorted(kernels, key=lambda r: -r[2])
+    return {
+        "launches": sum(n for _, n, _ in rows),
+        "kernel_us": sum(us for _, _, us in rows),
+        "top": [{"kernel": name[:120], "calls": n, "us": us} for name, n, us in rows[:6]],
+    }
+
+
+def kernel_profile(fn) -> dict:
+    """``profile_summary`` of one eager call of ``fn`` (torch.profiler, CUDA activity)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    return profile_summary(
+        (e.key, e.count, getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in events
+    )
+
+
+def bench(index: int, arch: ArchSpec, shape_text: str, *, compile_peer: bool = True) -> dict:
     from nas.models import build, to_triton
 
     shape = parse_shape(shape_text)
@@ -80,6 +109,11 @@ def bench(index: int, arch: ArchSpec, shape_text: str) -> dict:
         tm = to_triton(model)
         row["ours_rel_err"] = _rel_err(tm(inputs[0]), expected)
         row["ours_us"] = time_graph([lambda x=x: tm.forward(x) for x in inputs])
+        row["ours_profile"] = kernel_profile(lambda: tm.forward(inputs[0]))
+        row["ours_gap_us"] = row["ours_us"].median_us - row["ours_profile"]["kernel_us"]
+        if not compile_peer:
+            row.update(ratio=None, correct=row["ours_rel_err"] <= TOLERANCE, compile_skipped=True)
+            return row
         torch._dynamo.reset()  # a fresh cache: no recompile limit reached, no eager fallback
         start = time.perf_counter()
         compiled = torch.compile(torch_bf16, mode=COMPILE_MODE)
@@ -88,6 +122,8 @@ def bench(index: int, arch: ArchSpec, shape_text: str) -> dict:
             row["compile_s"] = time.perf_counter() - start
             row["compile_rel_err"] = _rel_err(got, expected)
             row["compile_us"] = time_graph([lambda x=x: compiled(x) for x in inputs])
+            row["compile_profile"] = kernel_profile(lambda: compiled(inputs[0]))
+            row["compile_gap_us"] = row["compile_us"].median_us - row["compile_profile"]["kernel_us"]
         except Exception as e:  # noqa: BLE001 - recorded: the row then has no ratio
             row["compile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     correct = row["ours_rel_err"] <= TOLERANCE and row.get("compile_rel_err", 1.0) <= TOLERANCE
@@ -101,7 +137,7 @@ def summary(rows: list[dict]) -> dict:
     hold (None below 20 architectures: the issue's minimum)."""
     out = {}
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        mine = [r for r in rows if r["shape"] == shape]
+        mine = [r for r in rows if r["shape"] == shape and not r.get("compile_skipped")]
         ratios = [r["ratio"] for r in mine if r.get("ratio") is not None]
         failed = [r["arch_index"] for r in mine if r.get("ratio") is None]
         median = statistics.median(ratios) if ratios else None
@@ -137,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--list", action="store_true", help="print the architectures and exit")
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="time and profile ours only (minutes for the whole list; no ratios), to its own file",
+    )
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="join slice files into --out's file and exit")
     args = parser.parse_args(argv)
     for s in args.shapes:
@@ -162,19 +203,26 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("model_vs_compile.py times GPU forwards: no CUDA device here (--list works anywhere)")
     name = torch.cuda.get_device_name(0).split()[-1].lower()
     suffix = "" if (args.start, stop) == (0, len(archs)) else f"_{args.start}-{stop - 1}"
+    suffix += "_ours_only" if args.no_compile else ""
     path = out / f"model_vs_compile_{name}{suffix}.json"
     rows = []
     for i in chosen:
         for shape in args.shapes:
             try:
-                row = bench(i, archs[i], shape)
+                row = bench(i, archs[i], shape, compile_peer=not args.no_compile)
             except Exception as e:  # noqa: BLE001 - one broken architecture is recorded, not fatal
                 row = {"arch_index": i, "arch": describe(archs[i]), "shape": shape, "ratio": None}
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(row)
             ratio = row.get("ratio")
+            prof = row.get("ours_profile", {})
             print(
-                f"{i:3d} {row['arch']:28s} {shape:7s} ratio {ratio if ratio is None else round(ratio, 3)}", flush=True
+                f"{i:3d} {row['arch']:28s} {shape:7s} ratio {ratio if ratio is None else round(ratio, 3)}"
+                f" | ours {getattr(row.get('ours_us'), 'median_us', float('nan')):.1f} µs, {prof.get('launches')}"
+                f" launches, {prof.get('kernel_us', float('nan')):.1f} µs in kernels"
+                f" | compile {getattr(row.get('compile_us'), 'median_us', float('nan')):.1f} µs,"
+                f" {row.get('compile_profile', {}).get('launches')} launches",
+                flush=True,
             )
             write_results(
                 path,

@@ -58,3 +58,16 @@ def test_list_runs_without_a_gpu(capsys):
     with pytest.raises(SystemExit) as exit_:
         mc.main(["--list", "--shapes", "8by1024"])
     assert exit_.value.code == 2 and "invalid shape '8by1024'" in capsys.readouterr().err
+
+
+def test_profile_summary_counts_launches_and_kernel_time_heaviest_first():
+    got = mc.profile_summary([("gemm", 3, 30.0), ("norm", 5, 10.0), ("memset", 1, 0.5)])
+    assert got["launches"] == 9 and got["kernel_us"] == pytest.approx(40.5)
+    assert [k["kernel"] for k in got["top"]] == ["gemm", "norm", "memset"]
+    assert mc.profile_summary([]) == {"launches": 0, "kernel_us": 0, "top": []}
+
+
+def test_rows_without_a_compile_are_not_failures():
+    rows = [_row(i, "1x256", 0.5) for i in range(20)] + [{**_row(20, "1x256", None), "compile_skipped": True}]
+    s = mc.summary(rows)["1x256"]
+    assert s["archs"] == 20 and s["failed_or_wrong"] == [] and s["worst_met"]

@@ -164,6 +164,20 @@ def merge(paths: list[str]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
+ENVIRONMENT_KEYS = ("gpu", "torch", "triton", "cuda", "python", "date")
+
+
+def slices_environment(paths: list[str]) -> dict:
+    """The GPU and versions the slices were timed with (not the machine that merges them); the
+    slices must agree on all but the date, which becomes the latest of theirs."""
+    envs = [{k: json.loads(Path(p).read_text()).get(k) for k in ENVIRONMENT_KEYS} for p in paths]
+    for env, p in zip(envs[1:], paths[1:], strict=True):
+        differ = [k for k in ENVIRONMENT_KEYS[:-1] if env[k] != envs[0][k]]
+        if differ:
+            raise SystemExit(f"{p}: timed with another {', '.join(differ)} than {paths[0]}; not merged")
+    return {**envs[0], "date": max(str(e["date"]) for e in envs)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", type=int, default=20, help="architectures in the list (default 20)")
@@ -195,7 +209,14 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     if args.merge:
         rows = merge(args.merge)
-        path = write_results(out / "model_vs_compile_merged.json", rows, summary=summary(rows), seed=args.seed)
+        path = write_results(
+            out / "model_vs_compile_merged.json",
+            rows,
+            **slices_environment(args.merge),
+            merged_from=[Path(p).name for p in args.merge],
+            summary=summary(rows),
+            seed=args.seed,
+        )
         print(json.dumps(summary(rows), indent=1))
         print(f"wrote {path}")
         return

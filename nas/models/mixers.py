@@ -139,12 +139,29 @@ def _rows(x: torch.Tensor, capacity: int) -> torch.Tensor:
 
 
 class SelfAttention(_HeadsMixer):
-    """Causal multi-head softmax attention with rotary positions. x ``[B, T, d]`` → ``[B, T, d]``."""
+    """Causal multi-head softmax attention with rotary positions. x ``[B, T, d]`` → ``[B, T, d]``.
+
+    The rotary tables are kept between forwards (a plain attribute, not a buffer: never in the
+    state dict) and sliced to T, as a deployed model keeps them; rows are computed one position at
+    a time, so a slice equals the tables computed at T. An export traces them from T instead, so
+    the exported graph takes any sequence length."""
+
+    def __init__(self, d_model: int, heads: int, short_conv: int) -> None:
+        super().__init__(d_model, heads, short_conv)
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _tables(self, T: int, D: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export():
+            return rope_tables(T, D, device=like.device, dtype=like.dtype)
+        cached = self._rope_cache
+        if cached is None or cached[0].shape[0] < T or cached[0].dtype != like.dtype or cached[0].device != like.device:
+            cached = self._rope_cache = rope_tables(T, D, device=like.device, dtype=like.dtype)
+        return cached[0][:T], cached[1][:T]
 
     def _mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The output ``[B, T, d]``, the rotated keys and the values ``[B, H, T, Dh]``, the raw projection."""
         q, k, v, raw = self._split(x)
-        cos, sin = rope_tables(q.shape[2], q.shape[3], device=q.device, dtype=q.dtype)
+        cos, sin = self._tables(q.shape[2], q.shape[3], q)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self._merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)), k, v, raw
 

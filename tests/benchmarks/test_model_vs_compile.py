@@ -71,3 +71,17 @@ def test_rows_without_a_compile_are_not_failures():
     rows = [_row(i, "1x256", 0.5) for i in range(20)] + [{**_row(20, "1x256", None), "compile_skipped": True}]
     s = mc.summary(rows)["1x256"]
     assert s["archs"] == 20 and s["failed_or_wrong"] == [] and s["worst_met"]
+
+
+def test_merge_keeps_the_slices_gpu_and_versions_and_refuses_mixed_ones(tmp_path, capsys):
+    env = {"gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "python": "3.12.3"}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({**env, "date": "2026-12-02T17:00", "results": [_row(0, "1x256", 0.5)]}))
+    b.write_text(json.dumps({**env, "date": "2026-12-02T17:30", "results": [_row(1, "1x256", 0.7)]}))
+    mc.main(["--merge", str(a), str(b), "--out", str(tmp_path)])
+    merged = json.loads((tmp_path / "model_vs_compile_merged.json").read_text())
+    assert {k: merged[k] for k in env} == env and merged["date"] == "2026-12-02T17:30"
+    assert merged["merged_from"] == ["a.json", "b.json"] and merged["summary"]["1x256"]["timed"] == 2
+    b.write_text(json.dumps({**env, "gpu": "NVIDIA H100", "date": "x", "results": []}))
+    with pytest.raises(SystemExit, match="another gpu"):
+        mc.main(["--merge", str(a), str(b), "--out", str(tmp_path)])

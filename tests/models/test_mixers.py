@@ -225,6 +225,26 @@ def test_self_attention_matches_naive(shape, short_conv, dtype_tol):
     torch.testing.assert_close(m(x), naive_self_attention(m, x), atol=atol, rtol=rtol)
 
 
+def test_rope_tables_are_kept_between_forwards_and_sliced_exactly():
+    """Tables are computed when a longer sequence (or another dtype) first comes, and a shorter
+    one reads a slice that equals its own tables bit for bit; the state dict never holds them."""
+    torch.manual_seed(0)
+    m = SelfAttention(24, 3, 0)
+    x = torch.randn(2, 40, 24)
+    computed = []
+    for T in (9, 5, 9, 40, 17):
+        before = m._rope_cache
+        got = m(x[:, :T])
+        computed.append(m._rope_cache is not before)
+        fresh = SelfAttention(24, 3, 0)
+        fresh.load_state_dict(m.state_dict())
+        assert torch.equal(got, fresh(x[:, :T])), T  # fresh computes its tables at T
+    assert computed == [True, False, False, True, False]
+    m.double()(x[:, :5].double())  # another dtype: computed again, not a cast of the fp32 tables
+    assert m._rope_cache[0].dtype == torch.float64
+    assert not any("rope" in key for key in m.state_dict())
+
+
 def test_rope_is_not_a_no_op():
     """The reference would also pass for an attention with no positions at all, were it not for this."""
     torch.manual_seed(0)

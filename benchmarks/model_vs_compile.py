@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/model_vs_compile.py [--archs 20] [--seed 7] [--start 0 --count N]
                                                           [--shapes 1x256 8x1024] [--out DIR] [--list]
-                                                          [--no-compile]
+                                                          [--no-compile] [--gpus N] [--skip-done F…]
 
 Each architecture comes from the calibration's generator (``nas.latency.calibrate.random_arch``:
 depth 1-8, d 32-512, every mixer, feature map, short conv, MLP ratio, norm, vocab 64-8192) and is
@@ -23,6 +23,13 @@ architecture list (several GPU calls) and ``--merge`` joins the slices' files in
 Each side is also profiled once (torch.profiler: launches, summed kernel time, heaviest kernels),
 so ``*_gap_us`` (replay time minus kernel time) shows what is launch gaps rather than work.
 ``--no-compile`` times and profiles ours alone (the compile is most of a row's minutes).
+
+A row's compile takes 1-3.5 minutes on an H200 (max-autotune), so the 40 rows take over an hour
+on one GPU. ``--gpus N`` runs N processes, each on its own GPU (``CUDA_VISIBLE_DEVICES``) with
+every N-th row (``--shard K/N``), and merges their files; ``--skip-done`` leaves out rows an
+earlier call already timed:
+
+    python benchmarks/model_vs_compile.py --gpus 8 --skip-done benchmarks/results/model_vs_compile_merged.json
 ``--list`` prints the architectures and exits (no GPU needed).
 """
 
@@ -31,7 +38,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -178,6 +187,43 @@ def slices_environment(paths: list[str]) -> dict:
     return {**envs[0], "date": max(str(e["date"]) for e in envs)}
 
 
+def _shard(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"invalid shard {text!r}: K/N with 0 <= K < N")
+    return int(k), int(n)
+
+
+def work(
+    chosen: list[int], shapes: list[str], done: list[dict], shard: tuple[int, int] | None
+) -> list[tuple[int, str]]:
+    """The (architecture, shape) rows to run: those not ``done`` (rows with a ratio), every N-th
+    from the K-th with a shard (interleaved, so the shards' compiles cost about the same)."""
+    have = {(r["arch_index"], r["shape"]) for r in done if r.get("ratio") is not None}
+    todo = [(i, s) for i in chosen for s in shapes if (i, s) not in have]
+    return todo if shard is None else todo[shard[0] :: shard[1]]
+
+
+def shard_commands(argv: list[str], gpus: int) -> list[tuple[list[str], dict]]:
+    """One child per GPU: this script with ``argv`` less ``--gpus``, plus ``--shard k/gpus``, on
+    ``CUDA_VISIBLE_DEVICES=k`` (so autotuning never shares a GPU with another's timing)."""
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--gpus":
+            skip = True
+        elif not a.startswith("--gpus="):
+            rest.append(a)
+    return [
+        (
+            [sys.executable, str(Path(__file__).resolve()), *rest, "--shard", f"{k}/{gpus}"],
+            {**os.environ, "CUDA_VISIBLE_DEVICES": str(k)},
+        )
+        for k in range(gpus)
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", type=int, default=20, help="architectures in the list (default 20)")
@@ -193,6 +239,16 @@ def main(argv: list[str] | None = None) -> None:
         help="time and profile ours only (minutes for the whole list; no ratios), to its own file",
     )
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="join slice files into --out's file and exit")
+    parser.add_argument(
+        "--skip-done", nargs="+", default=[], metavar="JSON", help="leave out rows these files hold (a later call)"
+    )
+    parser.add_argument("--shard", type=_shard, help="K/N: this process runs every N-th row from the K-th")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="one process per GPU, each on its own device with its own shard, then merged (compile dominates)",
+    )
     args = parser.parse_args(argv)
     for s in args.shapes:
         try:
@@ -222,38 +278,46 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         raise SystemExit("model_vs_compile.py times GPU forwards: no CUDA device here (--list works anywhere)")
+    if args.gpus > 1:
+        procs = [subprocess.Popen(cmd, env=env) for cmd, env in shard_commands(argv or sys.argv[1:], args.gpus)]
+        codes = [proc.wait() for proc in procs]
+        files = sorted(str(f) for f in out.glob(f"model_vs_compile_*_shard*of{args.gpus}.json"))
+        main(["--merge", *args.skip_done, *files, "--out", str(out), "--seed", str(args.seed)])
+        if any(codes):
+            raise SystemExit(f"shards exited with {codes}")
+        return
     name = torch.cuda.get_device_name(0).split()[-1].lower()
     suffix = "" if (args.start, stop) == (0, len(archs)) else f"_{args.start}-{stop - 1}"
     suffix += "_ours_only" if args.no_compile else ""
+    suffix += f"_shard{args.shard[0]}of{args.shard[1]}" if args.shard else ""
     path = out / f"model_vs_compile_{name}{suffix}.json"
     rows = []
-    for i in chosen:
-        for shape in args.shapes:
-            try:
-                row = bench(i, archs[i], shape, compile_peer=not args.no_compile)
-            except Exception as e:  # noqa: BLE001 - one broken architecture is recorded, not fatal
-                row = {"arch_index": i, "arch": describe(archs[i]), "shape": shape, "ratio": None}
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            rows.append(row)
-            ratio = row.get("ratio")
-            prof = row.get("ours_profile", {})
-            print(
-                f"{i:3d} {row['arch']:28s} {shape:7s} ratio {ratio if ratio is None else round(ratio, 3)}"
-                f" | ours {getattr(row.get('ours_us'), 'median_us', float('nan')):.1f} µs, {prof.get('launches')}"
-                f" launches, {prof.get('kernel_us', float('nan')):.1f} µs in kernels"
-                f" | compile {getattr(row.get('compile_us'), 'median_us', float('nan')):.1f} µs,"
-                f" {row.get('compile_profile', {}).get('launches')} launches",
-                flush=True,
-            )
-            write_results(
-                path,
-                rows,
-                summary=summary(rows),
-                seed=args.seed,
-                compile_mode=COMPILE_MODE,
-                timing="CUDA-graph replay, median of 50 replays; token batches rotated over copies larger than L2",
-            )
-            torch.cuda.empty_cache()
+    for i, shape in work(chosen, args.shapes, merge(args.skip_done) if args.skip_done else [], args.shard):
+        try:
+            row = bench(i, archs[i], shape, compile_peer=not args.no_compile)
+        except Exception as e:  # noqa: BLE001 - one broken architecture is recorded, not fatal
+            row = {"arch_index": i, "arch": describe(archs[i]), "shape": shape, "ratio": None}
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+        ratio = row.get("ratio")
+        prof = row.get("ours_profile", {})
+        print(
+            f"{i:3d} {row['arch']:28s} {shape:7s} ratio {ratio if ratio is None else round(ratio, 3)}"
+            f" | ours {getattr(row.get('ours_us'), 'median_us', float('nan')):.1f} µs, {prof.get('launches')}"
+            f" launches, {prof.get('kernel_us', float('nan')):.1f} µs in kernels"
+            f" | compile {getattr(row.get('compile_us'), 'median_us', float('nan')):.1f} µs,"
+            f" {row.get('compile_profile', {}).get('launches')} launches",
+            flush=True,
+        )
+        write_results(
+            path,
+            rows,
+            summary=summary(rows),
+            seed=args.seed,
+            compile_mode=COMPILE_MODE,
+            timing="CUDA-graph replay, median of 50 replays; token batches rotated over copies larger than L2",
+        )
+        torch.cuda.empty_cache()
     print(json.dumps(summary(rows), indent=1))
     print(f"wrote {path}")
 

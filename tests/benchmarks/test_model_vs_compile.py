@@ -85,3 +85,27 @@ def test_merge_keeps_the_slices_gpu_and_versions_and_refuses_mixed_ones(tmp_path
     b.write_text(json.dumps({**env, "gpu": "NVIDIA H100", "date": "x", "results": []}))
     with pytest.raises(SystemExit, match="another gpu"):
         mc.main(["--merge", str(a), str(b), "--out", str(tmp_path)])
+
+
+def test_shards_split_the_rows_left_to_do_exactly_once():
+    done = [_row(0, "1x256", 0.7), _row(1, "1x256", None)]  # a failed row is run again
+    todo = mc.work([0, 1, 2], ["1x256", "8x1024"], done, None)
+    assert todo == [(0, "8x1024"), (1, "1x256"), (1, "8x1024"), (2, "1x256"), (2, "8x1024")]
+    shards = [mc.work([0, 1, 2], ["1x256", "8x1024"], done, (k, 3)) for k in range(3)]
+    assert sorted(r for s in shards for r in s) == sorted(todo) and all(len(s) <= 2 for s in shards)
+
+
+def test_one_child_per_gpu_on_its_own_device_with_its_shard():
+    cmds = mc.shard_commands(["--gpus", "4", "--shapes", "1x256", "--skip-done", "a.json"], 4)
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in cmds] == ["0", "1", "2", "3"]
+    for k, (argv, _) in enumerate(cmds):
+        assert "--gpus" not in argv and argv[-2:] == ["--shard", f"{k}/4"]
+        assert argv[2:-2] == ["--shapes", "1x256", "--skip-done", "a.json"]
+    assert "--gpus=2" not in mc.shard_commands(["--gpus=2"], 2)[0][0]
+
+
+@pytest.mark.parametrize("bad", ["3/3", "1", "a/b", "-1/2"])
+def test_a_bad_shard_is_one_line_and_exit_2(bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        mc.main(["--list", f"--shard={bad}"])
+    assert exit_.value.code == 2 and "invalid shard" in capsys.readouterr().err

@@ -27,8 +27,10 @@ bandwidth counts the cache bytes read (2·B·H·N·D·2) and is given as a fract
 a 2 GiB fp32 copy by an elementwise kernel on the SMs, graph-replayed after 0.3 s of warm-up,
 taken at the start and the end of the run (the larger counts; ``copy_``, recorded too, becomes a
 memcpy node in a graph, run by the copy engine at 2.7 TB/s on an H200: no ceiling for a kernel).
-Checks ours against SDPA first. Writes
-``decode_attention_<gpu>.json``.
+Each shape also times two floors at its own traffic the same way: an SM copy moving the cache's
+bytes (half read, half written) and a read-only ``torch.sum`` over a cache-sized buffer (rows
+``floor: …``; ``vs_copy_same_bytes`` on ours): a few tens of MB cannot reach the 2 GiB copy's
+bandwidth either. Checks ours against SDPA first. Writes ``decode_attention_<gpu>.json``.
 """
 
 from __future__ import annotations

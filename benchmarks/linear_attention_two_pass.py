@@ -33,31 +33,45 @@ from benchmarks.default_peers import (  # noqa: E402
     linear_attention_grid,
 )
 
+# Beyond default_peers' grid: B·H between its 4 and 128 and up to 512, and 8192 tokens (the
+# issue's grid names B·H 4-512 and L up to 8192).
+EXTRA_CASES = ((2, 8, 1000, 64), (2, 8, 8192, 64), (4, 8, 2048, 128), (1, 16, 8192, 32), (32, 16, 1024, 64))
+ONE_GROUP = 1 << 30  # a group larger than any sequence: pass 1 walks every chunk in one program
+
 
 def candidates(D: int) -> list:
-    """Two-pass launch configs worth timing at head dim D: 64- and 128-token chunks, 32- and
-    64-row state blocks, 64 columns (or D), pass 1 at 1-4 warps and 2-4 stages (pass 2 at 4
-    warps for 64-token chunks, 8 for 128)."""
-    from kernels.linear_attention.configs import TwoPassConfig
+    """Two-pass launch configs worth timing at head dim D: the route's launch with pass 1 in one
+    group (the design before groups), then 64- and 128-token chunks, 32- and 64-row state blocks,
+    64 columns (or D), pass 1 at 2 or 4 warps, pass 2 at 4 warps for 64-token chunks and 8 for
+    128, each with ``two_pass_group``'s groups."""
+    from kernels.linear_attention.configs import TWO_PASS_HOPPER, TwoPassConfig
 
-    out = []
+    out = [dataclasses.replace(TWO_PASS_HOPPER[D][0], group=ONE_GROUP)]
     for chunk in (64, 128):
         for bk in sorted({min(32, D), min(64, D)}):
-            for warps in (1, 2, 4):
-                for stages in (2, 3, 4):
-                    out.append(TwoPassConfig(chunk, bk, min(64, D), 4 if chunk == 64 else 8, 2, warps, stages))
+            for warps in (2, 4):
+                out.append(TwoPassConfig(chunk, bk, min(64, D), 4 if chunk == 64 else 8, 2, warps, 2))
     return out
+
+
+def _encode(cfg) -> list[int]:
+    return [0 if x is None else x for x in dataclasses.astuple(cfg)]
+
+
+def _decode(values: list[int]):
+    from kernels.linear_attention.configs import TwoPassConfig
+
+    return TwoPassConfig(*values[:5], *(x or None for x in values[5:]))
 
 
 def _check(D: int, cfg: list[int]) -> int:
     """Child process: run one config at two odd shapes against the fp32 reference (0: agrees)."""
     from kernels.linear_attention import reference
     from kernels.linear_attention import triton as la
-    from kernels.linear_attention.configs import TwoPassConfig
 
-    for B, H, L in ((3, 5, 1000), (2, 2, 333)):
+    for B, H, L in ((3, 5, 1000), (2, 2, 333), (1, 2, 4097)):
         qkv = torch.randn(B, L, 3 * H * D, device="cuda", dtype=torch.bfloat16)
-        got = la.linear_attention_qkv(qkv, H, feature_map="identity", config=TwoPassConfig(*cfg))
+        got = la.linear_attention_qkv(qkv, H, feature_map="identity", config=_decode(cfg))
         q, k, v = _views(qkv, H)
         want = reference.linear_attention(q.float(), k.float(), v.float(), feature_map="identity")
         err = _rel_err(got, want)
@@ -68,12 +82,49 @@ def _check(D: int, cfg: list[int]) -> int:
     return 0
 
 
+def _kernel_us(fn, reps: int = 20) -> dict[str, float]:
+    """Median device time (µs) of each CUDA kernel of ``fn`` over ``reps`` eager calls (torch.profiler)."""
+    import statistics
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and e.device_time > 0:
+            times.setdefault(e.name[:80], []).append(e.device_time)
+    return {name: statistics.median(t) for name, t in sorted(times.items())}
+
+
+def _passes(copies: list, H: int, cfg) -> dict:
+    """The two passes of ``cfg`` timed apart (graph replay over the same copies): pass 1 with the
+    carry scan, and pass 2 from states computed beforehand."""
+    from kernels.linear_attention import triton as la
+
+    views = [_views(c, H) for c in copies]
+    B, _, L, D = views[0][0].shape
+    plan = la.two_pass_plan(copies[0].device, B * H, L, D, cfg)
+    p1 = _time([partial(la._two_pass_states, k, v, plan) for _, k, v in views])
+    made = [la._two_pass_states(k, v, plan) for _, k, v in views]
+    outs = [torch.empty(B, L, H * D, device=copies[0].device, dtype=copies[0].dtype) for _ in views]
+    p2 = _time(
+        [
+            partial(la._two_pass_out, q, k, v, st, tot, o, D**-0.5, plan)
+            for (q, k, v), (st, tot), o in zip(views, made, outs, strict=True)
+        ]
+    )
+    return {"group": plan.group, "groups": plan.groups, "pass1_us": p1, "pass2_us": p2}
+
+
 def _vet(dims: list[int]) -> dict:
     """Every candidate config in its own process (a crash poisons a CUDA context): {(D, cfg): status}."""
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = [(D, list(dataclasses.astuple(c))) for D in dims for c in candidates(D)]
+    jobs = [(D, _encode(c)) for D in dims for c in candidates(D)]
 
     def one(job):
         D, cfg = job
@@ -85,11 +136,19 @@ def _vet(dims: list[int]) -> dict:
         return list(pool.map(one, jobs))
 
 
+def _brief(passes: dict | None) -> str:
+    if not passes:
+        return "-"
+    p1, p2 = passes["pass1_us"]["median_us"], passes["pass2_us"]["median_us"]
+    return f"g{passes['group']}x{passes['groups']} {p1:.1f} + {p2:.1f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--small", action="store_true", help="only shapes with B·H ≤ 64")
+    parser.add_argument("--extra", action="store_true", help="also EXTRA_CASES (B·H 16-512, L 1000-8192)")
     parser.add_argument("--check", nargs="+", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.check:
@@ -106,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         if v["rc"]:
             print("config failed its check:", v, flush=True)
     ok = {(v["D"], tuple(v["config"])) for v in vetted if v["rc"] == 0}
+    extra = EXTRA_CASES if args.extra else ()
     rows: list[dict] = []
-    for B, H, L, D in linear_attention_grid(args.quick):
+    for B, H, L, D in (*linear_attention_grid(args.quick), *extra):
         if args.small and B * H > 64:
             continue
         copies = _qkv(B, L, H, D)
@@ -126,12 +186,22 @@ def main(argv: list[str] | None = None) -> int:
             la.set_route(None)
         two = []
         for cfg in candidates(D):
-            if (D, tuple(dataclasses.astuple(cfg))) not in ok:
+            if (D, tuple(_encode(cfg))) not in ok:
                 continue
             fn = partial(la.linear_attention_qkv, copies[0], H, feature_map="identity", config=cfg)
             err = _rel_err(fn(), expected)
             t = _time([partial(la.linear_attention_qkv, c, H, feature_map="identity", config=cfg) for c in copies])
-            two.append({"config": list(dataclasses.astuple(cfg)), "rel_err": err, "us": t, "ok": err <= TOLERANCE})
+            plan = la.two_pass_plan(copies[0].device, B * H, L, D, cfg)
+            two.append(
+                {
+                    "config": _encode(cfg),
+                    "group": plan.group,
+                    "groups": plan.groups,
+                    "rel_err": err,
+                    "us": t,
+                    "ok": err <= TOLERANCE,
+                }
+            )
         good = [r for r in two if r["ok"]]
         best = min(good, key=lambda r: r["us"]["median_us"]) if good else None
         row = {
@@ -141,18 +211,22 @@ def main(argv: list[str] | None = None) -> int:
             "D": D,
             "peer_us": peer_t,
             "peer_kernels": _kernels(partial(peer, *natives[0])),
+            "peer_kernel_us": _kernel_us(partial(peer, *natives[0])),
             "fused_us": fused_t,
             "fused_rel_err": fused_err,
             "fused_speedup": peer_t["median_us"] / fused_t["median_us"],
             "two_pass": two,
             "best_two_pass": best["config"] if best else None,
             "best_two_pass_speedup": peer_t["median_us"] / best["us"]["median_us"] if best else None,
+            "best_two_pass_passes": _passes(copies, H, _decode(best["config"])) if best else None,
         }
         rows.append(row)
         print(
             f"B{B} H{H} L{L} D{D}: fla {peer_t['median_us']:.1f} fused {fused_t['median_us']:.1f} "
             f"({row['fused_speedup']:.2f}x) best two-pass {best['us']['median_us'] if best else float('nan'):.1f} "
-            f"{row['best_two_pass']} ({row['best_two_pass_speedup'] or 0:.2f}x)",
+            f"{row['best_two_pass']} ({row['best_two_pass_speedup'] or 0:.2f}x) one-group "
+            f"{two[0]['us']['median_us'] if two else float('nan'):.1f} | passes {_brief(row['best_two_pass_passes'])} "
+            f"| fla kernels {', '.join(f'{k[:24]} {t:.1f}' for k, t in row['peer_kernel_us'].items())}",
             flush=True,
         )
         write_results(args.out, rows, peer=note, vetted=vetted, complete=False)

@@ -43,6 +43,10 @@ __all__ = [
     "TWO_PASS_INTERPRETER",
     "two_pass_config",
     "prefers_two_pass",
+    "two_pass_group",
+    "CARRY_TILE",
+    "CARRY_BLOCK_G",
+    "TWO_PASS_STATE_PROGRAMS_PER_SM",
 ]
 
 
@@ -155,7 +159,9 @@ class TwoPassConfig:
     chunk's ``block_v`` output columns from its stored state and its own tokens, all chunks in
     parallel. chunk: tokens per chunk (both passes); num_warps, num_stages: pass 2's, as in
     ``triton.Config``; states_warps, states_stages: pass 1's (its chunk walk is sequential, so
-    fewer warps and deeper prefetch can pay), None: pass 2's."""
+    fewer warps and deeper prefetch can pay), None: pass 2's; group: chunks per pass-1 program
+    (the sequence is walked in groups in parallel, their totals carried over by a small scan
+    between the passes), None: ``two_pass_group`` per shape."""
 
     chunk: int
     block_k: int
@@ -164,10 +170,13 @@ class TwoPassConfig:
     num_stages: int
     states_warps: int | None = None
     states_stages: int | None = None
+    group: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("chunk", "block_k", "block_v"):
             _power_of_two("TwoPassConfig", name, getattr(self, name))
+        if self.group is not None and self.group < 1:
+            raise ValueError(f"TwoPassConfig.group must be >= 1 or None, got {self.group}")
 
 
 # sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200_first.json):
@@ -199,8 +208,31 @@ def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int,
 
 
 # TRITON_INTERPRET: 16-token chunks and 16-wide state blocks, so D = 32 has 2 × 2 blocks in pass 1
-# and two programs per chunk in pass 2, and odd lengths end in a masked chunk.
-TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1)
+# and two programs per chunk in pass 2, odd lengths end in a masked chunk, and groups of 2 chunks
+# put the carry between the passes on the path from 3 chunks up.
+TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
+
+# Pass 1's groups: a program walking its chunks in order is bound by one SM's share of the memory
+# bandwidth (B·H = 4 at 4097 tokens kept 8 of 132 SMs busy for 33 sequential chunks), so the
+# chunks are split into groups until the grid holds TWO_PASS_STATE_PROGRAMS_PER_SM programs per
+# SM. Each extra group costs its fp32 D×D total written, scanned and read by pass 2's programs.
+TWO_PASS_STATE_PROGRAMS_PER_SM = 2
+# The carry scan: TILE state entries per program, BLOCK_G groups per step (a [16, 256] fp32 tile).
+CARRY_TILE = 256
+CARRY_BLOCK_G = 16
+
+
+def two_pass_group(blocks: int, chunks: int, sms: int) -> int:
+    """Chunks per pass-1 program for ``blocks`` = B·H·(D/block_k)·(D/block_v) state blocks over
+    ``chunks`` chunks on ``sms`` SMs: the largest group that still gives the grid
+    TWO_PASS_STATE_PROGRAMS_PER_SM programs per SM (all chunks in one group when the blocks alone
+    do; one chunk per group when even that falls short)."""
+    want = -(-TWO_PASS_STATE_PROGRAMS_PER_SM * sms // blocks)  # groups needed
+    if want <= 1:
+        return chunks
+    if want >= chunks:
+        return 1
+    return -(-chunks // (want - 1)) - 1  # the largest g with ceil(chunks / g) ≥ want
 
 
 def two_pass_config(device: torch.device, head_dim: int) -> TwoPassConfig:

@@ -48,6 +48,8 @@ from kernels._autotune import autotune
 from kernels._common import INTERPRETED, Routes, check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
 from kernels.device import is_cuda
 from kernels.linear_attention.configs import (
+    CARRY_BLOCK_G,
+    CARRY_TILE,
     ChunkConfig,
     StepConfig,
     TwoPassConfig,
@@ -56,6 +58,7 @@ from kernels.linear_attention.configs import (
     split_for,
     step_config,
     two_pass_config,
+    two_pass_group,
 )
 from kernels.linear_attention.reference import CHUNK, EPS, FEATURE_MAPS, normalizes
 
@@ -66,6 +69,8 @@ __all__ = [
     "last_route",
     "last_tuned_config",
     "set_route",
+    "two_pass_plan",
+    "TwoPassPlan",
 ]
 
 _EPS = tl.constexpr(EPS)
@@ -298,11 +303,12 @@ def _step_kernel(
                 tl.atomic_xchg(TICKETS + bh, 0, sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NC", "GROUP"])
 def _two_pass_states_kernel(
     K,
     V,
-    HS,  # k, v [B, H, T, D] strided; HS [B·H, NC, D, D] (the state before each chunk), HS's dtype
+    HS,
+    TOTALS,  # k, v [B, H, T, D] strided; HS [B·H, NC, D, D] in HS's dtype; TOTALS [B·H, NG, D, D] fp32
     stride_kb,
     stride_kh,
     stride_kt,
@@ -312,15 +318,22 @@ def _two_pass_states_kernel(
     H,
     T,
     NC,
+    GROUP,
     HEAD_DIM: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     CHUNK: tl.constexpr,
+    CARRY: tl.constexpr,
 ):
-    # Pass 1, one program per (batch·head, block of state rows, block of state columns): the
-    # identity map's state S = Σ kᵀv is separable by rows and columns, so the blocks walk the
-    # chunks independently; each stores the state before the chunk, then adds the chunk.
-    bh = tl.program_id(0)
+    # Pass 1, one program per (batch·head, group of GROUP chunks, block of state rows, block of
+    # state columns): the identity map's state S = Σ kᵀv is a plain sum, separable by rows and
+    # columns and by chunks, so each program walks only its group's chunks from zero, storing
+    # the state before each chunk *within the group*; with several groups (CARRY) it also stores
+    # its group's total, whose prefix over the groups (``_two_pass_carry_kernel``) pass 2 adds.
+    NG = tl.cdiv(NC, GROUP)
+    pid = tl.program_id(0)
+    bh = pid // NG
+    g = pid % NG
     k0 = tl.program_id(1) * BLOCK_K
     v0 = tl.program_id(2) * BLOCK_V
     b = (bh // H).to(tl.int64)
@@ -331,24 +344,42 @@ def _two_pass_states_kernel(
     v_desc = tl.make_tensor_descriptor(
         V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1], [CHUNK, BLOCK_V]
     )
-    rows = k0 + tl.arange(0, BLOCK_K)
-    cols = v0 + tl.arange(0, BLOCK_V)
-    states = HS + bh.to(tl.int64) * NC * HEAD_DIM * HEAD_DIM + rows[:, None] * HEAD_DIM + cols[None, :]
+    tile = (k0 + tl.arange(0, BLOCK_K))[:, None] * HEAD_DIM + (v0 + tl.arange(0, BLOCK_V))[None, :]
+    states = HS + bh.to(tl.int64) * NC * HEAD_DIM * HEAD_DIM + tile
     S = tl.zeros([BLOCK_K, BLOCK_V], tl.float32)
-    for c in range(0, NC):
+    c_lo = g * GROUP
+    for c in range(c_lo, tl.minimum(c_lo + GROUP, NC)):
         tl.store(states + c * HEAD_DIM * HEAD_DIM, S.to(HS.dtype.element_ty))
         k = k_desc.load([c * CHUNK, 0])  # [CHUNK, BLOCK_K]; rows past T arrive as zeros
         v = v_desc.load([c * CHUNK, 0])  # [CHUNK, BLOCK_V]
         S = tl.dot(tl.trans(k), v, S)
+    if CARRY:
+        tl.store(TOTALS + (bh.to(tl.int64) * NG + g) * HEAD_DIM * HEAD_DIM + tile, S)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NG"])
+def _two_pass_carry_kernel(TOTALS, NG, DD: tl.constexpr, TILE: tl.constexpr, BLOCK_G: tl.constexpr):
+    # Between the passes when pass 1 ran in several groups: TOTALS [B·H, NG, D·D] fp32 in place
+    # from each group's own sum to the sum of the groups before it (an exclusive prefix over g),
+    # one program per (batch·head, TILE state entries), BLOCK_G groups per step.
+    bh = tl.program_id(0).to(tl.int64)
+    base = TOTALS + bh * NG * DD + (tl.program_id(1) * TILE + tl.arange(0, TILE))[None, :]
+    carry = tl.zeros([TILE], tl.float32)
+    for g0 in range(0, NG, BLOCK_G):
+        gs = g0 + tl.arange(0, BLOCK_G)[:, None]
+        x = tl.load(base + gs * DD, mask=gs < NG, other=0.0)  # [BLOCK_G, TILE]
+        tl.store(base + gs * DD, carry[None, :] + tl.cumsum(x, 0) - x, mask=gs < NG)
+        carry += tl.sum(x, 0)
+
+
+@triton.jit(do_not_specialize=["NC", "GROUP"])
 def _two_pass_out_kernel(
     Q,
     K,
     V,
     HS,
-    O,  # q, k, v [B, H, T, D] strided; HS [B·H, NC, D, D]; o [B, T, H·D]
+    TOTALS,
+    O,  # q, k, v [B, H, T, D] strided; HS [B·H, NC, D, D]; TOTALS [B·H, NG, D, D] fp32; o [B, T, H·D]
     stride_qb,
     stride_qh,
     stride_qt,
@@ -361,13 +392,16 @@ def _two_pass_out_kernel(
     H,
     T,
     NC,
+    GROUP,
     q_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_V: tl.constexpr,
     CHUNK: tl.constexpr,
+    CARRY: tl.constexpr,
 ):
     # Pass 2, one program per (batch·head·chunk, block of value columns), all chunks at once:
-    # o = (q·kᵀ ⊙ causal)·v within the chunk + q·S (the state before it, from pass 1).
+    # o = (q·kᵀ ⊙ causal)·v within the chunk + q·S (the state before it: pass 1's, plus the
+    # groups before this chunk's group when pass 1 ran in several).
     pid = tl.program_id(0)
     bh = pid // NC
     c = pid % NC
@@ -395,9 +429,12 @@ def _two_pass_out_kernel(
     scores = tl.dot(qc, tl.trans(k))  # [CHUNK, CHUNK] fp32
     scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0).to(v.dtype)
     o = tl.dot(scores, v)  # intra-chunk
-    d = tl.arange(0, HEAD_DIM)
-    cols = v0 + tl.arange(0, BLOCK_V)
-    S = tl.load(HS + (bh.to(tl.int64) * NC + c) * HEAD_DIM * HEAD_DIM + d[:, None] * HEAD_DIM + cols[None, :])
+    tile = tl.arange(0, HEAD_DIM)[:, None] * HEAD_DIM + (v0 + tl.arange(0, BLOCK_V))[None, :]
+    S = tl.load(HS + (bh.to(tl.int64) * NC + c) * HEAD_DIM * HEAD_DIM + tile)
+    if CARRY:  # the groups before this one, summed in fp32, then rounded once to the states' dtype
+        g = c // GROUP
+        carry = tl.load(TOTALS + (bh.to(tl.int64) * tl.cdiv(NC, GROUP) + g) * HEAD_DIM * HEAD_DIM + tile)
+        S = (S.to(tl.float32) + carry).to(HS.dtype.element_ty)
     if HS.dtype.element_ty == tl.float32:
         o = tl.dot(qc.to(tl.float32), S, o)  # + inter-chunk, fp32 state (fp16 and fp32 inputs)
     else:
@@ -409,52 +446,105 @@ def _capped(c: TwoPassConfig, head_dim: int) -> TwoPassConfig:
     return dataclasses.replace(c, block_k=min(c.block_k, head_dim), block_v=min(c.block_v, head_dim))
 
 
-def _two_pass(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config: TwoPassConfig) -> None:
-    """The identity map's forward as pass 1 (states before every chunk, to memory) and pass 2
-    (outputs, every chunk in parallel). The states are bf16 for bf16 inputs (each rounded once from
-    its fp32 accumulator, as fla-core stores them), fp32 otherwise (fp16 sums of T products can
-    overflow)."""
-    B, H, T, D = q.shape
-    cfg = config
-    nc = triton.cdiv(T, cfg.chunk)
-    dtype = torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
-    states = torch.empty(B * H, nc, D, D, device=q.device, dtype=dtype)
-    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
-    _two_pass_states_kernel[(B * H, D // cfg.block_k, D // cfg.block_v)](
+@dataclasses.dataclass(frozen=True)
+class TwoPassPlan:
+    """The launches of one two-pass forward: ``chunks`` chunks, pass 1 in ``groups`` groups of
+    ``group`` chunks (the carry launch runs between the passes when ``groups`` > 1)."""
+
+    config: TwoPassConfig
+    chunks: int
+    group: int
+    groups: int
+
+
+def two_pass_plan(device: torch.device, batch_heads: int, T: int, head_dim: int, config: TwoPassConfig) -> TwoPassPlan:
+    """``config``'s launches at ``batch_heads`` rows of ``T`` tokens: its ``group``, else
+    ``configs.two_pass_group`` for the device's SMs (the interpreter: the config's own)."""
+    cfg = _capped(config, head_dim)
+    chunks = triton.cdiv(T, cfg.chunk)
+    group = cfg.group
+    if group is None:
+        blocks = batch_heads * (head_dim // cfg.block_k) * (head_dim // cfg.block_v)
+        group = two_pass_group(blocks, chunks, sm_count(device) if is_cuda(device) else 1)
+    group = max(1, min(group, chunks))
+    return TwoPassPlan(cfg, chunks, group, triton.cdiv(chunks, group))
+
+
+def _two_pass_states(k: Tensor, v: Tensor, plan: TwoPassPlan) -> tuple[Tensor, Tensor]:
+    """Pass 1 (and the carry between the passes): (states before every chunk within its group,
+    the prefix of the groups' totals — ``states`` itself, unread, when there is one group)."""
+    B, H, T, D = k.shape
+    cfg = plan.config
+    dtype = torch.bfloat16 if k.dtype == torch.bfloat16 else torch.float32
+    states = torch.empty(B * H, plan.chunks, D, D, device=k.device, dtype=dtype)
+    carry = plan.groups > 1
+    totals = torch.empty(B * H, plan.groups, D, D, device=k.device, dtype=torch.float32) if carry else states
+    _two_pass_states_kernel[(B * H * plan.groups, D // cfg.block_k, D // cfg.block_v)](
         k,
         v,
         states,
-        *strides,
+        totals,
+        *k.stride()[:3],
+        *v.stride()[:3],
         H,
         T,
-        nc,
+        plan.chunks,
+        plan.group,
         HEAD_DIM=D,
         BLOCK_K=cfg.block_k,
         BLOCK_V=cfg.block_v,
         CHUNK=cfg.chunk,
+        CARRY=carry,
         num_warps=cfg.states_warps or cfg.num_warps,
         num_stages=cfg.states_stages or cfg.num_stages,
     )
-    _two_pass_out_kernel[(B * H * nc, D // cfg.block_v)](
+    if carry:
+        tile = min(D * D, CARRY_TILE)
+        _two_pass_carry_kernel[(B * H, D * D // tile)](
+            totals, plan.groups, DD=D * D, TILE=tile, BLOCK_G=CARRY_BLOCK_G, num_warps=4
+        )
+    return states, totals
+
+
+def _two_pass_out(
+    q: Tensor, k: Tensor, v: Tensor, states: Tensor, totals: Tensor, o: Tensor, q_scale: float, plan: TwoPassPlan
+) -> None:
+    """Pass 2: every chunk's outputs from its state (plus its group's carry) and its own tokens."""
+    B, H, T, D = q.shape
+    cfg = plan.config
+    _two_pass_out_kernel[(B * H * plan.chunks, D // cfg.block_v)](
         q,
         k,
         v,
         states,
+        totals,
         o,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        *strides,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
         H,
         T,
-        nc,
+        plan.chunks,
+        plan.group,
         q_scale,
         HEAD_DIM=D,
         BLOCK_V=cfg.block_v,
         CHUNK=cfg.chunk,
+        CARRY=plan.groups > 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+
+
+def _two_pass(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config: TwoPassConfig) -> None:
+    """The identity map's forward as pass 1 (states before every chunk, to memory, the chunks
+    walked in groups in parallel), the carry across groups, and pass 2 (outputs, every chunk in
+    parallel). The states are bf16 for bf16 inputs (each rounded once from fp32, as fla-core
+    stores them), fp32 otherwise (fp16 sums of T products can overflow); the groups' totals fp32."""
+    B, H, T, D = q.shape
+    plan = two_pass_plan(q.device, B * H, T, D, config)
+    states, totals = _two_pass_states(k, v, plan)
+    _two_pass_out(q, k, v, states, totals, o, q_scale, plan)
 
 
 ROUTES = ("fused", "two_pass")

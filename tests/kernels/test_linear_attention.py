@@ -8,6 +8,7 @@ writes into a NaN-filled buffer from fresh random inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import pytest
@@ -126,6 +127,42 @@ def test_two_pass_route_matches_reference(route, D: int, T: int) -> None:
     o, state, _ = la.linear_attention(q, k, v, feature_map="identity", return_state=True)
     _assert_close(o, ref.linear_attention(q, k, v, feature_map="identity"), torch.float32)
     assert route.last_route() == "fused"
+
+
+@requires_interpreter
+@pytest.mark.parametrize("group", [1, 2, 3, 5, None])
+def test_two_pass_groups_carry_the_state_between_them(group) -> None:
+    """Pass 1 in groups of ``group`` chunks (None: ``two_pass_group``'s rule) with the carry scan
+    between the passes: T = 301 is 19 chunks of 16 (the last ragged), so group 1 gives 19 groups,
+    more than one scan step of CARRY_BLOCK_G, and 3 and 5 leave a short last group."""
+    config = dataclasses.replace(configs.TWO_PASS_INTERPRETER, group=group)
+    plan = la.two_pass_plan(CPU, 2, 301, 16, config)
+    assert plan.chunks == 19 and plan.group * (plan.groups - 1) < 19 <= plan.group * plan.groups
+    if group == 1:
+        assert plan.groups > configs.CARRY_BLOCK_G
+    _check((1, 301, 2, 16), torch.float32, CPU, feature_map="identity", config=config)
+
+
+def test_two_pass_group_fills_the_gpu_and_covers_every_chunk() -> None:
+    """``two_pass_group``: all chunks in one group once the state blocks alone fill the SMs; else
+    the largest group whose grid still fills them (one chunk per group when none does)."""
+    sms, per_sm = 132, configs.TWO_PASS_STATE_PROGRAMS_PER_SM
+    target = per_sm * sms
+    assert configs.two_pass_group(target, 65, sms) == 65
+    assert configs.two_pass_group(8, 65, sms) == 2  # B·H = 4, 2 blocks each: 33 groups of 2
+    for blocks in (1, 4, 8, 64, 100, 263, 264):
+        for chunks in (1, 2, 16, 33, 65, 1000):
+            group = configs.two_pass_group(blocks, chunks, sms)
+            assert 1 <= group <= chunks, (blocks, chunks, group)
+            fills = blocks * -(-chunks // group) >= target
+            assert fills or group == 1, (blocks, chunks, group)
+            if group < chunks:  # a larger group would leave SMs idle
+                assert blocks * -(-chunks // (group + 1)) < target, (blocks, chunks, group)
+
+
+def test_two_pass_config_rejects_a_bad_group() -> None:
+    with pytest.raises(ValueError, match="group"):
+        configs.TwoPassConfig(64, 64, 64, 4, 2, group=0)
 
 
 def test_two_pass_rule_branches() -> None:
@@ -324,6 +361,20 @@ GPU_CASES = support.qkv_cases(
 def test_gpu_two_pass_every_config(D: int, config, dtype: torch.dtype) -> None:
     """Each two-pass config compiled and run at a ragged length (bf16 states for bf16, fp32 for fp16)."""
     _check((2, 1000, 5, D), dtype, CUDA, feature_map="identity", config=config)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("group", [1, 3, None])
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_gpu_two_pass_groups(D: int, group, dtype: torch.dtype) -> None:
+    """Pass 1 in groups with the carry scan on the GPU (the route's launch; groups of 1 and 3
+    chunks and the rule's, which splits B·H = 2 over 4097 tokens into many groups)."""
+    config = dataclasses.replace(configs.TWO_PASS_HOPPER[D][0], group=group)
+    plan = la.two_pass_plan(CUDA, 2, 4097, D, config)
+    assert plan.groups > 1
+    _check((1, 4097, 2, D), dtype, CUDA, feature_map="identity", config=config)
 
 
 @pytest.mark.gpu

@@ -43,7 +43,7 @@ def candidates(D: int) -> list:
     """Two-pass launch configs worth timing at head dim D: the route's launch with pass 1 in one
     group (the design before groups), then 64- and 128-token chunks, 32- and 64-row state blocks,
     64 columns (or D), pass 1 at 2 or 4 warps, pass 2 at 4 warps for 64-token chunks and 8 for
-    128, each with ``two_pass_group``'s groups."""
+    128, each with ``two_pass_group``'s groups; at D ≥ 64 also 32 value columns."""
     from kernels.linear_attention.configs import TWO_PASS_HOPPER, TwoPassConfig
 
     out = [dataclasses.replace(TWO_PASS_HOPPER[D][0], group=ONE_GROUP)]
@@ -51,6 +51,8 @@ def candidates(D: int) -> list:
         for bk in sorted({min(32, D), min(64, D)}):
             for warps in (2, 4):
                 out.append(TwoPassConfig(chunk, bk, min(64, D), 4 if chunk == 64 else 8, 2, warps, 2))
+    if D >= 64:  # 32 value columns: twice pass 2's programs
+        out += [TwoPassConfig(64, 64, 32, 4, 2, 4, 2), TwoPassConfig(64, 32, 32, 4, 2, 2, 2)]
     return out
 
 

@@ -338,20 +338,21 @@ def _two_pass_states_kernel(
     v0 = tl.program_id(2) * BLOCK_V
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    k_desc = tl.make_tensor_descriptor(
-        K + b * stride_kb + h * stride_kh + k0, [T, HEAD_DIM - k0], [stride_kt, 1], [CHUNK, BLOCK_K]
-    )
-    v_desc = tl.make_tensor_descriptor(
-        V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1], [CHUNK, BLOCK_V]
-    )
+    # Plain masked loads, not tensor descriptors: a program here walks a group of a few chunks,
+    # too short to amortise building descriptors on the device (pass 2 ran 2x slower with them).
+    t = tl.arange(0, CHUNK)[:, None]
+    k_rows = K + b * stride_kb + h * stride_kh + (k0 + tl.arange(0, BLOCK_K))[None, :]
+    v_rows = V + b * stride_vb + h * stride_vh + (v0 + tl.arange(0, BLOCK_V))[None, :]
     tile = (k0 + tl.arange(0, BLOCK_K))[:, None] * HEAD_DIM + (v0 + tl.arange(0, BLOCK_V))[None, :]
     states = HS + bh.to(tl.int64) * NC * HEAD_DIM * HEAD_DIM + tile
     S = tl.zeros([BLOCK_K, BLOCK_V], tl.float32)
     c_lo = g * GROUP
     for c in range(c_lo, tl.minimum(c_lo + GROUP, NC)):
         tl.store(states + c * HEAD_DIM * HEAD_DIM, S.to(HS.dtype.element_ty))
-        k = k_desc.load([c * CHUNK, 0])  # [CHUNK, BLOCK_K]; rows past T arrive as zeros
-        v = v_desc.load([c * CHUNK, 0])  # [CHUNK, BLOCK_V]
+        t0 = tl.cast(c, tl.int64) * CHUNK
+        live = t0 + t < T
+        k = tl.load(k_rows + (t0 + t) * stride_kt, mask=live, other=0.0)  # [CHUNK, BLOCK_K]; zeros past T
+        v = tl.load(v_rows + (t0 + t) * stride_vt, mask=live, other=0.0)  # [CHUNK, BLOCK_V]
         S = tl.dot(tl.trans(k), v, S)
     if CARRY:
         tl.store(TOTALS + (bh.to(tl.int64) * NG + g) * HEAD_DIM * HEAD_DIM + tile, S)
@@ -408,28 +409,21 @@ def _two_pass_out_kernel(
     v0 = tl.program_id(1) * BLOCK_V
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    t0 = c * CHUNK
-    q_desc = tl.make_tensor_descriptor(
-        Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], [stride_qt, 1], [CHUNK, HEAD_DIM]
+    t0 = (c * CHUNK).to(tl.int64)  # row offsets in int64 from the chunk's start, local ones in int32
+    r = tl.arange(0, CHUNK)[:, None]
+    live = t0 + r < T
+    d = tl.arange(0, HEAD_DIM)[None, :]
+    cols = v0 + tl.arange(0, BLOCK_V)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + t0 * stride_qt + r * stride_qt + d, mask=live, other=0.0)
+    k = tl.load(K + b * stride_kb + h * stride_kh + t0 * stride_kt + r * stride_kt + d, mask=live, other=0.0)
+    v = tl.load(
+        V + b * stride_vb + h * stride_vh + t0 * stride_vt + r * stride_vt + cols[None, :], mask=live, other=0.0
     )
-    k_desc = tl.make_tensor_descriptor(
-        K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], [stride_kt, 1], [CHUNK, HEAD_DIM]
-    )
-    v_desc = tl.make_tensor_descriptor(
-        V + b * stride_vb + h * stride_vh + v0, [T, HEAD_DIM - v0], [stride_vt, 1], [CHUNK, BLOCK_V]
-    )
-    o_desc = tl.make_tensor_descriptor(
-        O + b * T * (H * HEAD_DIM), [T, H * HEAD_DIM], [H * HEAD_DIM, 1], [CHUNK, BLOCK_V]
-    )
-    q = q_desc.load([t0, 0])  # [CHUNK, D]
-    k = k_desc.load([t0, 0])
-    v = v_desc.load([t0, 0])  # [CHUNK, BLOCK_V]
-    qc = (q.to(tl.float32) * q_scale).to(v.dtype)
-    rows = tl.arange(0, CHUNK)
+    qc = (q.to(tl.float32) * q_scale).to(v.dtype)  # q [CHUNK, D], v [CHUNK, BLOCK_V]; zeros past T
     scores = tl.dot(qc, tl.trans(k))  # [CHUNK, CHUNK] fp32
-    scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0).to(v.dtype)
+    scores = tl.where(r >= tl.arange(0, CHUNK)[None, :], scores, 0.0).to(v.dtype)
     o = tl.dot(scores, v)  # intra-chunk
-    tile = tl.arange(0, HEAD_DIM)[:, None] * HEAD_DIM + (v0 + tl.arange(0, BLOCK_V))[None, :]
+    tile = tl.arange(0, HEAD_DIM)[:, None] * HEAD_DIM + cols[None, :]
     S = tl.load(HS + (bh.to(tl.int64) * NC + c) * HEAD_DIM * HEAD_DIM + tile)
     if CARRY:  # the groups before this one, summed in fp32, then rounded once to the states' dtype
         g = c // GROUP
@@ -439,7 +433,8 @@ def _two_pass_out_kernel(
         o = tl.dot(qc.to(tl.float32), S, o)  # + inter-chunk, fp32 state (fp16 and fp32 inputs)
     else:
         o = tl.dot(qc, S, o)  # + inter-chunk, 16-bit state
-    o_desc.store([t0, (h * HEAD_DIM + v0).to(tl.int32)], o.to(v.dtype))  # rows past T are dropped
+    out = O + (b * T + t0) * (H * HEAD_DIM) + r * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
+    tl.store(out, o.to(v.dtype), mask=live)
 
 
 def _capped(c: TwoPassConfig, head_dim: int) -> TwoPassConfig:
@@ -669,10 +664,6 @@ def linear_attention(
         if isinstance(config, TwoPassConfig):
             if feature_map != "identity" or return_state:
                 raise ValueError("a TwoPassConfig runs the identity map without return_state only")
-            if is_cuda(q.device) and min(config.block_v, D) < min(64, D):
-                # 32-column blocks at D ≥ 64 with 64- or 128-token chunks gave wrong outputs or an
-                # illegal address on the H200 (triton 3.6; linear_attention_two_pass_h200_first.json)
-                raise ValueError(f"a TwoPassConfig on a GPU needs block_v ≥ min(64, D), got {config.block_v} at D={D}")
             _two_pass(q, k, v, o, q_scale, _capped(config, D))
             return o
         if config is None and not return_state:

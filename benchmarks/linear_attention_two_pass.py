@@ -43,17 +43,28 @@ def candidates(D: int) -> list:
     """Two-pass launch configs worth timing at head dim D: the route's launch with pass 1 in one
     group (the design before groups), then 64- and 128-token chunks, 32- and 64-row state blocks,
     64 columns (or D), pass 1 at 2 or 4 warps, pass 2 at 4 warps for 64-token chunks and 8 for
-    128, each with ``two_pass_group``'s groups; at D ≥ 64 also 32 value columns."""
-    from kernels.linear_attention.configs import TWO_PASS_HOPPER, TwoPassConfig
+    128, each with ``two_pass_group``'s groups (32 value columns below D are refused on the GPU)."""
+    from kernels.linear_attention.configs import TwoPassConfig
 
-    out = [dataclasses.replace(TWO_PASS_HOPPER[D][0], group=ONE_GROUP)]
+    out = [dataclasses.replace(TwoPassConfig(128, 32, min(64, D), 8 if D > 32 else 4, 2), group=ONE_GROUP)]
     for chunk in (64, 128):
         for bk in sorted({min(32, D), min(64, D)}):
             for warps in (2, 4):
                 out.append(TwoPassConfig(chunk, bk, min(64, D), 4 if chunk == 64 else 8, 2, warps, 2))
-    if D >= 64:  # 32 value columns: twice pass 2's programs
-        out += [TwoPassConfig(64, 64, 32, 4, 2, 4, 2), TwoPassConfig(64, 32, 32, 4, 2, 2, 2)]
     return out
+
+
+def focus(D: int) -> list:
+    """``--focus``: the launch the route takes (``TWO_PASS_HOPPER[D][0]``) and a 128-token one,
+    each with the rule's groups and in one group."""
+    from kernels.linear_attention.configs import TWO_PASS_HOPPER, TwoPassConfig
+
+    route = TWO_PASS_HOPPER[D][0]
+    wide = TwoPassConfig(128, min(64, D), min(64, D), 8, 2, 4, 2)
+    return [route, dataclasses.replace(route, group=ONE_GROUP), wide, dataclasses.replace(wide, group=ONE_GROUP)]
+
+
+_candidates = candidates
 
 
 def _encode(cfg) -> list[int]:
@@ -126,7 +137,7 @@ def _vet(dims: list[int]) -> dict:
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = [(D, _encode(c)) for D in dims for c in candidates(D)]
+    jobs = [(D, _encode(c)) for D in dims for c in _candidates(D)]
 
     def one(job):
         D, cfg = job
@@ -151,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--small", action="store_true", help="only shapes with B·H ≤ 64")
     parser.add_argument("--extra", action="store_true", help="also EXTRA_CASES (B·H 16-512, L 1000-8192)")
+    parser.add_argument("--focus", action="store_true", help="only the route's launch and a 128-token one")
     parser.add_argument("--check", nargs="+", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global _candidates
+    _candidates = focus if args.focus else candidates
     if args.check:
         return _check(args.check[0], args.check[1:])
 
@@ -187,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             la.set_route(None)
         two = []
-        for cfg in candidates(D):
+        for cfg in _candidates(D):
             if (D, tuple(_encode(cfg))) not in ok:
                 continue
             fn = partial(la.linear_attention_qkv, copies[0], H, feature_map="identity", config=cfg)

@@ -47,6 +47,7 @@ __all__ = [
     "CARRY_TILE",
     "CARRY_BLOCK_G",
     "TWO_PASS_STATE_PROGRAMS_PER_SM",
+    "TWO_PASS_GROUP_BELOW",
 ]
 
 
@@ -179,15 +180,23 @@ class TwoPassConfig:
             raise ValueError(f"TwoPassConfig.group must be >= 1 or None, got {self.group}")
 
 
-# sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200_first.json):
-# the first is the route's launch, the fastest there at B·H = 4 over 2048-4097 tokens (128-token
-# chunks: half the sequential steps of pass 1; 32-row state blocks: twice its programs); the rest
-# are timed and tested beside it.
+# sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200_groups.json,
+# 27 shapes): the first is the route's launch — 64-token chunks, whole 64-wide state blocks (D ≥ 64),
+# 4 warps in both passes — the fastest or within 10 % of it at 22 of the 27; the rest are tested
+# beside it. Value blocks narrower than min(64, D) are refused on the GPU (see ``linear_attention``).
 TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
     16: (TwoPassConfig(64, 16, 16, 4, 2),),
-    32: (TwoPassConfig(128, 32, 32, 4, 2), TwoPassConfig(64, 32, 32, 4, 2)),
-    64: (TwoPassConfig(128, 32, 64, 8, 2), TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 32, 64, 4, 2)),
-    128: (TwoPassConfig(128, 32, 64, 8, 2), TwoPassConfig(64, 64, 64, 4, 2), TwoPassConfig(64, 64, 128, 8, 2)),
+    32: (TwoPassConfig(64, 32, 32, 4, 2, 4, 2), TwoPassConfig(128, 32, 32, 4, 2)),
+    64: (
+        TwoPassConfig(64, 64, 64, 4, 2, 4, 2),
+        TwoPassConfig(128, 32, 64, 8, 2),
+        TwoPassConfig(128, 64, 64, 8, 2, 4, 2),
+    ),
+    128: (
+        TwoPassConfig(64, 64, 64, 4, 2, 4, 2),
+        TwoPassConfig(128, 32, 64, 8, 2),
+        TwoPassConfig(64, 64, 128, 8, 2),
+    ),
 }
 # The identity map's route on sm_90 for bf16: the two passes where they measured faster than the
 # fused kernel (same file, 22 shapes): few heads over long rows, B·H = 4 at 4097 tokens (D 32:
@@ -213,9 +222,14 @@ def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int,
 TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
 
 # Pass 1's groups: a program walking its chunks in order is bound by one SM's share of the memory
-# bandwidth (B·H = 4 at 4097 tokens kept 8 of 132 SMs busy for 33 sequential chunks), so the
+# bandwidth (B·H = 4 at 4097 tokens kept 8 of 132 SMs busy for 33 sequential chunks), so while the
+# state blocks alone leave most SMs idle (fewer than TWO_PASS_GROUP_BELOW of them per SM), the
 # chunks are split into groups until the grid holds TWO_PASS_STATE_PROGRAMS_PER_SM programs per
-# SM. Each extra group costs its fp32 D×D total written, scanned and read by pass 2's programs.
+# SM. Each extra group costs its fp32 D×D total written, scanned, and read again by every pass-2
+# program of the group: on an H200 (linear_attention_two_pass_h200_groups.json) groups made
+# B·H = 128 at D = 64 slower (333 tokens: 25.8 µs in 2 groups against 18.9 µs in one), and B·H ≤ 15
+# 1.3-3.6x faster (2x2x4097 D64: 16.2 µs in 65 groups against 44.2 µs in one).
+TWO_PASS_GROUP_BELOW = 0.5
 TWO_PASS_STATE_PROGRAMS_PER_SM = 2
 # The carry scan: TILE state entries per program, BLOCK_G groups per step (a [16, 256] fp32 tile).
 CARRY_TILE = 256
@@ -224,9 +238,12 @@ CARRY_BLOCK_G = 16
 
 def two_pass_group(blocks: int, chunks: int, sms: int) -> int:
     """Chunks per pass-1 program for ``blocks`` = B·H·(D/block_k)·(D/block_v) state blocks over
-    ``chunks`` chunks on ``sms`` SMs: the largest group that still gives the grid
-    TWO_PASS_STATE_PROGRAMS_PER_SM programs per SM (all chunks in one group when the blocks alone
-    do; one chunk per group when even that falls short)."""
+    ``chunks`` chunks on ``sms`` SMs: all of them in one group unless the blocks leave most SMs
+    idle (fewer than TWO_PASS_GROUP_BELOW per SM); then the largest group that still gives the
+    grid TWO_PASS_STATE_PROGRAMS_PER_SM programs per SM (one chunk per group when even that
+    falls short)."""
+    if blocks >= TWO_PASS_GROUP_BELOW * sms:
+        return chunks
     want = -(-TWO_PASS_STATE_PROGRAMS_PER_SM * sms // blocks)  # groups needed
     if want <= 1:
         return chunks

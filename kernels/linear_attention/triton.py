@@ -664,6 +664,11 @@ def linear_attention(
         if isinstance(config, TwoPassConfig):
             if feature_map != "identity" or return_state:
                 raise ValueError("a TwoPassConfig runs the identity map without return_state only")
+            if is_cuda(q.device) and min(config.block_v, D) < min(64, D):
+                # 32-column blocks at D ≥ 64 gave wrong outputs (rel. err. 1.2) or an illegal
+                # address on the H200 (triton 3.6), with tensor descriptors and with plain loads
+                # alike (linear_attention_two_pass_h200_groups.json); the interpreter agrees
+                raise ValueError(f"a TwoPassConfig on a GPU needs block_v ≥ min(64, D), got {config.block_v} at D={D}")
             _two_pass(q, k, v, o, q_scale, _capped(config, D))
             return o
         if config is None and not return_state:

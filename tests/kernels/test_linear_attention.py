@@ -73,6 +73,16 @@ TWO_PASS_CONFIGS = support.config_params(
 )
 
 
+# On a GPU: the configs the GPU accepts (block_v ≥ min(64, D); narrower column blocks are refused
+# there, see test_gpu_two_pass_rejects_narrow_column_blocks): the sm_90 table, and the
+# interpreter's at D = 16.
+GPU_TWO_PASS_CONFIGS = support.config_params(
+    [(D, c) for D, cs in configs.TWO_PASS_HOPPER.items() for c in cs]
+    + [(D, configs.TWO_PASS_INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS if 16 >= min(64, D)],
+    lambda c: f"c{c.chunk}k{c.block_k}v{c.block_v}w{c.num_warps}s{c.num_stages}",
+)
+
+
 @pytest.fixture
 def route():
     """``set_route`` for one test, undone after it."""
@@ -134,16 +144,20 @@ def test_two_pass_groups_carry_the_state_between_them(group) -> None:
 
 
 def test_two_pass_group_fills_the_gpu_and_covers_every_chunk() -> None:
-    """``two_pass_group``: all chunks in one group once the state blocks alone fill the SMs; else
-    the largest group whose grid still fills them (one chunk per group when none does)."""
+    """``two_pass_group``: all chunks in one group once the state blocks keep at least
+    TWO_PASS_GROUP_BELOW of a program per SM busy; below that, the largest group whose grid still
+    holds TWO_PASS_STATE_PROGRAMS_PER_SM programs per SM (one chunk per group when none does)."""
     sms, per_sm = 132, configs.TWO_PASS_STATE_PROGRAMS_PER_SM
-    target = per_sm * sms
+    target, busy = per_sm * sms, configs.TWO_PASS_GROUP_BELOW * sms
     assert configs.two_pass_group(target, 65, sms) == 65
     assert configs.two_pass_group(8, 65, sms) == 2  # B·H = 4, 2 blocks each: 33 groups of 2
-    for blocks in (1, 4, 8, 64, 100, 263, 264):
+    for blocks in (1, 4, 8, 64, 65, 66, 100, 263, 264):
         for chunks in (1, 2, 16, 33, 65, 1000):
             group = configs.two_pass_group(blocks, chunks, sms)
             assert 1 <= group <= chunks, (blocks, chunks, group)
+            if blocks >= busy:
+                assert group == chunks, (blocks, chunks, group)
+                continue
             fills = blocks * -(-chunks // group) >= target
             assert fills or group == 1, (blocks, chunks, group)
             if group < chunks:  # a larger group would leave SMs idle
@@ -347,7 +361,7 @@ GPU_CASES = support.qkv_cases(
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("D,config", TWO_PASS_CONFIGS)
+@pytest.mark.parametrize("D,config", GPU_TWO_PASS_CONFIGS)
 def test_gpu_two_pass_every_config(D: int, config, dtype: torch.dtype) -> None:
     """Each two-pass config compiled and run at a ragged length (bf16 states for bf16, fp32 for fp16)."""
     _check((2, 1000, 5, D), dtype, CUDA, feature_map="identity", config=config)
@@ -387,13 +401,11 @@ def test_gpu_default_route_follows_the_rule(route, D: int) -> None:
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("config", [configs.TwoPassConfig(64, 64, 32, 4, 2), configs.TwoPassConfig(128, 32, 32, 8, 2)])
-@pytest.mark.parametrize("D", [64, 128])
-def test_gpu_two_pass_narrow_column_blocks(D: int, config) -> None:
-    """32-column blocks below D with 64- and 128-token chunks: wrong outputs or an illegal
-    address on the H200 while the passes read through device-built tensor descriptors (triton
-    3.6); right with the plain loads."""
-    _check((2, 1000, 3, D), torch.bfloat16, CUDA, feature_map="identity", config=config)
+def test_gpu_two_pass_rejects_narrow_column_blocks() -> None:
+    """32-column blocks at D ≥ 64 (wrong outputs or an illegal address on the H200): refused."""
+    qkv = torch.randn(1, 100, 3 * 2 * 64, device=CUDA, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="block_v"):
+        la.linear_attention_qkv(qkv, 2, feature_map="identity", config=configs.TwoPassConfig(64, 64, 32, 4, 2))
 
 
 @pytest.mark.gpu

@@ -48,6 +48,9 @@ __all__ = [
     "CARRY_BLOCK_G",
     "TWO_PASS_STATE_PROGRAMS_PER_SM",
     "TWO_PASS_GROUP_BELOW",
+    "TWO_PASS_FUSED_FROM_HEADS",
+    "TWO_PASS_FUSED_FROM_LENGTH",
+    "TWO_PASS_FUSED_MAX_DIM",
 ]
 
 
@@ -198,12 +201,15 @@ TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
         TwoPassConfig(64, 64, 128, 8, 2),
     ),
 }
-# The identity map's route on sm_90 for bf16: the two passes where they measured faster than the
-# fused kernel (same file, 22 shapes): few heads over long rows, B·H = 4 at 4097 tokens (D 32:
-# 40.8 vs 52.7 µs; D 64: 47.4 vs 53.3; D 128: 49.0 vs 69.0) and at 2048 for D 128 (29.7 vs
-# 35.7). Shorter rows, and 15-128 heads, stay fused (B·H between 4 and 15 was not measured).
-TWO_PASS_MAX_HEADS: dict[int, int] = {32: 4, 64: 4, 128: 4}
-TWO_PASS_MIN_LENGTH: dict[int, int] = {32: 4096, 64: 4096, 128: 2048}
+# The identity map's route on sm_90 for bf16 (same file, the route's launch with its groups against
+# the fused kernel forced, 27 shapes): the two passes everywhere but at B·H ≥ 128 over ≥ 2048 tokens
+# at D ≤ 64, where the fused kernel's grid is full and it ran 2-8 % faster (B16 H8 L4097 D64: 148.7
+# vs 160.8 µs; B16 H8 L2048 D32: 52.4 vs 55.0). Elsewhere the passes ran 1.0-4.4x faster (B2 H2
+# L4097 D64: 16.4 vs 51.5; B16 H8 L333 D128: 38.5 vs 56.0; B32 H16 L1024 D64: 133.6 vs 162.1).
+# D = 16 was not measured and stays fused.
+TWO_PASS_FUSED_FROM_HEADS = 128
+TWO_PASS_FUSED_FROM_LENGTH = 2048
+TWO_PASS_FUSED_MAX_DIM = 64
 
 
 def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
@@ -211,9 +217,13 @@ def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int,
     dim ``head_dim`` runs as two passes rather than the fused kernel: a fixed rule per shape,
     measured on sm_90 (above), so a captured graph always launches the same kernels. Other GPUs
     keep the fused kernel until measured."""
-    if capability != (9, 0) or head_dim not in TWO_PASS_MAX_HEADS:
+    if capability != (9, 0) or head_dim not in (32, 64, 128):
         return False
-    return batch_heads <= TWO_PASS_MAX_HEADS[head_dim] and length >= TWO_PASS_MIN_LENGTH[head_dim]
+    return not (
+        head_dim <= TWO_PASS_FUSED_MAX_DIM
+        and batch_heads >= TWO_PASS_FUSED_FROM_HEADS
+        and length >= TWO_PASS_FUSED_FROM_LENGTH
+    )
 
 
 # TRITON_INTERPRET: 16-token chunks and 16-wide state blocks, so D = 32 has 2 × 2 blocks in pass 1

@@ -25,9 +25,16 @@ Measured on an H200 (bf16, benchmarks/results/linear_attention_split_h200.json):
 the model benchmark's small mixers from 11.2 to 8.8 µs (B1 H4 D32 L256, identity) and 17.8 to
 11.3 µs (elu+1), B8 H8 D32 L512 from 17.8 to 14.1 / 31.2 to 19.1 µs; once the grid fills the
 SMs (B·H·D/32 ≥ 2 per SM) two segments cost 19-52% more and it stays unsplit. Against fla-core 0.6
-``chunk_linear_attn`` the unnormalized identity map runs at 0.67-0.98× fla's speed (fla's two
-kernels are the faster design for it), while the normalized maps, which fla leaves to extra torch
-launches, run 1.75-2.6× faster.
+``chunk_linear_attn`` the fused kernel runs the unnormalized identity map at 0.42-1.03× fla's
+speed, while the normalized maps, which fla leaves to extra torch launches, run 1.75-2.6× faster.
+
+The identity map on sm_90 (bf16) therefore takes the two-pass route by default
+(``configs.prefers_two_pass``): pass 1 writes the state before every chunk, walking the chunks in
+groups in parallel when the state blocks alone leave SMs idle (a small scan then carries each
+group's total to the next), and pass 2 computes every chunk's outputs at once. Both read with
+plain masked loads: a program there handles one or a few chunks, and building tensor descriptors
+on the device made pass 2 run at half fla's output kernel. Measured on an H200 (27 shapes,
+benchmarks/results/linear_attention_two_pass_h200_focus.json): 0.70-1.91× fla with the route.
 
 Precision: φq·φkᵀ, scores·v and φkᵀ·v take input-dtype operands with fp32 accumulation (the
 tensor-core path); φq·S keeps S in fp32 (tf32 operands on GPU) because S sums T terms and

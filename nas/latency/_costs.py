@@ -120,19 +120,30 @@ def _linear_attention(name: str, batch: int, seq: int, d: int, heads: int, size:
     return OpCost(name, batch * heads * (intra + inter), size * 4 * batch * seq * d, 1, True, live)
 
 
+# The SM count the two passes' groups are counted for in the memory estimate: more SMs make more
+# groups (``two_pass_group``), so a count above today's GPUs' (132 on an H100/H200) keeps it a bound.
+_TWO_PASS_SMS = 192
+
+
 def _two_pass_states(batch: int, seq: int, d: int, layer: LayerSpec, size: int) -> int:
     """Bytes of the identity map's states before every chunk, where sm_90's rule takes the two
     passes (``kernels.linear_attention.configs.prefers_two_pass``, 16-bit inputs, states in the
-    input's 2 bytes): counted on every device, as the SDPA route's streams are, so the memory
-    objective stays an upper bound whatever the route."""
-    from kernels.linear_attention.configs import TWO_PASS_HOPPER, padded_head_dim, prefers_two_pass
+    input's 2 bytes), and of the groups' fp32 totals when pass 1 runs in several: counted on
+    every device, as the SDPA route's streams are, so the memory objective stays an upper bound
+    whatever the route."""
+    from kernels.linear_attention.configs import TWO_PASS_HOPPER, padded_head_dim, prefers_two_pass, two_pass_group
 
     P = padded_head_dim(d // layer.heads)
     if size != 2 or layer.feature_map != "identity" or P is None:
         return 0
     if not prefers_two_pass((9, 0), batch * layer.heads, seq, P):
         return 0
-    return size * batch * layer.heads * -(-seq // TWO_PASS_HOPPER[P][0].chunk) * P * P
+    c = TWO_PASS_HOPPER[P][0]
+    chunks = -(-seq // c.chunk)
+    blocks = batch * layer.heads * (P // min(c.block_k, P)) * (P // min(c.block_v, P))
+    groups = -(-chunks // two_pass_group(blocks, chunks, _TWO_PASS_SMS))
+    totals = 4 * batch * layer.heads * groups * P * P if groups > 1 else 0
+    return size * batch * layer.heads * chunks * P * P + totals
 
 
 def _short_conv(name: str, rows: int, d: int, width: int, size: int, *, live: int) -> OpCost:

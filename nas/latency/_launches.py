@@ -31,7 +31,8 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
   each walking ``c`` chunks of 64 tokens: ``[1, ⌈P/S⌉, ⌈P/S⌉·c·identity, ⌈P/S⌉·c·elu+1,
   ⌈P/S⌉·c·relu, ⌈P/S⌉·prefix chunks, MB moved]``. Where the identity map takes the two passes
   (``kernels.linear_attention.configs.prefers_two_pass``), class ``linear_attention.two_pass.D*``:
-  ``[2, pass-2 waves, pass-1 waves · c, 0, 0, 0, MB moved with the states' write and read]``.
+  ``[2 (3 with the carry scan), pass-2 waves, pass-1 waves · chunks per group, 0, 0, carry-scan
+  steps, MB moved with the states' write and read (and the groups' fp32 totals and carries)]``.
 - norm (per kind; a program holds ~4096 elements whatever d is): ``[1, ⌈P/S⌉, MB moved]``;
   conv: ``[1, ⌈P/S⌉, ⌈P/S⌉·width, MB moved]``; embedding gather: ``[1, MB moved]``.
 """
@@ -170,18 +171,38 @@ def _attention(name: str, B: int, T: int, H: int, D: int, sms: int) -> Launch:
 
 
 def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: str, sms: int) -> Launch:
-    from kernels.linear_attention.configs import TWO_PASS_HOPPER, prefers_two_pass, split_for
+    from kernels.linear_attention.configs import (
+        CARRY_BLOCK_G,
+        CARRY_TILE,
+        TWO_PASS_HOPPER,
+        prefers_two_pass,
+        split_for,
+        two_pass_group,
+    )
 
     if feature_map == "identity" and prefers_two_pass((9, 0), B * H, T, D):
-        # pass 1: B·H·(D/bk)·(D/bv) programs, each walking every chunk (the critical path); pass
-        # 2: one program per (chunk, value block); the states go to memory and back (bf16)
+        # pass 1: B·H·(D/bk)·(D/bv) state blocks, each walking its group of chunks (the critical
+        # path), in as many groups as two_pass_group gives; the carry scan between the passes
+        # when there are several; pass 2: one program per (chunk, value block). The states go to
+        # memory and back (bf16); with groups also the fp32 totals (written, scanned in place)
+        # and each pass-2 program's fp32 carry tile.
         c = TWO_PASS_HOPPER[D][0]
         bk, bv = min(c.block_k, D), min(c.block_v, D)
         nc = _cdiv(T, c.chunk)
-        w1 = _cdiv(B * H * (D // bk) * (D // bv), sms)
+        blocks = B * H * (D // bk) * (D // bv)
+        group = two_pass_group(blocks, nc, sms)
+        groups = _cdiv(nc, group)
+        w1 = _cdiv(blocks * groups, sms)
         w2 = _cdiv(B * H * nc * (D // bv), sms)
         moved = (4 * B * T * H * D + 2 * B * H * nc * D * D) * _SIZE * _MB
-        return Launch(name, f"linear_attention.two_pass.D{D}", (2.0, w2, w1 * nc * D / 64, 0.0, 0.0, 0.0, moved))
+        carry = 0.0
+        if groups > 1:
+            moved += (3 * groups + nc) * B * H * D * D * 4 * _MB
+            carry = _cdiv(B * H * _cdiv(D * D, CARRY_TILE), sms) * _cdiv(groups, CARRY_BLOCK_G)
+        launches = 2.0 + (groups > 1)
+        return Launch(
+            name, f"linear_attention.two_pass.D{D}", (launches, w2, w1 * group * D / 64, 0.0, 0.0, carry, moved)
+        )
     chunks = _cdiv(T, _CHUNK)
     block_v = min(_BLOCK_V, D)
     split = split_for(B * H * max(1, D // 32), chunks, sms)

@@ -214,6 +214,11 @@ def kernel_grid() -> list[KernelCase]:
             for H in (1, 4, 16):
                 for fm in ("identity", "elu+1"):
                     cases.append(_case("linear_attention", B=1, T=T, H=H, D=D, feature_map=fm))
+    # the identity map where the fused kernel keeps it (B·H ≥ 128 over ≥ 2048 tokens at D ≤ 64,
+    # kernels.linear_attention.configs.prefers_two_pass): no shape above reaches it
+    for D in (32, 64):
+        for B, H, T in ((8, 16, 2048), (32, 8, 2048), (16, 16, 4096)):
+            cases.append(_case("linear_attention", B=B, T=T, H=H, D=D, feature_map="identity"))
     for kind in NORMS:
         for d in D_GRID:
             for rows in (1, 8, 32, 256, 8192, 16384):

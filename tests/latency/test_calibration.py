@@ -132,25 +132,30 @@ def test_fit_sees_a_wrong_kernel_model():
 
 def test_two_pass_launch_class_follows_the_rule():
     """The identity map's launch is class ``linear_attention.two_pass.D*`` exactly where sm_90's
-    rule takes the two passes (two launches, the pass-1 walk over every chunk), and the kernel
-    grid times that class."""
+    rule takes the two passes (two launches in one group, three with the carry scan; the pass-1
+    walk over a group's chunks), and the kernel grid times that class."""
     from kernels.linear_attention import configs
     from nas.spec import LayerSpec
 
-    D = 64
-    heads, length = configs.TWO_PASS_MAX_HEADS[D], configs.TWO_PASS_MIN_LENGTH[D]
+    D, heads = 64, 2
     layer = LayerSpec("linear_attention", heads=heads, feature_map="identity")
     arch = ArchSpec(d_model=heads * D, layers=(layer,), vocab_size=64, n_out=64)
 
-    def mixer(seq: int):
-        return next(w for w in launches(arch, parse_shape(f"1x{seq}"), SMS) if w.cls.startswith("linear_attention"))
+    def mixer(shape: str):
+        return next(w for w in launches(arch, parse_shape(shape), SMS) if w.cls.startswith("linear_attention"))
 
-    long, short = mixer(length), mixer(length - 1)
-    assert long.cls == f"linear_attention.two_pass.D{D}" and short.cls == f"linear_attention.D{D}"
-    chunks = -(-length // configs.TWO_PASS_HOPPER[D][0].chunk)
-    assert long.x[0] == 2.0 and long.x[2] % chunks == 0 and long.x[2] > 0
+    batch, length = configs.TWO_PASS_FUSED_FROM_HEADS // heads, configs.TWO_PASS_FUSED_FROM_LENGTH
+    fused, below = mixer(f"{batch}x{length}"), mixer(f"{batch}x{length - 1}")
+    assert fused.cls == f"linear_attention.D{D}" and below.cls == f"linear_attention.two_pass.D{D}"
+    launch = configs.TWO_PASS_HOPPER[D][0]
+    chunks = -(-(length - 1) // launch.chunk)  # 128 state blocks keep enough SMs busy for one group
+    assert below.x[0] == 2.0 and below.x[5] == 0.0 and below.x[2] == chunks * D / 64
+    grouped = mixer("1x4097")  # 2 state blocks: pass 1 in groups, the carry scan between the passes
+    group = configs.two_pass_group(2, -(-4097 // launch.chunk), SMS)
+    assert grouped.x[0] == 3.0 and grouped.x[5] > 0 and grouped.x[2] == group * D / 64
+    assert group < chunks
     grid = {c.launch(SMS).cls for c in kernel_grid()}
-    assert {f"linear_attention.two_pass.D{D}" for D in configs.TWO_PASS_MAX_HEADS} <= grid
+    assert {f"linear_attention.two_pass.D{D}" for D in (32, 64, 128)} <= grid
 
 
 def test_wave_quantisation_shows_in_the_features():

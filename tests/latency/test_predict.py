@@ -257,26 +257,33 @@ def test_memory_by_hand() -> None:
 
 
 def test_memory_counts_the_two_pass_states_where_the_rule_takes_them() -> None:
-    """The identity map's per-chunk states (bf16, [B·H, ⌈T/chunk⌉, D, D]) are live at its op where
-    sm_90's rule takes the two passes, on top of the fused route's 5 streams; elu+1 never."""
+    """The identity map's per-chunk states (bf16, [B·H, ⌈T/chunk⌉, D, D]) and, with pass 1 in
+    groups, their fp32 totals ([B·H, groups, D, D]) are live at its op where sm_90's rule takes
+    the two passes, on top of the fused route's 5 streams; elu+1 never, nor the fused route."""
     from kernels.linear_attention import configs
+    from nas.latency._costs import _TWO_PASS_SMS
 
-    D = 64
-    heads, length = configs.TWO_PASS_MAX_HEADS[D], configs.TWO_PASS_MIN_LENGTH[D] + 37
+    D, heads, length = 64, 2, 4097 + 37
     d = heads * D
     identity = LayerSpec("linear_attention", heads=heads, feature_map="identity", mlp_ratio=0.0)
     elu = LayerSpec("linear_attention", heads=heads, feature_map="elu+1", mlp_ratio=0.0)
-    shape = LatencyShape(1, length)
-    chunks = -(-length // configs.TWO_PASS_HOPPER[D][0].chunk)
-    states = 2 * heads * chunks * D * D
+    launch = configs.TWO_PASS_HOPPER[D][0]
+    chunks = -(-length // launch.chunk)
+    blocks = heads * (D // launch.block_k) * (D // launch.block_v)
+    groups = -(-chunks // configs.two_pass_group(blocks, chunks, _TWO_PASS_SMS))
+    assert groups > 1
+    states = 2 * heads * chunks * D * D + 4 * heads * groups * D * D
     # vocab 8 and no MLP: the mixer's op sets the peak
+    shape = LatencyShape(1, length)
     with_states = memory(_arch(identity, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
     without = memory(_arch(elu, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
     assert with_states - without == states
-    short = LatencyShape(1, configs.TWO_PASS_MIN_LENGTH[D] - 1)  # the fused route: no states
+    batch = configs.TWO_PASS_FUSED_FROM_HEADS // heads  # the fused route: no states
+    fused = LatencyShape(batch, configs.TWO_PASS_FUSED_FROM_LENGTH)
+    assert not configs.prefers_two_pass((9, 0), batch * heads, fused.seq_len, D)
     assert (
-        memory(_arch(identity, d=d, vocab=8, n_out=8), short).peak_activation_bytes
-        == memory(_arch(elu, d=d, vocab=8, n_out=8), short).peak_activation_bytes
+        memory(_arch(identity, d=d, vocab=8, n_out=8), fused).peak_activation_bytes
+        == memory(_arch(elu, d=d, vocab=8, n_out=8), fused).peak_activation_bytes
     )
 
 

@@ -6,8 +6,9 @@ Both files are ``nas profiles calibrate --rows`` output from the same GPU. The f
 are drawn from fixed seeds, so the two runs measure the same (architecture, shape) pairs: the
 ratio new / old of each pair is what the kernels' change between the runs did to that forward
 (the other pairs' ratios, of architectures the change does not touch, say how much two runs
-differ by themselves). Rows are split by whether any layer's head dim is zero-padded to a kernel's
-(``kernels.attention.padded_head_dim``), per shape: count, median, min and max of new / old.
+differ by themselves). Rows are split (``--by``) by whether any layer's head dim is zero-padded to
+a kernel's (``kernels.attention.padded_head_dim``), or whether any layer is identity-map linear
+attention, per shape: count, median, min and max of new / old.
 """
 
 from __future__ import annotations
@@ -31,7 +32,18 @@ def padded(arch: dict) -> bool:
     )
 
 
-def compare(old: dict, new: dict) -> dict:
+def identity(arch: dict) -> bool:
+    return any(
+        layer["mixer"] == "linear_attention" and layer.get("feature_map") == "identity" for layer in arch["layers"]
+    )
+
+
+SPLITS = {"padded": (padded, "padded", "not padded"), "identity": (identity, "identity", "no identity")}
+
+
+def compare(old: dict, new: dict, by: str = "padded") -> dict:
+    test, yes, no = SPLITS[by]
+
     def key(r: dict) -> str:
         return json.dumps(r["arch"], sort_keys=True) + "|" + r["shape"]
 
@@ -43,8 +55,8 @@ def compare(old: dict, new: dict) -> dict:
             if "ms" not in r or key(r) not in before:
                 continue
             ratio = r["ms"] / before[key(r)]
-            kind = "padded" if padded(r["arch"]) else "not padded"
-            pairs.append({"shape": r["shape"], "padded": kind == "padded", "old_ms": before[key(r)], "new_ms": r["ms"]})
+            kind = yes if test(r["arch"]) else no
+            pairs.append({"shape": r["shape"], by: kind == yes, "old_ms": before[key(r)], "new_ms": r["ms"]})
             for g in (kind, f"{kind} {r['shape']}"):
                 groups.setdefault(g, []).append(ratio)
     summary = {
@@ -59,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("old")
     parser.add_argument("new")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--by", choices=sorted(SPLITS), default="padded", help="how rows are split")
     args = parser.parse_args(argv)
     old, new = (json.loads(Path(p).read_text()) for p in (args.old, args.new))
-    result = compare(old, new)
+    result = compare(old, new, args.by)
     meta = {
         k: {"old": old.get(k), "new": new.get(k)} for k in ("gpu", "torch", "triton", "kernels_fingerprint", "date")
     }

@@ -27,3 +27,19 @@ def test_ratios_by_padding_and_shape(tmp_path) -> None:
         p.write_text(json.dumps(data))
     assert compare_rows.main([*map(str, paths), "--out", str(tmp_path / "out.json")]) == 0
     assert json.loads((tmp_path / "out.json").read_text())["summary"]["padded"]["n"] == 1
+
+
+def test_ratios_by_identity_linear_attention() -> None:
+    """``by="identity"``: rows with any identity-map linear-attention layer apart from the rest."""
+
+    def row(feature_map: str | None, ms: float) -> dict:
+        layers = [{"mixer": "attention", "heads": 2, "feature_map": None}]
+        if feature_map:
+            layers.append({"mixer": "linear_attention", "heads": 2, "feature_map": feature_map})
+        return {"arch": {"d_model": 128, "layers": layers, "tag": ms}, "shape": "8x1024", "ms": ms}
+
+    old = {"fit_rows": [row("identity", 4.0), row("elu+1", 2.0), row(None, 1.0)]}
+    new = {"fit_rows": [row("identity", 4.0) | {"ms": 3.0}, row("elu+1", 2.0) | {"ms": 2.2}, row(None, 1.0)]}
+    summary = compare_rows.compare(old, new, by="identity")["summary"]
+    assert summary["identity"]["median"] == 0.75 and summary["identity 8x1024"]["n"] == 1
+    assert summary["no identity"]["n"] == 2 and summary["no identity"]["max"] == 1.1

@@ -44,6 +44,9 @@ __all__ = [
     "two_pass_config",
     "prefers_two_pass",
     "two_pass_group",
+    "TwoPassPlan",
+    "two_pass_plan",
+    "TWO_PASS_ONE_GROUP_UP_TO",
     "CARRY_TILE",
     "CARRY_BLOCK_G",
     "TWO_PASS_STATE_PROGRAMS_PER_SM",
@@ -240,6 +243,10 @@ TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
 # B·H = 128 at D = 64 slower (333 tokens: 25.8 µs in 2 groups against 18.9 µs in one), and B·H ≤ 15
 # 1.3-3.6x faster (2x2x4097 D64: 16.2 µs in 65 groups against 44.2 µs in one).
 TWO_PASS_GROUP_BELOW = 0.5
+# A short walk stays in one group: the carry scan's launch and the fp32 totals cost more than the
+# few sequential chunks they save (H200, B·H = 4, 333 tokens = 6 chunks of 64: one group 5.7-7.9 µs
+# against 6.8-9.7 µs in the rule's groups; linear_attention_two_pass_h200_focus.json).
+TWO_PASS_ONE_GROUP_UP_TO = 8
 TWO_PASS_STATE_PROGRAMS_PER_SM = 2
 # The carry scan: TILE state entries per program, BLOCK_G groups per step (a [16, 256] fp32 tile).
 CARRY_TILE = 256
@@ -251,8 +258,8 @@ def two_pass_group(blocks: int, chunks: int, sms: int) -> int:
     ``chunks`` chunks on ``sms`` SMs: all of them in one group unless the blocks leave most SMs
     idle (fewer than TWO_PASS_GROUP_BELOW per SM); then the largest group that still gives the
     grid TWO_PASS_STATE_PROGRAMS_PER_SM programs per SM (one chunk per group when even that
-    falls short)."""
-    if blocks >= TWO_PASS_GROUP_BELOW * sms:
+    falls short); a walk of at most TWO_PASS_ONE_GROUP_UP_TO chunks is never split."""
+    if blocks >= TWO_PASS_GROUP_BELOW * sms or chunks <= TWO_PASS_ONE_GROUP_UP_TO:
         return chunks
     want = -(-TWO_PASS_STATE_PROGRAMS_PER_SM * sms // blocks)  # groups needed
     if want <= 1:
@@ -260,6 +267,52 @@ def two_pass_group(blocks: int, chunks: int, sms: int) -> int:
     if want >= chunks:
         return 1
     return -(-chunks // (want - 1)) - 1  # the largest g with ceil(chunks / g) ≥ want
+
+
+@dataclass(frozen=True)
+class TwoPassPlan:
+    """The launches of one two-pass forward at ``batch_heads`` rows and head dim ``head_dim``:
+    ``config`` (blocks capped at D), ``chunks`` chunks, pass 1 in ``groups`` groups of ``group``
+    chunks (the carry scan runs between the passes when ``groups`` > 1)."""
+
+    config: TwoPassConfig
+    batch_heads: int
+    head_dim: int
+    chunks: int
+    group: int
+    groups: int
+
+    @property
+    def carry(self) -> bool:
+        return self.groups > 1
+
+    @property
+    def states_shape(self) -> tuple[int, int, int, int]:
+        """Pass 1's states before every chunk (within its group): [B·H, chunks, D, D]."""
+        return (self.batch_heads, self.chunks, self.head_dim, self.head_dim)
+
+    @property
+    def totals_shape(self) -> tuple[int, int, int, int] | None:
+        """The groups' fp32 totals (their inclusive prefix after the scan), None with one group."""
+        return (self.batch_heads, self.groups, self.head_dim, self.head_dim) if self.carry else None
+
+    def buffer_bytes(self, state_bytes: int) -> int:
+        """Bytes of the buffers between the passes, states at ``state_bytes`` per entry."""
+        total = state_bytes * self.batch_heads * self.chunks * self.head_dim**2
+        return total + (4 * self.batch_heads * self.groups * self.head_dim**2 if self.carry else 0)
+
+
+def two_pass_plan(batch_heads: int, length: int, head_dim: int, config: TwoPassConfig, sms: int) -> TwoPassPlan:
+    """``config``'s launches at ``batch_heads`` rows of ``length`` tokens on ``sms`` SMs: its
+    ``group``, else ``two_pass_group``'s."""
+    cfg = replace(config, block_k=min(config.block_k, head_dim), block_v=min(config.block_v, head_dim))
+    chunks = -(-length // cfg.chunk)
+    group = cfg.group
+    if group is None:
+        blocks = batch_heads * (head_dim // cfg.block_k) * (head_dim // cfg.block_v)
+        group = two_pass_group(blocks, chunks, sms)
+    group = max(1, min(group, chunks))
+    return TwoPassPlan(cfg, batch_heads, head_dim, chunks, group, -(-chunks // group))
 
 
 def two_pass_config(device: torch.device, head_dim: int) -> TwoPassConfig:

@@ -131,19 +131,14 @@ def _two_pass_states(batch: int, seq: int, d: int, layer: LayerSpec, size: int) 
     input's 2 bytes), and of the groups' fp32 totals when pass 1 runs in several: counted on
     every device, as the SDPA route's streams are, so the memory objective stays an upper bound
     whatever the route."""
-    from kernels.linear_attention.configs import TWO_PASS_HOPPER, padded_head_dim, prefers_two_pass, two_pass_group
+    from kernels.linear_attention.configs import TWO_PASS_HOPPER, padded_head_dim, prefers_two_pass, two_pass_plan
 
     P = padded_head_dim(d // layer.heads)
     if size != 2 or layer.feature_map != "identity" or P is None:
         return 0
     if not prefers_two_pass((9, 0), batch * layer.heads, seq, P):
         return 0
-    c = TWO_PASS_HOPPER[P][0]
-    chunks = -(-seq // c.chunk)
-    blocks = batch * layer.heads * (P // min(c.block_k, P)) * (P // min(c.block_v, P))
-    groups = -(-chunks // two_pass_group(blocks, chunks, _TWO_PASS_SMS))
-    totals = 4 * batch * layer.heads * groups * P * P if groups > 1 else 0
-    return size * batch * layer.heads * chunks * P * P + totals
+    return two_pass_plan(batch * layer.heads, seq, P, TWO_PASS_HOPPER[P][0], _TWO_PASS_SMS).buffer_bytes(size)
 
 
 def _short_conv(name: str, rows: int, d: int, width: int, size: int, *, live: int) -> OpCost:

@@ -177,21 +177,18 @@ def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: st
         TWO_PASS_HOPPER,
         prefers_two_pass,
         split_for,
-        two_pass_group,
+        two_pass_plan,
     )
 
     if feature_map == "identity" and prefers_two_pass((9, 0), B * H, T, D):
         # pass 1: B·H·(D/bk)·(D/bv) state blocks, each walking its group of chunks (the critical
-        # path), in as many groups as two_pass_group gives; the carry scan between the passes
-        # when there are several; pass 2: one program per (chunk, value block). The states go to
-        # memory and back (bf16); with groups also the fp32 totals (written, scanned in place)
-        # and each pass-2 program's fp32 carry tile.
-        c = TWO_PASS_HOPPER[D][0]
-        bk, bv = min(c.block_k, D), min(c.block_v, D)
-        nc = _cdiv(T, c.chunk)
+        # path), in the plan's groups; the carry scan between the passes when there are several;
+        # pass 2: one program per (chunk, value block). The states go to memory and back (bf16);
+        # with groups also the fp32 totals (written, scanned in place) and each pass-2 program's
+        # fp32 carry tile.
+        plan = two_pass_plan(B * H, T, D, TWO_PASS_HOPPER[D][0], sms)
+        bk, bv, nc, group, groups = plan.config.block_k, plan.config.block_v, plan.chunks, plan.group, plan.groups
         blocks = B * H * (D // bk) * (D // bv)
-        group = two_pass_group(blocks, nc, sms)
-        groups = _cdiv(nc, group)
         w1 = _cdiv(blocks * groups, sms)
         w2 = _cdiv(B * H * nc * (D // bv), sms)
         moved = (4 * B * T * H * D + 2 * B * H * nc * D * D) * _SIZE * _MB

@@ -129,18 +129,47 @@ def test_two_pass_route_matches_reference(route, D: int, T: int) -> None:
     assert route.last_route() == "fused"
 
 
+def _as_if_on(monkeypatch, sms: int) -> None:
+    """Plan the two passes as on a GPU with ``sms`` SMs (the interpreter's own count is 1)."""
+    monkeypatch.setattr(la, "two_pass_plan", lambda device, bh, T, D, cfg: configs.two_pass_plan(bh, T, D, cfg, sms))
+
+
 @requires_interpreter
 @pytest.mark.parametrize("group", [1, 2, 3, 5, None])
-def test_two_pass_groups_carry_the_state_between_them(group) -> None:
-    """Pass 1 in groups of ``group`` chunks (None: ``two_pass_group``'s rule) with the carry scan
-    between the passes: T = 301 is 19 chunks of 16 (the last ragged), so group 1 gives 19 groups,
-    more than one scan step of CARRY_BLOCK_G, and 3 and 5 leave a short last group."""
+def test_two_pass_groups_carry_the_state_between_them(monkeypatch, group) -> None:
+    """Pass 1 in groups of ``group`` chunks (None: ``two_pass_group``'s rule, planned for 132 SMs,
+    where B·H = 2 splits into one chunk per group) with the carry scan between the passes: T = 301
+    is 19 chunks of 16 (the last ragged), so group 1 gives 19 groups, more than one scan step of
+    CARRY_BLOCK_G, and 3 and 5 leave a short last group."""
+    _as_if_on(monkeypatch, 132)
     config = dataclasses.replace(configs.TWO_PASS_INTERPRETER, group=group)
     plan = la.two_pass_plan(CPU, 2, 301, 16, config)
     assert plan.chunks == 19 and plan.group * (plan.groups - 1) < 19 <= plan.group * plan.groups
-    if group == 1:
+    if group in (1, None):
         assert plan.groups > configs.CARRY_BLOCK_G
     _check((1, 301, 2, 16), torch.float32, CPU, feature_map="identity", config=config)
+
+
+@requires_interpreter
+def test_two_pass_carry_keeps_a_small_prefix_beside_a_huge_group() -> None:
+    """A group whose sum is ~10⁷ times the one before it: the next group still sees that earlier
+    prefix to fp32 precision. T = 48 is 3 chunks of 16, one per group; tokens 17-31 scaled by 3e3,
+    so token 16 (the first of group 1, its state = group 0's total alone) must match the float64
+    reference as closely as the unscaled rows (an exclusive scan as prefix + x - x lost it)."""
+    D, T = 16, 48
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, T, D) for _ in range(3))
+    k[:, :, 17:32] *= 3e3
+    v[:, :, 17:32] *= 3e3
+    config = dataclasses.replace(configs.TWO_PASS_INTERPRETER, group=1)
+    assert la.two_pass_plan(CPU, 1, T, D, config).groups == 3
+    got = la.linear_attention(q, k, v, feature_map="identity", config=config)  # [1, T, D]
+    want = ref.linear_attention(q.double(), k.double(), v.double(), feature_map="identity").reshape(1, T, D)
+    row_err = (got.double() - want).abs().amax(-1)[0]  # per token
+    scale = want[0, :16].abs().amax()  # the size of group 0's outputs, which row 16 is like
+    assert row_err[:17].max() <= 1e-5 * scale, row_err[:17]
+    big = (got.double() - want)[0, 32:].norm() / want[0, 32:].norm()
+    assert big <= 1e-5, big  # group 2 after the huge group: right relative to its own size
 
 
 def test_two_pass_group_fills_the_gpu_and_covers_every_chunk() -> None:
@@ -151,11 +180,14 @@ def test_two_pass_group_fills_the_gpu_and_covers_every_chunk() -> None:
     target, busy = per_sm * sms, configs.TWO_PASS_GROUP_BELOW * sms
     assert configs.two_pass_group(target, 65, sms) == 65
     assert configs.two_pass_group(8, 65, sms) == 2  # B·H = 4, 2 blocks each: 33 groups of 2
+    short = configs.TWO_PASS_ONE_GROUP_UP_TO
+    assert configs.two_pass_group(1, short, sms) == short
+    assert configs.two_pass_group(1, short + 1, sms) == 1
     for blocks in (1, 4, 8, 64, 65, 66, 100, 263, 264):
-        for chunks in (1, 2, 16, 33, 65, 1000):
+        for chunks in (1, 2, short, short + 1, 16, 33, 65, 1000):
             group = configs.two_pass_group(blocks, chunks, sms)
             assert 1 <= group <= chunks, (blocks, chunks, group)
-            if blocks >= busy:
+            if blocks >= busy or chunks <= short:
                 assert group == chunks, (blocks, chunks, group)
                 continue
             fills = blocks * -(-chunks // group) >= target

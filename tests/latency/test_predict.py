@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from hardware_profiles import Calibration, HardwareProfile, load_profile
 from nas.latency import (
@@ -257,22 +258,28 @@ def test_memory_by_hand() -> None:
 
 
 def test_memory_counts_the_two_pass_states_where_the_rule_takes_them() -> None:
-    """The identity map's per-chunk states (bf16, [B·H, ⌈T/chunk⌉, D, D]) and, with pass 1 in
-    groups, their fp32 totals ([B·H, groups, D, D]) are live at its op where sm_90's rule takes
-    the two passes, on top of the fused route's 5 streams; elu+1 never, nor the fused route."""
+    """The identity map's buffers between its two passes — what ``_two_pass_states`` allocates
+    for sm_90's launch planned at the estimate's SM count (bf16 states [B·H, ⌈T/chunk⌉, D, D]
+    and, with pass 1 in groups, their fp32 totals [B·H, groups, D, D]) — are live at its op where
+    sm_90's rule takes the two passes, on top of the fused route's 5 streams; elu+1 never, nor
+    the fused route. The bytes are those of the tensors the kernel really allocates (run in
+    fp32 under the interpreter: 4-byte states, so the bf16 count is that less 2 bytes a state)."""
     from kernels.linear_attention import configs
+    from kernels.linear_attention import triton as la
     from nas.latency._costs import _TWO_PASS_SMS
 
     D, heads, length = 64, 2, 4097 + 37
     d = heads * D
     identity = LayerSpec("linear_attention", heads=heads, feature_map="identity", mlp_ratio=0.0)
     elu = LayerSpec("linear_attention", heads=heads, feature_map="elu+1", mlp_ratio=0.0)
-    launch = configs.TWO_PASS_HOPPER[D][0]
-    chunks = -(-length // launch.chunk)
-    blocks = heads * (D // launch.block_k) * (D // launch.block_v)
-    groups = -(-chunks // configs.two_pass_group(blocks, chunks, _TWO_PASS_SMS))
-    assert groups > 1
-    states = 2 * heads * chunks * D * D + 4 * heads * groups * D * D
+    plan = configs.two_pass_plan(heads, length, D, configs.TWO_PASS_HOPPER[D][0], _TWO_PASS_SMS)
+    assert plan.groups > 1
+    k, v = torch.randn(2, 1, heads, length, D).unbind(0)
+    buffers = la._two_pass_states(k, v, plan)
+    assert buffers[0].dtype == torch.float32 and buffers[1] is not buffers[0]
+    allocated = sum(b.numel() * b.element_size() for b in buffers)
+    states = allocated - 2 * buffers[0].numel()  # the same states in bf16
+    assert states == 2 * heads * plan.chunks * D * D + 4 * heads * plan.groups * D * D
     # vocab 8 and no MLP: the mixer's op sets the peak
     shape = LatencyShape(1, length)
     with_states = memory(_arch(identity, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes

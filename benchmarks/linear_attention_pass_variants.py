@@ -7,7 +7,8 @@ the first matmul and the scale applied to the fp32 sums, groups forced at short 
 Every variant's output is checked against fla-core's before its time counts; times are CUDA-graph
 replays over input copies larger than L2 (bf16, random normal). Writes after every row.
 
-    python benchmarks/linear_attention_pass_variants.py --out benchmarks/results/linear_attention_pass_variants_h200.json
+    python benchmarks/linear_attention_pass_variants.py \
+        --out benchmarks/results/linear_attention_pass_variants_h200.json
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _out_kernel_hoisted(
     V,
     HS,
     TOTALS,
-    O,
+    O,  # noqa: E741 - the library kernel's names
     stride_qb,
     stride_qh,
     stride_qt,
@@ -172,6 +173,20 @@ def _run_child(args: list[str]) -> dict:
     return {"args": args, "rc": r.returncode, "tail": (r.stdout + r.stderr)[-600:]}
 
 
+def _timed(row: dict, copies: list, H: int, expected, name: str, plan, pass2: str = "lib", warps: int = 4) -> None:
+    """One variant of the forward: checked against the peer's output, then timed, into ``row``."""
+    err = _rel_err(_forward(copies[0], H, plan, pass2, warps), expected)
+    t = _time([partial(_forward, c, H, plan, pass2, warps) for c in copies])
+    row.setdefault("variants", {})[name] = {
+        "us": t,
+        "rel_err": err,
+        "ok": err <= TOLERANCE,
+        "speedup": row["peer_us"]["median_us"] / t["median_us"],
+        "group": plan.group,
+        "groups": plan.groups,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
@@ -209,18 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         row["plan"] = {"group": plan.group, "groups": plan.groups, "chunks": plan.chunks}
         row["route_kernel_us"] = _kernel_us(partial(_forward, copies[0], H, plan))
 
-        def timed(name: str, plan, pass2: str = "lib", warps: int = 4) -> None:
-            err = _rel_err(_forward(copies[0], H, plan, pass2, warps), expected)
-            t = _time([partial(_forward, c, H, plan, pass2, warps) for c in copies])
-            row.setdefault("variants", {})[name] = {
-                "us": t,
-                "rel_err": err,
-                "ok": err <= TOLERANCE,
-                "speedup": row["peer_us"]["median_us"] / t["median_us"],
-                "group": plan.group,
-                "groups": plan.groups,
-            }
-
+        timed = partial(_timed, row, copies, H, expected)
         timed("route", plan)
         timed("pass2_hoisted_w4", plan, "hoisted", 4)
         timed("pass2_hoisted_w8", plan, "hoisted", 8)

@@ -47,6 +47,9 @@ __all__ = [
     "TwoPassPlan",
     "two_pass_plan",
     "TWO_PASS_ONE_GROUP_UP_TO",
+    "TWO_PASS_DEEP_STAGES",
+    "TWO_PASS_DEEP_UP_TO",
+    "two_pass_states_stages",
     "CARRY_TILE",
     "CARRY_BLOCK_G",
     "TWO_PASS_STATE_PROGRAMS_PER_SM",
@@ -166,7 +169,8 @@ class TwoPassConfig:
     chunk's ``block_v`` output columns from its stored state and its own tokens, all chunks in
     parallel. chunk: tokens per chunk (both passes); num_warps, num_stages: pass 2's, as in
     ``triton.Config``; states_warps, states_stages: pass 1's (its chunk walk is sequential, so
-    fewer warps and deeper prefetch can pay), None: pass 2's; group: chunks per pass-1 program
+    fewer warps and deeper prefetch can pay), None: pass 2's warps and ``two_pass_states_stages``'s
+    depth for the plan's grid; group: chunks per pass-1 program
     (the sequence is walked in groups in parallel, their totals carried over by a small scan
     between the passes), None: ``two_pass_group`` per shape."""
 
@@ -189,30 +193,33 @@ class TwoPassConfig:
 # sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200_groups.json,
 # 27 shapes): the first is the route's launch — 64-token chunks, whole 64-wide state blocks (D ≥ 64),
 # 4 warps in both passes — the fastest or within 10 % of it at 22 of the 27; the rest are tested
-# beside it. Value blocks narrower than min(64, D) are refused on the GPU (see ``linear_attention``).
+# beside it. Pass 1's pipeline depth is left to ``two_pass_states_stages``. Value blocks narrower
+# than min(64, D) are refused on the GPU (see ``linear_attention``).
 TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
     16: (TwoPassConfig(64, 16, 16, 4, 2),),
-    32: (TwoPassConfig(64, 32, 32, 4, 2, 4, 2), TwoPassConfig(128, 32, 32, 4, 2)),
+    32: (TwoPassConfig(64, 32, 32, 4, 2), TwoPassConfig(128, 32, 32, 4, 2)),
     64: (
-        TwoPassConfig(64, 64, 64, 4, 2, 4, 2),
+        TwoPassConfig(64, 64, 64, 4, 2),
         TwoPassConfig(128, 32, 64, 8, 2),
         TwoPassConfig(128, 64, 64, 8, 2, 4, 2),
     ),
     128: (
-        TwoPassConfig(64, 64, 64, 4, 2, 4, 2),
+        TwoPassConfig(64, 64, 64, 4, 2),
         TwoPassConfig(128, 32, 64, 8, 2),
         TwoPassConfig(64, 64, 128, 8, 2),
     ),
 }
-# The identity map's route on sm_90 for bf16 (same file, the route's launch with its groups against
-# the fused kernel forced, 27 shapes): the two passes everywhere but at B·H ≥ 128 over ≥ 2048 tokens
-# at D ≤ 64, where the fused kernel's grid is full and it ran 2-8 % faster (B16 H8 L4097 D64: 148.7
-# vs 160.8 µs; B16 H8 L2048 D32: 52.4 vs 55.0). Elsewhere the passes ran 1.0-4.4x faster (B2 H2
-# L4097 D64: 16.4 vs 51.5; B16 H8 L333 D128: 38.5 vs 56.0; B32 H16 L1024 D64: 133.6 vs 162.1).
-# D = 16 was not measured and stays fused.
+# The identity map's route on sm_90 for bf16: the two passes everywhere but at B·H ≥ 128 over ≥ 2048
+# tokens at D = 32, where the fused kernel's grid is full and it ran 5-6 % faster
+# (linear_attention_two_pass_h200_focus.json: B16 H8 L2048 D32 52.4 vs 55.0 µs; L4097 99.0 vs
+# 105.3). At D = 64 the same shapes went to the fused kernel (2-8 % faster) until pass 1 prefetched
+# three stages deep (``two_pass_states_stages``): then the passes ran 141.6 µs at B16 H8 L4097
+# against the fused kernel's 148.7 (linear_attention_pass_variants_h200.json). Elsewhere the passes
+# ran 1.0-4.4x faster (B2 H2 L4097 D64: 16.4 vs 51.5; B16 H8 L333 D128: 38.5 vs 56.0). D = 16 was
+# not measured and stays fused.
 TWO_PASS_FUSED_FROM_HEADS = 128
 TWO_PASS_FUSED_FROM_LENGTH = 2048
-TWO_PASS_FUSED_MAX_DIM = 64
+TWO_PASS_FUSED_MAX_DIM = 32
 
 
 def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
@@ -248,6 +255,14 @@ TWO_PASS_GROUP_BELOW = 0.5
 # against 6.8-9.7 µs in the rule's groups; linear_attention_two_pass_h200_focus.json).
 TWO_PASS_ONE_GROUP_UP_TO = 8
 TWO_PASS_STATE_PROGRAMS_PER_SM = 2
+# Pass 1's software pipeline depth (a config's states_stages None): a grid of few programs per SM
+# is bound by each program's chain of chunk loads, which a third stage prefetches further ahead;
+# a fuller grid is bound by how many programs fit on an SM, which the deeper buffers cut. H200
+# (linear_attention_pass_variants_h200.json, route launch, 3 stages against 2): up to 3 programs
+# per SM 1.0-1.2x faster (B16 H8 L4097 D64, 128 programs: 141.6 vs 164.2 µs; B4 H8 L2048 D128:
+# 60.9 vs 73.6), at 512 programs no faster or slower (B16 H8 L4097 D128: 442.3 vs 413.8).
+TWO_PASS_DEEP_STAGES = 3
+TWO_PASS_DEEP_UP_TO = 3  # pass-1 programs per SM
 # The carry scan: TILE state entries per program, BLOCK_G groups per step (a [16, 256] fp32 tile).
 CARRY_TILE = 256
 CARRY_BLOCK_G = 16
@@ -276,6 +291,7 @@ class TwoPassPlan:
     chunks (the carry scan runs between the passes when ``groups`` > 1)."""
 
     config: TwoPassConfig
+    states_stages: int  # pass 1's pipeline depth: the config's, else two_pass_states_stages'
     batch_heads: int
     head_dim: int
     chunks: int
@@ -312,7 +328,16 @@ def two_pass_plan(batch_heads: int, length: int, head_dim: int, config: TwoPassC
         blocks = batch_heads * (head_dim // cfg.block_k) * (head_dim // cfg.block_v)
         group = two_pass_group(blocks, chunks, sms)
     group = max(1, min(group, chunks))
-    return TwoPassPlan(cfg, batch_heads, head_dim, chunks, group, -(-chunks // group))
+    groups = -(-chunks // group)
+    programs = batch_heads * (head_dim // cfg.block_k) * (head_dim // cfg.block_v) * groups
+    stages = cfg.states_stages or two_pass_states_stages(programs, sms, cfg.num_stages)
+    return TwoPassPlan(cfg, stages, batch_heads, head_dim, chunks, group, groups)
+
+
+def two_pass_states_stages(programs: int, sms: int, otherwise: int) -> int:
+    """Pass 1's pipeline depth for a grid of ``programs`` on ``sms`` SMs: TWO_PASS_DEEP_STAGES
+    up to TWO_PASS_DEEP_UP_TO programs per SM, else ``otherwise`` (pass 2's)."""
+    return TWO_PASS_DEEP_STAGES if programs <= TWO_PASS_DEEP_UP_TO * sms else otherwise
 
 
 def two_pass_config(device: torch.device, head_dim: int) -> TwoPassConfig:

@@ -486,7 +486,7 @@ def _two_pass_states(k: Tensor, v: Tensor, plan: TwoPassPlan) -> tuple[Tensor, T
         CHUNK=cfg.chunk,
         CARRY=carry,
         num_warps=cfg.states_warps or cfg.num_warps,
-        num_stages=cfg.states_stages or cfg.num_stages,
+        num_stages=plan.states_stages,
     )
     if carry:
         tile = min(D * D, CARRY_TILE)

@@ -196,6 +196,25 @@ def test_two_pass_group_fills_the_gpu_and_covers_every_chunk() -> None:
                 assert blocks * -(-chunks // (group + 1)) < target, (blocks, chunks, group)
 
 
+def test_two_pass_plan_deepens_pass_1_only_on_a_sparse_grid() -> None:
+    """Pass 1's pipeline depth, with the config's states_stages left to the rule: 3 stages while its
+    grid (state blocks × groups) holds at most TWO_PASS_DEEP_UP_TO programs per SM, pass 2's
+    num_stages above that; a config's own states_stages always wins."""
+    sms, route = 132, configs.TWO_PASS_HOPPER[128][0]
+    assert route.states_stages is None and route.num_stages != configs.TWO_PASS_DEEP_STAGES
+    up_to = configs.TWO_PASS_DEEP_UP_TO * sms
+    for bh in (1, 4, 32, 99, 100, 128, 512):
+        plan = configs.two_pass_plan(bh, 2048, 128, route, sms)
+        programs = bh * 4 * plan.groups  # 2 × 2 state blocks of 64 at D = 128
+        want = configs.TWO_PASS_DEEP_STAGES if programs <= up_to else route.num_stages
+        assert plan.states_stages == want, (bh, programs, plan)
+    assert configs.two_pass_plan(32, 2048, 128, route, sms).states_stages == configs.TWO_PASS_DEEP_STAGES  # 128
+    assert configs.two_pass_plan(128, 2048, 128, route, sms).states_stages == route.num_stages  # 512 programs
+    assert configs.two_pass_plan(4, 2048, 128, route, sms).states_stages == route.num_stages  # 16 blocks × 32 groups
+    forced = dataclasses.replace(route, states_stages=4)
+    assert configs.two_pass_plan(512, 2048, 128, forced, sms).states_stages == 4
+
+
 def test_two_pass_config_rejects_a_bad_group() -> None:
     with pytest.raises(ValueError, match="group"):
         configs.TwoPassConfig(64, 64, 64, 4, 2, group=0)

@@ -137,7 +137,7 @@ def test_two_pass_launch_class_follows_the_rule():
     from kernels.linear_attention import configs
     from nas.spec import LayerSpec
 
-    D, heads = 64, 2
+    D, heads = configs.TWO_PASS_FUSED_MAX_DIM, 2
     layer = LayerSpec("linear_attention", heads=heads, feature_map="identity")
     arch = ArchSpec(d_model=heads * D, layers=(layer,), vocab_size=64, n_out=64)
 
@@ -154,6 +154,9 @@ def test_two_pass_launch_class_follows_the_rule():
     group = configs.two_pass_group(2, -(-4097 // launch.chunk), SMS)
     assert grouped.x[0] == 3.0 and grouped.x[5] > 0 and grouped.x[2] == group * D / 64
     assert group < chunks
+    wider = ArchSpec(d_model=heads * 2 * D, layers=(layer,), vocab_size=64, n_out=64)  # the fused route stops at D
+    above = next(w for w in launches(wider, parse_shape(f"{batch}x{length}"), SMS) if w.cls.startswith("linear_"))
+    assert above.cls == f"linear_attention.two_pass.D{2 * D}"
     grid = {c.launch(SMS).cls for c in kernel_grid()}
     assert {f"linear_attention.two_pass.D{D}" for D in (32, 64, 128)} <= grid
 

@@ -285,12 +285,13 @@ def test_memory_counts_the_two_pass_states_where_the_rule_takes_them() -> None:
     with_states = memory(_arch(identity, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
     without = memory(_arch(elu, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
     assert with_states - without == states
-    batch = configs.TWO_PASS_FUSED_FROM_HEADS // heads  # the fused route: no states
+    batch = configs.TWO_PASS_FUSED_FROM_HEADS // heads  # the fused route (D = 32 there): no states
     fused = LatencyShape(batch, configs.TWO_PASS_FUSED_FROM_LENGTH)
-    assert not configs.prefers_two_pass((9, 0), batch * heads, fused.seq_len, D)
+    narrow = heads * configs.TWO_PASS_FUSED_MAX_DIM
+    assert not configs.prefers_two_pass((9, 0), batch * heads, fused.seq_len, configs.TWO_PASS_FUSED_MAX_DIM)
     assert (
-        memory(_arch(identity, d=d, vocab=8, n_out=8), fused).peak_activation_bytes
-        == memory(_arch(elu, d=d, vocab=8, n_out=8), fused).peak_activation_bytes
+        memory(_arch(identity, d=narrow, vocab=8, n_out=8), fused).peak_activation_bytes
+        == memory(_arch(elu, d=narrow, vocab=8, n_out=8), fused).peak_activation_bytes
     )
 
 

@@ -248,8 +248,12 @@ TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
 # SM. Each extra group costs its fp32 D×D total written, scanned, and read again by every pass-2
 # program of the group: on an H200 (linear_attention_two_pass_h200_groups.json) groups made
 # B·H = 128 at D = 64 slower (333 tokens: 25.8 µs in 2 groups against 18.9 µs in one), and B·H ≤ 15
-# 1.3-3.6x faster (2x2x4097 D64: 16.2 µs in 65 groups against 44.2 µs in one).
-TWO_PASS_GROUP_BELOW = 0.5
+# 1.3-3.6x faster (2x2x4097 D64: 16.2 µs in 65 groups against 44.2 µs in one). Once pass 1 walks
+# three stages deep (``two_pass_states_stages``), one group of 64 blocks (B·H = 64 at D = 64) beat
+# the groups the earlier threshold of 0.5 per SM gave (B8 H8 L1024: 23.0 µs in one against 29.1 in
+# 6; B4 H16 L4096: 82.6 against 88.4 in 5), while 16 blocks still gain from them (B2 H8 L1000 D64:
+# 14.0 against 20.4; linear_attention_two_pass_h200_focus.json, linear_attention_pass_variants_h200.json).
+TWO_PASS_GROUP_BELOW = 0.25
 # A short walk stays in one group: the carry scan's launch and the fp32 totals cost more than the
 # few sequential chunks they save (H200, B·H = 4, 333 tokens = 6 chunks of 64: one group 5.7-7.9 µs
 # against 6.8-9.7 µs in the rule's groups; linear_attention_two_pass_h200_focus.json).

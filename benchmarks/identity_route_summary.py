@@ -54,7 +54,7 @@ def summarize(passes: dict, focus: dict) -> dict:
     from kernels.linear_attention import configs
 
     fused = {(r["B"], r["H"], r["L"], r["D"]): r for r in focus["results"]}
-    rows = []
+    rows, untimed = [], []
     for r in passes["results"]:
         B, H, L, D = r["B"], r["H"], r["L"], r["D"]
         row = {"B": B, "H": H, "L": L, "D": D, "target": TARGET, "issue_grid": L in ISSUE_LENGTHS}
@@ -77,8 +77,9 @@ def summarize(passes: dict, focus: dict) -> dict:
             }
         else:
             f = fused.get((B, H, L, D))
-            if f is None:
-                continue  # a fused-route shape the focus run did not time
+            if f is None:  # a fused-route shape the focus run did not time: listed, not scored
+                untimed.append({"B": B, "H": H, "L": L, "D": D, "route": "fused"})
+                continue
             row |= {
                 "route": "fused",
                 "ours_us": f["fused_us"],
@@ -101,6 +102,7 @@ def summarize(passes: dict, focus: dict) -> dict:
         "date": passes["date"],
         "inputs": {"passes_date": passes["date"], "focus_date": focus["date"]},
         "summary": {"all": _summary(rows), "issue_grid": _summary([r for r in rows if r["issue_grid"]])},
+        "untimed": untimed,
         "results": rows,
     }
 
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in out["summary"].items():
         spread = f"{s['min']:.2f}-{s['max']:.2f}x, median {s['median']:.2f}x"
         print(f"{name}: {s['met']} of {s['shapes']} ≥ {TARGET}x; {spread}")
+    for r in out["untimed"]:
+        print(f"  not scored: B{r['B']} H{r['H']} L{r['L']} D{r['D']} takes the fused kernel, untimed in --focus")
     for r in out["results"]:
         if not r["met"]:
             shape = f"B{r['B']} H{r['H']} L{r['L']} D{r['D']}"

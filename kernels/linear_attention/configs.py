@@ -210,13 +210,13 @@ TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
     ),
 }
 # The identity map's route on sm_90 for bf16: the two passes everywhere but at B·H ≥ 128 over ≥ 2048
-# tokens at D = 32, where the fused kernel's grid is full and it ran 5-6 % faster
-# (linear_attention_two_pass_h200_focus.json: B16 H8 L2048 D32 52.4 vs 55.0 µs; L4097 99.0 vs
-# 105.3). At D = 64 the same shapes went to the fused kernel (2-8 % faster) until pass 1 prefetched
-# three stages deep (``two_pass_states_stages``): then the passes ran 141.6 µs at B16 H8 L4097
-# against the fused kernel's 148.7 (linear_attention_pass_variants_h200.json). Elsewhere the passes
-# ran 1.0-4.4x faster (B2 H2 L4097 D64: 16.4 vs 51.5; B16 H8 L333 D128: 38.5 vs 56.0). D = 16 was
-# not measured and stays fused.
+# tokens at D = 32, where the fused kernel's grid is full and it ran about 4 % faster
+# (linear_attention_two_pass_h200_focus.json, 2026-12-03: B16 H8 L2048 D32 53.4 vs 55.3 µs; L4097
+# 101.3 vs 105.7). At D = 64 the same shapes took the fused kernel (2-8 % faster in the 2026-12-02
+# run) until pass 1 prefetched three stages deep (``two_pass_states_stages``): now the passes run
+# 139.6 µs at B16 H8 L4097 against the fused kernel's 149.6 (L2048: 72.4 vs 78.4; same file).
+# Elsewhere the passes ran 1.07-3.97x the fused kernel's speed (B2 H2 L4097 D64: 17.0 vs 54.0;
+# B16 H8 L333 D128: 37.6 vs 55.8). D = 16 was not measured and stays fused.
 TWO_PASS_FUSED_FROM_HEADS = 128
 TWO_PASS_FUSED_FROM_LENGTH = 2048
 TWO_PASS_FUSED_MAX_DIM = 32
@@ -255,16 +255,17 @@ TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
 # 14.0 against 20.4; linear_attention_two_pass_h200_focus.json, linear_attention_pass_variants_h200.json).
 TWO_PASS_GROUP_BELOW = 0.25
 # A short walk stays in one group: the carry scan's launch and the fp32 totals cost more than the
-# few sequential chunks they save (H200, B·H = 4, 333 tokens = 6 chunks of 64: one group 5.7-7.9 µs
-# against 6.8-9.7 µs in the rule's groups; linear_attention_two_pass_h200_focus.json).
+# few sequential chunks they save (H200, linear_attention_pass_variants_h200.json, B·H = 4: 333
+# tokens = 6 chunks of 64, one group 6.1-8.6 µs against 7.0-10.4 µs in groups of one chunk; at 8-9
+# chunks a tie within 0.5 µs).
 TWO_PASS_ONE_GROUP_UP_TO = 8
 TWO_PASS_STATE_PROGRAMS_PER_SM = 2
 # Pass 1's software pipeline depth (a config's states_stages None): a grid of few programs per SM
 # is bound by each program's chain of chunk loads, which a third stage prefetches further ahead;
 # a fuller grid is bound by how many programs fit on an SM, which the deeper buffers cut. H200
 # (linear_attention_pass_variants_h200.json, route launch, 3 stages against 2): up to 3 programs
-# per SM 1.0-1.2x faster (B16 H8 L4097 D64, 128 programs: 141.6 vs 164.2 µs; B4 H8 L2048 D128:
-# 60.9 vs 73.6), at 512 programs no faster or slower (B16 H8 L4097 D128: 442.3 vs 413.8).
+# per SM 0.97-1.21x (B16 H8 L4097 D64, 128 programs: 141.6 vs 164.2 µs; B4 H8 L2048 D128: 60.9 vs
+# 73.6), at 512 programs 0.94-1.0x (B16 H8 L4097 D128: 442.3 vs 413.8).
 TWO_PASS_DEEP_STAGES = 3
 TWO_PASS_DEEP_UP_TO = 3  # pass-1 programs per SM
 # The carry scan: TILE state entries per program, BLOCK_G groups per step (a [16, 256] fp32 tile).

@@ -72,7 +72,10 @@ def test_scores_the_rules_route_and_names_the_shortfall(tmp_path) -> None:
     fused = rows[long_rows]
     assert fused["route"] == "fused" and fused["speedup"] == pytest.approx(45 / 50)
     assert out["summary"]["all"]["shapes"] == 4 and out["summary"]["all"]["met"] == 1
-    assert out["summary"]["issue_grid"]["shapes"] == 3
+    assert out["summary"]["issue_grid"]["shapes"] == 3 and out["untimed"] == []
+    unfocused = summary.summarize(passes, ENV | {"results": []})  # the fused shape untimed: listed apart
+    assert unfocused["untimed"] == [{"B": 16, "H": 8, "L": 2048, "D": 32, "route": "fused"}]
+    assert unfocused["summary"]["all"]["shapes"] == 3
     paths = [tmp_path / "p.json", tmp_path / "f.json"]
     for p, data in zip(paths, (passes, focus), strict=True):
         p.write_text(json.dumps(data))

@@ -215,6 +215,24 @@ def test_two_pass_plan_deepens_pass_1_only_on_a_sparse_grid() -> None:
     assert configs.two_pass_plan(512, 2048, 128, forced, sms).states_stages == 4
 
 
+def test_pass_1_launches_at_the_plans_depth(monkeypatch) -> None:
+    """``_two_pass_states`` launches pass 1 with the plan's pipeline depth (here the rule's 3
+    stages on a sparse grid), not the config's num_stages."""
+    seen: dict = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs, grid=grid)
+
+    monkeypatch.setattr(la, "_two_pass_states_kernel", Recorder())
+    config = dataclasses.replace(configs.TWO_PASS_INTERPRETER, group=None)
+    plan = configs.two_pass_plan(1, 64, 16, config, 132)  # 4 chunks in one group, 1 program
+    assert plan.states_stages == configs.TWO_PASS_DEEP_STAGES != config.num_stages
+    k, v = torch.randn(2, 1, 1, 64, 16).unbind(0)
+    la._two_pass_states(k, v, plan)
+    assert seen["num_stages"] == plan.states_stages and seen["grid"] == (1, 1, 1)
+
+
 def test_two_pass_config_rejects_a_bad_group() -> None:
     with pytest.raises(ValueError, match="group"):
         configs.TwoPassConfig(64, 64, 64, 4, 2, group=0)
@@ -222,7 +240,10 @@ def test_two_pass_config_rejects_a_bad_group() -> None:
 
 def test_two_pass_rule_branches() -> None:
     """Two passes on sm_90 at the measured head dims except where the fused kernel's grid is full
-    over long rows (D ≤ 64, B·H ≥ 128, ≥ 2048 tokens); never off sm_90, never at D 16."""
+    over long rows (D = 32, B·H ≥ 128, ≥ 2048 tokens: at D 64 the passes measured faster there
+    too); never off sm_90, never at D 16."""
+    assert not configs.prefers_two_pass((9, 0), 128, 2048, 32)
+    assert configs.prefers_two_pass((9, 0), 128, 2048, 64) and configs.prefers_two_pass((9, 0), 512, 8192, 64)
     heads, length = configs.TWO_PASS_FUSED_FROM_HEADS, configs.TWO_PASS_FUSED_FROM_LENGTH
     for D in (32, 64, 128):
         fused_here = D <= configs.TWO_PASS_FUSED_MAX_DIM

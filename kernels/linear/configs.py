@@ -30,6 +30,7 @@ __all__ = [
     "prefers_tma",
     "CUBLAS_MIN_N",
     "CUBLAS_GELU_MIN_OUTPUT",
+    "NORM_FUSED_MAX_M",
     "prefers_cublas",
 ]
 
@@ -219,6 +220,11 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
 # it wins where the pass over the output it saves costs more than that.
 CUBLAS_MIN_N = 4096
 CUBLAS_GELU_MIN_OUTPUT = 1 << 24
+# A norm before the linear (RMSNorm / LayerNorm, folded into the fused kernel's main loop): up to
+# this M bucket the fused kernel takes it whatever the other rules say, saving the norm's launch
+# and its pass over x; above it the rules above decide, with the norm a launch of its own before
+# cuBLAS. PROVISIONAL until measured (benchmarks/linear_norm_fold.py).
+NORM_FUSED_MAX_M = 1024
 
 
 def prefers_cublas(
@@ -229,14 +235,19 @@ def prefers_cublas(
     activation: str | None,
     residual: bool,
     bias: bool = True,
+    *,
+    norm: bool = False,
 ) -> bool:
     """Whether ``kernels.linear.linear`` should run cuBLAS's matmul and then its epilogue kernel
     rather than the fused Triton kernel, for this GPU, M bucket, N, K and epilogue (see above; a
     fixed rule, so a shape always takes the same route, and the latency model can follow it).
     Off sm_90 only the rules that hold whatever the GPU do: nothing to fuse, cuBLASLt's own
     bias + ReLU epilogue, and K rows that Triton cannot load as vectors; the rest was measured
-    on sm_90 only."""
+    on sm_90 only. ``norm``: x is normalised first (``linear``'s norm), which the fused kernel
+    folds in and the cuBLAS route runs as a launch of its own before the matmul."""
     if n % 8 or k % 8:  # rows of 16-bit elements not 16-byte aligned: cuBLAS's slow kernels
+        return False
+    if norm and (capability != (9, 0) or m_bucket_ <= NORM_FUSED_MAX_M):
         return False
     if activation is None and not residual:
         return True

@@ -4,7 +4,8 @@
 ``nas.models.triton_model.TritonModel.forward`` (and the kernel wrappers' own launch choices)
 without a GPU: embedding gather, then per block norm → qkv linear → short conv → attention /
 linear attention → out linear (+residual); norm → MLP up (+activation) →
-MLP down (+residual); final norm; head. A head dim the kernels do not run is
+MLP down (+residual); final norm; head. Each norm is folded into the linear after it, so it is a
+launch of its own only where that linear takes the cuBLAS route (``_normed_linear``). A head dim the kernels do not run is
 padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
 conv ``3·H·P`` channels and the out linear ``K = H·P`` deep.
 
@@ -108,14 +109,35 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _normed_linear(
+    norm_name: str, kind: str, name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None
+) -> list[Launch]:
+    """A norm and the linear after it (``TritonModel`` folds the norm into the linear): one launch
+    where the linear takes the fused kernel, which gathers the norm's row statistics in its main
+    loop; the norm's own launch, then cuBLAS, where ``prefers_cublas`` (with ``norm``) sends it there."""
+    from kernels.linear import configs
+
+    if configs.prefers_cublas((9, 0), configs.m_bucket(M), N, K, activation, False, norm=True):
+        return [_norm(norm_name, kind, M, K, sms), _linear(name, M, N, K, sms, activation=activation)]
+    return [_linear(name, M, N, K, sms, activation=activation, norm=True)]
+
+
 def _linear(
-    name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None, residual: bool = False
+    name: str,
+    M: int,
+    N: int,
+    K: int,
+    sms: int,
+    *,
+    activation: str | None = None,
+    residual: bool = False,
+    norm: bool = False,
 ) -> Launch:
     from kernels.linear import configs
 
     bucket = configs.m_bucket(M)
     moved = (M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
-    if configs.prefers_cublas((9, 0), bucket, N, K, activation, residual):
+    if configs.prefers_cublas((9, 0), bucket, N, K, activation, residual, norm=norm):
         # cuBLAS's matmul (bias, and ReLU, in its epilogue), then for GELU, SiLU or a residual
         # the epilogue pass over the output in place: one class for both launches, the tile a
         # nominal one for the wave and K features (the model's linears all have a bias)
@@ -250,10 +272,7 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             if P is None:
                 raise ValueError(f"layer {i}: head dim {D} has no {layer.mixer} kernel")
             HP = layer.heads * P  # heads padded to P in the weights: the projection writes them so
-            out += [
-                _norm(f"{prefix}.mixer_norm", layer.norm, M, d, sm_count),
-                _linear(f"{prefix}.qkv", M, 3 * HP, d, sm_count),
-            ]
+            out += _normed_linear(f"{prefix}.mixer_norm", layer.norm, f"{prefix}.qkv", M, 3 * HP, d, sm_count)
             if layer.short_conv:
                 out.append(_conv(f"{prefix}.short_conv", B, T, 3 * HP, layer.short_conv, sm_count))
             if layer.mixer == "attention":
@@ -265,14 +284,9 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             out.append(_linear(f"{prefix}.out", M, d, HP, sm_count, residual=True))
         if layer.mlp_ratio > 0:
             hidden = mlp_hidden(layer, d)
-            out += [
-                _norm(f"{prefix}.mlp_norm", layer.norm, M, d, sm_count),
-                _linear(f"{prefix}.mlp_up", M, hidden, d, sm_count, activation=layer.activation),
-                _linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True),
-            ]
+            out += _normed_linear(
+                f"{prefix}.mlp_norm", layer.norm, f"{prefix}.mlp_up", M, hidden, d, sm_count, activation=layer.activation
+            )
+            out.append(_linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True))
     rows = M if arch.readout == "token" else B
-    out += [
-        _norm("final_norm", arch.layers[-1].norm, rows, d, sm_count),
-        _linear("head", rows, arch.n_out, d, sm_count),
-    ]
-    return out
+    return out + _normed_linear("final_norm", arch.layers[-1].norm, "head", rows, arch.n_out, d, sm_count)

@@ -46,9 +46,7 @@ def linear(
     return y if residual is None else y + residual.float()
 
 
-def fold_norm(
-    gamma: Tensor, beta: Tensor | None, weight: Tensor, bias: Tensor | None
-) -> tuple[Tensor, Tensor | None]:
+def fold_norm(gamma: Tensor, beta: Tensor | None, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """The norm's scale ``gamma`` ``[K]`` and shift ``beta`` ``[K]`` (or None) moved into the
     linear after it (``weight`` ``[N, K]``, ``bias`` ``[N]`` or None), in fp32: (W·diag γ,
     b + W·β). A bias appears where there was none only if there is a shift."""

@@ -285,7 +285,14 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
         if layer.mlp_ratio > 0:
             hidden = mlp_hidden(layer, d)
             out += _normed_linear(
-                f"{prefix}.mlp_norm", layer.norm, f"{prefix}.mlp_up", M, hidden, d, sm_count, activation=layer.activation
+                f"{prefix}.mlp_norm",
+                layer.norm,
+                f"{prefix}.mlp_up",
+                M,
+                hidden,
+                d,
+                sm_count,
+                activation=layer.activation,
             )
             out.append(_linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True))
     rows = M if arch.readout == "token" else B

@@ -3,7 +3,13 @@
 Per block: norm → qkv linear (+bias) → short causal conv → attention (RoPE fused) or causal
 linear attention (feature map fused) → out linear with the residual add in its epilogue; then
 norm → MLP up with the activation in its epilogue → MLP down with the residual add. Only the
-embedding gather and reshapes run in torch. A head dim the kernels do not run (one that is not
+embedding gather and reshapes run in torch. Each norm (and the final one) is folded into the
+linear after it (``fold_norms``, the default): its scale and shift go into that linear's weight
+and bias once, at construction (``kernels.linear.reference.fold_norm``), and the linear
+normalises its input rows itself (``linear(..., norm=)``: the fused kernel from the x tiles its
+main loop loads, one launch fewer per norm; the cuBLAS route, where the shape takes it, with a
+unit-affine norm launch before the matmul). The decoder runs the same unit-affine norm as a
+launch of its own before its row kernels. A head dim the kernels do not run (one that is not
 16, 32, 64 or 128) is zero-padded to the next one they do, in the weights, once, at construction
 (``_pad_weights``): the qkv projection (and short conv) write every head already padded and the
 out projection reads the padded heads, so a forward makes no padding copies and gives exactly
@@ -328,6 +334,7 @@ def _pad_weights(
     return (w, b), (None if conv is None else (wc, bc)), (wide, bo)
 
 
-def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> TritonModel:
-    """The kernels-only forward of ``model`` (weights cast once to ``dtype``)."""
-    return TritonModel(model, dtype=dtype)
+def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16, fold_norms: bool = True) -> TritonModel:
+    """The kernels-only forward of ``model`` (weights cast once to ``dtype``; ``fold_norms``:
+    each norm run inside the linear after it, see ``TritonModel``)."""
+    return TritonModel(model, dtype=dtype, fold_norms=fold_norms)

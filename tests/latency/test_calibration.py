@@ -330,3 +330,43 @@ def test_cli_calibrate_saves_rows_that_refit_to_the_same_model(tmp_path, monkeyp
     written = load_profile(str(out)).calibrated
     assert written.get("kernels_fingerprint") == "abc"
     assert written.kernel_model == refitted.to_dict()
+
+
+def test_a_norm_is_a_launch_only_where_the_linear_after_it_takes_cublas():
+    """TritonModel folds each norm into the linear after it: the launch list has the norm's own
+    launch exactly where ``prefers_cublas(..., norm=True)`` sends that linear to cuBLAS (none up
+    to NORM_FUSED_MAX_M rows), and then the linear is cuBLAS's class."""
+    from kernels.linear import configs
+    from nas.spec import LayerSpec
+
+    arch = ArchSpec(
+        256,
+        (
+            LayerSpec("attention", 4, None, 4, 4.0, "gelu", "rmsnorm"),
+            LayerSpec("linear_attention", 4, "identity", 0, 2.0, "silu", "layernorm"),
+        ),
+        1000,
+        1000,
+        "token",
+    )
+    seen_cublas = seen_fused = False
+    for shape in ("1x256", "4x256", "16x1024"):
+        work = launches(arch, parse_shape(shape), SMS)
+        names = [w.name for w in work]
+        rows = parse_shape(shape).tokens
+        for norm, linear, n, act in (
+            ("layers.0.mixer_norm", "layers.0.qkv", 3 * 256, None),
+            ("layers.0.mlp_norm", "layers.0.mlp_up", 1024, "gelu"),
+            ("layers.1.mixer_norm", "layers.1.qkv", 3 * 256, None),
+            ("final_norm", "head", 1000, None),
+        ):
+            cublas = configs.prefers_cublas((9, 0), configs.m_bucket(rows), n, 256, act, False, norm=True)
+            assert (norm in names) == cublas, (shape, norm)
+            lin = work[names.index(linear)]
+            assert (lin.cls == "linear.cublas") == cublas, (shape, linear, lin.cls)
+            if cublas:
+                assert names.index(norm) == names.index(linear) - 1
+            seen_cublas |= cublas
+            seen_fused |= not cublas
+    assert seen_cublas and seen_fused  # both sides of the rule are exercised
+    assert not any(w.cls.startswith("norm.") for w in launches(arch, parse_shape("1x256"), SMS))

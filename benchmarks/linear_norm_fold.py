@@ -194,7 +194,8 @@ def main() -> None:
             extra = f" all-fused {row['folded_all_fused_us'].median_us:.1f}" if "folded_all_fused_us" in row else ""
             print(
                 f"model {i} {row['arch']} {shape}: folded {row['folded_us'].median_us:.1f} unfolded "
-                f"{row['unfolded_us'].median_us:.1f}{extra} µs ({row['folded_over_unfolded']:.3f}) correct {row['correct']}",
+                f"{row['unfolded_us'].median_us:.1f}{extra} µs ({row['folded_over_unfolded']:.3f}) "
+                f"correct {row['correct']}",
                 flush=True,
             )
             write_results(args.out, rows, **note, complete=False)

@@ -8,7 +8,6 @@ norm(x)·γ·Wᵀ + β·Wᵀ + b = norm₁(x)·(W·diag γ)ᵀ + (b + W·β), no
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

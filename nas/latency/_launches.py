@@ -5,8 +5,8 @@
 without a GPU: embedding gather, then per block norm → qkv linear → short conv → attention /
 linear attention → out linear (+residual); norm → MLP up (+activation) →
 MLP down (+residual); final norm; head. Each norm is folded into the linear after it, so it is a
-launch of its own only where that linear takes the cuBLAS route (``_normed_linear``). A head dim the kernels do not run is
-padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
+launch of its own only where that linear takes the cuBLAS route (``_normed_linear``). A head dim
+the kernels do not run is padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
 conv ``3·H·P`` channels and the out linear ``K = H·P`` deep.
 
 Every launch belongs to a *class* (one set of fitted coefficients: ``linear.tma``,

@@ -17,7 +17,7 @@ from kernels.norm import layer_norm, rms_norm
 from kernels.norm import reference as norm_ref
 from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter
 from tests.kernels._support import seeded as _gen
-from tests.kernels.test_linear import DTYPES, EVERY_CONFIG, ROUTE_TOLERANCES, TOLERANCES
+from tests.kernels.test_linear import DTYPES, EVERY_CONFIG, ROUTE_TOLERANCES, TOLERANCES, _config_id
 
 NORMS = ["rmsnorm", "layernorm"]
 
@@ -132,10 +132,10 @@ def test_weight_sums_given_or_computed_agree() -> None:
 
 
 @requires_interpreter
-@pytest.mark.parametrize("config", EVERY_CONFIG[::2])
-def test_every_other_config_with_layernorm(config) -> None:
-    """Half of every tiling the tuners may pick (the other half runs without a norm in
-    test_linear.py's contract test), with the LayerNorm prologue: M = 37, N = 40, K = 56."""
+@pytest.mark.parametrize("config", [p for p in EVERY_CONFIG if configs.norm_tile_ok(p.values[0])])
+def test_every_config_a_norm_may_run(config) -> None:
+    """Every tiling a tuner may hand a norm (or a sweep may pick), with the LayerNorm prologue
+    (the heavier of the two): M = 37, N = 40, K = 56."""
     inputs = _case(37, 56, 40, torch.float32, DEVICE, _gen("every-norm", config))
     _check(*inputs, "layernorm", "silu", torch.float32, config=config)
 
@@ -176,19 +176,39 @@ def test_bad_norm_arguments_name_the_field() -> None:
 
 
 def test_route_rule_with_a_norm() -> None:
-    """Up to NORM_FUSED_MAX_M the fused kernel takes a norm whatever else the rule says (off
-    sm_90 at every M: unmeasured there); above it the rule without the norm decides; rows that
-    are not 16-byte aligned never go to cuBLAS."""
-    small, large = configs.NORM_FUSED_MAX_M, 2 * configs.NORM_FUSED_MAX_M
-    shapes = [(512, 256, None), (512, 200, "gelu"), (1024, 1024, "silu"), (512, 128, "relu"), (4096, 96, "gelu")]
-    for n, k, act in shapes:
-        assert configs.prefers_cublas((9, 0), small, n, k, act, False), (n, k, act)  # without a norm: cuBLAS
-        assert not configs.prefers_cublas((9, 0), small, n, k, act, False, norm=True), (n, k, act)
-        assert not configs.prefers_cublas((8, 0), 16384, n, k, act, False, norm=True), (n, k, act)
-        assert configs.prefers_cublas((9, 0), large, n, k, act, False, norm=True) == configs.prefers_cublas(
-            (9, 0), large, n, k, act, False
-        )
-    assert not configs.prefers_cublas((9, 0), 16384, 5003, 512, None, False, norm=True)
+    """With a norm the fused kernel takes short K (≤ SHORT_K_MAX) while x has fewer than
+    NORM_FUSED_MAX_X elements, whatever else the rule says; elsewhere the rule without the norm
+    decides; rows that are not 16-byte aligned never go to cuBLAS."""
+    limit = configs.NORM_FUSED_MAX_X
+    shapes = [(768, 256, None), (512, 200, "gelu"), (1024, 128, "relu"), (4096, 96, "gelu"), (288, 96, None)]
+    for cap in ((9, 0), (8, 0)):
+        for n, k, act in shapes:
+            below = configs.m_bucket(-(-limit // k)) // 2  # the largest bucket under the limit
+            assert below * k < limit <= 2 * below * k
+            if cap == (9, 0):  # without a norm every one of these goes to cuBLAS there
+                assert configs.prefers_cublas(cap, below, n, k, act, False), (n, k, act)
+            assert not configs.prefers_cublas(cap, below, n, k, act, False, norm=True), (n, k, act)
+            assert configs.prefers_cublas(cap, 2 * below, n, k, act, False, norm=True) == configs.prefers_cublas(
+                cap, 2 * below, n, k, act, False
+            )
+    assert configs.prefers_cublas((9, 0), 256, 1536, 512, None, False, norm=True), "long K: norm + cuBLAS"
+    assert not configs.prefers_cublas((9, 0), 16384, 5003, 512, None, False, norm=True), "unaligned rows"
+
+
+def test_norm_prologue_tilings_exclude_the_largest_and_never_run_out() -> None:
+    """The tuners hand a norm only tilings of at most NORM_MAX_TILE outputs, and every candidate
+    list keeps at least one; an explicit larger tiling with a norm is refused by name."""
+    big = [c for c in configs.ALL if not configs.norm_tile_ok(c)]
+    assert big and all(c.block_m * c.block_n > configs.NORM_MAX_TILE for c in big)
+    for cap in ((9, 0), (8, 0)):
+        for m in (16, 64, 256, 4096, 16384):
+            for k in (96, 256, 512, 4096):
+                for tma in (False, True):
+                    picked = configs.candidates(cap, m, k, 2, tma=tma)
+                    assert any(configs.norm_tile_ok(c) for c in picked), (cap, m, k, tma)
+    x, w = torch.randn(4, 64, device=DEVICE), torch.randn(8, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="cannot run the norm prologue"):
+        linear(x, w, norm="rmsnorm", config=big[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,10 +218,12 @@ def test_route_rule_with_a_norm() -> None:
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("config", [pytest.param(c, id=repr(c)[13:60]) for c in (*configs.ALL, *configs.HOPPER_TMA)])
+@pytest.mark.parametrize(
+    "config", [pytest.param(c, id=_config_id(c)) for c in dict.fromkeys(configs.ALL) if configs.norm_tile_ok(c)]
+)
 @pytest.mark.parametrize("norm", NORMS)
 def test_gpu_every_tuner_config(norm, config) -> None:
-    """Every tiling a tuner may be handed, with the prologue: M 1000, K 384 (16-byte rows, so TMA
+    """Every tiling a tuner may hand a norm, with the prologue: M 1000, K 384 (16-byte rows, so TMA
     tilings run their kernel), N 808, bias, GELU, residual."""
     inputs = _case(1000, 384, 808, torch.bfloat16, CUDA, _gen("gpu-cfg", norm, config))
     _check(*inputs, norm, "gelu", torch.bfloat16, config=config)
@@ -214,8 +236,9 @@ def test_gpu_every_tuner_config(norm, config) -> None:
 )
 @pytest.mark.parametrize("norm", NORMS)
 def test_gpu_default_route(norm, M, K, N) -> None:
-    """The route and tiling chosen per shape (the fused kernel up to NORM_FUSED_MAX_M, the rule
-    above it), no activation and no residual: what the model's qkv projection and head run."""
+    """The route and tiling chosen per shape (the fused kernel at short K and small x, the rule
+    elsewhere), no activation and no residual: what the model's qkv projection and head run;
+    (333, 200, 808): K rows not 16-divisible, (16384, 256): past NORM_FUSED_MAX_X."""
     import kernels.linear.triton as lt
 
     x, w, b, _ = _case(M, K, N, torch.bfloat16, CUDA, _gen("gpu-route", norm, M, K, N), residual=False)

@@ -10,15 +10,16 @@ against an fp32 reference first (relative Frobenius error recorded):
   no activation; MLP up: N = 4K, GELU), rows whose means sit away from zero:
   - ``fused``: ``linear(x, W', b', norm=)`` on the fused Triton kernel (route forced);
   - ``cublas_norm``: the norm kernel (unit affine) then the cuBLAS route (route forced): what
-    ``linear(..., norm=)`` runs above ``NORM_FUSED_MAX_M``;
+    ``linear(..., norm=)`` runs where ``prefers_cublas(..., norm=True)`` says so;
   - ``unfolded``: ``kernels.norm`` (with γ, β) then ``linear`` on the route its rule picks without
     a norm: the model's path before the fold;
   - ``peer``: ``F.layer_norm`` / ``F.rms_norm`` then ``F.linear`` (+ ``F.gelu``): what a user gets
     by default in torch.
 - ``model`` rows, per architecture of ``model_vs_compile.py``'s list (same seed, so the rows sit
   beside its compile rows) and shape: ``TritonModel`` with the norms folded (the default) and not
-  (``fold_norms=False``), and at 8×1024 also with every folded linear on the fused kernel
-  (``NORM_FUSED_MAX_M`` raised past M), each checked against the torch model in bf16.
+  (``fold_norms=False``), and with every folded linear on the fused kernel (``NORM_FUSED_MAX_K``
+  and ``NORM_FUSED_MAX_X`` lifted), each checked against the torch model in bf16 (norm scales
+  and shifts drawn away from (1, 0) first).
 
 The JSON is rewritten after every row.
 """
@@ -135,22 +136,19 @@ def model_rows(index: int, arch, shape_text: str) -> dict:
     }
     with torch.no_grad():
         expected = torch_bf16(inputs[0])
-        variants = {"folded": (True, None), "unfolded": (False, None)}
-        if shape.tokens > configs.NORM_FUSED_MAX_M:
-            variants["folded_all_fused"] = (True, 1 << 40)
-        for name, (fold, max_m) in variants.items():
-            saved = configs.NORM_FUSED_MAX_M
-            if max_m is not None:
-                configs.NORM_FUSED_MAX_M = max_m
+        variants = {"folded": (True, False), "unfolded": (False, False), "folded_all_fused": (True, True)}
+        for name, (fold, all_fused) in variants.items():
+            saved = configs.NORM_FUSED_MAX_K, configs.NORM_FUSED_MAX_X
+            if all_fused:
+                configs.NORM_FUSED_MAX_K, configs.NORM_FUSED_MAX_X = 1 << 30, 1 << 62
             try:
                 tm = to_triton(model, fold_norms=fold)
                 row[f"{name}_rel_err"] = _rel(tm(inputs[0]), expected)
                 row[f"{name}_us"] = time_graph([lambda x=x, tm=tm: tm.forward(x) for x in inputs])
             finally:
-                configs.NORM_FUSED_MAX_M = saved
+                configs.NORM_FUSED_MAX_K, configs.NORM_FUSED_MAX_X = saved
     row["folded_over_unfolded"] = row["folded_us"].median_us / row["unfolded_us"].median_us
-    if "folded_all_fused_us" in row:
-        row["all_fused_over_folded"] = row["folded_all_fused_us"].median_us / row["folded_us"].median_us
+    row["all_fused_over_folded"] = row["folded_all_fused_us"].median_us / row["folded_us"].median_us
     row["correct"] = all(v <= TOLERANCE for k, v in row.items() if k.endswith("_rel_err"))
     return row
 
@@ -168,7 +166,8 @@ def main() -> None:
 
     rows: list[dict] = []
     note = dict(
-        norm_fused_max_m=configs.NORM_FUSED_MAX_M,
+        norm_fused_max_k=configs.NORM_FUSED_MAX_K,
+        norm_fused_max_x=configs.NORM_FUSED_MAX_X,
         peer="F.layer_norm / F.rms_norm then F.linear (+ F.gelu), eager torch, captured in the same graph",
     )
     if not args.skip_ops:
@@ -191,7 +190,7 @@ def main() -> None:
         for shape in MODEL_SHAPES:
             row = model_rows(i, arch, shape)
             rows.append(row)
-            extra = f" all-fused {row['folded_all_fused_us'].median_us:.1f}" if "folded_all_fused_us" in row else ""
+            extra = f" all-fused {row['folded_all_fused_us'].median_us:.1f}"
             print(
                 f"model {i} {row['arch']} {shape}: folded {row['folded_us'].median_us:.1f} unfolded "
                 f"{row['unfolded_us'].median_us:.1f}{extra} µs ({row['folded_over_unfolded']:.3f}) "

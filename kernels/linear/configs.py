@@ -31,8 +31,7 @@ __all__ = [
     "CUBLAS_MIN_N",
     "CUBLAS_GELU_MIN_OUTPUT",
     "NORM_FUSED_MAX_X",
-    "NORM_MAX_TILE",
-    "norm_tile_ok",
+    "NORM_FUSED_MAX_K",
     "prefers_cublas",
 ]
 
@@ -222,29 +221,20 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
 # it wins where the pass over the output it saves costs more than that.
 CUBLAS_MIN_N = 4096
 CUBLAS_GELU_MIN_OUTPUT = 1 << 24
-# A norm before the linear (RMSNorm / LayerNorm; ``linear(..., norm=)``): the fused kernel gathers
-# its row statistics in the main loop and saves the norm's launch and its pass over x, where its
-# main loop keeps up with cuBLAS's: short K and fewer than NORM_FUSED_MAX_X elements of x (M bucket
-# × K). Elsewhere the rules above decide, the norm then a launch of its own before cuBLAS. H200
-# (benchmarks/results/linear_norm_fold_h200.json, bf16, qkv N = 3K no activation / MLP up N = 4K
-# GELU, fused against the better of norm + cuBLAS and the unfolded path):
-# - K = 96: fused 0.70-0.95x the time at M 256-8192 (M 8192 qkv: 6.6 vs 9.4 µs); at M 16384 the
-#   qkv lost (12.3 vs 10.7) and the GELU one still won (18.2 vs 19.1);
-# - K = 256: 0.77-0.93x at M 256-1024 (M 1024 MLP up: 7.0 vs 7.6 LayerNorm); at M 2048 0.90-0.97x
-#   but LayerNorm's qkv 1.09x (7.3 vs 6.7); at M 4096 1.04-1.27x;
+# A norm before the linear (RMSNorm / LayerNorm; ``linear(..., norm=)``): the fused kernel sums its
+# rows' statistics in its main loop, saving the norm's launch and its pass over x, where its main
+# loop keeps up with cuBLAS's: K up to NORM_FUSED_MAX_K and fewer than NORM_FUSED_MAX_X elements of x
+# (M bucket × K). Elsewhere the rules above decide, the norm then a launch of its own before
+# cuBLAS. H200 (bf16, qkv N = 3K no activation / MLP up N = 4K GELU; fused against the better of
+# norm + cuBLAS and the unfolded path, in linear_norm_fold_h200_tile_stats.json, which summed the
+# statistics from the dot's tile: a separate load, as the kernels now do, took 9-23 % longer in
+# linear_norm_diagnose_h200.json, so the margins below shrink by about that much):
+# - K = 96: fused 0.70-0.95x the time at M 256-8192 (M 8192 qkv: 6.6 vs 9.4 µs);
+# - K = 256: 0.77-0.93x at M 256-1024 (M 1024 MLP up: 7.0 vs 7.6 LayerNorm), gone with the load;
 # - K = 512: 1.05-1.78x at every M (M 256 qkv: 9.8 vs 5.5): the pointer kernel's long-K main loop.
-# The rule reads LayerNorm's rows (the heavier prologue) where the two norms disagree.
+# The rule as it stands is re-timed on whole models in linear_norm_fold_h200.json.
+NORM_FUSED_MAX_K = 128
 NORM_FUSED_MAX_X = 1 << 20
-# The fused kernel's largest tilings (128 × 256 and 256 × 128 at 8 warps, pointer and TMA kernels)
-# gave wrong outputs with the norm prologue on an H200 (triton 3.6; 0.2 % of elements, GPU only:
-# the interpreter agrees, not yet isolated), so the tuners never hand them a norm and ``linear``
-# refuses them with one; every other tiling passes (tests/kernels/test_linear_norm.py).
-NORM_MAX_TILE = 128 * 128  # block_m × block_n
-
-
-def norm_tile_ok(config: LinearConfig) -> bool:
-    """Whether ``config`` may run the fused kernel with a norm prologue (``NORM_MAX_TILE``)."""
-    return config.block_m * config.block_n <= NORM_MAX_TILE
 
 
 def prefers_cublas(
@@ -267,7 +257,7 @@ def prefers_cublas(
     folds in and the cuBLAS route runs as a launch of its own before the matmul."""
     if n % 8 or k % 8:  # rows of 16-bit elements not 16-byte aligned: cuBLAS's slow kernels
         return False
-    if norm and k <= SHORT_K_MAX and m_bucket_ * k < NORM_FUSED_MAX_X:
+    if norm and k <= NORM_FUSED_MAX_K and m_bucket_ * k < NORM_FUSED_MAX_X:
         return False
     if activation is None and not residual:
         return True

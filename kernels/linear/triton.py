@@ -106,7 +106,11 @@ def _stats_init(x, rows, stride_xm, NORM: tl.constexpr, BLOCK_M: tl.constexpr):
 @triton.jit
 def _stats_add(shift, s1, s2, a, k_ok, NORM: tl.constexpr):
     """The running sums plus the ``[BM, BK]`` x tile ``a`` (its columns valid where ``k_ok``;
-    masked or out-of-bounds columns arrive as zeros, which RMSNorm's Σx² may keep)."""
+    masked columns arrive as zeros, which RMSNorm's Σx² may keep). The kernels load ``a`` for
+    this alone, not reuse the tile they feed the dot: summed from that tile, some rows came out
+    wrong on an H200 (triton 3.6: 12 of 88 tiling × shape × norm runs, rmsnorm on the 64×128
+    2-stage tile and both kernels' largest; never with a load of their own, which costs 9-23 %
+    of the kernel's time at M 256-2048; benchmarks/results/linear_norm_diagnose_h200.json)."""
     if NORM == "rmsnorm":
         v = a.to(tl.float32)
         s2 += tl.sum(v * v, 1)
@@ -161,7 +165,6 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    STATS_FROM: tl.constexpr = "tile",
 ):
     # FLOPs: 2·M·N·K. Fewest bytes: read M·K + N·K (+ N bias, + M·N residual), write M·N elements;
     # each program re-reads its K-panels of x and W (L2 absorbs most of it thanks to GROUP_M).
@@ -196,10 +199,9 @@ def _linear_kernel(
             k_left = K - k * BLOCK_K
             a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             bt = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        xs = a
-        if NORM != "none" and STATS_FROM == "load":  # DIAGNOSIS: the statistics from a load of their own
+        if NORM != "none":  # the row sums from a load of their own (see _stats_add)
             xs = tl.load(x_ptrs, mask=(k * BLOCK_K + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
-        shift, s1, s2 = _stats_add(shift, s1, s2, xs, k * BLOCK_K + offs_k < K, NORM)
+            shift, s1, s2 = _stats_add(shift, s1, s2, xs, k * BLOCK_K + offs_k < K, NORM)
         if UPCAST:
             a = a.to(tl.float32)
             bt = bt.to(tl.float32)
@@ -251,7 +253,6 @@ def _linear_tma_kernel(
     FLATTEN: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
     PERSISTENT: tl.constexpr = True,  # read by the launch grid only (≤ one program per SM, or one per tile)
-    STATS_FROM: tl.constexpr = "tile",
 ):
     # The same math as _linear_kernel. Persistent: the grid is at most one program per SM, and
     # each walks output tiles tl.num_programs(0) apart in the grouped order. Every tile moves by
@@ -281,11 +282,10 @@ def _linear_tma_kernel(
         for k in range(k_steps):
             a = x_desc.load([row0, k * BLOCK_K])  # [BM, BK]
             wt = w_desc.load([col0, k * BLOCK_K])  # [BN, BK]: rows of W, fed to the dot transposed
-            kk = k * BLOCK_K + tl.arange(0, BLOCK_K)
-            xs = a
-            if NORM != "none" and STATS_FROM == "load":  # DIAGNOSIS
+            if NORM != "none":  # the row sums from a pointer load of their own (see _stats_add)
+                kk = k * BLOCK_K + tl.arange(0, BLOCK_K)
                 xs = tl.load(x + rows[:, None] * stride_xm + kk[None, :], mask=(kk < K)[None, :], other=0.0)
-            shift, s1, s2 = _stats_add(shift, s1, s2, xs, kk < K, NORM)
+                shift, s1, s2 = _stats_add(shift, s1, s2, xs, kk < K, NORM)
             if UPCAST:
                 a = a.to(tl.float32)
                 wt = wt.to(tl.float32)
@@ -413,7 +413,6 @@ _TRITON_CONFIGS = {
 _POINTER_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if not c.tma]
 _TMA_CONFIGS = [t for c, t in _TRITON_CONFIGS.items() if c.tma]
 _USE_TMA: bool | None = None  # set_tma's choice; None: configs.prefers_tma
-_STATS_FROM = "tile"  # DIAGNOSIS (benchmarks/linear_norm_diagnose.py): "load" reads x again for the norm's sums
 _ROUTE: str | None = None  # set_route's choice; None: configs.prefers_cublas
 _last_route: list[str] = []  # the route of the latest call without an explicit config
 _last_tuner: list = []  # the tuner of the latest autotuned call, for last_tuned_config
@@ -429,8 +428,6 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
         x.element_size(),
         tma="stride_xk" not in named_args,
     )
-    if kwargs.get("NORM", "none") != "none":  # tilings the norm prologue may run (configs.NORM_MAX_TILE)
-        picked = tuple(c for c in picked if _configs.norm_tile_ok(c))  # never empty: test_linear_norm.py
     return [_TRITON_CONFIGS[c] for c in picked]
 
 
@@ -566,11 +563,7 @@ def linear(
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if norm not in NORMS:
         raise ValueError(f"linear: norm must be one of {NORMS}, got {norm!r}")
-    if norm is not None and config is not None and not _configs.norm_tile_ok(config):
-        raise ValueError(
-            f"linear: a {config.block_m}x{config.block_n} tile cannot run the norm prologue "
-            f"(at most {_configs.NORM_MAX_TILE} outputs per tile: configs.NORM_MAX_TILE)"
-        )
+
     if x.dim() < 1 or weight.dim() != 2:
         raise ValueError(f"linear: x must be [*, K] and weight [N, K], got {list(x.shape)} and {list(weight.shape)}")
     check_runnable("linear", x)
@@ -626,7 +619,6 @@ def linear(
     meta = dict(
         ACTIVATION=activation or "none",
         NORM=norm or "none",
-        STATS_FROM=_STATS_FROM,
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=r2 is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",

@@ -335,12 +335,12 @@ def test_cli_calibrate_saves_rows_that_refit_to_the_same_model(tmp_path, monkeyp
 def test_a_norm_is_a_launch_only_where_the_linear_after_it_takes_cublas():
     """TritonModel folds each norm into the linear after it: the launch list has the norm's own
     launch exactly where ``prefers_cublas(..., norm=True)`` sends that linear to cuBLAS (none up
-    to NORM_FUSED_MAX_M rows), and then the linear is cuBLAS's class."""
+    at 1x256 here), and then the linear is cuBLAS's class."""
     from kernels.linear import configs
     from nas.spec import LayerSpec
 
     arch = ArchSpec(
-        256,
+        128,
         (
             LayerSpec("attention", 4, None, 4, 4.0, "gelu", "rmsnorm"),
             LayerSpec("linear_attention", 4, "identity", 0, 2.0, "silu", "layernorm"),
@@ -355,12 +355,12 @@ def test_a_norm_is_a_launch_only_where_the_linear_after_it_takes_cublas():
         names = [w.name for w in work]
         rows = parse_shape(shape).tokens
         for norm, linear, n, act in (
-            ("layers.0.mixer_norm", "layers.0.qkv", 3 * 256, None),
-            ("layers.0.mlp_norm", "layers.0.mlp_up", 1024, "gelu"),
-            ("layers.1.mixer_norm", "layers.1.qkv", 3 * 256, None),
+            ("layers.0.mixer_norm", "layers.0.qkv", 3 * 128, None),
+            ("layers.0.mlp_norm", "layers.0.mlp_up", 512, "gelu"),
+            ("layers.1.mixer_norm", "layers.1.qkv", 3 * 128, None),
             ("final_norm", "head", 1000, None),
         ):
-            cublas = configs.prefers_cublas((9, 0), configs.m_bucket(rows), n, 256, act, False, norm=True)
+            cublas = configs.prefers_cublas((9, 0), configs.m_bucket(rows), n, 128, act, False, norm=True)
             assert (norm in names) == cublas, (shape, norm)
             lin = work[names.index(linear)]
             assert (lin.cls == "linear.cublas") == cublas, (shape, linear, lin.cls)

@@ -551,10 +551,11 @@ def linear(
     dtype. bias: ``[N]`` or None. activation: None | "gelu" (erf, as ``nn.GELU()``) | "relu" |
     "silu". residual: ``[*, N]`` like the output, or None. norm: None | "rmsnorm" | "layernorm":
     x's rows normalised over K first, unit affine (the norm's scale and shift belong in weight
-    and bias: ``reference.fold_norm``), ``norm_eps`` inside the square root; the fused kernel
-    gathers the row statistics from the x tiles its main loop loads, the cuBLAS route runs the
-    norm kernel first. weight_sums: ``[N]`` fp32 Σₖ weight[n, k] (``reference.weight_sums``),
-    which LayerNorm's fused kernel reads; None: computed here, a launch per call. out:
+    and bias: ``reference.fold_norm``), ``norm_eps`` inside the square root; the fused kernel sums
+    the row statistics in its main loop (from a load of its own) where ``configs.fuses_norm`` says
+    so, the route is forced to "triton" or a config is given; elsewhere the norm kernel runs first,
+    then the route. weight_sums: ``[N]`` fp32 Σₖ weight[n, k] (``reference.weight_sums``), which
+    LayerNorm's fused kernel reads (norm "layernorm" only); None: computed here, a launch per call. out:
     ``[*, N]`` in x's dtype to write into (contiguous), or None. config: a fixed tiling of the
     fused kernel instead of the route and tiling chosen per shape (module docstring). Returns
     ``[*, N]``. CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
@@ -582,13 +583,15 @@ def linear(
         raise ValueError(f"linear: weight.dtype must equal x.dtype ({x.dtype}), got {weight.dtype}")
     if bias is not None:
         bias = bias.contiguous()
-    if weight_sums is not None and (
-        weight_sums.shape != (N,) or weight_sums.dtype != torch.float32 or weight_sums.device != x.device
-    ):
-        raise ValueError(
-            f"linear: weight_sums must be fp32 [{N}] on {x.device}, got {weight_sums.dtype} "
-            f"{list(weight_sums.shape)} on {weight_sums.device}"
-        )
+    if weight_sums is not None:
+        if norm != "layernorm":
+            raise ValueError(f"linear: weight_sums is read only with norm='layernorm', got norm={norm!r}")
+        if weight_sums.shape != (N,) or weight_sums.dtype != torch.float32 or weight_sums.device != x.device:
+            raise ValueError(
+                f"linear: weight_sums must be fp32 [{N}] on {x.device}, got {weight_sums.dtype} "
+                f"{list(weight_sums.shape)} on {weight_sums.device}"
+            )
+        weight_sums = weight_sums.contiguous()
     r2 = None if residual is None else as_rows(residual, N)
     if out is not None:
         check_int32("linear", "out", out)
@@ -597,6 +600,38 @@ def linear(
     if M == 0 or N == 0:
         return out
 
+    if config is None:
+        if _ROUTE is not None:
+            route = _ROUTE
+        elif INTERPRETED or x.dtype == torch.float32:
+            route = "triton"
+        else:
+            route = (
+                "cublas"
+                if _configs.prefers_cublas(
+                    torch.cuda.get_device_capability(x.device),
+                    _configs.m_bucket(M),
+                    N,
+                    K,
+                    activation,
+                    r2 is not None,
+                    bias is not None,
+                    norm=norm is not None,
+                )
+                else "triton"
+            )
+        if _shares_memory(r2, y2):  # out is the residual: the matmul would overwrite it before the add
+            route = "triton"
+        _last_route[:] = [route]
+        if norm is not None and (
+            route == "cublas" or (_ROUTE is None and not _configs.fuses_norm(_configs.m_bucket(M), K))
+        ):
+            # the norm as a launch of its own (unit affine), before cuBLAS or the plain fused kernel
+            x2 = rms_norm(x2, None, norm_eps) if norm == "rmsnorm" else layer_norm(x2, None, None, norm_eps)
+            norm = None
+        if route == "cublas":
+            _cublas_route(x2, weight, bias, r2, y2, activation)
+            return out
     args = (
         x2,
         weight,
@@ -628,36 +663,6 @@ def linear(
     def grid(meta_: dict) -> tuple[int]:
         return (triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"]),)
 
-    if config is None:
-        if _ROUTE is not None:
-            route = _ROUTE
-        elif INTERPRETED or x.dtype == torch.float32:
-            route = "triton"
-        else:
-            route = (
-                "cublas"
-                if _configs.prefers_cublas(
-                    torch.cuda.get_device_capability(x.device),
-                    _configs.m_bucket(M),
-                    N,
-                    K,
-                    activation,
-                    r2 is not None,
-                    bias is not None,
-                    norm=norm is not None,
-                )
-                else "triton"
-            )
-        if _shares_memory(r2, y2):  # out is the residual: the matmul would overwrite it before the add
-            route = "triton"
-        _last_route[:] = [route]
-        if route == "cublas":
-            if norm == "rmsnorm":
-                x2 = rms_norm(x2, None, norm_eps)
-            elif norm == "layernorm":
-                x2 = layer_norm(x2, None, None, norm_eps)
-            _cublas_route(x2, weight, bias, r2, y2, activation)
-            return out
     if norm == "layernorm":
         sums = weight_sums if weight_sums is not None else weight.float().sum(1)
         args = (*args[:5], sums, *args[6:])

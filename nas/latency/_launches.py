@@ -5,7 +5,8 @@
 without a GPU: embedding gather, then per block norm → qkv linear → short conv → attention /
 linear attention → out linear (+residual); norm → MLP up (+activation) →
 MLP down (+residual); final norm; head. Each norm is folded into the linear after it, so it is a
-launch of its own only where that linear takes the cuBLAS route (``_normed_linear``). A head dim
+launch of its own only where that linear does not sum it in its main loop (``_normed_linear``,
+``kernels.linear.configs.fuses_norm``). A head dim
 the kernels do not run is padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
 conv ``3·H·P`` channels and the out linear ``K = H·P`` deep.
 
@@ -113,13 +114,13 @@ def _normed_linear(
     norm_name: str, kind: str, name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None
 ) -> list[Launch]:
     """A norm and the linear after it (``TritonModel`` folds the norm into the linear): one launch
-    where the linear takes the fused kernel, which gathers the norm's row statistics in its main
-    loop; the norm's own launch, then cuBLAS, where ``prefers_cublas`` (with ``norm``) sends it there."""
+    where ``fuses_norm`` has the fused kernel sum the row statistics in its main loop (a second
+    read of x: its MB moved); elsewhere the norm's own launch, then the linear's usual route."""
     from kernels.linear import configs
 
-    if configs.prefers_cublas((9, 0), configs.m_bucket(M), N, K, activation, False, norm=True):
-        return [_norm(norm_name, kind, M, K, sms), _linear(name, M, N, K, sms, activation=activation)]
-    return [_linear(name, M, N, K, sms, activation=activation, norm=True)]
+    if configs.fuses_norm(configs.m_bucket(M), K):
+        return [_linear(name, M, N, K, sms, activation=activation, norm=True)]
+    return [_norm(norm_name, kind, M, K, sms), _linear(name, M, N, K, sms, activation=activation)]
 
 
 def _linear(
@@ -136,7 +137,7 @@ def _linear(
     from kernels.linear import configs
 
     bucket = configs.m_bucket(M)
-    moved = (M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
+    moved = ((2 if norm else 1) * M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
     if configs.prefers_cublas((9, 0), bucket, N, K, activation, residual, norm=norm):
         # cuBLAS's matmul (bias, and ReLU, in its epilogue), then for GELU, SiLU or a residual
         # the epilogue pass over the output in place: one class for both launches, the tile a

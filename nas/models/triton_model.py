@@ -6,9 +6,9 @@ norm → MLP up with the activation in its epilogue → MLP down with the residu
 embedding gather and reshapes run in torch. Each norm (and the final one) is folded into the
 linear after it (``fold_norms``, the default): its scale and shift go into that linear's weight
 and bias once, at construction (``kernels.linear.reference.fold_norm``), and the linear
-normalises its input rows itself (``linear(..., norm=)``: the fused kernel from the x tiles its
-main loop loads, one launch fewer per norm; the cuBLAS route, where the shape takes it, with a
-unit-affine norm launch before the matmul). The decoder runs the same unit-affine norm as a
+normalises its input rows itself (``linear(..., norm=)``: inside the fused kernel's main loop,
+one launch fewer per norm, where ``kernels.linear.configs.fuses_norm`` says so; elsewhere a
+unit-affine norm launch before the linear's route). The decoder runs the same unit-affine norm as a
 launch of its own before its row kernels. A head dim the kernels do not run (one that is not
 16, 32, 64 or 128) is zero-padded to the next one they do, in the weights, once, at construction
 (``_pad_weights``): the qkv projection (and short conv) write every head already padded and the

@@ -545,7 +545,7 @@ def test_tma_smem_estimate_matches_an_offline_sm90_compile() -> None:
     for row in rows:
         if row["norm"] == "none":
             assert abs(row["shared"] - row["estimate"]) <= 1024, row
-        else:  # the prologue reads the x tile into registers too; Triton 3.9 then stages less, never more
+        else:  # the prologue's own x load: Triton 3.9 stages the same or less, within 1 KB more
             assert row["shared"] <= row["estimate"] + 1024, row
         assert row["shared"] <= 227 * 1024, row
 

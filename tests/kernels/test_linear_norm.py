@@ -123,12 +123,63 @@ def test_interpreter_layernorm_survives_a_mean_far_from_zero(kernel) -> None:
 
 
 @requires_interpreter
+@pytest.mark.parametrize("kernel", ["pointer", "tma"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_interpreter_eps_and_strided_rows(norm, kernel) -> None:
+    """Rows of spread ~1e-3 with ``norm_eps`` 1e-2 (eps dominates the variance: dropping it, or
+    passing the default instead, changes the output many times over), read through a row-strided
+    view (stride 64 for K = 56: the TMA kernel's own load of the statistics must follow it)."""
+    config = configs.INTERPRETER_TMA if kernel == "tma" else configs.INTERPRETER
+    gen = _gen("eps", norm, kernel)
+    big = _rows(37, 64, gen, offset=3.0) * 1e-3
+    x = big[:, :56]
+    w = torch.randn(40, 56, generator=gen) / 56**0.5
+    b = torch.randn(40, generator=gen)
+    y = linear(x, w, b, norm=norm, norm_eps=1e-2, config=config)
+    expected = ref.linear(x, w, b, norm=norm, norm_eps=1e-2)
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    assert not torch.allclose(expected, ref.linear(x, w, b, norm=norm), rtol=1e-2, atol=1e-2)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("norm", NORMS)
+def test_long_k_runs_the_norm_as_its_own_launch(norm, monkeypatch) -> None:
+    """Past ``fuses_norm`` (K 200 > NORM_FUSED_MAX_K) the norm kernel runs first and the fused
+    kernel without its prologue; at K 96 the fused kernel takes it (no norm launch)."""
+    import kernels.linear.triton as lt
+
+    launches = _spy_norm_kernel(monkeypatch)
+    for K, expect in ((200, 1), (96, 0)):
+        assert configs.fuses_norm(configs.m_bucket(37), K) == (expect == 0)
+        x, w, b, r = _case(37, K, 40, torch.float32, DEVICE, _gen("long-k", norm, K))
+        _check(x, w, b, r, norm, "gelu", torch.float32, tolerances={torch.float32: (2e-5, 2e-5, 2e-5)})
+        assert len(launches) == expect and lt.last_route() == "triton", (K, launches)
+        launches.clear()
+
+
+def _spy_norm_kernel(monkeypatch) -> list:
+    import kernels.norm.triton as nt
+
+    calls, real = [], nt._norm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(nt, "_norm_kernel", Spy())
+    return calls
+
+
+@requires_interpreter
 def test_weight_sums_given_or_computed_agree() -> None:
     x, w, b, r = _case(21, 48, 24, torch.float32, DEVICE, _gen("sums"))
     given = linear(x, w, b, residual=r, norm="layernorm", weight_sums=ref.weight_sums(w))
     torch.testing.assert_close(given, linear(x, w, b, residual=r, norm="layernorm"), rtol=0, atol=0)
     wrong = ref.weight_sums(w) + 1  # the kernel does read what it is given
     assert not torch.allclose(given, linear(x, w, b, residual=r, norm="layernorm", weight_sums=wrong))
+    strided = torch.stack([ref.weight_sums(w), torch.zeros(24)], 1)[:, 0]  # stride 2: read as given
+    torch.testing.assert_close(linear(x, w, b, residual=r, norm="layernorm", weight_sums=strided), given)
 
 
 @requires_interpreter
@@ -144,17 +195,8 @@ def test_every_config_with_the_prologue(config) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cublas_route_runs_the_norm_kernel_first(dtype, norm, monkeypatch) -> None:
     import kernels.linear.triton as lt
-    import kernels.norm.triton as nt
 
-    calls = []
-    real = nt._norm_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(nt, "_norm_kernel", Spy())
+    calls = _spy_norm_kernel(monkeypatch)
     lt.set_route("cublas")
     try:
         inputs = _case(37, 48, 40, dtype, DEVICE, _gen("cublas-norm", dtype, norm))
@@ -173,6 +215,8 @@ def test_bad_norm_arguments_name_the_field() -> None:
         linear(x, w, norm="layernorm", weight_sums=torch.zeros(5, device=DEVICE))
     with pytest.raises(ValueError, match=r"weight_sums must be fp32 \[6\]"):
         linear(x, w, norm="layernorm", weight_sums=torch.zeros(6, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match="weight_sums is read only with norm='layernorm'"):
+        linear(x, w, norm="rmsnorm", weight_sums=torch.zeros(6, device=DEVICE))
 
 
 def test_route_rule_with_a_norm() -> None:

@@ -140,11 +140,13 @@ def test_last_readout_and_other_lengths():
 
 def _random_norms(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Every norm's scale (and LayerNorm's shift) drawn away from the (1, 0) a model starts
-    with, so a scale or shift the fold dropped or misplaced changes the output."""
+    with, so a scale or shift the fold dropped or misplaced changes the output; eps 0.25, so an
+    eps the linear was not handed changes it too."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm):
+                m.eps = 0.25
                 m.weight.copy_(1 + 0.5 * torch.randn(m.weight.shape, generator=gen))
                 if getattr(m, "bias", None) is not None:
                     m.bias.copy_(0.5 * torch.randn(m.bias.shape, generator=gen))
@@ -163,6 +165,33 @@ def _spy_norm_launches(monkeypatch) -> list:
 
     monkeypatch.setattr(nt, "_norm_kernel", Spy())
     return calls
+
+
+@requires_interpreter
+@pytest.mark.parametrize("name", ["L hd8 elu+1", "L hd8 identity conv + elu+1", "A hd8 + A hd16"])
+def test_folded_norms_with_padded_heads(name):
+    """The fold happens before the heads are padded: padded qkv rows stay zero (or −∞ for
+    elu+1's keys), the identity map's q scale applies to the folded rows."""
+    model = _random_norms(build(_arch(ARCHS[name]), seed=8).eval(), seed=9)
+    tokens = torch.randint(0, 29, (2, 21), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        expected = model(tokens)
+    torch.testing.assert_close(to_triton(model, dtype=torch.float32)(tokens), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_layernorm_sums_are_of_the_weights_as_cast():
+    """LayerNorm's prologue subtracts mean·Σₖ W: the sums must be of the bf16 weight the matmul
+    reads, not of the fp32 one it was cast from (the two differ by the rounding)."""
+    from kernels.linear.reference import weight_sums
+
+    model = _random_norms(build(_arch(ARCHS["A-conv+MLP"]), seed=11).eval(), seed=12)  # layernorm
+    tm = to_triton(model, dtype=torch.bfloat16)
+    blk = tm.blocks[0]
+    for weight, sums in ((blk.qkv[0], blk.qkv_sums), (blk.up[0], blk.up_sums), (tm.head[0], tm.head_sums)):
+        assert sums is not None and sums.dtype == torch.float32
+        assert torch.equal(sums, weight_sums(weight))
+    unrounded = model.blocks[0].mlp_up.weight.detach().float() * model.blocks[0].norm2.weight.detach().float()
+    assert not torch.equal(blk.up_sums, unrounded.sum(1))
 
 
 @requires_interpreter

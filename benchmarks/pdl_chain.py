@@ -17,6 +17,12 @@ variants:
 - ``trigger_wait_late``: the trigger first, the weight tile loads before the wait (they do not
   depend on the previous kernel), the wait before the activation loads.
 
+With ``--models N``, ``model`` rows follow: the library's own kernels, which launch with PDL on
+sm_90+ (``kernels._common.pdl``), in ``TritonModel`` graph replays of ``model_vs_compile.py``'s
+architectures (same seed) at 1×256 and 8×1024, with PDL (the default) and without
+(``set_pdl(False)``), each checked against the torch model in bf16, and the PDL graph's output
+checked against the plain launches' on the same tokens (a missing wait would show there).
+
 Two kernels: a tiled matmul ``[M, d] @ [d, d]`` (bf16, fp32 accumulate, GELU-free) at the
 model's small shapes, and a one-program elementwise op (pure launch cost). Every variant's
 result is checked against the chain run without a graph; the JSON records median and IQR of
@@ -110,12 +116,59 @@ def _chain(kind: str, mode: int, bufs: list[torch.Tensor], w: torch.Tensor | Non
     return run
 
 
+def _rel(a: torch.Tensor, e: torch.Tensor) -> float:
+    a, e = a.float(), e.float()
+    return float("nan") if not torch.isfinite(a).all() else ((a - e).norm() / e.norm()).item()
+
+
+def model_row(index: int, arch, shape_text: str) -> dict:
+    import copy
+
+    from benchmarks._timing import copies_for_l2
+    from benchmarks.model_vs_compile import describe
+    from kernels._common import set_pdl
+    from nas.latency import memory, parse_shape
+    from nas.models import build, to_triton
+
+    shape = parse_shape(shape_text)
+    model = build(arch, seed=0).cuda().eval()
+    expected_model = copy.deepcopy(model).to(torch.bfloat16)
+    act = memory(arch, shape).peak_activation_bytes
+    inputs = [
+        torch.randint(0, arch.vocab_size, (shape.batch, shape.seq_len), device="cuda")
+        for _ in range(min(8, copies_for_l2(act)))
+    ]
+    row: dict = dict(part="model", arch_index=index, arch=describe(arch), spec=arch.to_dict(), shape=shape_text)
+    with torch.no_grad():
+        expected = expected_model(inputs[0])
+        tm = to_triton(model)
+        outs = {}
+        try:
+            for name, use in (("plain", False), ("pdl", None)):
+                set_pdl(use)
+                outs[name] = tm(inputs[0]).clone()
+                row[f"{name}_rel_err"] = _rel(outs[name], expected)
+                row[f"{name}_us"] = time_graph([lambda x=x: tm.forward(x) for x in inputs])
+                replay = tm.capture(inputs[0].clone())
+                row[f"{name}_replay_vs_plain_eager"] = _rel(replay(), outs["plain"])
+        finally:
+            set_pdl(None)
+    row["pdl_over_plain"] = row["pdl_us"].median_us / row["plain_us"].median_us
+    row["correct"] = all(v <= 3e-2 for k, v in row.items() if k.endswith("_rel_err")) and all(
+        v <= 1e-3 for k, v in row.items() if k.endswith("_vs_plain_eager")
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/pdl_chain_h200.json")
+    parser.add_argument("--models", type=int, default=0, help="TritonModel rows over this many architectures")
+    parser.add_argument("--seed", type=int, default=7, help="model_vs_compile.py's architecture seed")
+    parser.add_argument("--skip-chain", action="store_true")
     args = parser.parse_args()
     rows = []
-    cases = [("mm", M, D) for M, D in SHAPES] + [("ew", 1024, 0)]
+    cases = [] if args.skip_chain else [("mm", M, D) for M, D in SHAPES] + [("ew", 1024, 0)]
     for kind, M, D in cases:
         gen = torch.Generator(device="cuda").manual_seed(M + D)
         if kind == "mm":
@@ -146,6 +199,21 @@ def main() -> None:
             print(row, flush=True)
             rows.append(row)
             write_results(args.out, rows, note="per_link_us: one link of the chain; each row's graph holds 10 chains")
+    if args.models:
+        from benchmarks.model_vs_compile import architectures
+
+        for index, arch in enumerate(architectures(args.seed, args.models)):
+            for shape_text in ("1x256", "8x1024"):
+                row = model_row(index, arch, shape_text)
+                print({k: v for k, v in row.items() if k != "spec"}, flush=True)
+                rows.append(row)
+                write_results(args.out, rows, note="model rows: TritonModel graph replay, PDL on vs plain launches")
+        ratios = {
+            s: sorted(r["pdl_over_plain"] for r in rows if r.get("part") == "model" and r["shape"] == s)
+            for s in ("1x256", "8x1024")
+        }
+        summary = {s: dict(median=v[len(v) // 2], min=v[0], max=v[-1]) for s, v in ratios.items() if v}
+        write_results(args.out, rows, summary=summary, note="model rows: TritonModel graph replay, PDL vs plain")
 
 
 if __name__ == "__main__":

@@ -44,9 +44,11 @@ from kernels._common import (
     check_operands,
     check_runnable,
     output_buffer,
+    pdl,
     sm_count,
     use_torch_allocator,
 )
+from kernels._pdl import enter
 from kernels.linear import configs as _configs
 from kernels.linear.configs import LinearConfig
 from kernels.linear.reference import ACTIVATIONS, NORMS
@@ -165,7 +167,9 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # FLOPs: 2·M·N·K. Fewest bytes: read M·K + N·K (+ N bias, + M·N residual), write M·N elements;
     # each program re-reads its K-panels of x and W (L2 absorbs most of it thanks to GROUP_M).
     pid = tl.program_id(0)
@@ -253,7 +257,9 @@ def _linear_tma_kernel(
     FLATTEN: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
     PERSISTENT: tl.constexpr = True,  # read by the launch grid only (≤ one program per SM, or one per tile)
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # The same math as _linear_kernel. Persistent: the grid is at most one program per SM, and
     # each walks output tiles tl.num_programs(0) apart in the grouped order. Every tile moves by
     # tensor descriptor: loads past M, N or K arrive as zeros and stores past M, N are dropped,
@@ -312,7 +318,9 @@ def _epilogue_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # The fused kernel's epilogue as a pass of its own, after cuBLAS's matmul: activation in
     # fp32, + residual, one rounding, written back in place.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -333,7 +341,9 @@ def _epilogue_flat_kernel(
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # The same pass where rows are contiguous: no row stride to prove aligned, so the loads are
     # vectors whatever N is (a 2-D tile over N = 200 or 800 rows loads element by element).
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -375,6 +385,7 @@ def _cublas_route(
             HAS_RESIDUAL=r2 is not None,
             BLOCK=_EPILOGUE_FLAT_BLOCK,
             num_warps=4,
+            **pdl(y2),
         )
         return
     block_n = min(256, triton.next_power_of_2(N))
@@ -391,6 +402,7 @@ def _cublas_route(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=4,
+        **pdl(y2),
     )
 
 
@@ -658,6 +670,7 @@ def linear(
         HAS_RESIDUAL=r2 is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST=INTERPRETED,
+        **pdl(x),
     )
 
     def grid(meta_: dict) -> tuple[int]:

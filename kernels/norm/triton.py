@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._common import INTERPRETED, as_rows, check_int32, check_operands, check_runnable, output_buffer
+from kernels._common import INTERPRETED, as_rows, check_int32, check_operands, check_runnable, output_buffer, pdl
+from kernels._pdl import enter
 from kernels.norm.configs import INTERPRETER, MAX_N, NormConfig, norm_config
 from kernels.norm.reference import EPS
 
@@ -45,7 +46,9 @@ def _norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Per row: read N (x) [+ N (r)], write N (y) [+ N (h)] elements; w and b (N each) stay in L2.
     # FLOPs ≈ 7·N (LayerNorm) / 4·N (RMSNorm): memory-bound by two orders of magnitude.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
@@ -130,6 +133,7 @@ def _norm(
             ROWS=config.rows,
             BLOCK_N=triton.next_power_of_2(N),
             num_warps=config.num_warps,
+            **pdl(x),
         )
     return y if h is None else (y, h)
 

@@ -37,6 +37,7 @@ for c, norm in ((c, n) for c in configs.HOPPER_TMA for n in ("none", "layernorm"
         FLATTEN=c.flatten,
         WARP_SPECIALIZE=c.warp_specialize,
         PERSISTENT=c.persistent,
+        PDL=True,  # as launched on sm_90 (kernels._common.pdl)
     )
     src = ASTSource(
         kernel,

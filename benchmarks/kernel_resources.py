@@ -35,7 +35,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _compile(fn, types: dict[str, str], const: dict, arch: int, num_warps: int, num_stages: int) -> dict:
-    const = {**const, "PDL": arch >= 90}  # launched with programmatic dependent launch on sm_90+
     src = ASTSource(
         fn, {**types, **dict.fromkeys(const, "constexpr")}, {(fn.arg_names.index(k),): v for k, v in const.items()}
     )

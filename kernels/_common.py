@@ -40,8 +40,6 @@ __all__ = [
     "lazy_exports",
     "output_buffer",
     "padded_head_dim",
-    "pdl",
-    "set_pdl",
     "sm_count",
     "tma_ready",
     "use_torch_allocator",
@@ -193,38 +191,6 @@ def as_rows(t: Tensor, n: int) -> Tensor:
 
 
 sm_count = functools.cache(device.sm_count)  # per launch (persistent and split grids): asked once per GPU
-
-
-_PDL_FORCED: list[bool | None] = [None]  # set_pdl's choice; None: wherever the GPU has it
-
-
-def set_pdl(use: bool | None) -> None:
-    """Programmatic dependent launch for the process: False never, True or None (the default)
-    wherever the GPU and Triton have it (see ``pdl``)."""
-    if use not in (None, True, False):
-        raise ValueError(f"set_pdl: use must be None, True or False, got {use!r}")
-    _PDL_FORCED[0] = use
-
-
-@functools.cache
-def _pdl_capable(index: int) -> bool:
-    import triton.language as tl  # noqa: PLC0415 (see the module docstring)
-
-    return torch.cuda.get_device_capability(index) >= (9, 0) and hasattr(tl.extra.cuda, "gdc_wait")
-
-
-def pdl(t: Tensor) -> dict[str, bool]:
-    """The launch keywords that make a kernel on ``t``'s device a programmatic dependent launch
-    (PDL, sm_90+): ``PDL`` (the kernel's constexpr: its first statement, ``kernels._pdl.enter``,
-    waits for the launch before it to finish and lets the next one be scheduled) and Triton's
-    ``launch_pdl``. Empty (a plain launch) off sm_90, under the interpreter, or after
-    ``set_pdl(False)``. What it buys: in a forward of ~30 small dependent launches (a model at
-    1×256), the next kernel's programs are resident and waiting when the previous one ends,
-    instead of being launched then (``benchmarks/pdl_chain.py``)."""
-    if _PDL_FORCED[0] is False or _interpreted() or not device.is_cuda(t.device):
-        return {}
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return {"PDL": True, "launch_pdl": True} if _pdl_capable(index) else {}
 
 
 def _torch_scratch(size: int, alignment: int, stream: int | None) -> Tensor:

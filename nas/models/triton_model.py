@@ -3,13 +3,7 @@
 Per block: norm → qkv linear (+bias) → short causal conv → attention (RoPE fused) or causal
 linear attention (feature map fused) → out linear with the residual add in its epilogue; then
 norm → MLP up with the activation in its epilogue → MLP down with the residual add. Only the
-embedding gather and reshapes run in torch. Each norm (and the final one) is folded into the
-linear after it (``fold_norms``, the default): its scale and shift go into that linear's weight
-and bias once, at construction (``kernels.linear.reference.fold_norm``), and the linear
-normalises its input rows itself (``linear(..., norm=)``: inside the fused kernel's main loop,
-one launch fewer per norm, where ``kernels.linear.configs.fuses_norm`` says so; elsewhere a
-unit-affine norm launch before the linear's route). The decoder runs the same unit-affine norm as a
-launch of its own before its row kernels. A head dim the kernels do not run (one that is not
+embedding gather and reshapes run in torch. A head dim the kernels do not run (one that is not
 16, 32, 64 or 128) is zero-padded to the next one they do, in the weights, once, at construction
 (``_pad_weights``): the qkv projection (and short conv) write every head already padded and the
 out projection reads the padded heads, so a forward makes no padding copies and gives exactly
@@ -42,7 +36,7 @@ _ROPE_BASE_LEN = 256  # rotary tables are grown (doubled) on demand past this le
 @dataclass(frozen=True)
 class _Norm:
     kind: str  # "layernorm" | "rmsnorm"
-    weight: torch.Tensor | None  # None: folded into the linear after it (unit scale here)
+    weight: torch.Tensor
     bias: torch.Tensor | None
     eps: float
 
@@ -62,12 +56,10 @@ class _Block:
     feature_map: str | None
     norm1: _Norm | None
     qkv: tuple[torch.Tensor, torch.Tensor] | None
-    qkv_sums: torch.Tensor | None  # fp32 Σₖ of the qkv weight where a LayerNorm is folded into it
     conv: tuple[torch.Tensor, torch.Tensor] | None  # weight [3d, K], bias [3d]
     out: tuple[torch.Tensor, torch.Tensor] | None
     norm2: _Norm | None
     up: tuple[torch.Tensor, torch.Tensor] | None
-    up_sums: torch.Tensor | None
     activation: str
     down: tuple[torch.Tensor, torch.Tensor] | None
 
@@ -85,51 +77,19 @@ def _linear(module: torch.nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, 
     return module.weight.detach().to(dtype), module.bias.detach().to(dtype)
 
 
-def _folded(
-    norm: torch.nn.Module | None, linear: torch.nn.Linear, fold: bool
-) -> tuple[_Norm | None, tuple[torch.Tensor, torch.Tensor]]:
-    """(the norm as run, the linear after it, both fp32): with
-    ``fold``, the norm's scale and shift moved into the linear (``fold_norm``) and the norm left
-    unit-affine, which the linear runs in its main loop (the decoder, as its own launch)."""
-    from kernels.linear.reference import fold_norm
-
-    w, b = linear.weight.detach().float(), linear.bias.detach().float()
-    if norm is None or not fold:
-        return _norm(norm, torch.float32), (w, b)
-    beta = getattr(norm, "bias", None)
-    w, b = fold_norm(norm.weight.detach(), None if beta is None else beta.detach(), w, b)
-    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
-    kind = "layernorm" if isinstance(norm, torch.nn.LayerNorm) else "rmsnorm"
-    return _Norm(kind, None, None, eps), (w, b)
-
-
-def _sums(norm: _Norm | None, weight: torch.Tensor) -> torch.Tensor | None:
-    """The cast weight's fp32 row sums where a folded LayerNorm's prologue reads them."""
-    from kernels.linear.reference import weight_sums
-
-    return weight_sums(weight) if norm is not None and norm.weight is None and norm.kind == "layernorm" else None
-
-
 def _cast(pair: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return pair[0].to(dtype).contiguous(), pair[1].to(dtype).contiguous()
-
-
-def _to(norm: _Norm | None, dtype: torch.dtype) -> _Norm | None:
-    if norm is None:
-        return None
-    weight = None if norm.weight is None else norm.weight.to(dtype)
-    return _Norm(norm.kind, weight, None if norm.bias is None else norm.bias.to(dtype), norm.eps)
 
 
 class TritonModel:
     """tokens ``[B, T]`` int64 → logits, computed by ``kernels/``; see the module docstring."""
 
-    def __init__(self, model: HybridModel, *, dtype: torch.dtype = torch.bfloat16, fold_norms: bool = True) -> None:
+    def __init__(self, model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> None:
         from kernels.attention import SUPPORTED_HEAD_DIMS, padded_head_dim
         from kernels.linear import set_tma
 
         set_tma(settings.get().linear_tma)  # NAS_LINEAR_TMA: the app's choice, handed to the kernels
-        self.arch, self.dtype, self.fold_norms = model.arch, dtype, fold_norms
+        self.arch, self.dtype = model.arch, dtype
         d = model.arch.d_model
         self.embed = model.embed.weight.detach().to(dtype)
         blocks = []
@@ -146,43 +106,34 @@ class TritonModel:
                         f"{max(SUPPORTED_HEAD_DIMS)}, zero-padded)"
                     )
             mixer, mlp = block.mixer, block.mlp
-            norm1 = qkv = conv = out = None
+            qkv = conv = out = None
             if mixer is not None:
-                norm1, qkv = _folded(block.norm1, mixer.qkv, fold_norms)
-                out = _linear(mixer.out, torch.float32)
+                qkv, out = _linear(mixer.qkv, torch.float32), _linear(mixer.out, torch.float32)
                 if mixer.conv is not None:
                     conv = (mixer.conv.weight.detach()[:, 0].float(), mixer.conv.bias.detach().float())
                 if padded != d // spec.heads:
                     qkv, conv, out = _pad_weights(qkv, conv, out, spec.heads, padded, spec.mixer, spec.feature_map)
                 qkv, out = _cast(qkv, dtype), _cast(out, dtype)
                 conv = None if conv is None else _cast(conv, dtype)
-            norm2 = up = None
-            if mlp is not None:
-                norm2, up = _folded(block.norm2, block.mlp_up, fold_norms)
-                up = _cast(up, dtype)
-            norm1, norm2 = _to(norm1, dtype), _to(norm2, dtype)
             blocks.append(
                 _Block(
                     spec.mixer,
                     spec.heads,
                     padded,
                     spec.feature_map,
-                    norm1,
+                    _norm(block.norm1, dtype),
                     qkv,
-                    None if qkv is None else _sums(norm1, qkv[0]),
                     conv,
                     out,
-                    norm2,
-                    up,
-                    None if up is None else _sums(norm2, up[0]),
+                    _norm(block.norm2, dtype),
+                    _linear(block.mlp_up, dtype) if mlp is not None else None,
                     spec.activation,
                     _linear(block.mlp_down, dtype) if mlp is not None else None,
                 )
             )
         self.blocks = tuple(blocks)
-        final_norm, head = _folded(model.norm, model.head, fold_norms)
-        self.final_norm, self.head = _to(final_norm, dtype), _cast(head, dtype)
-        self.head_sums = _sums(self.final_norm, self.head[0])
+        self.final_norm = _norm(model.norm, dtype)
+        self.head = _linear(model.head, dtype)
         self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (D, padded D) → cos, sin
         self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown tables, kept alive for old graphs
 
@@ -214,7 +165,7 @@ class TritonModel:
         h = F.embedding(tokens, self.embed).view(B * T, d)  # residual stream [M, d]
         for blk in self.blocks:
             if blk.qkv is not None:
-                qkv = _normed_linear(h, blk.norm1, blk.qkv, blk.qkv_sums).view(B, T, -1)
+                qkv = linear(blk.norm1(h), *blk.qkv).view(B, T, -1)
                 if blk.conv is not None:
                     qkv = causal_depthwise_conv(qkv, *blk.conv)
                 D, P = d // blk.heads, blk.padded_head_dim  # qkv: [B, T, 3·H·P], heads padded
@@ -226,11 +177,11 @@ class TritonModel:
                     o = linear_attention_qkv(qkv, blk.heads, feature_map=blk.feature_map)
                 h = linear(o.reshape(B * T, blk.heads * P), *blk.out, residual=h)
             if blk.up is not None:
-                u = _normed_linear(h, blk.norm2, blk.up, blk.up_sums, activation=blk.activation)
+                u = linear(blk.norm2(h), *blk.up, activation=blk.activation)
                 h = linear(u, *blk.down, residual=h)
         if self.arch.readout == "last":
             h = h.view(B, T, d)[:, -1]
-        logits = _normed_linear(h, self.final_norm, self.head, self.head_sums)
+        logits = linear(self.final_norm(h), *self.head)
         return logits.view(B, T, -1) if self.arch.readout == "token" else logits
 
     __call__ = forward
@@ -255,21 +206,6 @@ class TritonModel:
             return out
 
         return replay
-
-
-def _normed_linear(
-    h: torch.Tensor,
-    norm: _Norm,
-    linear_: tuple[torch.Tensor, torch.Tensor],
-    sums: torch.Tensor | None,
-    activation: str | None = None,
-) -> torch.Tensor:
-    """``linear(norm(h))``: one launch where the norm is folded (its weight None), else two."""
-    from kernels.linear import linear
-
-    if norm.weight is None:
-        return linear(h, *linear_, activation=activation, norm=norm.kind, norm_eps=norm.eps, weight_sums=sums)
-    return linear(norm(h), *linear_, activation=activation)
 
 
 def _halves(D: int, P: int) -> tuple[slice, slice, slice, slice]:
@@ -334,7 +270,6 @@ def _pad_weights(
     return (w, b), (None if conv is None else (wc, bc)), (wide, bo)
 
 
-def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16, fold_norms: bool = True) -> TritonModel:
-    """The kernels-only forward of ``model`` (weights cast once to ``dtype``; ``fold_norms``:
-    each norm run inside the linear after it, see ``TritonModel``)."""
-    return TritonModel(model, dtype=dtype, fold_norms=fold_norms)
+def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> TritonModel:
+    """The kernels-only forward of ``model`` (weights cast once to ``dtype``)."""
+    return TritonModel(model, dtype=dtype)

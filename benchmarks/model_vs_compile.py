@@ -101,17 +101,24 @@ def kernel_profile(fn) -> dict:
     )
 
 
-def bench(index: int, arch: ArchSpec, shape_text: str, *, compile_peer: bool = True) -> dict:
-    from nas.models import build, to_triton
+def model_and_inputs(arch: ArchSpec, shape_text: str) -> tuple[torch.nn.Module, torch.nn.Module, list[torch.Tensor]]:
+    """(the fp32 model on the GPU, its bf16 copy, token batches enough to rotate past L2)."""
+    from nas.models import build
 
     shape = parse_shape(shape_text)
     model = build(arch, seed=0).cuda().eval()
-    torch_bf16 = copy.deepcopy(model).to(torch.bfloat16)
     act = memory(arch, shape).peak_activation_bytes
     inputs = [
         torch.randint(0, arch.vocab_size, (shape.batch, shape.seq_len), device="cuda")
         for _ in range(min(8, copies_for_l2(act)))
     ]
+    return model, copy.deepcopy(model).to(torch.bfloat16), inputs
+
+
+def bench(index: int, arch: ArchSpec, shape_text: str, *, compile_peer: bool = True) -> dict:
+    from nas.models import to_triton
+
+    model, torch_bf16, inputs = model_and_inputs(arch, shape_text)
     row: dict = {"arch_index": index, "arch": describe(arch), "spec": arch.to_dict(), "shape": shape_text}
     with torch.no_grad():
         expected = torch_bf16(inputs[0])

@@ -122,22 +122,11 @@ def _rel(a: torch.Tensor, e: torch.Tensor) -> float:
 
 
 def model_row(index: int, arch, shape_text: str) -> dict:
-    import copy
-
-    from benchmarks._timing import copies_for_l2
-    from benchmarks.model_vs_compile import describe
+    from benchmarks.model_vs_compile import describe, model_and_inputs
     from kernels._common import set_pdl
-    from nas.latency import memory, parse_shape
-    from nas.models import build, to_triton
+    from nas.models import to_triton
 
-    shape = parse_shape(shape_text)
-    model = build(arch, seed=0).cuda().eval()
-    expected_model = copy.deepcopy(model).to(torch.bfloat16)
-    act = memory(arch, shape).peak_activation_bytes
-    inputs = [
-        torch.randint(0, arch.vocab_size, (shape.batch, shape.seq_len), device="cuda")
-        for _ in range(min(8, copies_for_l2(act)))
-    ]
+    model, expected_model, inputs = model_and_inputs(arch, shape_text)
     row: dict = dict(part="model", arch_index=index, arch=describe(arch), spec=arch.to_dict(), shape=shape_text)
     with torch.no_grad():
         expected = expected_model(inputs[0])

@@ -35,6 +35,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _compile(fn, types: dict[str, str], const: dict, arch: int, num_warps: int, num_stages: int) -> dict:
+    const = {**const, "PDL": 2 if arch >= 90 else 0}  # sm_90+: PDL, the wait and the early trigger
     src = ASTSource(
         fn, {**types, **dict.fromkeys(const, "constexpr")}, {(fn.arg_names.index(k),): v for k, v in const.items()}
     )

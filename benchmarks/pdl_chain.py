@@ -121,6 +121,36 @@ def _rel(a: torch.Tensor, e: torch.Tensor) -> float:
     return float("nan") if not torch.isfinite(a).all() else ((a - e).norm() / e.norm()).item()
 
 
+# (name, set_pdl's argument): plain launches; PDL with the wait only (the next launch scheduled
+# when the kernel ends); PDL with the early trigger (scheduled once all its programs started)
+VARIANTS_MODEL = (("plain", False), ("wait", "wait"), ("early", "early"))
+
+
+def decode_row(index: int, arch, batch: int, context: int) -> dict:
+    """One decoding step (``nas.latency.measure_decode``: checked against the torch model, then
+    graph-replayed) under each of ``VARIANTS_MODEL``, a fresh latency cache for each."""
+    import tempfile
+
+    from benchmarks.model_vs_compile import describe
+    from kernels._common import set_pdl
+    from nas.latency import LatencyCache, measure_decode
+    from nas.models import build
+
+    model = build(arch, seed=0).cuda().eval()
+    row: dict = dict(part="decode", arch_index=index, arch=describe(arch), batch=batch, context=context)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for name, use in VARIANTS_MODEL:
+                set_pdl(use)
+                lat = measure_decode(model, batch, context, cache=LatencyCache(Path(tmp) / f"{name}.json"))
+                row[f"{name}_us"] = dict(median_us=lat.median_ms * 1e3, iqr_us=lat.iqr_ms * 1e3)
+        finally:
+            set_pdl(None)
+    for name, _ in VARIANTS_MODEL[1:]:
+        row[f"{name}_over_plain"] = row[f"{name}_us"]["median_us"] / row["plain_us"]["median_us"]
+    return row
+
+
 def model_row(index: int, arch, shape_text: str) -> dict:
     from benchmarks.model_vs_compile import describe, model_and_inputs
     from kernels._common import set_pdl
@@ -133,7 +163,7 @@ def model_row(index: int, arch, shape_text: str) -> dict:
         tm = to_triton(model)
         outs = {}
         try:
-            for name, use in (("plain", False), ("pdl", None)):
+            for name, use in VARIANTS_MODEL:
                 set_pdl(use)
                 outs[name] = tm(inputs[0]).clone()
                 row[f"{name}_rel_err"] = _rel(outs[name], expected)
@@ -142,7 +172,8 @@ def model_row(index: int, arch, shape_text: str) -> dict:
                 row[f"{name}_replay_vs_plain_eager"] = _rel(replay(), outs["plain"])
         finally:
             set_pdl(None)
-    row["pdl_over_plain"] = row["pdl_us"].median_us / row["plain_us"].median_us
+    for name, _ in VARIANTS_MODEL[1:]:
+        row[f"{name}_over_plain"] = row[f"{name}_us"].median_us / row["plain_us"].median_us
     row["correct"] = all(v <= 3e-2 for k, v in row.items() if k.endswith("_rel_err")) and all(
         v <= 1e-3 for k, v in row.items() if k.endswith("_vs_plain_eager")
     )
@@ -155,6 +186,8 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=0, help="TritonModel rows over this many architectures")
     parser.add_argument("--seed", type=int, default=7, help="model_vs_compile.py's architecture seed")
     parser.add_argument("--skip-chain", action="store_true")
+    parser.add_argument("--shapes", default="1x256,8x1024", help="model rows' shapes, BxT, comma-separated")
+    parser.add_argument("--decode", default="", help="decode rows' batch x context, e.g. 1x512,16x512")
     args = parser.parse_args()
     rows = []
     cases = [] if args.skip_chain else [("mm", M, D) for M, D in SHAPES] + [("ew", 1024, 0)]
@@ -192,16 +225,25 @@ def main() -> None:
         from benchmarks.model_vs_compile import architectures
 
         for index, arch in enumerate(architectures(args.seed, args.models)):
-            for shape_text in ("1x256", "8x1024"):
+            for shape_text in filter(None, args.shapes.split(",")):
                 row = model_row(index, arch, shape_text)
                 print({k: v for k, v in row.items() if k != "spec"}, flush=True)
                 rows.append(row)
-                write_results(args.out, rows, note="model rows: TritonModel graph replay, PDL on vs plain launches")
-        ratios = {
-            s: sorted(r["pdl_over_plain"] for r in rows if r.get("part") == "model" and r["shape"] == s)
-            for s in ("1x256", "8x1024")
-        }
-        summary = {s: dict(median=v[len(v) // 2], min=v[0], max=v[-1]) for s, v in ratios.items() if v}
+                write_results(args.out, rows, note="model rows: TritonModel graph replay, PDL variants vs plain")
+            for text in filter(None, args.decode.split(",")):
+                if arch.readout != "token":
+                    continue
+                batch, context = (int(v) for v in text.split("x"))
+                row = decode_row(index, arch, batch, context)
+                print(row, flush=True)
+                rows.append(row)
+                write_results(args.out, rows, note="decode rows: one TritonDecoder step, PDL variants vs plain")
+        summary = {}
+        for key in (f"{name}_over_plain" for name, _ in VARIANTS_MODEL[1:]):
+            for s in sorted({r["shape"] for r in rows if r.get("part") == "model"}):
+                v = sorted(r[key] for r in rows if r.get("part") == "model" and r["shape"] == s)
+                if v:
+                    summary[f"{key} {s}"] = dict(median=v[len(v) // 2], min=v[0], max=v[-1])
         write_results(args.out, rows, summary=summary, note="model rows: TritonModel graph replay, PDL vs plain")
 
 

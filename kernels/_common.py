@@ -16,9 +16,11 @@ modules use it, and the CPU training path must not pay for Triton.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -40,6 +42,9 @@ __all__ = [
     "lazy_exports",
     "output_buffer",
     "padded_head_dim",
+    "pdl",
+    "pdl_early",
+    "set_pdl",
     "sm_count",
     "tma_ready",
     "use_torch_allocator",
@@ -191,6 +196,60 @@ def as_rows(t: Tensor, n: int) -> Tensor:
 
 
 sm_count = functools.cache(device.sm_count)  # per launch (persistent and split grids): asked once per GPU
+
+
+_PDL_FORCED: list[bool | str | None] = [None]  # set_pdl's choice; None: the launch scope's
+_PDL_EARLY: contextvars.ContextVar[bool] = contextvars.ContextVar("pdl_early", default=False)
+
+
+def set_pdl(use: bool | str | None) -> None:
+    """Programmatic dependent launch for the process, wherever the GPU and Triton have it (see
+    ``pdl``): None or True (the default) as ``pdl_early`` scopes say, False never, "wait" or
+    "early" everywhere in that form."""
+    if use not in (None, True, False, "wait", "early"):
+        raise ValueError(f"set_pdl: use must be None, True, False, 'wait' or 'early', got {use!r}")
+    _PDL_FORCED[0] = use
+
+
+@contextlib.contextmanager
+def pdl_early(early: bool) -> Iterator[None]:
+    """Within the block, kernels launched with PDL let the next launch be scheduled as soon as all
+    their programs have started (``early``) or only when they end. ``TritonModel`` opens one per
+    forward and decoding step, early where the step is small enough for it to pay."""
+    token = _PDL_EARLY.set(bool(early))
+    try:
+        yield
+    finally:
+        _PDL_EARLY.reset(token)
+
+
+@functools.cache
+def _pdl_capable(index: int) -> bool:
+    import triton.language as tl  # noqa: PLC0415 (see the module docstring)
+
+    return torch.cuda.get_device_capability(index) >= (9, 0) and hasattr(tl.extra.cuda, "gdc_wait")
+
+
+def pdl(t: Tensor) -> dict[str, int | bool]:
+    """The launch keywords that make a kernel on ``t``'s device a programmatic dependent launch
+    (PDL, sm_90+): Triton's ``launch_pdl`` and the kernel's ``PDL`` constexpr, which its first
+    statement (``kernels._pdl.enter``) reads: 1, wait for the launch before it to finish; 2, also
+    let the next launch be scheduled now (``pdl_early``). Empty (a plain launch) off sm_90, under
+    the interpreter, or after ``set_pdl(False)``. What it buys: in a forward of ~30 small
+    dependent launches (a model at 1×256), the next kernel is launched, and with 2 resident and
+    waiting, when the previous one ends (``benchmarks/pdl_chain.py``)."""
+    forced = _PDL_FORCED[0]
+    if forced is False or _interpreted() or not device.is_cuda(t.device):
+        return {}
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return _pdl_keywords() if _pdl_capable(index) else {}
+
+
+def _pdl_keywords() -> dict[str, int | bool]:
+    """``pdl``'s keywords on a GPU that has PDL, as ``set_pdl`` and the ``pdl_early`` scope say."""
+    forced = _PDL_FORCED[0]
+    early = forced == "early" or (forced != "wait" and _PDL_EARLY.get())
+    return {"PDL": 2 if early else 1, "launch_pdl": True}
 
 
 def _torch_scratch(size: int, alignment: int, stream: int | None) -> Tensor:

@@ -41,7 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._common import DTYPES, SUPPORTED_HEAD_DIMS, check_runnable, output_buffer, sm_count
+from kernels._common import DTYPES, SUPPORTED_HEAD_DIMS, check_runnable, output_buffer, pdl, sm_count
+from kernels._pdl import enter
 from kernels.attention.configs import DecodeConfig, decode_config, decode_shared_budget, fit_decode_shared
 from kernels.device import is_cuda
 
@@ -71,7 +72,9 @@ def _rope_append_kernel(
     C,
     HEAD_DIM: tl.constexpr,
     ROPE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Program = one (batch, head): reads q, k, v (3·D elements) and one cos/sin row (D), writes
     # one cache row of k and of v and q (3·D elements).
     bh = tl.program_id(0)
@@ -226,7 +229,9 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # splits rounded up to a power of two (FUSED)
     BLOCK_S: tl.constexpr,  # slices per step of the combine's weighted sum (FUSED)
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Program (head, slice): reads 2·rows·D cache elements, does 4·rows·D FLOPs, writes D + 1
     # fp32 partials (or D outputs when unsplit); when FUSED the last one also reads the head's
     # partials back and writes D outputs.
@@ -277,7 +282,9 @@ def _decode_combine_kernel(
     SPLITS_P2: tl.constexpr,  # splits rounded up to a power of two
     BLOCK_S: tl.constexpr,  # slices per step of the weighted sum
     HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Program = one head: reads its filled slices' (D + 1) fp32 partials, writes D outputs.
     bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
@@ -396,6 +403,7 @@ def rope_append(
         HEAD_DIM=D,
         ROPE=rope is not None,
         num_warps=1,
+        **pdl(qkv),
     )
     return q_out
 
@@ -477,6 +485,7 @@ def decode_attention(
         BLOCK_S=block_s,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **pdl(q),
     )
     if splits > 1 and not fused:
         _decode_combine_kernel[(B * H,)](
@@ -492,5 +501,6 @@ def decode_attention(
             BLOCK_S=block_s,
             HEAD_DIM=D,
             num_warps=4,
+            **pdl(o_part),
         )
     return o

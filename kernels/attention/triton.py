@@ -52,7 +52,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels._common import INTERPRETED, Routes, check_heads, output_buffer, tma_ready, use_torch_allocator
+from kernels._common import INTERPRETED, Routes, check_heads, output_buffer, pdl, tma_ready, use_torch_allocator
+from kernels._pdl import enter
 from kernels.attention import configs as _configs
 from kernels.attention.configs import AttentionConfig, attention_configs
 
@@ -151,7 +152,9 @@ def _flash_fwd_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     ROPE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     bh = tl.program_id(0)
     start_m = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest query blocks first
     b = (bh // H).to(tl.int64)
@@ -243,7 +246,9 @@ def _rope_kernel(
     stride_c,
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # One program: BLOCK_T rows of one head of q (axis 2 = 0) or k (= 1), channel pairs
     # (d, d + D/2) rotated in fp32 as ``reference.rope``, one rounding.
     bh = tl.program_id(1)
@@ -295,6 +300,7 @@ def _rotate(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Ten
         HALF=half,
         BLOCK_T=block_t,
         num_warps=4,
+        **pdl(q),
     )
     return rot[0].permute(0, 2, 1, 3), rot[1].permute(0, 2, 1, 3)
 
@@ -440,7 +446,7 @@ def flash_attention(
         T,
         scale * _LOG2E,
     )
-    meta = dict(HEAD_DIM=D, CAUSAL=causal, ROPE=rope is not None)
+    meta = dict(HEAD_DIM=D, CAUSAL=causal, ROPE=rope is not None, **pdl(q))
     if config is None:
         _tuned(q.device, D)[grid](*args, **meta)
     else:

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._common import check_operands, check_runnable
+from kernels._common import check_operands, check_runnable, pdl
+from kernels._pdl import enter
 from kernels.conv.configs import INTERPRETER_STEP_BLOCK_C, STEP_BLOCK_C, STEP_NUM_WARPS
 from kernels.device import is_cuda
 
@@ -36,7 +37,9 @@ def _conv_step_kernel(
     KERNEL: tl.constexpr,
     ROWS: tl.constexpr,  # K − 1 rounded up to a power of two (≥ 1)
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
     c_ok = c < C
@@ -103,5 +106,6 @@ def causal_conv_step(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor) -> 
         ROWS=max(1, triton.next_power_of_2(K - 1)),
         BLOCK_C=block_c,
         num_warps=STEP_NUM_WARPS,
+        **pdl(x),
     )
     return y

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._common import INT32_MAX, INTERPRETED, check_operands, check_runnable, output_buffer
+from kernels._common import INT32_MAX, INTERPRETED, check_operands, check_runnable, output_buffer, pdl
+from kernels._pdl import enter
 from kernels.conv.configs import ConvConfig, conv_config
 
 __all__ = ["causal_depthwise_conv"]
@@ -34,7 +35,9 @@ def _causal_conv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Reads B·T·C elements once from HBM (the K − 1 halo rows and the K shifted re-reads of a
     # tile come from L1/L2) plus C·K weights, writes B·T·C; FLOPs 2·K·B·T·C.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
@@ -108,5 +111,6 @@ def causal_depthwise_conv(
         BLOCK_T=config.block_t,
         BLOCK_C=config.block_c,
         num_warps=config.num_warps,
+        **pdl(x),
     )
     return out

@@ -30,6 +30,9 @@ __all__ = [
     "prefers_tma",
     "CUBLAS_MIN_N",
     "CUBLAS_GELU_MIN_OUTPUT",
+    "NORM_FUSED_MAX_X",
+    "NORM_FUSED_MAX_K",
+    "fuses_norm",
     "prefers_cublas",
 ]
 
@@ -219,6 +222,28 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
 # it wins where the pass over the output it saves costs more than that.
 CUBLAS_MIN_N = 4096
 CUBLAS_GELU_MIN_OUTPUT = 1 << 24
+# A norm before the linear (RMSNorm / LayerNorm; ``linear(..., norm=)``): the fused kernel sums its
+# rows' statistics in its main loop, saving the norm's launch and its pass over x, where its main
+# loop keeps up with cuBLAS's: K up to NORM_FUSED_MAX_K and fewer than NORM_FUSED_MAX_X elements of
+# x (M bucket × K). Elsewhere the norm is a launch of its own and the rules above pick the route:
+# cuBLAS or the fused kernel without it. H200 (bf16, qkv N = 3K no activation / MLP up N = 4K
+# GELU; fused against the better of norm + cuBLAS and the unfolded path, in
+# linear_norm_fold_h200_tile_stats.json, which summed the statistics from the dot's tile: a
+# separate load, as the kernels now do, took 9-23 % longer in linear_norm_diagnose_h200.json, so
+# the margins below shrink by about that much):
+# - K = 96: fused 0.70-0.95x the time at M 256-8192 (M 8192 qkv: 6.6 vs 9.4 µs);
+# - K = 256: 0.77-0.93x at M 256-1024 (M 1024 MLP up: 7.0 vs 7.6 LayerNorm), gone with the load;
+# - K = 512: 1.05-1.78x at every M (M 256 qkv: 9.8 vs 5.5): the pointer kernel's long-K main loop.
+# Whole models with the rule as it stands: folded against unfolded in linear_norm_fold_h200.json.
+NORM_FUSED_MAX_K = 128
+NORM_FUSED_MAX_X = 1 << 20
+
+
+def fuses_norm(m_bucket_: int, k: int) -> bool:
+    """Whether ``linear(..., norm=)`` runs the norm inside the fused kernel (and takes that
+    kernel whatever ``prefers_cublas`` says without the norm) rather than as a launch of its own
+    before the route: K ≤ NORM_FUSED_MAX_K and M bucket × K < NORM_FUSED_MAX_X (see above)."""
+    return k <= NORM_FUSED_MAX_K and m_bucket_ * k < NORM_FUSED_MAX_X
 
 
 def prefers_cublas(
@@ -229,14 +254,19 @@ def prefers_cublas(
     activation: str | None,
     residual: bool,
     bias: bool = True,
+    *,
+    norm: bool = False,
 ) -> bool:
     """Whether ``kernels.linear.linear`` should run cuBLAS's matmul and then its epilogue kernel
     rather than the fused Triton kernel, for this GPU, M bucket, N, K and epilogue (see above; a
     fixed rule, so a shape always takes the same route, and the latency model can follow it).
     Off sm_90 only the rules that hold whatever the GPU do: nothing to fuse, cuBLASLt's own
     bias + ReLU epilogue, and K rows that Triton cannot load as vectors; the rest was measured
-    on sm_90 only."""
+    on sm_90 only. ``norm``: x is normalised first (``linear``'s norm), which the fused kernel
+    folds in and the cuBLAS route runs as a launch of its own before the matmul."""
     if n % 8 or k % 8:  # rows of 16-bit elements not 16-byte aligned: cuBLAS's slow kernels
+        return False
+    if norm and fuses_norm(m_bucket_, k):
         return False
     if activation is None and not residual:
         return True

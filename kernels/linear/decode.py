@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._common import as_rows, check_int32, check_operands, check_runnable, output_buffer, sm_count
+from kernels._common import as_rows, check_int32, check_operands, check_runnable, output_buffer, pdl, sm_count
+from kernels._pdl import enter
 from kernels.device import is_cuda
 from kernels.linear.configs import RowsConfig, rows_config
 from kernels.linear.reference import ACTIVATIONS
@@ -58,7 +59,9 @@ def _rows_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -223,5 +226,6 @@ def linear_rows(
         SPLIT_K=split_k,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl(x2),
     )
     return o.view(*lead, N)

@@ -44,12 +44,16 @@ from kernels._common import (
     check_operands,
     check_runnable,
     output_buffer,
+    pdl,
     sm_count,
     use_torch_allocator,
 )
+from kernels._pdl import enter
 from kernels.linear import configs as _configs
 from kernels.linear.configs import LinearConfig
-from kernels.linear.reference import ACTIVATIONS
+from kernels.linear.reference import ACTIVATIONS, NORMS
+from kernels.norm import layer_norm, rms_norm
+from kernels.norm.reference import EPS as NORM_EPS
 
 __all__ = ["linear", "last_route", "last_tuned_config", "set_route", "set_tma", "tma_programs"]
 
@@ -90,12 +94,57 @@ def _activate(v, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _stats_init(x, rows, stride_xm, NORM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The norm prologue's running row sums, (shift, Σ(x − shift), Σ(x − shift)²) per row, fp32.
+    LayerNorm shifts by the row's first element: the variance as a difference of sums then
+    loses only what |x₀ − mean| / std costs, not |mean| / std (a residual stream's mean can be
+    many standard deviations); RMSNorm needs Σx² only (shift 0)."""
+    zero = tl.zeros((BLOCK_M,), tl.float32)
+    if NORM == "layernorm":
+        return tl.load(x + rows * stride_xm).to(tl.float32), zero, zero
+    return zero, zero, zero
+
+
+@triton.jit
+def _stats_add(shift, s1, s2, a, k_ok, NORM: tl.constexpr):
+    """The running sums plus the ``[BM, BK]`` x tile ``a`` (its columns valid where ``k_ok``;
+    masked columns arrive as zeros, which RMSNorm's Σx² may keep). The kernels load ``a`` for
+    this alone, not reuse the tile they feed the dot: summed from that tile, some rows came out
+    wrong on an H200 (triton 3.6: 12 of 88 tiling × shape × norm runs, rmsnorm on the 64×128
+    2-stage tile and both kernels' largest; never with a load of their own, which costs 9-23 %
+    of the kernel's time at M 256-2048; benchmarks/results/linear_norm_diagnose_h200.json)."""
+    if NORM == "rmsnorm":
+        v = a.to(tl.float32)
+        s2 += tl.sum(v * v, 1)
+    elif NORM == "layernorm":
+        v = tl.where(k_ok[None, :], a.to(tl.float32) - shift[:, None], 0.0)
+        s1 += tl.sum(v, 1)
+        s2 += tl.sum(v * v, 1)
+    return shift, s1, s2
+
+
+@triton.jit
+def _normalise(acc, shift, s1, s2, sums, cols, K, eps, NORM: tl.constexpr):
+    """x·Wᵀ (fp32, raw rows of x) → norm₁(x)·Wᵀ: RMSNorm scales each row by 1/rms(x);
+    LayerNorm by 1/std(x) after taking mean(x)·Σₖ W[n, k] (``sums`` at ``cols``) away."""
+    if NORM == "rmsnorm":
+        acc = acc * tl.rsqrt(s2 / K + eps)[:, None]
+    elif NORM == "layernorm":
+        m1 = s1 / K  # mean − shift
+        rstd = tl.rsqrt(tl.maximum(s2 / K - m1 * m1, 0.0) + eps)
+        w_sums = tl.load(sums + cols).to(tl.float32)
+        acc = (acc - (shift + m1)[:, None] * w_sums[None, :]) * rstd[:, None]
+    return acc
+
+
+@triton.jit
 def _linear_kernel(
     x,
     w,
     b,
     r,
-    y,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]
+    y,
+    sums,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]; sums [N] fp32 (Σₖ w, LayerNorm only)
     M,
     N,
     K,
@@ -106,7 +155,9 @@ def _linear_kernel(
     stride_rm,
     stride_ym,
     M_BUCKET,  # the autotuner's key for M; unused by the code
+    eps,
     ACTIVATION: tl.constexpr,  # "none" | "gelu" | "relu" | "silu"
+    NORM: tl.constexpr,  # "none" | "rmsnorm" | "layernorm": x's rows normalised (unit affine) first
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" for fp32 operands (torch's default), else "tf32"
@@ -116,7 +167,9 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # FLOPs: 2·M·N·K. Fewest bytes: read M·K + N·K (+ N bias, + M·N residual), write M·N elements;
     # each program re-reads its K-panels of x and W (L2 absorbs most of it thanks to GROUP_M).
     pid = tl.program_id(0)
@@ -141,6 +194,7 @@ def _linear_kernel(
     if HAS_BIAS:
         bias = tl.load(b + offs_n).to(tl.float32)  # [BN], issued before the K loop to hide its latency
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    shift, s1, s2 = _stats_init(x, offs_m, stride_xm, NORM, BLOCK_M)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(x_ptrs)
@@ -149,6 +203,9 @@ def _linear_kernel(
             k_left = K - k * BLOCK_K
             a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             bt = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if NORM != "none":  # the row sums from a load of their own (see _stats_add)
+            xs = tl.load(x_ptrs, mask=(k * BLOCK_K + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+            shift, s1, s2 = _stats_add(shift, s1, s2, xs, k * BLOCK_K + offs_k < K, NORM)
         if UPCAST:
             a = a.to(tl.float32)
             bt = bt.to(tl.float32)
@@ -156,7 +213,9 @@ def _linear_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
 
-    # Epilogue on the fp32 accumulator: + bias, activation, + residual, one rounding.
+    # Epilogue on the fp32 accumulator: the norm's row scale (and mean), + bias, activation,
+    # + residual, one rounding.
+    acc = _normalise(acc, shift, s1, s2, sums, offs_n, K, eps, NORM)
     if HAS_BIAS:
         acc += bias[None, :]
     acc = _activate(acc, ACTIVATION)
@@ -174,7 +233,8 @@ def _linear_tma_kernel(
     w,
     b,
     r,
-    y,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]; rows unit-stride, 16-B aligned
+    y,
+    sums,  # x [M, K], w [N, K], b [N], r [M, N], y [M, N]: rows unit-stride, 16-B aligned; sums [N] fp32
     M,
     N,
     K,
@@ -183,7 +243,9 @@ def _linear_tma_kernel(
     stride_rm,
     stride_ym,
     M_BUCKET,  # the autotuner's key for M; unused by the code
+    eps,
     ACTIVATION: tl.constexpr,
+    NORM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -195,7 +257,9 @@ def _linear_tma_kernel(
     FLATTEN: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
     PERSISTENT: tl.constexpr = True,  # read by the launch grid only (≤ one program per SM, or one per tile)
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # The same math as _linear_kernel. Persistent: the grid is at most one program per SM, and
     # each walks output tiles tl.num_programs(0) apart in the grouped order. Every tile moves by
     # tensor descriptor: loads past M, N or K arrive as zeros and stores past M, N are dropped,
@@ -219,15 +283,22 @@ def _linear_tma_kernel(
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        rows = (row0 + tl.arange(0, BLOCK_M)) % M  # in bounds for the shift's pointer load
+        shift, s1, s2 = _stats_init(x, rows, stride_xm, NORM, BLOCK_M)
         for k in range(k_steps):
             a = x_desc.load([row0, k * BLOCK_K])  # [BM, BK]
             wt = w_desc.load([col0, k * BLOCK_K])  # [BN, BK]: rows of W, fed to the dot transposed
+            if NORM != "none":  # the row sums from a pointer load of their own (see _stats_add)
+                kk = k * BLOCK_K + tl.arange(0, BLOCK_K)
+                xs = tl.load(x + rows[:, None] * stride_xm + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+                shift, s1, s2 = _stats_add(shift, s1, s2, xs, kk < K, NORM)
             if UPCAST:
                 a = a.to(tl.float32)
                 wt = wt.to(tl.float32)
             acc = tl.dot(a, wt.T, acc, input_precision=PRECISION)
+        cols = col0 + tl.arange(0, BLOCK_N)
+        acc = _normalise(acc, shift, s1, s2, sums, cols % N, K, eps, NORM)
         if HAS_BIAS:
-            cols = col0 + tl.arange(0, BLOCK_N)
             acc += tl.load(b + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         acc = _activate(acc, ACTIVATION)
         if HAS_RESIDUAL:
@@ -247,7 +318,9 @@ def _epilogue_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # The fused kernel's epilogue as a pass of its own, after cuBLAS's matmul: activation in
     # fp32, + residual, one rounding, written back in place.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -268,7 +341,9 @@ def _epilogue_flat_kernel(
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # The same pass where rows are contiguous: no row stride to prove aligned, so the loads are
     # vectors whatever N is (a 2-D tile over N = 200 or 800 rows loads element by element).
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -310,6 +385,7 @@ def _cublas_route(
             HAS_RESIDUAL=r2 is not None,
             BLOCK=_EPILOGUE_FLAT_BLOCK,
             num_warps=4,
+            **pdl(y2),
         )
         return
     block_n = min(256, triton.next_power_of_2(N))
@@ -326,6 +402,7 @@ def _cublas_route(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=4,
+        **pdl(y2),
     )
 
 
@@ -397,13 +474,13 @@ def _bench(fn: Callable[[], object], quantiles: Sequence[float]) -> list[float]:
 
 _tuned_kernel = autotune(
     configs=_POINTER_CONFIGS,
-    key=["M_BUCKET", "N", "K"],
+    key=["M_BUCKET", "N", "K", "NORM"],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=_bench,
 )(_fixed_kernel)
 _tuned_tma_kernel = autotune(
     configs=_TMA_CONFIGS,
-    key=["M_BUCKET", "N", "K"],
+    key=["M_BUCKET", "N", "K", "NORM"],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=_bench,
 )(_linear_tma_kernel)
@@ -473,21 +550,33 @@ def linear(
     *,
     activation: str | None = None,
     residual: Tensor | None = None,
+    norm: str | None = None,
+    norm_eps: float = NORM_EPS,
+    weight_sums: Tensor | None = None,
     out: Tensor | None = None,
     config: LinearConfig | None = None,
 ) -> Tensor:
-    """``act(x Wᵀ + bias) + residual`` in one launch, fp32 accumulation, output in x's dtype.
+    """``act(norm₁(x) Wᵀ + bias) + residual`` in one launch, fp32 accumulation, output in x's dtype.
 
     x: ``[M, K]`` or ``[*, K]`` (leading dims flattened), bf16 / fp16 / fp32 (fp32 is the exact,
     slower fallback: full-precision dot, no tf32). weight: ``[N, K]`` (``nn.Linear`` layout), x's
     dtype. bias: ``[N]`` or None. activation: None | "gelu" (erf, as ``nn.GELU()``) | "relu" |
-    "silu". residual: ``[*, N]`` like the output, or None. out: ``[*, N]`` in x's dtype to write
-    into (contiguous), or None. config: a fixed tiling of the fused kernel instead of the route
-    and tiling chosen per shape (module docstring). Returns ``[*, N]``.
-    CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
+    "silu". residual: ``[*, N]`` like the output, or None. norm: None | "rmsnorm" | "layernorm":
+    x's rows normalised over K first, unit affine (the norm's scale and shift belong in weight
+    and bias: ``reference.fold_norm``), ``norm_eps`` inside the square root; the fused kernel sums
+    the row statistics in its main loop (from a load of its own) where ``configs.fuses_norm`` says
+    so, the route is forced to "triton" or a config is given; elsewhere the norm kernel runs first,
+    then the route. weight_sums: ``[N]`` fp32 Σₖ weight[n, k] (``reference.weight_sums``), which
+    LayerNorm's fused kernel reads (norm "layernorm" only); None: computed here, a launch per call. out:
+    ``[*, N]`` in x's dtype to write into (contiguous), or None. config: a fixed tiling of the
+    fused kernel instead of the route and tiling chosen per shape (module docstring). Returns
+    ``[*, N]``. CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if norm not in NORMS:
+        raise ValueError(f"linear: norm must be one of {NORMS}, got {norm!r}")
+
     if x.dim() < 1 or weight.dim() != 2:
         raise ValueError(f"linear: x must be [*, K] and weight [N, K], got {list(x.shape)} and {list(weight.shape)}")
     check_runnable("linear", x)
@@ -506,6 +595,15 @@ def linear(
         raise ValueError(f"linear: weight.dtype must equal x.dtype ({x.dtype}), got {weight.dtype}")
     if bias is not None:
         bias = bias.contiguous()
+    if weight_sums is not None:
+        if norm != "layernorm":
+            raise ValueError(f"linear: weight_sums is read only with norm='layernorm', got norm={norm!r}")
+        if weight_sums.shape != (N,) or weight_sums.dtype != torch.float32 or weight_sums.device != x.device:
+            raise ValueError(
+                f"linear: weight_sums must be fp32 [{N}] on {x.device}, got {weight_sums.dtype} "
+                f"{list(weight_sums.shape)} on {weight_sums.device}"
+            )
+        weight_sums = weight_sums.contiguous()
     r2 = None if residual is None else as_rows(residual, N)
     if out is not None:
         check_int32("linear", "out", out)
@@ -513,34 +611,6 @@ def linear(
     y2 = out.view(-1, N)
     if M == 0 or N == 0:
         return out
-
-    args = (
-        x2,
-        weight,
-        bias,
-        r2,
-        y2,
-        M,
-        N,
-        K,
-        x2.stride(0),
-        x2.stride(1),
-        weight.stride(0),
-        weight.stride(1),
-        0 if r2 is None else r2.stride(0),
-        y2.stride(0),
-        _configs.m_bucket(M),
-    )
-    meta = dict(
-        ACTIVATION=activation or "none",
-        HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=r2 is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        UPCAST=INTERPRETED,
-    )
-
-    def grid(meta_: dict) -> tuple[int]:
-        return (triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"]),)
 
     if config is None:
         if _ROUTE is not None:
@@ -558,15 +628,57 @@ def linear(
                     activation,
                     r2 is not None,
                     bias is not None,
+                    norm=norm is not None,
                 )
                 else "triton"
             )
         if _shares_memory(r2, y2):  # out is the residual: the matmul would overwrite it before the add
             route = "triton"
         _last_route[:] = [route]
+        if norm is not None and (
+            route == "cublas" or (_ROUTE is None and not _configs.fuses_norm(_configs.m_bucket(M), K))
+        ):
+            # the norm as a launch of its own (unit affine), before cuBLAS or the plain fused kernel
+            x2 = rms_norm(x2, None, norm_eps) if norm == "rmsnorm" else layer_norm(x2, None, None, norm_eps)
+            norm = None
         if route == "cublas":
             _cublas_route(x2, weight, bias, r2, y2, activation)
             return out
+    args = (
+        x2,
+        weight,
+        bias,
+        r2,
+        y2,
+        None,  # sums: set below where LayerNorm's fused kernel reads them
+        M,
+        N,
+        K,
+        x2.stride(0),
+        x2.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        0 if r2 is None else r2.stride(0),
+        y2.stride(0),
+        _configs.m_bucket(M),
+        float(norm_eps),
+    )
+    meta = dict(
+        ACTIVATION=activation or "none",
+        NORM=norm or "none",
+        HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=r2 is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST=INTERPRETED,
+        **pdl(x),
+    )
+
+    def grid(meta_: dict) -> tuple[int]:
+        return (triton.cdiv(M, meta_["BLOCK_M"]) * triton.cdiv(N, meta_["BLOCK_N"]),)
+
+    if norm == "layernorm":
+        sums = weight_sums if weight_sums is not None else weight.float().sum(1)
+        args = (*args[:5], sums, *args[6:])
     if config is None and INTERPRETED:
         config = (
             _configs.INTERPRETER_TMA if _USE_TMA else _configs.INTERPRETER
@@ -587,6 +699,7 @@ def linear(
             bias,
             r2,
             y2,
+            args[5],
             M,
             N,
             K,
@@ -595,6 +708,7 @@ def linear(
             0 if r2 is None else r2.stride(0),
             y2.stride(0),
             _configs.m_bucket(M),
+            float(norm_eps),
         )
 
         def tma_grid(meta_: dict) -> tuple[int]:

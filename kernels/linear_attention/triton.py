@@ -52,7 +52,17 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._autotune import autotune
-from kernels._common import INTERPRETED, Routes, check_heads, output_buffer, sm_count, tma_ready, use_torch_allocator
+from kernels._common import (
+    INTERPRETED,
+    Routes,
+    check_heads,
+    output_buffer,
+    pdl,
+    sm_count,
+    tma_ready,
+    use_torch_allocator,
+)
+from kernels._pdl import enter
 from kernels.device import is_cuda
 from kernels.linear_attention.configs import (
     CARRY_BLOCK_G,
@@ -192,7 +202,9 @@ def _chunked_fwd_kernel(
     FEATURE: tl.constexpr,
     NORMALIZE: tl.constexpr,
     STORE_STATE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # One program per (batch·head, segment of the sequence, block of value channels), flattened
     # so the programs of one head are adjacent (its k, v stay in L2 for the prefix loops) and,
     # within a head, the last segment (the longest prefix) starts first.
@@ -274,7 +286,9 @@ def _step_kernel(
     FEATURE: tl.constexpr,
     NORMALIZE: tl.constexpr,
     HAS_Z: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Program (head, j) updates and reads columns j·BLOCK_V.. of the head's state: 8·D·BLOCK_V
     # state bytes, plus 2·D + BLOCK_V inputs and BLOCK_V outputs.
     bh = tl.program_id(0)
@@ -332,7 +346,9 @@ def _two_pass_states_kernel(
     BLOCK_V: tl.constexpr,
     CHUNK: tl.constexpr,
     CARRY: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Pass 1, one program per (batch·head, group of GROUP chunks, block of state rows, block of
     # state columns): the identity map's state S = Σ kᵀv is a plain sum, separable by rows and
     # columns and by chunks, so each program walks only its group's chunks from zero, storing
@@ -368,7 +384,10 @@ def _two_pass_states_kernel(
 
 
 @triton.jit(do_not_specialize=["NG"])
-def _two_pass_carry_kernel(TOTALS, NG, DD: tl.constexpr, TILE: tl.constexpr, BLOCK_G: tl.constexpr):
+def _two_pass_carry_kernel(
+    TOTALS, NG, DD: tl.constexpr, TILE: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False
+):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Between the passes when pass 1 ran in several groups: TOTALS [B·H, NG, D·D] fp32 in place
     # from each group's own sum to the sum of it and the groups before it (an inclusive prefix
     # over g; pass 2 of group g reads entry g - 1), one program per (batch·head, TILE state
@@ -411,7 +430,9 @@ def _two_pass_out_kernel(
     BLOCK_V: tl.constexpr,
     CHUNK: tl.constexpr,
     CARRY: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Pass 2, one program per (batch·head·chunk, block of value columns), all chunks at once:
     # o = (q·kᵀ ⊙ causal)·v within the chunk + q·S (the state before it: pass 1's, plus the
     # groups before this chunk's group when pass 1 ran in several).
@@ -487,11 +508,12 @@ def _two_pass_states(k: Tensor, v: Tensor, plan: TwoPassPlan) -> tuple[Tensor, T
         CARRY=carry,
         num_warps=cfg.states_warps or cfg.num_warps,
         num_stages=plan.states_stages,
+        **pdl(k),
     )
     if carry:
         tile = min(D * D, CARRY_TILE)
         _two_pass_carry_kernel[(B * H, D * D // tile)](
-            totals, plan.groups, DD=D * D, TILE=tile, BLOCK_G=CARRY_BLOCK_G, num_warps=4
+            totals, plan.groups, DD=D * D, TILE=tile, BLOCK_G=CARRY_BLOCK_G, num_warps=4, **pdl(totals)
         )
     return states, totals
 
@@ -523,6 +545,7 @@ def _two_pass_out(
         CARRY=plan.groups > 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl(q),
     )
 
 
@@ -706,7 +729,7 @@ def linear_attention(
             B * H,
             q_scale,
         )
-        meta = dict(HEAD_DIM=D, FEATURE=feature_map, NORMALIZE=normalize, STORE_STATE=return_state)
+        meta = dict(HEAD_DIM=D, FEATURE=feature_map, NORMALIZE=normalize, STORE_STATE=return_state, **pdl(q))
         if config is None:
             split = _last_split[(q.device, D)] = _split(q.device, B * H, D, T)
             _tuned(q.device, D)[grid](*args, SPLIT=split, **meta)
@@ -792,5 +815,6 @@ def linear_attention_step(
         NORMALIZE=normalize,
         HAS_Z=z is not None,
         num_warps=cfg.num_warps,
+        **pdl(q),
     )
     return o

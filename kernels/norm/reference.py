@@ -19,30 +19,36 @@ def _residual_stream(x: Tensor, residual: Tensor | None) -> Tensor:
 
 
 def layer_norm(
-    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = EPS, *, residual: Tensor | None = None
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float = EPS, *, residual: Tensor | None = None
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``(h − mean) / √(var + eps) · weight + bias`` over the last dim, biased variance.
 
-    x, residual: ``[*, N]``; weight, bias: ``[N]``. Returns y (fp32), or ``(y, h)`` with a residual.
+    x, residual: ``[*, N]``; weight, bias: ``[N]`` or None (unit scale, no shift). Returns y
+    (fp32), or ``(y, h)`` with a residual.
     """
     h = _residual_stream(x, residual)
     v = h.float()
     mean = v.mean(-1, keepdim=True)
     var = (v - mean).pow(2).mean(-1, keepdim=True)
-    y = (v - mean) / torch.sqrt(var + eps) * weight.float()
+    y = (v - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight.float()
     if bias is not None:
         y = y + bias.float()
     return y if residual is None else (y, h)
 
 
 def rms_norm(
-    x: Tensor, weight: Tensor, eps: float = EPS, *, residual: Tensor | None = None
+    x: Tensor, weight: Tensor | None, eps: float = EPS, *, residual: Tensor | None = None
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``h / √(mean(h²) + eps) · weight`` over the last dim.
 
-    x, residual: ``[*, N]``; weight: ``[N]``. Returns y (fp32), or ``(y, h)`` with a residual.
+    x, residual: ``[*, N]``; weight: ``[N]`` or None (unit scale). Returns y (fp32), or ``(y, h)``
+    with a residual.
     """
     h = _residual_stream(x, residual)
     v = h.float()
-    y = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    y = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
     return y if residual is None else (y, h)

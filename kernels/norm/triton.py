@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._common import INTERPRETED, as_rows, check_int32, check_operands, check_runnable, output_buffer
+from kernels._common import INTERPRETED, as_rows, check_int32, check_operands, check_runnable, output_buffer, pdl
+from kernels._pdl import enter
 from kernels.norm.configs import INTERPRETER, MAX_N, NormConfig, norm_config
 from kernels.norm.reference import EPS
 
@@ -40,11 +41,14 @@ def _norm_kernel(
     stride_ym,
     stride_hm,
     RMS: tl.constexpr,  # RMSNorm (no centring, no bias) instead of LayerNorm
+    HAS_WEIGHT: tl.constexpr,  # False: unit scale (a linear after the norm holds the scale in its weight)
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Per row: read N (x) [+ N (r)], write N (y) [+ N (h)] elements; w and b (N each) stay in L2.
     # FLOPs ≈ 7·N (LayerNorm) / 4·N (RMSNorm): memory-bound by two orders of magnitude.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
@@ -66,7 +70,8 @@ def _norm_kernel(
         d = tl.where(col_ok[None, :], v - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
         v = d * rstd[:, None]
-    v = v * tl.load(w + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_WEIGHT:
+        v = v * tl.load(w + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
         v += tl.load(b + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y + rows[:, None] * stride_ym + cols[None, :], v.to(y.dtype.element_ty), mask=mask)
@@ -75,7 +80,7 @@ def _norm_kernel(
 def _norm(
     op: str,
     x: Tensor,
-    weight: Tensor,
+    weight: Tensor | None,
     bias: Tensor | None,
     eps: float,
     residual: Tensor | None,
@@ -110,7 +115,7 @@ def _norm(
         _norm_kernel[(triton.cdiv(M, config.rows),)](
             x2,
             r2,
-            weight.contiguous(),
+            None if weight is None else weight.contiguous(),
             None if bias is None else bias.contiguous(),
             y2,
             h2,
@@ -122,18 +127,20 @@ def _norm(
             y2.stride(0),
             0 if h2 is None else h2.stride(0),
             RMS=op == "rms_norm",
+            HAS_WEIGHT=weight is not None,
             HAS_BIAS=bias is not None,
             HAS_RESIDUAL=r2 is not None,
             ROWS=config.rows,
             BLOCK_N=triton.next_power_of_2(N),
             num_warps=config.num_warps,
+            **pdl(x),
         )
     return y if h is None else (y, h)
 
 
 def layer_norm(
     x: Tensor,
-    weight: Tensor,
+    weight: Tensor | None,
     bias: Tensor | None,
     eps: float = EPS,
     *,
@@ -144,8 +151,8 @@ def layer_norm(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``nn.LayerNorm`` over the last dim, fp32 statistics; with ``residual``, of ``h = x + residual``.
 
-    x: ``[*, N]`` bf16 / fp16 / fp32. weight, bias: ``[N]`` (any of those dtypes; bias may be
-    None). residual: ``[*, N]`` in x's dtype, or None. out / residual_out: contiguous buffers
+    x: ``[*, N]`` bf16 / fp16 / fp32. weight, bias: ``[N]`` (any of those dtypes; either may be
+    None: unit scale, no shift). residual: ``[*, N]`` in x's dtype, or None. out / residual_out: contiguous buffers
     like x to write y / h into, or None. Returns y ``[*, N]`` in x's dtype, or ``(y, h)`` when
     ``residual`` is given.
     """
@@ -154,7 +161,7 @@ def layer_norm(
 
 def rms_norm(
     x: Tensor,
-    weight: Tensor,
+    weight: Tensor | None,
     eps: float = EPS,
     *,
     residual: Tensor | None = None,
@@ -164,7 +171,7 @@ def rms_norm(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``nn.RMSNorm(N, eps)`` over the last dim, fp32 statistics; with ``residual``, of ``h = x + residual``.
 
-    x: ``[*, N]`` bf16 / fp16 / fp32. weight: ``[N]``. residual, out, residual_out: as
+    x: ``[*, N]`` bf16 / fp16 / fp32. weight: ``[N]``, or None (unit scale). residual, out, residual_out: as
     ``layer_norm``. Returns y ``[*, N]`` in x's dtype, or ``(y, h)`` when ``residual`` is given.
     """
     return _norm("rms_norm", x, weight, None, eps, residual, out, residual_out, config)

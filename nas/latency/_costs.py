@@ -17,7 +17,9 @@ Conventions (the model builder matches these; ``count_params`` checks it):
 Kernels, as a fused implementation launches them: embedding (gather + positions) 1; per layer
 mixer norm, QKV linear, attention / linear attention (feature map fused), out linear (+bias
 +residual); MLP norm, up linear (+bias +activation), down linear (+bias +residual) — 7 for a
-full layer; final norm 1; head 1. Only the rows the head reads go through the final norm.
+full layer; final norm 1; head 1. Only the rows the head reads go through the final norm. A
+nominal count: TritonModel folds each norm into the linear after it, which at short K and few
+rows runs it in its own main loop (no launch; ``nas.latency._launches`` follows the route).
 
 FLOPs: matmuls count 2·M·N·K (epilogues are free: their cost is the bytes they move);
 elementwise ops count a few FLOPs per element on the vector units. Bytes: each op reads its

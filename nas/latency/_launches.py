@@ -4,8 +4,10 @@
 ``nas.models.triton_model.TritonModel.forward`` (and the kernel wrappers' own launch choices)
 without a GPU: embedding gather, then per block norm → qkv linear → short conv → attention /
 linear attention → out linear (+residual); norm → MLP up (+activation) →
-MLP down (+residual); final norm; head. A head dim the kernels do not run is
-padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
+MLP down (+residual); final norm; head. Each norm is folded into the linear after it, so it is a
+launch of its own only where that linear does not sum it in its main loop (``_normed_linear``,
+``kernels.linear.configs.fuses_norm``). A head dim
+the kernels do not run is padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
 conv ``3·H·P`` channels and the out linear ``K = H·P`` deep.
 
 Every launch belongs to a *class* (one set of fitted coefficients: ``linear.tma``,
@@ -108,14 +110,35 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _normed_linear(
+    norm_name: str, kind: str, name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None
+) -> list[Launch]:
+    """A norm and the linear after it (``TritonModel`` folds the norm into the linear): one launch
+    where ``fuses_norm`` has the fused kernel sum the row statistics in its main loop (a second
+    read of x: its MB moved); elsewhere the norm's own launch, then the linear's usual route."""
+    from kernels.linear import configs
+
+    if configs.fuses_norm(configs.m_bucket(M), K):
+        return [_linear(name, M, N, K, sms, activation=activation, norm=True)]
+    return [_norm(norm_name, kind, M, K, sms), _linear(name, M, N, K, sms, activation=activation)]
+
+
 def _linear(
-    name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None, residual: bool = False
+    name: str,
+    M: int,
+    N: int,
+    K: int,
+    sms: int,
+    *,
+    activation: str | None = None,
+    residual: bool = False,
+    norm: bool = False,
 ) -> Launch:
     from kernels.linear import configs
 
     bucket = configs.m_bucket(M)
-    moved = (M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
-    if configs.prefers_cublas((9, 0), bucket, N, K, activation, residual):
+    moved = ((2 if norm else 1) * M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
+    if configs.prefers_cublas((9, 0), bucket, N, K, activation, residual, norm=norm):
         # cuBLAS's matmul (bias, and ReLU, in its epilogue), then for GELU, SiLU or a residual
         # the epilogue pass over the output in place: one class for both launches, the tile a
         # nominal one for the wave and K features (the model's linears all have a bias)
@@ -250,10 +273,7 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             if P is None:
                 raise ValueError(f"layer {i}: head dim {D} has no {layer.mixer} kernel")
             HP = layer.heads * P  # heads padded to P in the weights: the projection writes them so
-            out += [
-                _norm(f"{prefix}.mixer_norm", layer.norm, M, d, sm_count),
-                _linear(f"{prefix}.qkv", M, 3 * HP, d, sm_count),
-            ]
+            out += _normed_linear(f"{prefix}.mixer_norm", layer.norm, f"{prefix}.qkv", M, 3 * HP, d, sm_count)
             if layer.short_conv:
                 out.append(_conv(f"{prefix}.short_conv", B, T, 3 * HP, layer.short_conv, sm_count))
             if layer.mixer == "attention":
@@ -265,14 +285,16 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             out.append(_linear(f"{prefix}.out", M, d, HP, sm_count, residual=True))
         if layer.mlp_ratio > 0:
             hidden = mlp_hidden(layer, d)
-            out += [
-                _norm(f"{prefix}.mlp_norm", layer.norm, M, d, sm_count),
-                _linear(f"{prefix}.mlp_up", M, hidden, d, sm_count, activation=layer.activation),
-                _linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True),
-            ]
+            out += _normed_linear(
+                f"{prefix}.mlp_norm",
+                layer.norm,
+                f"{prefix}.mlp_up",
+                M,
+                hidden,
+                d,
+                sm_count,
+                activation=layer.activation,
+            )
+            out.append(_linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True))
     rows = M if arch.readout == "token" else B
-    out += [
-        _norm("final_norm", arch.layers[-1].norm, rows, d, sm_count),
-        _linear("head", rows, arch.n_out, d, sm_count),
-    ]
-    return out
+    return out + _normed_linear("final_norm", arch.layers[-1].norm, "head", rows, arch.n_out, d, sm_count)

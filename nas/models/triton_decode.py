@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels._common import pdl_early
 from kernels.device import is_cuda
 from kernels.linear_attention.reference import normalizes
 from nas.models.decode import DecodeCache, LayerCache
-from nas.models.triton_model import TritonModel, _Block, _channels, _halves
+from nas.models.triton_model import PDL_EARLY_MAX_TOKENS, TritonModel, _Block, _channels, _halves
 
 __all__ = ["TritonDecoder"]
 
@@ -208,6 +209,10 @@ class TritonDecoder:
 
     def _step(self, tokens: torch.Tensor) -> torch.Tensor:
         """The device work of one step: kernels and views only, no host sync (capturable)."""
+        with pdl_early(self.batch <= PDL_EARLY_MAX_TOKENS):
+            return self._step_kernels(tokens)
+
+    def _step_kernels(self, tokens: torch.Tensor) -> torch.Tensor:
         from kernels.attention.decode import decode_attention, rope_append
         from kernels.conv.decode import causal_conv_step
         from kernels.linear.decode import linear_rows

@@ -3,7 +3,13 @@
 Per block: norm → qkv linear (+bias) → short causal conv → attention (RoPE fused) or causal
 linear attention (feature map fused) → out linear with the residual add in its epilogue; then
 norm → MLP up with the activation in its epilogue → MLP down with the residual add. Only the
-embedding gather and reshapes run in torch. A head dim the kernels do not run (one that is not
+embedding gather and reshapes run in torch. Each norm (and the final one) is folded into the
+linear after it (``fold_norms``, the default): its scale and shift go into that linear's weight
+and bias once, at construction (``kernels.linear.reference.fold_norm``), and the linear
+normalises its input rows itself (``linear(..., norm=)``: inside the fused kernel's main loop,
+one launch fewer per norm, where ``kernels.linear.configs.fuses_norm`` says so; elsewhere a
+unit-affine norm launch before the linear's route). The decoder runs the same unit-affine norm as a
+launch of its own before its row kernels. A head dim the kernels do not run (one that is not
 16, 32, 64 or 128) is zero-padded to the next one they do, in the weights, once, at construction
 (``_pad_weights``): the qkv projection (and short conv) write every head already padded and the
 out projection reads the padded heads, so a forward makes no padding copies and gives exactly
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels._common import pdl_early
 from kernels.device import is_cuda
 from kernels.errors import KernelCompileError
 from nas import settings
@@ -30,13 +37,20 @@ from nas.models.mixers import rope_tables
 
 __all__ = ["TritonModel", "to_triton"]
 
+# Forwards (B·T) and decoding steps (B) of at most this many tokens launch their kernels with the
+# early PDL trigger (``kernels._common.pdl_early``), larger ones with the wait only. H200, 8 archs
+# (benchmarks/results/pdl_models_h200.json): at 1×256 the early trigger took 0.92× the plain
+# launches' time (median; the wait alone 0.96×), at 8×1024 it cost 1.01–1.10× where the wait alone
+# was 0.98–1.00×: the next kernel's programs, resident early, crowd the SMs a multi-wave grid still
+# needs.
+PDL_EARLY_MAX_TOKENS = 256
 _ROPE_BASE_LEN = 256  # rotary tables are grown (doubled) on demand past this length
 
 
 @dataclass(frozen=True)
 class _Norm:
     kind: str  # "layernorm" | "rmsnorm"
-    weight: torch.Tensor
+    weight: torch.Tensor | None  # None: folded into the linear after it (unit scale here)
     bias: torch.Tensor | None
     eps: float
 
@@ -56,10 +70,12 @@ class _Block:
     feature_map: str | None
     norm1: _Norm | None
     qkv: tuple[torch.Tensor, torch.Tensor] | None
+    qkv_sums: torch.Tensor | None  # fp32 Σₖ of the qkv weight where a LayerNorm is folded into it
     conv: tuple[torch.Tensor, torch.Tensor] | None  # weight [3d, K], bias [3d]
     out: tuple[torch.Tensor, torch.Tensor] | None
     norm2: _Norm | None
     up: tuple[torch.Tensor, torch.Tensor] | None
+    up_sums: torch.Tensor | None
     activation: str
     down: tuple[torch.Tensor, torch.Tensor] | None
 
@@ -77,19 +93,51 @@ def _linear(module: torch.nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, 
     return module.weight.detach().to(dtype), module.bias.detach().to(dtype)
 
 
+def _folded(
+    norm: torch.nn.Module | None, linear: torch.nn.Linear, fold: bool
+) -> tuple[_Norm | None, tuple[torch.Tensor, torch.Tensor]]:
+    """(the norm as run, the linear after it, both fp32): with
+    ``fold``, the norm's scale and shift moved into the linear (``fold_norm``) and the norm left
+    unit-affine, which the linear runs in its main loop (the decoder, as its own launch)."""
+    from kernels.linear.reference import fold_norm
+
+    w, b = linear.weight.detach().float(), linear.bias.detach().float()
+    if norm is None or not fold:
+        return _norm(norm, torch.float32), (w, b)
+    beta = getattr(norm, "bias", None)
+    w, b = fold_norm(norm.weight.detach(), None if beta is None else beta.detach(), w, b)
+    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+    kind = "layernorm" if isinstance(norm, torch.nn.LayerNorm) else "rmsnorm"
+    return _Norm(kind, None, None, eps), (w, b)
+
+
+def _sums(norm: _Norm | None, weight: torch.Tensor) -> torch.Tensor | None:
+    """The cast weight's fp32 row sums where a folded LayerNorm's prologue reads them."""
+    from kernels.linear.reference import weight_sums
+
+    return weight_sums(weight) if norm is not None and norm.weight is None and norm.kind == "layernorm" else None
+
+
 def _cast(pair: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return pair[0].to(dtype).contiguous(), pair[1].to(dtype).contiguous()
+
+
+def _to(norm: _Norm | None, dtype: torch.dtype) -> _Norm | None:
+    if norm is None:
+        return None
+    weight = None if norm.weight is None else norm.weight.to(dtype)
+    return _Norm(norm.kind, weight, None if norm.bias is None else norm.bias.to(dtype), norm.eps)
 
 
 class TritonModel:
     """tokens ``[B, T]`` int64 → logits, computed by ``kernels/``; see the module docstring."""
 
-    def __init__(self, model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, model: HybridModel, *, dtype: torch.dtype = torch.bfloat16, fold_norms: bool = True) -> None:
         from kernels.attention import SUPPORTED_HEAD_DIMS, padded_head_dim
         from kernels.linear import set_tma
 
         set_tma(settings.get().linear_tma)  # NAS_LINEAR_TMA: the app's choice, handed to the kernels
-        self.arch, self.dtype = model.arch, dtype
+        self.arch, self.dtype, self.fold_norms = model.arch, dtype, fold_norms
         d = model.arch.d_model
         self.embed = model.embed.weight.detach().to(dtype)
         blocks = []
@@ -106,34 +154,43 @@ class TritonModel:
                         f"{max(SUPPORTED_HEAD_DIMS)}, zero-padded)"
                     )
             mixer, mlp = block.mixer, block.mlp
-            qkv = conv = out = None
+            norm1 = qkv = conv = out = None
             if mixer is not None:
-                qkv, out = _linear(mixer.qkv, torch.float32), _linear(mixer.out, torch.float32)
+                norm1, qkv = _folded(block.norm1, mixer.qkv, fold_norms)
+                out = _linear(mixer.out, torch.float32)
                 if mixer.conv is not None:
                     conv = (mixer.conv.weight.detach()[:, 0].float(), mixer.conv.bias.detach().float())
                 if padded != d // spec.heads:
                     qkv, conv, out = _pad_weights(qkv, conv, out, spec.heads, padded, spec.mixer, spec.feature_map)
                 qkv, out = _cast(qkv, dtype), _cast(out, dtype)
                 conv = None if conv is None else _cast(conv, dtype)
+            norm2 = up = None
+            if mlp is not None:
+                norm2, up = _folded(block.norm2, block.mlp_up, fold_norms)
+                up = _cast(up, dtype)
+            norm1, norm2 = _to(norm1, dtype), _to(norm2, dtype)
             blocks.append(
                 _Block(
                     spec.mixer,
                     spec.heads,
                     padded,
                     spec.feature_map,
-                    _norm(block.norm1, dtype),
+                    norm1,
                     qkv,
+                    None if qkv is None else _sums(norm1, qkv[0]),
                     conv,
                     out,
-                    _norm(block.norm2, dtype),
-                    _linear(block.mlp_up, dtype) if mlp is not None else None,
+                    norm2,
+                    up,
+                    None if up is None else _sums(norm2, up[0]),
                     spec.activation,
                     _linear(block.mlp_down, dtype) if mlp is not None else None,
                 )
             )
         self.blocks = tuple(blocks)
-        self.final_norm = _norm(model.norm, dtype)
-        self.head = _linear(model.head, dtype)
+        final_norm, head = _folded(model.norm, model.head, fold_norms)
+        self.final_norm, self.head = _to(final_norm, dtype), _cast(head, dtype)
+        self.head_sums = _sums(self.final_norm, self.head[0])
         self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (D, padded D) → cos, sin
         self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown tables, kept alive for old graphs
 
@@ -155,6 +212,10 @@ class TritonModel:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens ``[B, T]`` → logits ``[B, T, n_out]`` (readout "token") or ``[B, n_out]``, in ``dtype``."""
+        with pdl_early(tokens.numel() <= PDL_EARLY_MAX_TOKENS):
+            return self._forward(tokens)
+
+    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         from kernels.attention.triton import flash_attention_qkv
         from kernels.conv import causal_depthwise_conv
         from kernels.linear import linear
@@ -165,7 +226,7 @@ class TritonModel:
         h = F.embedding(tokens, self.embed).view(B * T, d)  # residual stream [M, d]
         for blk in self.blocks:
             if blk.qkv is not None:
-                qkv = linear(blk.norm1(h), *blk.qkv).view(B, T, -1)
+                qkv = _normed_linear(h, blk.norm1, blk.qkv, blk.qkv_sums).view(B, T, -1)
                 if blk.conv is not None:
                     qkv = causal_depthwise_conv(qkv, *blk.conv)
                 D, P = d // blk.heads, blk.padded_head_dim  # qkv: [B, T, 3·H·P], heads padded
@@ -177,11 +238,11 @@ class TritonModel:
                     o = linear_attention_qkv(qkv, blk.heads, feature_map=blk.feature_map)
                 h = linear(o.reshape(B * T, blk.heads * P), *blk.out, residual=h)
             if blk.up is not None:
-                u = linear(blk.norm2(h), *blk.up, activation=blk.activation)
+                u = _normed_linear(h, blk.norm2, blk.up, blk.up_sums, activation=blk.activation)
                 h = linear(u, *blk.down, residual=h)
         if self.arch.readout == "last":
             h = h.view(B, T, d)[:, -1]
-        logits = linear(self.final_norm(h), *self.head)
+        logits = _normed_linear(h, self.final_norm, self.head, self.head_sums)
         return logits.view(B, T, -1) if self.arch.readout == "token" else logits
 
     __call__ = forward
@@ -206,6 +267,21 @@ class TritonModel:
             return out
 
         return replay
+
+
+def _normed_linear(
+    h: torch.Tensor,
+    norm: _Norm,
+    linear_: tuple[torch.Tensor, torch.Tensor],
+    sums: torch.Tensor | None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """``linear(norm(h))``: one launch where the norm is folded (its weight None), else two."""
+    from kernels.linear import linear
+
+    if norm.weight is None:
+        return linear(h, *linear_, activation=activation, norm=norm.kind, norm_eps=norm.eps, weight_sums=sums)
+    return linear(norm(h), *linear_, activation=activation)
 
 
 def _halves(D: int, P: int) -> tuple[slice, slice, slice, slice]:
@@ -270,6 +346,7 @@ def _pad_weights(
     return (w, b), (None if conv is None else (wc, bc)), (wide, bo)
 
 
-def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16) -> TritonModel:
-    """The kernels-only forward of ``model`` (weights cast once to ``dtype``)."""
-    return TritonModel(model, dtype=dtype)
+def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16, fold_norms: bool = True) -> TritonModel:
+    """The kernels-only forward of ``model`` (weights cast once to ``dtype``; ``fold_norms``:
+    each norm run inside the linear after it, see ``TritonModel``)."""
+    return TritonModel(model, dtype=dtype, fold_norms=fold_norms)

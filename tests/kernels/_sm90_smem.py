@@ -1,6 +1,7 @@
-"""Compile the TMA linear kernel's Hopper tilings for sm_90 without a GPU and print, as JSON, the
-shared memory Triton reports next to ``LinearConfig.smem_bytes`` (run by test_linear.py in a
-process without TRITON_INTERPRET: the interpreter's kernels cannot be compiled)."""
+"""Compile the TMA linear kernel's Hopper tilings for sm_90 without a GPU, without and with the
+LayerNorm prologue (the heavier of the two norms), and print, as JSON, the shared memory Triton
+reports next to ``LinearConfig.smem_bytes`` (run by test_linear.py in a process without
+TRITON_INTERPRET: the interpreter's kernels cannot be compiled)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from kernels.linear.triton import _linear_tma_kernel as kernel
 
 TYPES = {
     **dict.fromkeys(("x", "w", "b", "r", "y"), "*bf16"),
+    "sums": "*fp32",
+    "eps": "fp32",
     **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_wn", "stride_rm", "stride_ym", "M_BUCKET"), "i32"),
 }
 
 rows = []
-for c in configs.HOPPER_TMA:
+for c, norm in ((c, n) for c in configs.HOPPER_TMA for n in ("none", "layernorm")):
     const = dict(
         ACTIVATION="gelu",
+        NORM=norm,
         HAS_BIAS=True,
         HAS_RESIDUAL=True,
         PRECISION="tf32",
@@ -33,6 +37,7 @@ for c in configs.HOPPER_TMA:
         FLATTEN=c.flatten,
         WARP_SPECIALIZE=c.warp_specialize,
         PERSISTENT=c.persistent,
+        PDL=2,  # as launched on sm_90 in a small step: the wait and the early trigger (kernels._common.pdl)
     )
     src = ASTSource(
         kernel,
@@ -42,5 +47,5 @@ for c in configs.HOPPER_TMA:
     compiled = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=c.num_warps, num_stages=c.num_stages)
     )
-    rows.append({"config": repr(c), "shared": compiled.metadata.shared, "estimate": c.smem_bytes(2)})
+    rows.append({"config": repr(c), "norm": norm, "shared": compiled.metadata.shared, "estimate": c.smem_bytes(2)})
 print(json.dumps(rows))

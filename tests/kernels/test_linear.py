@@ -517,7 +517,8 @@ def test_tma_is_preferred_for_long_k_only() -> None:
 
 def test_tma_smem_estimate_matches_an_offline_sm90_compile() -> None:
     """``smem_bytes`` of every Hopper TMA tiling agrees with what Triton's sm_90 compile of the
-    kernel (full epilogue: bias, GELU, residual) reports, within 1 KB, and fits the 227 KB limit:
+    kernel (full epilogue: bias, GELU, residual) reports, within 1 KB, bounds it with the
+    LayerNorm prologue, and fits the 227 KB limit:
     a tiling that would fail to compile on the GPU fails here first. No GPU needed; the compile
     runs in a subprocess without the interpreter."""
     import json
@@ -540,9 +541,12 @@ def test_tma_smem_estimate_matches_an_offline_sm90_compile() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(rows) == len(configs.HOPPER_TMA)
+    assert len(rows) == 2 * len(configs.HOPPER_TMA)  # without and with the LayerNorm prologue
     for row in rows:
-        assert abs(row["shared"] - row["estimate"]) <= 1024, row
+        if row["norm"] == "none":
+            assert abs(row["shared"] - row["estimate"]) <= 1024, row
+        else:  # the prologue's own x load: Triton 3.9 stages the same or less, within 1 KB more
+            assert row["shared"] <= row["estimate"] + 1024, row
         assert row["shared"] <= 227 * 1024, row
 
 

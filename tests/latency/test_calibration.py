@@ -330,3 +330,44 @@ def test_cli_calibrate_saves_rows_that_refit_to_the_same_model(tmp_path, monkeyp
     written = load_profile(str(out)).calibrated
     assert written.get("kernels_fingerprint") == "abc"
     assert written.kernel_model == refitted.to_dict()
+
+
+def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():
+    """TritonModel folds each norm into the linear after it: the launch list has the norm's own
+    launch exactly where ``fuses_norm`` leaves it out of the linear's main loop (none at 1x256
+    here), right before that linear, whose class follows ``prefers_cublas(..., norm=True)``."""
+    from kernels.linear import configs
+    from nas.spec import LayerSpec
+
+    arch = ArchSpec(
+        128,
+        (
+            LayerSpec("attention", 4, None, 4, 4.0, "gelu", "rmsnorm"),
+            LayerSpec("linear_attention", 4, "identity", 0, 2.0, "silu", "layernorm"),
+        ),
+        1000,
+        1000,
+        "token",
+    )
+    seen_own = seen_fused = seen_cublas = False
+    for shape in ("1x256", "4x256", "16x1024"):
+        work = launches(arch, parse_shape(shape), SMS)
+        names = [w.name for w in work]
+        bucket = configs.m_bucket(parse_shape(shape).tokens)
+        for norm, linear, n, act in (
+            ("layers.0.mixer_norm", "layers.0.qkv", 3 * 128, None),
+            ("layers.0.mlp_norm", "layers.0.mlp_up", 512, "gelu"),
+            ("layers.1.mixer_norm", "layers.1.qkv", 3 * 128, None),
+            ("final_norm", "head", 1000, None),
+        ):
+            fused = configs.fuses_norm(bucket, 128)
+            assert (norm in names) == (not fused), (shape, norm)
+            if not fused:
+                assert names.index(norm) == names.index(linear) - 1
+            cublas = configs.prefers_cublas((9, 0), bucket, n, 128, act, False, norm=True)
+            assert (work[names.index(linear)].cls == "linear.cublas") == cublas, (shape, linear)
+            seen_own |= not fused
+            seen_fused |= fused
+            seen_cublas |= cublas
+    assert seen_own and seen_fused and seen_cublas  # both sides of the rule are exercised
+    assert not any(w.cls.startswith("norm.") for w in launches(arch, parse_shape("1x256"), SMS))

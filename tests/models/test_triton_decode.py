@@ -47,13 +47,21 @@ ARCHS = {
 
 
 def _model(d: int, layers: list[LayerSpec], *, readout: str = "token", seed: int = 0) -> HybridModel:
-    """Mixers scaled up (as tests/models/test_decode.py) so that each one moves the logits by O(1)."""
+    """Mixers scaled up (as tests/models/test_decode.py) so that each one moves the logits by O(1);
+    norm scales and shifts away from (1, 0), which TritonModel folds into the linears after them
+    (the decoder then runs unit-affine norms before its row kernels)."""
     model = build(ArchSpec(d, layers, VOCAB, VOCAB if readout == "token" else 5, readout), seed=seed).eval()
+    gen = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
         for block in model.blocks:
             if block.mixer is not None:
                 block.mixer.out.weight.mul_(30.0)
                 block.mixer.qkv.weight[: 2 * d].mul_(6.0)
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm):
+                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+                if getattr(m, "bias", None) is not None:
+                    m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=gen))
     return model
 
 

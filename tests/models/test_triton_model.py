@@ -138,6 +138,90 @@ def test_last_readout_and_other_lengths():
             torch.testing.assert_close(tm(tokens), model(tokens), rtol=1e-4, atol=1e-4)
 
 
+def _random_norms(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every norm's scale (and LayerNorm's shift) drawn away from the (1, 0) a model starts
+    with, so a scale or shift the fold dropped or misplaced changes the output; eps 0.25, so an
+    eps the linear was not handed changes it too."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm):
+                m.eps = 0.25
+                m.weight.copy_(1 + 0.5 * torch.randn(m.weight.shape, generator=gen))
+                if getattr(m, "bias", None) is not None:
+                    m.bias.copy_(0.5 * torch.randn(m.bias.shape, generator=gen))
+    return model
+
+
+def _spy_norm_launches(monkeypatch) -> list:
+    import kernels.norm.triton as nt
+
+    calls, real = [], nt._norm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(nt, "_norm_kernel", Spy())
+    return calls
+
+
+@requires_interpreter
+@pytest.mark.parametrize("name", ["L hd8 elu+1", "L hd8 identity conv + elu+1", "A hd8 + A hd16"])
+def test_folded_norms_with_padded_heads(name):
+    """The fold happens before the heads are padded: padded qkv rows stay zero (or −∞ for
+    elu+1's keys), the identity map's q scale applies to the folded rows."""
+    model = _random_norms(build(_arch(ARCHS[name]), seed=8).eval(), seed=9)
+    tokens = torch.randint(0, 29, (2, 21), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        expected = model(tokens)
+    torch.testing.assert_close(to_triton(model, dtype=torch.float32)(tokens), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_layernorm_sums_are_of_the_weights_as_cast():
+    """LayerNorm's prologue subtracts mean·Σₖ W: the sums must be of the bf16 weight the matmul
+    reads, not of the fp32 one it was cast from (the two differ by the rounding)."""
+    from kernels.linear.reference import weight_sums
+
+    model = _random_norms(build(_arch(ARCHS["A-conv+MLP"]), seed=11).eval(), seed=12)  # layernorm
+    tm = to_triton(model, dtype=torch.bfloat16)
+    blk = tm.blocks[0]
+    for weight, sums in ((blk.qkv[0], blk.qkv_sums), (blk.up[0], blk.up_sums), (tm.head[0], tm.head_sums)):
+        assert sums is not None and sums.dtype == torch.float32
+        assert torch.equal(sums, weight_sums(weight))
+    unrounded = model.blocks[0].mlp_up.weight.detach().float() * model.blocks[0].norm2.weight.detach().float()
+    assert not torch.equal(blk.up_sums, unrounded.sum(1))
+
+
+@requires_interpreter
+@pytest.mark.parametrize("readout", ["token", "last"])
+def test_norms_fold_into_the_linears_after_them(readout, monkeypatch):
+    """Both norm kinds, with scales and shifts away from (1, 0): the folded forward (no norm
+    launch: each linear gathers its row statistics) and the unfolded one (a launch per norm)
+    both give the torch model's output; so does the fold where the linears take the cuBLAS
+    route (a unit-affine norm launch before each)."""
+    import kernels.linear.triton as lt
+
+    model = _random_norms(build(_arch(ARCHS["A L M mixed"], readout=readout), seed=4).eval(), seed=5)
+    tokens = torch.randint(0, 29, (2, 21), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        expected = model(tokens)
+    launches = _spy_norm_launches(monkeypatch)
+    folded = to_triton(model, dtype=torch.float32)
+    torch.testing.assert_close(folded(tokens), expected, rtol=1e-4, atol=1e-4)
+    assert launches == [], "a folded norm still ran its own kernel"
+    unfolded = to_triton(model, dtype=torch.float32, fold_norms=False)
+    torch.testing.assert_close(unfolded(tokens), expected, rtol=1e-4, atol=1e-4)
+    assert len(launches) == 6  # norm1 + norm2 of the first two blocks, norm2 of the third, final
+    lt.set_route("cublas")
+    try:
+        torch.testing.assert_close(folded(tokens), expected, rtol=1e-4, atol=1e-4)
+    finally:
+        lt.set_route(None)
+    assert len(launches) == 6 + 6
+
+
 @pytest.mark.parametrize(("d", "heads", "mixer"), [(256, 1, "attention"), (30, 2, "linear_attention")])
 def test_unsupported_head_dim_is_a_kernel_error(d, heads, mixer):
     """Above the largest kernel head dim (128), or odd (no rotary halves to pad): a KernelCompileError."""

@@ -1,0 +1,27 @@
+"""The device side of programmatic dependent launch (``kernels._common.pdl`` is the host side).
+
+A kernel launched with ``launch_pdl=True`` may start while the kernel before it in the stream
+is still running. Every such kernel calls ``enter(PDL)`` as its first statement, before any
+load, store or tensor-descriptor write: ``gdc_wait`` blocks until the previous grid has
+finished and its writes are visible (so neither what it wrote nor memory it was still reading,
+such as a scratch block the caching allocator hands on, is touched early), and
+``gdc_launch_dependents`` then lets the next kernel's programs be scheduled, to wait in their
+own ``enter`` while this one runs. Waiting first keeps the chain transitive: a kernel that
+reads a tensor written two launches back is safe because the launch between them could not
+finish before that one did. With ``PDL`` False (a plain launch, the interpreter) it is nothing.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["enter"]
+
+
+@triton.jit
+def enter(PDL: tl.constexpr):
+    if PDL > 0:
+        tl.extra.cuda.gdc_wait()
+    if PDL > 1:
+        tl.extra.cuda.gdc_launch_dependents()

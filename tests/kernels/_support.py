@@ -79,3 +79,18 @@ def check_qkv_kernel(
 def config_params(pairs: Iterable[tuple[int, object]], name: Callable[[object], str]) -> list:
     """pytest params ``(head dim, config)``, each pair once and in order, with readable ids."""
     return [pytest.param(D, c, id=f"D{D}-{name(c)}") for D, c in dict.fromkeys(pairs)]
+
+
+def spy_norm_launches(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The grids of every standalone norm kernel launch from here on (the fold removes them)."""
+    import kernels.norm.triton as nt
+
+    calls, real = [], nt._norm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(nt, "_norm_kernel", Spy())
+    return calls

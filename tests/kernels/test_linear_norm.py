@@ -15,7 +15,7 @@ from kernels.linear import configs, linear
 from kernels.linear import reference as ref
 from kernels.norm import layer_norm, rms_norm
 from kernels.norm import reference as norm_ref
-from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter
+from tests.kernels._support import CUDA, DEVICE, requires_cuda, requires_interpreter, spy_norm_launches
 from tests.kernels._support import seeded as _gen
 from tests.kernels.test_linear import DTYPES, EVERY_CONFIG, ROUTE_TOLERANCES, TOLERANCES, _config_id
 
@@ -148,27 +148,13 @@ def test_long_k_runs_the_norm_as_its_own_launch(norm, monkeypatch) -> None:
     kernel without its prologue; at K 96 the fused kernel takes it (no norm launch)."""
     import kernels.linear.triton as lt
 
-    launches = _spy_norm_kernel(monkeypatch)
+    launches = spy_norm_launches(monkeypatch)
     for K, expect in ((200, 1), (96, 0)):
         assert configs.fuses_norm(configs.m_bucket(37), K) == (expect == 0)
         x, w, b, r = _case(37, K, 40, torch.float32, DEVICE, _gen("long-k", norm, K))
         _check(x, w, b, r, norm, "gelu", torch.float32, tolerances={torch.float32: (2e-5, 2e-5, 2e-5)})
         assert len(launches) == expect and lt.last_route() == "triton", (K, launches)
         launches.clear()
-
-
-def _spy_norm_kernel(monkeypatch) -> list:
-    import kernels.norm.triton as nt
-
-    calls, real = [], nt._norm_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(nt, "_norm_kernel", Spy())
-    return calls
 
 
 @requires_interpreter
@@ -196,7 +182,7 @@ def test_every_config_with_the_prologue(config) -> None:
 def test_cublas_route_runs_the_norm_kernel_first(dtype, norm, monkeypatch) -> None:
     import kernels.linear.triton as lt
 
-    calls = _spy_norm_kernel(monkeypatch)
+    calls = spy_norm_launches(monkeypatch)
     lt.set_route("cublas")
     try:
         inputs = _case(37, 48, 40, dtype, DEVICE, _gen("cublas-norm", dtype, norm))

@@ -13,7 +13,7 @@ import torch
 from nas.latency import KernelCompileError
 from nas.models import build, to_triton
 from nas.spec import ArchSpec, LayerSpec
-from tests.kernels._support import requires_cuda, requires_interpreter
+from tests.kernels._support import requires_cuda, requires_interpreter, spy_norm_launches
 
 ARCHS = {
     "A-conv+MLP": [LayerSpec("attention", 2, None, 4, 2.0)],
@@ -153,20 +153,6 @@ def _random_norms(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model
 
 
-def _spy_norm_launches(monkeypatch) -> list:
-    import kernels.norm.triton as nt
-
-    calls, real = [], nt._norm_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(nt, "_norm_kernel", Spy())
-    return calls
-
-
 @requires_interpreter
 @pytest.mark.parametrize("name", ["L hd8 elu+1", "L hd8 identity conv + elu+1", "A hd8 + A hd16"])
 def test_folded_norms_with_padded_heads(name):
@@ -207,7 +193,7 @@ def test_norms_fold_into_the_linears_after_them(readout, monkeypatch):
     tokens = torch.randint(0, 29, (2, 21), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         expected = model(tokens)
-    launches = _spy_norm_launches(monkeypatch)
+    launches = spy_norm_launches(monkeypatch)
     folded = to_triton(model, dtype=torch.float32)
     torch.testing.assert_close(folded(tokens), expected, rtol=1e-4, atol=1e-4)
     assert launches == [], "a folded norm still ran its own kernel"

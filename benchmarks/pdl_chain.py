@@ -1,6 +1,6 @@
 """Programmatic dependent launch (PDL) on a chain of small dependent kernels (issue #15 item 4).
 
-    PYTHONPATH=$PWD python benchmarks/pdl_chain.py [--out F]
+    PYTHONPATH=$PWD python benchmarks/pdl_chain.py [--out F] [--models N [--shapes 1x256,8x1024] [--decode 1x512]]
 
 At 1×256 a TritonModel forward is ~30 small launches, each dependent on the one before, so
 the gap between kernels (drain, launch, ramp) is a large part of its time. On sm_90+ a kernel
@@ -10,18 +10,20 @@ on this GPU before the library's kernels are changed for it: a chain of ``LINKS`
 reading the previous one's output (ping-pong buffers), captured in one CUDA graph, in four
 variants:
 
-- ``off``: plain launches (what the kernels do today);
+- ``off``: plain launches;
 - ``wait``: ``launch_pdl=True``, ``gdc_wait`` first thing in the kernel;
 - ``wait_trigger``: also ``gdc_launch_dependents`` right after the wait, so the next kernel's
   programs may become resident (and wait) as soon as every program of this one has started;
 - ``trigger_wait_late``: the trigger first, the weight tile loads before the wait (they do not
   depend on the previous kernel), the wait before the activation loads.
 
-With ``--models N``, ``model`` rows follow: the library's own kernels, which launch with PDL on
-sm_90+ (``kernels._common.pdl``), in ``TritonModel`` graph replays of ``model_vs_compile.py``'s
-architectures (same seed) at 1×256 and 8×1024, with PDL (the default) and without
-(``set_pdl(False)``), each checked against the torch model in bf16, and the PDL graph's output
-checked against the plain launches' on the same tokens (a missing wait would show there).
+With ``--models N``, ``model`` rows follow: the library's own kernels (which launch with PDL on
+sm_90+, ``kernels._common.pdl``) in ``TritonModel`` graph replays of ``model_vs_compile.py``'s
+architectures (same seed) at ``--shapes``, under each of ``VARIANTS_MODEL``: plain launches, PDL
+with the wait only, PDL with the early trigger (``set_pdl(False / "wait" / "early")``), each
+checked against the torch model in bf16, and each graph's output against the plain launches' on
+the same tokens (a missing wait would show there). ``--decode BxC,...`` adds ``decode`` rows: one
+``TritonDecoder`` step (``nas.latency.measure_decode``) under the same three.
 
 Two kernels: a tiled matmul ``[M, d] @ [d, d]`` (bf16, fp32 accumulate, GELU-free) at the
 model's small shapes, and a one-program elementwise op (pure launch cost). Every variant's
@@ -244,7 +246,8 @@ def main() -> None:
                 v = sorted(r[key] for r in rows if r.get("part") == "model" and r["shape"] == s)
                 if v:
                     summary[f"{key} {s}"] = dict(median=v[len(v) // 2], min=v[0], max=v[-1])
-        write_results(args.out, rows, summary=summary, note="model rows: TritonModel graph replay, PDL vs plain")
+        note = "model rows: TritonModel graph replay; decode rows: one TritonDecoder step; PDL variants vs plain"
+        write_results(args.out, rows, summary=summary, note=note)
 
 
 if __name__ == "__main__":

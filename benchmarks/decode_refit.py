@@ -15,8 +15,9 @@ result three ways, and writes the profile's `calibrated.decode_model`:
         --rows benchmarks/results/decode_rows_h200.json --models benchmarks/results/decode_models_h200.json \
         --out hardware_profiles/h200.yaml --report benchmarks/results/decode_refit_h200.json
 
-Every row must come from the same decode kernels (the profile records their fingerprint: run it at
-the commit the rows were timed at).
+Every row should come from the same decode kernels (the profile records their fingerprint: run it
+at the commit the calibration rows were timed at); where the whole-model rows are older, say so
+with `--note` (it goes into the report).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=Path("benchmarks/results/decode_models_h200.json"))
     parser.add_argument("--out", type=Path, help="profile YAML to write (default: print only)")
     parser.add_argument("--report", type=Path, help="JSON of the checks")
+    parser.add_argument("--note", default="", help="recorded in the report (e.g. where the rows' kernels differ)")
     args = parser.parse_args()
 
     meta = json.loads(args.rows.read_text())
@@ -87,6 +89,7 @@ def main() -> None:
             "max": e[-1],
         },
         "calibration_rows_by_joint_fit": _errors(coef, calib),
+        **({"note": args.note} if args.note else {}),
     }
     print(json.dumps({k: v for k, v in result.items() if k != "cv"}, indent=1))
     if args.report:

@@ -4,9 +4,9 @@ A kernel launched with ``launch_pdl=True`` may start while the kernel before it 
 is still running. Every such kernel calls ``enter(PDL)`` as its first statement, before any
 load, store or tensor-descriptor write. With ``PDL`` ≥ 1, ``gdc_wait`` blocks until the previous
 grid has finished and its writes are visible (so neither what it wrote nor memory it was still
-reading, such as a scratch block the caching allocator hands on, is touched early); waiting
-first keeps the chain transitive: a kernel that reads a tensor written two launches back is safe
-because the launch between them could not finish before that one did. With ``PDL`` = 2,
+reading, such as a scratch block the caching allocator hands on, is touched early). The chain is
+transitive: a kernel that reads a tensor written two launches back is safe because the launch
+between them waited for that one before it could finish. With ``PDL`` = 2,
 ``gdc_launch_dependents`` then lets the next kernel's programs be scheduled at once, to wait in
 their own ``enter`` while this one runs: it pays on small single-wave steps, and costs on
 multi-wave grids, whose last waves then share the SMs with waiting programs (the host side asks

@@ -162,6 +162,9 @@ _KERNEL_MODEL_KEYS = ("coefficients", "gap_us", "intercept_us", "per_ktoken_us")
 # the decode-step cost model (nas.latency._decode): µs per launch and per MiB of each byte class,
 # its interval, the decode kernels it was fitted on and where
 _DECODE_MODEL_KEYS = ("coefficients", "interval", "kernels_fingerprint", "date", "gpu", "rows", "check")
+# coefficients a decode model may hold: nas.latency._decode's DECODE_FEATURES (launch, weights, KV
+# cache per head dim, state), or its LEGACY_DECODE_FEATURES (one KV cost), as profiles had it
+_DECODE_MODEL_LENGTHS = (7, 4)
 
 
 def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> float:
@@ -238,6 +241,11 @@ def _calibration(where: str, raw: Any) -> Calibration:
             raise ProfileError(
                 f"{where}: field 'calibrated.decode_model.coefficients' must be a list of non-negative numbers, "
                 f"got {coef!r}"
+            )
+        if len(coef) not in _DECODE_MODEL_LENGTHS:
+            raise ProfileError(
+                f"{where}: field 'calibrated.decode_model.coefficients' must hold 7 numbers (launch, weights, "
+                f"KV cache at head dim 16/32/64/128, state) or 4 (one KV cost), got {len(coef)}"
             )
         _positive(where, "calibrated.decode_model.interval", decode.get("interval"))
     check = data.get("check")

@@ -18,9 +18,13 @@ Jet-Nemotron name the KV cache the cost that dominates long-context decoding). I
   padded heads' channels).
 
 ``cache_memory`` is what stays resident at that context (the objective ``cache_memory``), and
-``decode_work`` what one step moves: the inputs of the decode cost model (``DecodeModel``,
-fitted on a GPU by ``nas.latency.calibrate``), which predicts the step as launches × a per-launch
-cost plus each byte class × its own cost per byte.
+``decode_work`` what one step moves: the inputs of the decode cost model (fitted on a GPU by
+``nas profiles calibrate --decode``), which predicts the step as launches × a per-launch cost plus
+each byte class × its own cost per byte. The KV cache is one class per kernel head dim
+(``KV_HEAD_DIMS``): the split-KV kernel streams rows of one head's dim, and short rows move fewer
+bytes per instruction — on the H200 a MiB of cache at head dim 16 cost ~0.9 µs, at 128 ~0.28
+(``benchmarks/results/decode_refit_h200.json``: one cost for every dim left the 95th percentile of
+held-out error at 35 %, one per dim at 24 %).
 """
 
 from __future__ import annotations
@@ -28,17 +32,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kernels.attention.configs import padded_head_dim
+from kernels.attention.configs import SUPPORTED_HEAD_DIMS, padded_head_dim
 from nas.spec import ArchSpec
 
 from ._costs import DTYPE_BYTES, count_params, mlp_hidden
 
-__all__ = ["DECODE_FEATURES", "CacheEstimate", "DecodeWork", "cache_memory", "decode_work"]
+__all__ = [
+    "DECODE_FEATURES",
+    "KV_HEAD_DIMS",
+    "LEGACY_DECODE_FEATURES",
+    "CacheEstimate",
+    "DecodeWork",
+    "cache_memory",
+    "decode_work",
+    "expand_coefficients",
+]
 
 STATE_BYTES = 4  # linear-attention states and normalizers are fp32
 _MIB = 2**20
+KV_HEAD_DIMS = SUPPORTED_HEAD_DIMS  # the KV cache's byte classes: one per kernel head dim
 # the decode cost model's features, in coefficient order (see DecodeWork.features)
-DECODE_FEATURES = ("launches", "weight_mb", "cache_mb", "state_mb")
+DECODE_FEATURES = ("launches", "weight_mb", *(f"cache_mb_d{p}" for p in KV_HEAD_DIMS), "state_mb")
+# a profile written when the cache was one class: [launch, weight, cache, state] (see expand_coefficients)
+LEGACY_DECODE_FEATURES = ("launches", "weight_mb", "cache_mb", "state_mb")
 
 
 def _check(context: int, batch: int, dtype: str) -> int:
@@ -108,17 +124,41 @@ class DecodeWork:
 
     launches: int
     weight_bytes: int
-    cache_bytes: int  # KV cache read by the attention layers
+    cache_bytes_by_head_dim: tuple[int, ...]  # KV cache read by the attention layers, per KV_HEAD_DIMS
     state_bytes: int  # linear-attention states read + written, conv windows, activations
+
+    @property
+    def cache_bytes(self) -> int:
+        """KV cache read by the attention layers, all head dims."""
+        return sum(self.cache_bytes_by_head_dim)
 
     def features(self) -> tuple[float, ...]:
         """``DECODE_FEATURES``: launches, then MiB per byte class."""
         return (
             float(self.launches),
             self.weight_bytes / _MIB,
-            self.cache_bytes / _MIB,
+            *(b / _MIB for b in self.cache_bytes_by_head_dim),
             self.state_bytes / _MIB,
         )
+
+
+def expand_coefficients(coef: list[float]) -> list[float]:
+    """Coefficients in ``DECODE_FEATURES`` order: as given, or a legacy model's
+    (``LEGACY_DECODE_FEATURES``) with its one cache cost for every head dim (the same predictions).
+    ValueError for any other length."""
+    if len(coef) == len(DECODE_FEATURES):
+        return list(coef)
+    if len(coef) == len(LEGACY_DECODE_FEATURES):
+        return [coef[0], coef[1], *(coef[2] for _ in KV_HEAD_DIMS), coef[3]]
+    raise ValueError(
+        f"a decode model has {len(DECODE_FEATURES)} coefficients ({', '.join(DECODE_FEATURES)}) "
+        f"or {len(LEGACY_DECODE_FEATURES)} (the earlier {', '.join(LEGACY_DECODE_FEATURES)}), got {len(coef)}"
+    )
+
+
+def _kv_class(head_dim: int) -> int:
+    """The ``KV_HEAD_DIMS`` index a layer's cache is costed at (a dim no kernel runs: the next above, or the last)."""
+    return next((i for i, p in enumerate(KV_HEAD_DIMS) if p >= head_dim), len(KV_HEAD_DIMS) - 1)
 
 
 def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "bf16") -> DecodeWork:
@@ -127,7 +167,8 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
     d, B = arch.d_model, batch
     launches = 1 + 2 + 1  # embedding gather; final norm + head; position counter
     act = B * d * size * 2 + B * arch.n_out * size  # embedding rows, final norm, logits
-    cache = state = padding = 0  # padding: weights the padded heads add (zero rows and columns)
+    state = padding = 0  # padding: weights the padded heads add (zero rows and columns)
+    cache = [0] * len(KV_HEAD_DIMS)
     for layer in arch.layers:
         if layer.mixer != "none":
             launches += 3  # norm, qkv, out
@@ -140,7 +181,7 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
                 state += 2 * (layer.short_conv - 1) * 3 * hp * B * size + B * 3 * hp * size * 2
             if layer.mixer == "attention":
                 launches += 2  # rope + append; split-KV (the last slice of each head combines)
-                cache += 2 * context * layer.heads * p * B * size
+                cache[_kv_class(p)] += 2 * context * layer.heads * p * B * size
             else:
                 launches += 1
                 state += 2 * layer.heads * (p * p + p) * STATE_BYTES * B
@@ -149,4 +190,4 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
             launches += 3
             act += B * d * size * 2 + B * hidden * size * 2 + B * d * size * 3
     weights = count_params(arch) - arch.vocab_size * d + padding  # the embedding table: B rows gathered
-    return DecodeWork(launches, weights * size, cache, state + act)
+    return DecodeWork(launches, weights * size, tuple(cache), state + act)

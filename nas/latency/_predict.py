@@ -44,7 +44,7 @@ from hardware_profiles import HardwareProfile, list_profiles, load_profile
 from nas.spec import ArchSpec
 
 from ._costs import op_costs
-from ._decode import DECODE_FEATURES, decode_work
+from ._decode import DECODE_FEATURES, decode_work, expand_coefficients
 from ._launches import launches
 from ._model import KernelModel
 from ._result import Latency
@@ -271,7 +271,7 @@ def predict_decode(
     ``batch x context``.
 
     The step is memory-bound (``nas.latency._decode``): calibrated, it costs the fitted µs per
-    launch plus µs per MiB of weights, KV cache and state (``calibrated.decode_model``, fitted by
+    launch plus µs per MiB of weights, KV cache (per head dim) and state (``calibrated.decode_model``, fitted by
     ``nas profiles calibrate``; interval: its held-out 95th percentile); transferred from the
     calibrated profile, launches scale by the nominal launch overheads and bytes by bandwidth
     (interval widened as for the forward); uncalibrated, launches × the launch overhead plus all
@@ -289,7 +289,7 @@ def predict_decode(
     features = work.features()
     if source is not None and source.calibrated.decode_model_json is not None and dtype in _MODEL_DTYPES:
         model = source.calibrated.decode_model
-        coef = [float(c) for c in model["coefficients"]]
+        coef = expand_coefficients([float(c) for c in model["coefficients"]])
         interval = float(model["interval"])
         widen, notes = _decode_fingerprint_check(source, model)
         outside, beyond = _decode_range(model, context)
@@ -308,7 +308,7 @@ def predict_decode(
     fraction = profile.calibrated.bandwidth_fraction or DEFAULT_BANDWIDTH_FRACTION
     us_per_mib = 2**20 / (profile.bandwidth_bytes_per_s * fraction) * 1e6
     launch_us = profile.calibrated.launch_overhead_us or profile.launch_overhead_us
-    coef = [launch_us, us_per_mib, us_per_mib, us_per_mib]
+    coef = [launch_us, *(us_per_mib for _ in DECODE_FEATURES[1:])]
     breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
     return _predicted(profile, dtype, shape, breakdown, UNCALIBRATED_INTERVAL, "uncalibrated", kind="decode")
 

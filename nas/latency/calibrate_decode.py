@@ -5,7 +5,7 @@ step (``measure_decode``: the ``TritonDecoder`` checked against the torch model,
 from a CUDA graph) of random architectures (``calibrate.random_arch``, readout ``token``) at
 ``DECODE_SHAPES`` — batch 1-16, contexts 1K-32K, so the weights, the KV cache and the launches
 each dominate somewhere — and fits ``nas.latency._decode``'s model by non-negative least squares
-on relative error: µs per launch plus µs per MiB of weights, KV cache and state. Its interval is
+on relative error: µs per launch plus µs per MiB of weights, KV cache (per head dim) and state. Its interval is
 the 95th percentile of |error| over cross-validation by architecture (5 folds: an architecture is
 never predicted by a fit that saw it at another shape), as for the forward. The result goes into
 the ``calibrated.decode_model`` entry of the profile, with the decode kernels' fingerprint
@@ -110,10 +110,11 @@ def _predict(coef: Sequence[float], row: dict) -> float:
 
 
 def fit_decode(rows: Sequence[dict], *, folds: int = CV_FOLDS, seed: int = 0) -> tuple[list[float], dict[str, Any]]:
-    """The decode model's coefficients (µs per launch, per MiB of weights, KV cache, state) from
-    timing rows (rows with an error are skipped) and its report: the fit's own errors, the
-    cross-validated held-out errors by architecture (``check_summary`` overall and per context),
-    and ``interval``, the 95th percentile of |held-out error|."""
+    """The decode model's coefficients (``DECODE_FEATURES``: µs per launch, per MiB of weights,
+    of KV cache by head dim, of state) from timing rows (rows with an error are skipped) and its
+    report: the fit's own errors, the cross-validated held-out errors by architecture
+    (``check_summary`` overall and per context), and ``interval``, the 95th percentile of
+    |held-out error|."""
     good = [r for r in rows if "ms" in r and r["ms"] > 0]
     if len(good) < len(DECODE_FEATURES):
         raise ValueError(f"fit_decode: need at least {len(DECODE_FEATURES)} timed rows, got {len(good)}")

@@ -13,13 +13,15 @@ import yaml
 from hardware_profiles import load_profile
 from nas.latency import CalibrationWarning, cache_memory, decode_work, predict_decode
 from nas.latency import _predict as predict_module
-from nas.latency._decode import DECODE_FEATURES
+from nas.latency._decode import DECODE_FEATURES, KV_HEAD_DIMS, LEGACY_DECODE_FEATURES, expand_coefficients
 from nas.latency.calibrate_decode import DECODE_SHAPES, decode_archs, decode_section, fit_decode, write_decode
 from nas.spec import ArchSpec, LayerSpec
 
 ATTN = LayerSpec("attention", heads=4, short_conv=4)
 LIN = LayerSpec("linear_attention", heads=4, feature_map="elu+1", short_conv=4)
 ENV = {"date": "2026-12-01", "gpu": "NVIDIA H200"}
+# µs per launch, per MiB of weights, of KV cache at head dim 16 / 32 / 64 / 128, of state
+COEF = [2.0, 0.3, 0.9, 0.5, 0.25, 0.2, 1.0]
 
 
 def _arch(*layers: LayerSpec, d: int = 256) -> ArchSpec:
@@ -42,12 +44,31 @@ def test_decode_work_bytes_by_hand() -> None:
     w = decode_work(arch, 1000, 2)
     # K and V of 1000 rows x 4 heads x 64 channels, bf16, for 2 sequences; the linear layer's state is separate
     assert w.cache_bytes == 2 * 2 * 1000 * 4 * 64 * 2
+    assert w.cache_bytes_by_head_dim == (0, 0, w.cache_bytes, 0)  # head dim 64
     from nas.latency import count_params
 
     assert w.weight_bytes == (count_params(arch) - 8192 * 256) * 2  # the embedding is gathered, not read
     assert decode_work(arch, 2000, 2).cache_bytes == 2 * w.cache_bytes
     assert decode_work(arch, 2000, 2).state_bytes == w.state_bytes  # states do not grow with the context
     assert decode_work(arch, 1000, 2).launches == decode_work(arch, 9999, 7).launches
+
+
+def test_the_kv_cache_is_costed_by_the_head_dim_the_kernel_runs() -> None:
+    """Each attention layer's cache bytes land in the class of its kernel head dim (24 runs as 32,
+    odd or oversized dims in the nearest class), and the classes sum to the whole cache."""
+    assert KV_HEAD_DIMS == (16, 32, 64, 128) and len(DECODE_FEATURES) == 3 + len(KV_HEAD_DIMS)
+    d = 384
+    layers = [LayerSpec("attention", heads=h) for h in (48, 16, 8, 3, 24)]  # head dims 8, 24, 48, 128, 16
+    w = decode_work(ArchSpec(d, tuple(layers), 512, 512), 777, 3)
+    per_layer = [2 * 777 * 3 * h * p * 2 for h, p in ((48, 16), (16, 32), (8, 64), (3, 128), (24, 16))]
+    assert w.cache_bytes_by_head_dim == (per_layer[0] + per_layer[4], per_layer[1], per_layer[2], per_layer[3])
+    assert w.cache_bytes == sum(per_layer)
+    features = dict(zip(DECODE_FEATURES, w.features(), strict=True))
+    assert features["cache_mb_d16"] == pytest.approx((per_layer[0] + per_layer[4]) / 2**20)
+    assert expand_coefficients([1.0, 2.0, 3.0, 4.0]) == [1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0]
+    assert expand_coefficients(COEF) == COEF
+    with pytest.raises(ValueError, match="7 coefficients"):
+        expand_coefficients([1.0, 2.0, 3.0])
 
 
 def test_padded_heads_cost_weights_not_launches() -> None:
@@ -72,9 +93,9 @@ def test_padded_heads_cost_weights_not_launches() -> None:
 
 
 def test_fit_recovers_the_coefficients_of_rows_it_generated() -> None:
-    true = [2.5, 0.30, 0.22, 0.9]  # µs per launch, per MiB of weights, cache, state
+    true = [2.5, 0.30, 0.8, 0.45, 0.3, 0.22, 0.9]  # µs per launch, per MiB of weights, cache by head dim, state
     rows = []
-    for arch in decode_archs(3, 12):
+    for arch in decode_archs(3, 20):  # every head dim in several folds
         for batch, context in DECODE_SHAPES:
             x = decode_work(arch, context, batch).features()
             rows.append(
@@ -103,11 +124,11 @@ def _calibrated(tmp_path, coef, interval=0.1, fingerprint=None):
 
 
 def test_a_calibrated_prediction_is_the_fitted_sum_and_says_so(tmp_path) -> None:
-    coef = [2.0, 0.3, 0.25, 1.0]
+    coef = COEF
     profile = _calibrated(tmp_path, coef)
     assert profile.calibrated.decode_model["coefficients"] == coef
     assert profile.calibrated.kernel_model_json is not None  # the forward's calibration was kept
-    arch = _arch(ATTN, LIN, LIN, LIN)
+    arch = _arch(ATTN, LIN, LIN, LIN, LayerSpec("attention", heads=16))  # head dims 64 and 16
     lat = predict_decode(arch, 4, 32768, profile)
     expected = sum(c * x for c, x in zip(coef, decode_work(arch, 32768, 4).features(), strict=True)) * 1e-3
     assert lat.median_ms == pytest.approx(expected) and lat.kind == "decode"
@@ -118,14 +139,28 @@ def test_a_calibrated_prediction_is_the_fitted_sum_and_says_so(tmp_path) -> None
     assert back == lat
 
 
+def test_a_profile_with_one_kv_cost_predicts_as_it_did(tmp_path) -> None:
+    """A decode model written before the cache was split by head dim (4 coefficients) still
+    loads and predicts its own sum: its one cache cost at every head dim."""
+    legacy = [2.0, 0.3, 0.25, 1.0]
+    profile = _calibrated(tmp_path, legacy)
+    arch = _arch(ATTN, LIN, LayerSpec("attention", heads=16))
+    w = decode_work(arch, 8192, 2)
+    lat = predict_decode(arch, 2, 8192, profile)
+    by_legacy_feature = (w.launches, w.weight_bytes / 2**20, w.cache_bytes / 2**20, w.state_bytes / 2**20)
+    assert len(legacy) == len(LEGACY_DECODE_FEATURES)
+    assert lat.median_ms == pytest.approx(sum(c * x for c, x in zip(legacy, by_legacy_feature, strict=True)) * 1e-3)
+    assert [name for name, _ in lat.breakdown] == list(DECODE_FEATURES)
+
+
 def test_transfer_scales_bytes_by_bandwidth_and_widens(tmp_path) -> None:
-    coef = [2.0, 0.3, 0.25, 1.0]
+    coef = COEF
     source = _calibrated(tmp_path, coef)
     l4 = _bare("l4")
     arch = _arch(ATTN, LIN)
     here, there = predict_decode(arch, 1, 8192, source), predict_decode(arch, 1, 8192, l4, reference=source)
     ratio = source.bandwidth_bytes_per_s / l4.bandwidth_bytes_per_s
-    cache_ms = dict(there.breakdown)["cache_mb"] / dict(here.breakdown)["cache_mb"]
+    cache_ms = dict(there.breakdown)["cache_mb_d64"] / dict(here.breakdown)["cache_mb_d64"]
     assert cache_ms == pytest.approx(ratio) and there.median_ms > here.median_ms
     assert there.interval >= 0.25 and there.label().startswith("predicted (transferred from h200")
 
@@ -143,7 +178,7 @@ def test_uncalibrated_roofline_and_ordering_at_long_context() -> None:
 
 
 def test_decode_kernels_other_than_the_calibrated_ones_widen_the_interval(tmp_path) -> None:
-    profile = _calibrated(tmp_path, [2.0, 0.3, 0.25, 1.0], interval=0.1, fingerprint="000000000000")
+    profile = _calibrated(tmp_path, COEF, interval=0.1, fingerprint="000000000000")
     predict_module._warn_fingerprint.cache_clear()
     with pytest.warns(CalibrationWarning, match="000000000000"):
         lat = predict_decode(_arch(ATTN), 1, 4096, profile)
@@ -158,6 +193,10 @@ def test_a_profile_with_a_bad_decode_model_is_refused(tmp_path) -> None:
     data["calibrated"]["decode_model"] = {"coefficients": [1, -2], "interval": 0.1}
     text.write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileError, match="decode_model.coefficients"):
+        load_profile(str(text))
+    data["calibrated"]["decode_model"] = {"coefficients": [1, 2, 3, 4, 5], "interval": 0.1}
+    text.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match="must hold 7 numbers .* or 4 .*got 5"):
         load_profile(str(text))
 
 

@@ -5,9 +5,11 @@ step (``measure_decode``: the ``TritonDecoder`` checked against the torch model,
 from a CUDA graph) of random architectures (``calibrate.random_arch``, readout ``token``) at
 ``DECODE_SHAPES`` — batch 1-16, contexts 1K-32K, so the weights, the KV cache and the launches
 each dominate somewhere — and fits ``nas.latency._decode``'s model by non-negative least squares
-on relative error: µs per launch plus µs per MiB of weights, KV cache (per head dim) and state. Its interval is
-the 95th percentile of |error| over cross-validation by architecture (5 folds: an architecture is
-never predicted by a fit that saw it at another shape), as for the forward. The result goes into
+on relative error: µs per launch plus µs per MiB of weights, KV cache (per head dim; a head dim
+seen in fewer than ``MIN_ARCHS_PER_KV_CLASS`` architectures shares its neighbour's cost) and
+state. Its interval is the 95th percentile of |error| over cross-validation by architecture (5
+folds: an architecture is never predicted by a fit that saw it at another shape), as for the
+forward. The result goes into
 the ``calibrated.decode_model`` entry of the profile, with the decode kernels' fingerprint
 (``decode_fingerprint``), GPU and date; the forward's calibration is left as it was.
 
@@ -30,7 +32,7 @@ from typing import Any
 from hardware_profiles import HardwareProfile, load_profile
 from nas.spec import ArchSpec
 
-from ._decode import DECODE_FEATURES, decode_work
+from ._decode import DECODE_FEATURES, KV_HEAD_DIMS, decode_work
 from ._model import nnls_relative, quantile, relative_errors
 from .calibrate import (
     CV_FOLDS,
@@ -52,6 +54,10 @@ __all__ = [
     "measure_decodes",
     "write_decode",
 ]
+
+# a KV-cache class (head dim) seen in fewer architectures than this shares its neighbour's cost
+MIN_ARCHS_PER_KV_CLASS = 3
+_KV = range(2, 2 + len(KV_HEAD_DIMS))  # the KV-cache classes' columns in DECODE_FEATURES
 
 # (batch, context): one sequence at short, medium and long context, and batches where the KV cache
 # traffic grows past the weights'
@@ -109,6 +115,38 @@ def _predict(coef: Sequence[float], row: dict) -> float:
     return sum(c * x for c, x in zip(coef, _features(row), strict=True)) * 1e-3
 
 
+def kv_groups(X: Sequence[Sequence[float]], archs: Sequence[str]) -> list[list[int]]:
+    """The KV-cache classes (indices into ``KV_HEAD_DIMS``) fitted with one cost each: a class with
+    bytes in at least ``MIN_ARCHS_PER_KV_CLASS`` architectures stands alone, one with fewer joins
+    the nearest that does (the larger head dim on a tie), so a head dim the rows barely saw is
+    not fitted to noise or left free; if none does, every class shares one cost."""
+    seen = [len({a for x, a in zip(X, archs, strict=True) if x[col] > 0}) for col in _KV]
+    alone = [k for k, n in enumerate(seen) if n >= MIN_ARCHS_PER_KV_CLASS]
+    if not alone:
+        return [list(range(len(KV_HEAD_DIMS)))]
+    groups: dict[int, list[int]] = {k: [] for k in alone}
+    for k in range(len(KV_HEAD_DIMS)):
+        groups[min(alone, key=lambda a: (abs(a - k), -a))].append(k)
+    return [groups[k] for k in alone]
+
+
+def _fit(X: Sequence[Sequence[float]], t: Sequence[float], archs: Sequence[str]) -> list[float]:
+    """``nnls_relative`` with the KV-cache columns pooled by ``kv_groups``, expanded back to
+    ``DECODE_FEATURES`` order (each class of a group gets the group's cost)."""
+    groups = kv_groups(X, archs)
+    first, last = _KV[0], _KV[-1] + 1
+
+    def pooled(x: Sequence[float]) -> list[float]:
+        return [*x[:first], *(sum(x[first + k] for k in g) for g in groups), *x[last:]]
+
+    c = nnls_relative([pooled(x) for x in X], t)
+    kv = [0.0] * len(KV_HEAD_DIMS)
+    for g, cost in zip(groups, c[first : first + len(groups)], strict=True):
+        for k in g:
+            kv[k] = cost
+    return [*c[:first], *kv, *c[first + len(groups) :]]
+
+
 def fit_decode(rows: Sequence[dict], *, folds: int = CV_FOLDS, seed: int = 0) -> tuple[list[float], dict[str, Any]]:
     """The decode model's coefficients (``DECODE_FEATURES``: µs per launch, per MiB of weights,
     of KV cache by head dim, of state) from timing rows (rows with an error are skipped) and its
@@ -120,12 +158,12 @@ def fit_decode(rows: Sequence[dict], *, folds: int = CV_FOLDS, seed: int = 0) ->
         raise ValueError(f"fit_decode: need at least {len(DECODE_FEATURES)} timed rows, got {len(good)}")
     X = [_features(r) for r in good]
     t = [r["ms"] * 1e3 for r in good]
-    coef = nnls_relative(X, t)
+    archs = [json.dumps(r["arch"], sort_keys=True) for r in good]
+    coef = _fit(X, t, archs)
     report: dict[str, Any] = {
         "rows": len(good),
         "fit": check_summary([_predict(coef, r) for r in good], [r["ms"] for r in good]),
     }
-    archs = [json.dumps(r["arch"], sort_keys=True) for r in good]
     names = sorted(set(archs))
     if len(names) >= folds:
         random.Random(seed).shuffle(names)
@@ -133,7 +171,7 @@ def fit_decode(rows: Sequence[dict], *, folds: int = CV_FOLDS, seed: int = 0) ->
         predicted = [math.nan] * len(good)
         for f in range(folds):
             train = [i for i, a in enumerate(archs) if fold_of[a] != f]
-            c = nnls_relative([X[i] for i in train], [t[i] for i in train])
+            c = _fit([X[i] for i in train], [t[i] for i in train], [archs[i] for i in train])
             for i, a in enumerate(archs):
                 if fold_of[a] == f:
                     predicted[i] = _predict(c, good[i])

@@ -14,7 +14,15 @@ from hardware_profiles import load_profile
 from nas.latency import CalibrationWarning, cache_memory, decode_work, predict_decode
 from nas.latency import _predict as predict_module
 from nas.latency._decode import DECODE_FEATURES, KV_HEAD_DIMS, LEGACY_DECODE_FEATURES, expand_coefficients
-from nas.latency.calibrate_decode import DECODE_SHAPES, decode_archs, decode_section, fit_decode, write_decode
+from nas.latency.calibrate_decode import (
+    DECODE_SHAPES,
+    MIN_ARCHS_PER_KV_CLASS,
+    decode_archs,
+    decode_section,
+    fit_decode,
+    kv_groups,
+    write_decode,
+)
 from nas.spec import ArchSpec, LayerSpec
 
 ATTN = LayerSpec("attention", heads=4, short_conv=4)
@@ -95,7 +103,7 @@ def test_padded_heads_cost_weights_not_launches() -> None:
 def test_fit_recovers_the_coefficients_of_rows_it_generated() -> None:
     true = [2.5, 0.30, 0.8, 0.45, 0.3, 0.22, 0.9]  # µs per launch, per MiB of weights, cache by head dim, state
     rows = []
-    for arch in decode_archs(3, 20):  # every head dim in several folds
+    for arch in decode_archs(3, 36):  # every head dim in enough architectures of every fold
         for batch, context in DECODE_SHAPES:
             x = decode_work(arch, context, batch).features()
             rows.append(
@@ -114,6 +122,43 @@ def test_fit_recovers_the_coefficients_of_rows_it_generated() -> None:
     assert 0.02 < report["interval"] < 0.25  # the held-out error shows the noise
     with pytest.raises(ValueError, match="need at least"):
         fit_decode(rows[:2])
+
+
+def test_a_head_dim_few_architectures_have_shares_its_neighbours_cost() -> None:
+    """KV classes seen in fewer than MIN_ARCHS_PER_KV_CLASS architectures are pooled with the
+    nearest class that has enough (the larger on a tie), or all together: never fitted free (0)."""
+    assert MIN_ARCHS_PER_KV_CLASS == 3
+
+    def rows_with(counts: list[int]) -> tuple[list[list[float]], list[str]]:
+        X, archs = [], []
+        for k, n in enumerate(counts):
+            for a in range(n):
+                x = [1.0] * len(DECODE_FEATURES)
+                x[2 : 2 + len(KV_HEAD_DIMS)] = [1.0 if j == k else 0.0 for j in range(len(KV_HEAD_DIMS))]
+                X.append(x)
+                archs.append(f"{k}-{a}")
+        return X, archs
+
+    assert kv_groups(*rows_with([3, 3, 3, 3])) == [[0], [1], [2], [3]]
+    assert kv_groups(*rows_with([0, 5, 1, 4])) == [[0, 1], [2, 3]]  # D64 ties between D32 and D128: D128
+    assert kv_groups(*rows_with([2, 2, 2, 2])) == [[0, 1, 2, 3]]
+    # noise-free rows of 6 architectures (no head dim in 3 of them): one KV cost, not a free class
+    true = [2.5, 0.30, 0.8, 0.45, 0.3, 0.22, 0.9]
+    rows = []
+    for arch in decode_archs(2, 6):
+        for batch, context in DECODE_SHAPES:
+            x = decode_work(arch, context, batch).features()
+            ms = 1e-3 * sum(c * v for c, v in zip(true, x, strict=True))
+            rows.append({"arch": arch.to_dict(), "batch": batch, "context": context, "ms": ms})
+    coef, _ = fit_decode(rows)
+    kv = coef[2 : 2 + len(KV_HEAD_DIMS)]
+    assert min(kv) > 0.1 and max(kv) == pytest.approx(min(kv))
+
+
+def test_the_profile_loader_knows_the_decode_models_lengths() -> None:
+    import hardware_profiles
+
+    assert set(hardware_profiles._DECODE_MODEL_LENGTHS) == {len(DECODE_FEATURES), len(LEGACY_DECODE_FEATURES)}
 
 
 def _calibrated(tmp_path, coef, interval=0.1, fingerprint=None):

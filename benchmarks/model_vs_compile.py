@@ -30,18 +30,30 @@ every N-th row (``--shard K/N``), and merges their files; ``--skip-done`` leaves
 earlier call already timed:
 
     python benchmarks/model_vs_compile.py --gpus 8 --skip-done benchmarks/results/model_vs_compile_merged.json
+
+Most of a compile is CPU work (tracing, lowering, Triton and ptxas compiles), so ``--procs P`` runs
+P processes per GPU. They share the GPU through one lock file per GPU: every GPU timing of a row
+(ours and the compiled replay, with their warm-ups, checks and profiles) and every benchmark
+Inductor's autotuner runs happens with the lock held, so no timing, ours or the autotuner's, shares
+the GPU with another process's timing; only compiling overlaps. Each process gets
+``cpus // (gpus * procs)`` Inductor compile threads. ``compile_s`` is then wall time on a shared
+host (longer than alone). ``--deadline-s`` is a guard for a time-limited machine: a process starts
+no row that its longest row so far would carry past it, and the JSON lists the rows it left out.
 ``--list`` prints the architectures and exits (no GPU needed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import fcntl
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +81,62 @@ def describe(arch: ArchSpec) -> str:
     """One line per architecture: width, vocab and its layers' mixers (A / L / M)."""
     mixers = "".join({"attention": "A", "linear_attention": "L", "none": "M"}[layer.mixer] for layer in arch.layers)
     return f"d{arch.d_model} v{arch.vocab_size} {mixers}"
+
+
+class GpuLock:
+    """A lock on one GPU shared by the processes of ``--procs``: ``flock`` on a file, re-entrant
+    within a process (the autotuner's benchmark helpers call one another). Without a path it is a
+    no-op (one process per GPU)."""
+
+    def __init__(self, path: str | None):
+        self._file = open(path, "a+") if path else None  # noqa: SIM115 - held for the process's life
+        self._mutex = threading.RLock()
+        self._depth = 0
+
+    def __enter__(self) -> GpuLock:
+        if self._file is not None:
+            self._mutex.acquire()
+            if self._depth == 0:
+                fcntl.flock(self._file, fcntl.LOCK_EX)
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self._depth -= 1
+            if self._depth == 0:
+                fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._mutex.release()
+
+
+def hold_during_autotune(lock: GpuLock) -> str:
+    """Make Inductor's autotuning benchmarks hold ``lock``: through torch's hook where it has one
+    (``set_gpu_benchmark_lock_context``, torch >= 2.13), else by wrapping the GPU benchmark methods
+    of its benchmarker's classes. Returns which way was taken (recorded in the JSON)."""
+    from torch._inductor.runtime import benchmarking
+
+    hook = getattr(benchmarking, "set_gpu_benchmark_lock_context", None)
+    if hook is not None:
+        hook(lambda: lock)
+        return "set_gpu_benchmark_lock_context"
+    wrapped, found = [], False
+    for cls in type(benchmarking.benchmarker).__mro__:
+        for name in ("benchmark_gpu", "benchmark_gpu_with_cuda_graph"):
+            fn = cls.__dict__.get(name)
+            found |= fn is not None
+            if fn is None or getattr(fn, "_gpu_lock", False):  # absent, or wrapped by an earlier call
+                continue
+
+            def locked(*args, _fn=fn, **kwargs):
+                with lock:
+                    return _fn(*args, **kwargs)
+
+            locked._gpu_lock = True
+            setattr(cls, name, locked)
+            wrapped.append(f"{cls.__name__}.{name}")
+    if not found:
+        raise SystemExit("--procs: this torch's Inductor benchmarker has no benchmark_gpu to hold the GPU lock")
+    return "wrapped " + ", ".join(wrapped)
 
 
 def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -115,18 +183,25 @@ def model_and_inputs(arch: ArchSpec, shape_text: str) -> tuple[torch.nn.Module, 
     return model, copy.deepcopy(model).to(torch.bfloat16), inputs
 
 
-def bench(index: int, arch: ArchSpec, shape_text: str, *, compile_peer: bool = True) -> dict:
+def bench(
+    index: int, arch: ArchSpec, shape_text: str, *, compile_peer: bool = True, lock: GpuLock | None = None
+) -> dict:
+    """One (architecture, shape) row. GPU work runs under ``lock`` but the compile itself, whose
+    autotuning benchmarks take the lock on their own (``hold_during_autotune``)."""
     from nas.models import to_triton
 
-    model, torch_bf16, inputs = model_and_inputs(arch, shape_text)
+    gpu = lock if lock is not None else contextlib.nullcontext()
     row: dict = {"arch_index": index, "arch": describe(arch), "spec": arch.to_dict(), "shape": shape_text}
     with torch.no_grad():
-        expected = torch_bf16(inputs[0])
-        tm = to_triton(model)
-        row["ours_rel_err"] = _rel_err(tm(inputs[0]), expected)
-        row["ours_us"] = time_graph([lambda x=x: tm.forward(x) for x in inputs])
-        row["ours_profile"] = kernel_profile(lambda: tm.forward(inputs[0]))
-        row["ours_gap_us"] = row["ours_us"].median_us - row["ours_profile"]["kernel_us"]
+        with gpu:
+            model, torch_bf16, inputs = model_and_inputs(arch, shape_text)
+            expected = torch_bf16(inputs[0])
+            tm = to_triton(model)
+            row["ours_rel_err"] = _rel_err(tm(inputs[0]), expected)
+            row["ours_us"] = time_graph([lambda x=x: tm.forward(x) for x in inputs])
+            row["ours_profile"] = kernel_profile(lambda: tm.forward(inputs[0]))
+            row["ours_gap_us"] = row["ours_us"].median_us - row["ours_profile"]["kernel_us"]
+            torch.cuda.synchronize()
         if not compile_peer:
             row.update(ratio=None, correct=row["ours_rel_err"] <= TOLERANCE, compile_skipped=True)
             return row
@@ -134,12 +209,15 @@ def bench(index: int, arch: ArchSpec, shape_text: str, *, compile_peer: bool = T
         start = time.perf_counter()
         compiled = torch.compile(torch_bf16, mode=COMPILE_MODE)
         try:
-            got = compiled(inputs[0])
+            compiled(inputs[0])  # compiles and autotunes (its benchmarks hold the lock)
+            torch.cuda.synchronize()
             row["compile_s"] = time.perf_counter() - start
-            row["compile_rel_err"] = _rel_err(got, expected)
-            row["compile_us"] = time_graph([lambda x=x: compiled(x) for x in inputs])
-            row["compile_profile"] = kernel_profile(lambda: compiled(inputs[0]))
-            row["compile_gap_us"] = row["compile_us"].median_us - row["compile_profile"]["kernel_us"]
+            with gpu:
+                row["compile_rel_err"] = _rel_err(compiled(inputs[0]), expected)
+                row["compile_us"] = time_graph([lambda x=x: compiled(x) for x in inputs])
+                row["compile_profile"] = kernel_profile(lambda: compiled(inputs[0]))
+                row["compile_gap_us"] = row["compile_us"].median_us - row["compile_profile"]["kernel_us"]
+                torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - recorded: the row then has no ratio
             row["compile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     correct = row["ours_rel_err"] <= TOLERANCE and row.get("compile_rel_err", 1.0) <= TOLERANCE
@@ -211,24 +289,35 @@ def work(
     return todo if shard is None else todo[shard[0] :: shard[1]]
 
 
-def shard_commands(argv: list[str], gpus: int) -> list[tuple[list[str], dict]]:
-    """One child per GPU: this script with ``argv`` less ``--gpus``, plus ``--shard k/gpus``, on
-    ``CUDA_VISIBLE_DEVICES=k`` (so autotuning never shares a GPU with another's timing)."""
+def shard_commands(argv: list[str], gpus: int, procs: int = 1, cpus: int | None = None) -> list[tuple[list[str], dict]]:
+    """``gpus * procs`` children: this script with ``argv`` less ``--gpus``/``--procs``, plus
+    ``--shard k/(gpus*procs)``, child k on ``CUDA_VISIBLE_DEVICES=k % gpus``. With ``procs`` > 1 the
+    children of one GPU share its lock file (``NAS_MVC_GPU_LOCK``: no timing shares the GPU with
+    another's) and split the host's CPUs for Inductor's compile threads."""
     rest, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a == "--gpus":
+        elif a in ("--gpus", "--procs"):
             skip = True
-        elif not a.startswith("--gpus="):
+        elif not a.startswith(("--gpus=", "--procs=")):
             rest.append(a)
-    return [
-        (
-            [sys.executable, str(Path(__file__).resolve()), *rest, "--shard", f"{k}/{gpus}"],
-            {**os.environ, "CUDA_VISIBLE_DEVICES": str(k)},
-        )
-        for k in range(gpus)
-    ]
+    n = gpus * procs
+    threads = max(1, (cpus or os.cpu_count() or 1) // n)
+    out = []
+    for k in range(n):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(k % gpus)}
+        if procs > 1:
+            env["NAS_MVC_GPU_LOCK"] = f"/tmp/model_vs_compile_gpu{k % gpus}.lock"
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
+        out.append(([sys.executable, str(Path(__file__).resolve()), *rest, "--shard", f"{k}/{n}"], env))
+    return out
+
+
+def next_fits(started: float, longest_s: float, deadline_s: float | None, now: float) -> bool:
+    """Whether a row may start at ``now``: always without a deadline or before the first row
+    (``longest_s`` 0), else only if the longest row so far would end by the deadline."""
+    return deadline_s is None or longest_s == 0 or now - started + longest_s <= deadline_s
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -256,7 +345,20 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="one process per GPU, each on its own device with its own shard, then merged (compile dominates)",
     )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="processes per GPU: compiles overlap, GPU timings and autotune benchmarks take turns (a lock)",
+    )
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        help="guard: start no row that the longest row so far would carry past this many seconds (reported)",
+    )
     args = parser.parse_args(argv)
+    if args.gpus < 1 or args.procs < 1:
+        parser.error("--gpus and --procs take a count of at least 1")
     for s in args.shapes:
         try:
             parse_shape(s)  # a bad shape fails here, before any GPU work
@@ -285,10 +387,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         raise SystemExit("model_vs_compile.py times GPU forwards: no CUDA device here (--list works anywhere)")
-    if args.gpus > 1:
-        procs = [subprocess.Popen(cmd, env=env) for cmd, env in shard_commands(argv or sys.argv[1:], args.gpus)]
+    if args.gpus * args.procs > 1 and args.shard is None:
+        n = args.gpus * args.procs
+        children = shard_commands(argv or sys.argv[1:], args.gpus, args.procs)
+        procs = [subprocess.Popen(cmd, env=env) for cmd, env in children]
         codes = [proc.wait() for proc in procs]
-        files = sorted(str(f) for f in out.glob(f"model_vs_compile_*_shard*of{args.gpus}.json"))
+        files = sorted(str(f) for f in out.glob(f"model_vs_compile_*_shard*of{n}.json"))
         main(["--merge", *args.skip_done, *files, "--out", str(out), "--seed", str(args.seed)])
         if any(codes):
             raise SystemExit(f"shards exited with {codes}")
@@ -298,13 +402,25 @@ def main(argv: list[str] | None = None) -> None:
     suffix += "_ours_only" if args.no_compile else ""
     suffix += f"_shard{args.shard[0]}of{args.shard[1]}" if args.shard else ""
     path = out / f"model_vs_compile_{name}{suffix}.json"
-    rows = []
+    lock_path = os.environ.get("NAS_MVC_GPU_LOCK")
+    lock = GpuLock(lock_path)
+    sharing = {"procs_per_gpu_lock": lock_path, "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")}
+    if lock_path:
+        sharing["autotune_lock"] = hold_during_autotune(lock)
+    rows, left_out = [], []
+    started, longest = time.monotonic(), 0.0
     for i, shape in work(chosen, args.shapes, merge(args.skip_done) if args.skip_done else [], args.shard):
+        if not next_fits(started, longest, args.deadline_s, time.monotonic()):
+            left_out.append([i, shape])
+            print(f"deadline guard: row {i} {shape} not started ({args.deadline_s:.0f} s)", flush=True)
+            continue
+        row_start = time.monotonic()
         try:
-            row = bench(i, archs[i], shape, compile_peer=not args.no_compile)
+            row = bench(i, archs[i], shape, compile_peer=not args.no_compile, lock=lock)
         except Exception as e:  # noqa: BLE001 - one broken architecture is recorded, not fatal
             row = {"arch_index": i, "arch": describe(archs[i]), "shape": shape, "ratio": None}
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        longest = max(longest, time.monotonic() - row_start)
         rows.append(row)
         ratio = row.get("ratio")
         prof = row.get("ours_profile", {})
@@ -323,8 +439,21 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             compile_mode=COMPILE_MODE,
             timing="CUDA-graph replay, median of 50 replays; token batches rotated over copies larger than L2",
+            **sharing,
         )
         torch.cuda.empty_cache()
+    if left_out:
+        write_results(
+            path,
+            rows,
+            summary=summary(rows),
+            seed=args.seed,
+            compile_mode=COMPILE_MODE,
+            timing="CUDA-graph replay, median of 50 replays; token batches rotated over copies larger than L2",
+            **sharing,
+            deadline_s=args.deadline_s,
+            deadline_left_out=left_out,
+        )
     print(json.dumps(summary(rows), indent=1))
     print(f"wrote {path}")
 

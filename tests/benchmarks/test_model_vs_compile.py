@@ -109,3 +109,115 @@ def test_a_bad_shard_is_one_line_and_exit_2(bad, capsys):
     with pytest.raises(SystemExit) as exit_:
         mc.main(["--list", f"--shard={bad}"])
     assert exit_.value.code == 2 and "invalid shard" in capsys.readouterr().err
+
+
+def test_procs_per_gpu_share_each_gpus_lock_and_split_the_cpus():
+    cmds = mc.shard_commands(["--gpus", "2", "--procs=3", "--deadline-s", "500"], 2, 3, cpus=16)
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in cmds] == ["0", "1", "0", "1", "0", "1"]
+    locks = [env["NAS_MVC_GPU_LOCK"] for _, env in cmds]
+    assert len(set(locks)) == 2 and locks[0] == locks[2] == locks[4] != locks[1]
+    assert {env["TORCHINDUCTOR_COMPILE_THREADS"] for _, env in cmds} == {"2"}
+    for k, (argv, _) in enumerate(cmds):
+        assert argv[2:] == ["--deadline-s", "500", "--shard", f"{k}/6"]
+    alone = mc.shard_commands(["--gpus", "2"], 2, 1, cpus=16)
+    assert all("NAS_MVC_GPU_LOCK" not in env for _, env in alone), "one process per GPU needs no lock"
+
+
+def _held_elsewhere(path) -> bool:
+    """Whether another open file description could not take the lock now."""
+    import fcntl
+
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def test_the_gpu_lock_excludes_other_processes_and_is_reentrant(tmp_path):
+    path = tmp_path / "gpu.lock"
+    lock = mc.GpuLock(str(path))
+    assert not _held_elsewhere(path)
+    with lock:
+        assert _held_elsewhere(path)
+        with lock:  # the autotuner's helpers nest
+            assert _held_elsewhere(path)
+        assert _held_elsewhere(path), "leaving the inner block must not release the outer one"
+    assert not _held_elsewhere(path)
+    with mc.GpuLock(None):  # one process per GPU: no file, no lock
+        assert not _held_elsewhere(path)
+
+
+def _assert_autotune_benchmarks_hold(path, bench):
+    assert not _held_elsewhere(path)
+    assert bench() is True
+    assert not _held_elsewhere(path)
+
+
+def test_autotune_benchmarks_hold_the_lock_through_torchs_hook(tmp_path, monkeypatch):
+    from torch._inductor.runtime import benchmarking
+
+    if not hasattr(benchmarking, "set_gpu_benchmark_lock_context"):
+        pytest.skip("this torch has no benchmark lock hook (the wrapping path is tested below)")
+    monkeypatch.setattr(benchmarking, "_gpu_benchmark_lock_context", None)  # restored after the test
+    path = tmp_path / "gpu.lock"
+    assert mc.hold_during_autotune(mc.GpuLock(str(path))) == "set_gpu_benchmark_lock_context"
+
+    def bench():
+        with benchmarking.maybe_gpu_benchmark_lock():
+            return _held_elsewhere(path)
+
+    _assert_autotune_benchmarks_hold(path, bench)
+
+
+def test_autotune_benchmarks_hold_the_lock_where_torch_has_no_hook(tmp_path, monkeypatch):
+    """torch 2.11 (the H200's) has no hook: the benchmarker's GPU methods are wrapped instead."""
+    from torch._inductor.runtime import benchmarking
+
+    path = tmp_path / "gpu.lock"
+
+    class Base:
+        def benchmark_gpu(self, fn):
+            return fn()
+
+    class Bench(Base):
+        def benchmark_gpu_with_cuda_graph(self, fn):
+            return self.benchmark_gpu(fn)  # nested: the lock is re-entrant
+
+    monkeypatch.delattr(benchmarking, "set_gpu_benchmark_lock_context", raising=False)
+    monkeypatch.setattr(benchmarking, "benchmarker", Bench())
+    taken = mc.hold_during_autotune(mc.GpuLock(str(path)))
+    assert "Base.benchmark_gpu" in taken and "Bench.benchmark_gpu_with_cuda_graph" in taken
+    _assert_autotune_benchmarks_hold(
+        path, lambda: benchmarking.benchmarker.benchmark_gpu(lambda: _held_elsewhere(path))
+    )
+    _assert_autotune_benchmarks_hold(
+        path, lambda: benchmarking.benchmarker.benchmark_gpu_with_cuda_graph(lambda: _held_elsewhere(path))
+    )
+    before = (Base.benchmark_gpu, Bench.benchmark_gpu_with_cuda_graph)
+    mc.hold_during_autotune(mc.GpuLock(str(path)))  # a second call wraps nothing twice
+    assert (Base.benchmark_gpu, Bench.benchmark_gpu_with_cuda_graph) == before
+
+
+def test_a_torch_without_any_gpu_benchmark_method_is_refused(monkeypatch):
+    from torch._inductor.runtime import benchmarking
+
+    monkeypatch.delattr(benchmarking, "set_gpu_benchmark_lock_context", raising=False)
+    monkeypatch.setattr(benchmarking, "benchmarker", object())
+    with pytest.raises(SystemExit, match="no benchmark_gpu"):
+        mc.hold_during_autotune(mc.GpuLock(None))
+
+
+def test_the_deadline_guard_starts_the_first_row_and_then_only_rows_that_fit():
+    assert mc.next_fits(0.0, 0.0, 10.0, now=100.0), "the first row always starts"
+    assert mc.next_fits(0.0, 60.0, None, now=1e6), "no deadline, no guard"
+    assert mc.next_fits(0.0, 60.0, 100.0, now=40.0) and not mc.next_fits(0.0, 60.0, 100.0, now=41.0)
+
+
+@pytest.mark.parametrize("flag", ["--procs=0", "--gpus=0"])
+def test_a_count_below_one_is_one_line_and_exit_2(flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        mc.main([flag, "--archs", "1"])
+    assert exit_.value.code == 2 and "at least 1" in capsys.readouterr().err

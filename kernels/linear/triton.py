@@ -519,9 +519,13 @@ def _shares_memory(a: Tensor | None, b: Tensor) -> bool:
 
 
 def last_tuned_config() -> LinearConfig | None:
-    """The tiling the tuner chose for the latest autotuned call (None before the first)."""
+    """The tiling the tuner chose for the latest autotuned call (None before the first). Matched by
+    content, not identity: on a disk-cache hit Triton rebuilds the chosen ``Config`` from JSON."""
     chosen = getattr(_last_tuner[-1], "best_config", None) if _last_tuner else None
-    return next((c for c, t in _TRITON_CONFIGS.items() if t is chosen), None)
+    if chosen is None:
+        return None
+    same = (chosen.kwargs, chosen.num_warps, chosen.num_stages)
+    return next((c for c, t in _TRITON_CONFIGS.items() if (t.kwargs, t.num_warps, t.num_stages) == same), None)
 
 
 def _tma_addressable(*tensors: Tensor | None) -> bool:

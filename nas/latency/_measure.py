@@ -126,6 +126,13 @@ DECODE_ONLY: dict[str, frozenset[str]] = {
     "kernels/conv/configs.py": frozenset({"STEP_BLOCK_C", "STEP_NUM_WARPS", "INTERPRETER_STEP_BLOCK_C"}),
     "kernels/conv/reference.py": frozenset({"causal_conv_step_ref"}),
 }
+# Code no timed call runs, forward or decode: what the autotuner chose, read back for benchmarks'
+# reports. Left out of both fingerprints (fixing a report must not invalidate calibrations).
+REPORT_ONLY: dict[str, frozenset[str]] = {
+    "kernels/attention/triton.py": frozenset({"last_tuned_config"}),
+    "kernels/linear/triton.py": frozenset({"last_tuned_config"}),
+    "kernels/linear_attention/triton.py": frozenset({"last_tuned_config"}),
+}
 # Whole files a forward never imports: the decode kernels over a KV cache and the conv step.
 DECODE_ONLY_FILES = frozenset({"kernels/attention/decode.py", "kernels/conv/decode.py", "kernels/linear/decode.py"})
 
@@ -165,14 +172,15 @@ def _code_of(path: Path, skip: frozenset[str] = frozenset()) -> bytes:
 
 def source_fingerprint(files: Iterable[Path], root: Path) -> str:
     """12 hex digits of SHA-256 over the files' paths (relative to ``root``) and code
-    (``_code_of``: a reformat, a comment, a docstring or ``DECODE_ONLY`` code does not change
-    it), in path order; ``DECODE_ONLY_FILES`` are left out whole."""
+    (``_code_of``: a reformat, a comment, a docstring, ``DECODE_ONLY`` or ``REPORT_ONLY`` code does
+    not change it), in path order; ``DECODE_ONLY_FILES`` are left out whole."""
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
         if rel in DECODE_ONLY_FILES:
             continue
-        digest.update(rel.encode() + b"\0" + _code_of(path, DECODE_ONLY.get(rel, frozenset())) + b"\0")
+        skip = DECODE_ONLY.get(rel, frozenset()) | REPORT_ONLY.get(rel, frozenset())
+        digest.update(rel.encode() + b"\0" + _code_of(path, skip) + b"\0")
     return digest.hexdigest()[:12]
 
 
@@ -198,9 +206,16 @@ def decode_fingerprint() -> str:
     root = Path(kernels.__file__).resolve().parent.parent
     models = Path(triton_model.__file__).resolve().parent
     files = [*Path(kernels.__file__).resolve().parent.rglob("*.py"), *(models / n for n in _DECODE_MODEL_FILES)]
+    return decode_source_fingerprint(files, root)
+
+
+def decode_source_fingerprint(files: Iterable[Path], root: Path) -> str:
+    """``source_fingerprint`` for the decode step: decode-only code counts, ``REPORT_ONLY`` does
+    not; files that do not exist are left out."""
     digest = hashlib.sha256()
     for path in sorted((f for f in files if f.exists()), key=lambda p: p.relative_to(root).as_posix()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + _code_of(path) + b"\0")
+        rel = path.relative_to(root).as_posix()
+        digest.update(rel.encode() + b"\0" + _code_of(path, REPORT_ONLY.get(rel, frozenset())) + b"\0")
     return digest.hexdigest()[:12]
 
 

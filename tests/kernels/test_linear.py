@@ -650,3 +650,26 @@ def test_gpu_default_route_follows_the_rule(route, M, K, N, activation, residual
     want = configs.prefers_cublas(cap, configs.m_bucket(M), N, K, activation, residual)
     assert route.last_route() == ("cublas" if want else "triton")
     _assert_route_close(actual, expected, torch.bfloat16, cublas=want)
+
+
+def test_last_tuned_config_survives_tritons_disk_cache(monkeypatch):
+    """On a disk-cache hit Triton rebuilds the winning ``Config`` from JSON (a new object): the
+    tiling is still named (the H200 suite failed on this when another xdist worker tuned first)."""
+    import json
+    import types
+
+    from kernels.linear import triton as lt
+
+    assert lt.last_tuned_config.__module__ == lt.__name__
+    for want in (next(c for c in lt._TRITON_CONFIGS if c.tma), next(c for c in lt._TRITON_CONFIGS if not c.tma)):
+        t = lt._TRITON_CONFIGS[want]
+        stored = json.loads(json.dumps({"kwargs": t.kwargs, "num_warps": t.num_warps, "num_stages": t.num_stages}))
+        rebuilt = triton.Config(**stored)
+        assert rebuilt is not t
+        monkeypatch.setattr(lt, "_last_tuner", [types.SimpleNamespace(best_config=rebuilt)])
+        assert lt.last_tuned_config() == want
+    other = triton.Config({**t.kwargs, "BLOCK_K": 3}, num_warps=t.num_warps, num_stages=t.num_stages)
+    monkeypatch.setattr(lt, "_last_tuner", [types.SimpleNamespace(best_config=other)])
+    assert lt.last_tuned_config() is None, "a tiling not in the table is not named"
+    monkeypatch.setattr(lt, "_last_tuner", [])
+    assert lt.last_tuned_config() is None

@@ -260,3 +260,39 @@ def test_decode_only_code_is_not_part_of_the_forward_fingerprint(tmp_path):
     before = source_fingerprint([other], tmp_path)
     other.write_text("def _step_kernel(x):\n    return -x\n")
     assert source_fingerprint([other], tmp_path) != before
+
+
+def test_report_only_code_is_in_neither_fingerprint_and_no_timed_code_calls_it(tmp_path):
+    """``REPORT_ONLY`` names (what the autotuner chose, for benchmarks' reports) can be fixed
+    without invalidating a calibration; that is sound only while nothing in ``kernels/`` or
+    ``nas/`` calls them, which this checks over the real tree."""
+    import ast
+    from pathlib import Path
+
+    from nas.latency._measure import REPORT_ONLY, decode_source_fingerprint, source_fingerprint
+
+    rel = "kernels/linear/triton.py"
+    assert "last_tuned_config" in REPORT_ONLY[rel]
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True)
+    timed = "def linear(x):\n    return x + 1\n"
+    path.write_text(timed + "\ndef last_tuned_config():\n    return None\n")
+    base = (source_fingerprint([path], tmp_path), decode_source_fingerprint([path], tmp_path))
+    path.write_text(timed + "\ndef last_tuned_config():\n    return 3\n")
+    assert (source_fingerprint([path], tmp_path), decode_source_fingerprint([path], tmp_path)) == base
+    path.write_text(timed.replace("x + 1", "x + 2") + "\ndef last_tuned_config():\n    return None\n")
+    changed = (source_fingerprint([path], tmp_path), decode_source_fingerprint([path], tmp_path))
+    assert changed[0] != base[0] and changed[1] != base[1]
+
+    repo = Path(__file__).resolve().parents[2]
+    names = set().union(*REPORT_ONLY.values())
+    uses = []
+    for file in [*(repo / "kernels").rglob("*.py"), *(repo / "nas").rglob("*.py")]:
+        for node in ast.walk(ast.parse(file.read_text())):
+            used = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if used in names:
+                uses.append(f"{file.relative_to(repo)}:{node.lineno} {used}")
+    assert not uses, f"timed code reads report-only names: {uses}"
+    for rel, defined in REPORT_ONLY.items():
+        tree = ast.parse((repo / rel).read_text())
+        assert defined <= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, rel

@@ -92,12 +92,15 @@ class GpuLock:
         self._file = open(path, "a+") if path else None  # noqa: SIM115 - held for the process's life
         self._mutex = threading.RLock()
         self._depth = 0
+        self.waited_s = 0.0  # time spent waiting for other processes (per row in the JSON)
 
     def __enter__(self) -> GpuLock:
         if self._file is not None:
             self._mutex.acquire()
             if self._depth == 0:
+                start = time.monotonic()
                 fcntl.flock(self._file, fcntl.LOCK_EX)
+                self.waited_s += time.monotonic() - start
             self._depth += 1
         return self
 
@@ -414,13 +417,16 @@ def main(argv: list[str] | None = None) -> None:
             left_out.append([i, shape])
             print(f"deadline guard: row {i} {shape} not started ({args.deadline_s:.0f} s)", flush=True)
             continue
-        row_start = time.monotonic()
+        row_start, waited = time.monotonic(), lock.waited_s
         try:
             row = bench(i, archs[i], shape, compile_peer=not args.no_compile, lock=lock)
         except Exception as e:  # noqa: BLE001 - one broken architecture is recorded, not fatal
             row = {"arch_index": i, "arch": describe(archs[i]), "shape": shape, "ratio": None}
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         longest = max(longest, time.monotonic() - row_start)
+        row["row_s"] = time.monotonic() - row_start
+        if lock_path:
+            row["gpu_lock_wait_s"] = lock.waited_s - waited  # compile_s includes this much waiting
         rows.append(row)
         ratio = row.get("ratio")
         prof = row.get("ours_profile", {})

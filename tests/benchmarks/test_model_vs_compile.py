@@ -146,6 +146,28 @@ def test_the_gpu_lock_excludes_other_processes_and_is_reentrant(tmp_path):
             assert _held_elsewhere(path)
         assert _held_elsewhere(path), "leaving the inner block must not release the outer one"
     assert not _held_elsewhere(path)
+    assert lock.waited_s >= 0.0
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(  # another process holds the lock until its stdin closes
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,sys; f=open(sys.argv[1],'a+'); fcntl.flock(f,fcntl.LOCK_EX); "
+            "print('held', flush=True); sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    assert _held_elsewhere(path)
+    holder.stdin.close()  # it exits; our lock can then be taken
+    with lock:
+        assert _held_elsewhere(path)
+    holder.wait(timeout=30)
     with mc.GpuLock(None):  # one process per GPU: no file, no lock
         assert not _held_elsewhere(path)
 

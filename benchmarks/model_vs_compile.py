@@ -411,6 +411,19 @@ def main(argv: list[str] | None = None) -> None:
     if lock_path:
         sharing["autotune_lock"] = hold_during_autotune(lock)
     rows, left_out = [], []
+
+    def save(**extra) -> None:
+        write_results(
+            path,
+            rows,
+            summary=summary(rows),
+            seed=args.seed,
+            compile_mode=COMPILE_MODE,
+            timing="CUDA-graph replay, median of 50 replays; token batches rotated over copies larger than L2",
+            **sharing,
+            **extra,
+        )
+
     started, longest = time.monotonic(), 0.0
     for i, shape in work(chosen, args.shapes, merge(args.skip_done) if args.skip_done else [], args.shard):
         if not next_fits(started, longest, args.deadline_s, time.monotonic()):
@@ -438,28 +451,10 @@ def main(argv: list[str] | None = None) -> None:
             f" {row.get('compile_profile', {}).get('launches')} launches",
             flush=True,
         )
-        write_results(
-            path,
-            rows,
-            summary=summary(rows),
-            seed=args.seed,
-            compile_mode=COMPILE_MODE,
-            timing="CUDA-graph replay, median of 50 replays; token batches rotated over copies larger than L2",
-            **sharing,
-        )
+        save()
         torch.cuda.empty_cache()
     if left_out:
-        write_results(
-            path,
-            rows,
-            summary=summary(rows),
-            seed=args.seed,
-            compile_mode=COMPILE_MODE,
-            timing="CUDA-graph replay, median of 50 replays; token batches rotated over copies larger than L2",
-            **sharing,
-            deadline_s=args.deadline_s,
-            deadline_left_out=left_out,
-        )
+        save(deadline_s=args.deadline_s, deadline_left_out=left_out)
     print(json.dumps(summary(rows), indent=1))
     print(f"wrote {path}")
 

@@ -243,3 +243,26 @@ def test_a_count_below_one_is_one_line_and_exit_2(flag, capsys):
     with pytest.raises(SystemExit) as exit_:
         mc.main([flag, "--archs", "1"])
     assert exit_.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_the_row_loop_stops_at_the_deadline_and_records_what_it_left_out(tmp_path, monkeypatch):
+    """main's loop without a GPU: ``bench`` faked, a fake clock advancing 100 s per row. With a
+    250 s deadline two rows run (the third would end at 300 s), the rest are listed, every row is
+    written with its row time."""
+    clock = {"now": 0.0}
+
+    def fake_bench(i, arch, shape, *, compile_peer, lock):
+        clock["now"] += 100.0
+        return {"arch_index": i, "arch": mc.describe(arch), "shape": shape, "ratio": 0.5, "correct": True}
+
+    monkeypatch.setattr(mc, "bench", fake_bench)
+    monkeypatch.setattr(mc.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(mc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mc.torch.cuda, "get_device_name", lambda *_: "NVIDIA Fake9")
+    monkeypatch.setattr(mc.torch.cuda, "empty_cache", lambda: None)
+    mc.main(["--archs", "3", "--shapes", "1x256", "8x1024", "--deadline-s", "250", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "model_vs_compile_fake9.json").read_text())
+    assert [(r["arch_index"], r["shape"]) for r in data["results"]] == [(0, "1x256"), (0, "8x1024")]
+    assert all(r["row_s"] == 100.0 and "gpu_lock_wait_s" not in r for r in data["results"])
+    assert data["deadline_left_out"] == [[1, "1x256"], [1, "8x1024"], [2, "1x256"], [2, "8x1024"]]
+    assert data["deadline_s"] == 250.0 and data["procs_per_gpu_lock"] is None

@@ -83,6 +83,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _seed(text: str) -> int:
+    """A seed the samplers and numpy accept: a whole number in [0, 2**32 - 1]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**32 - 1], got {text}")
+    return value
+
+
 _STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/studies.journal)"
 
 
@@ -143,7 +154,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="fail a trial that runs longer than this many seconds",
     )
-    s.add_argument("--seed", type=int, default=0, help="seed of the sampler and the task data (default 0)")
+    s.add_argument("--seed", type=_seed, default=0, help="seed of the sampler and the task data (default 0)")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     lat = s.add_mutually_exclusive_group()
     lat.add_argument(
@@ -240,8 +251,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="pick only among front trials at or below this memory",
     )
     e.add_argument("--accuracy-epsilon", type=_epsilon, default=None, help=_EPSILON_HELP)
-    e.add_argument("--out", required=True, help="bundle directory (must be absent or empty)")
-    e.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    e.add_argument("--out", required=True, help="bundle directory (must be absent or empty, or see --force)")
+    e.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier export bundle at --out (a directory holding only arch.json, model.safetensors, "
+        "model.onnx, card.md); any other non-empty --out is refused",
+    )
     e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
     e.add_argument("--device", default="auto", help="device for --retrain-steps")
 
@@ -565,7 +581,7 @@ def _studies(args: argparse.Namespace) -> None:
     from nas.search.storage import open_storage, resolve_storage
 
     storage = resolve_storage(args.storage)
-    store = open_storage(storage)
+    store = open_storage(storage, write=False)
     summaries = optuna.get_all_study_summaries(store, include_best_trial=False)
     if args.study is not None:
         summaries = [s for s in summaries if s.study_name == args.study]
@@ -606,13 +622,15 @@ def _open_existing(args: argparse.Namespace) -> tuple[optuna.Study, str]:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from nas.results.report import write_html, write_pngs
+    from nas.results.report import check_outputs, write_html, write_pngs
 
-    study, _ = _open_existing(args)
-    out = write_html(study, args.out or f"runs/{study.study_name}-report.html", args.accuracy_epsilon)
+    study, storage = _open_existing(args)
+    html = args.out or f"runs/{study.study_name}-report.html"
+    check_outputs(html, args.png, storage=storage)  # a bad --png is refused before the HTML is written
+    out = write_html(study, html, args.accuracy_epsilon, storage=storage)
     console.print(f"report: {out}")
     if args.png:
-        for path in write_pngs(study, args.png, args.accuracy_epsilon):
+        for path in write_pngs(study, args.png, args.accuracy_epsilon, storage=storage):
             console.print(f"png: {path}")
 
 

@@ -29,11 +29,11 @@ from nas.models import HybridModel, TritonModel, build, to_triton
 from nas.search.objectives import BY_METRIC
 from nas.search.record import TrialRecord, study_objectives, study_setup
 from nas.search.setup import SearchSetup
-from nas.search.storage import open_artifact_store
+from nas.search.storage import file_in_the_way, open_artifact_store, output_clash
 from nas.spec import ArchSpec, TrainSpec, arch_hash
 from nas.tasks import Task, task_from_config
 
-__all__ = ["ONNX_OPSET", "ExportError", "export", "load", "trial_model"]
+__all__ = ["ONNX_OPSET", "ExportError", "check_out", "export", "load", "trial_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,9 @@ def trial_model(trial: TrialRecord, storage: str) -> HybridModel:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "w.safetensors")
         try:
-            download_artifact(artifact_store=open_artifact_store(storage), file_path=path, artifact_id=artifact)
+            download_artifact(
+                artifact_store=open_artifact_store(storage, create=False), file_path=path, artifact_id=artifact
+            )
         except Exception as e:  # the store raises its own not-found types per backend
             raise ExportError(f"weights of trial {trial.number} are missing from the artifact store ({e})") from None
         model.load_state_dict(load_file(path))
@@ -115,6 +117,40 @@ def _write_onnx(model: HybridModel, path: Path, seq_len: int) -> None:
         exporter_log.setLevel(level)
 
 
+def _is_bundle(out: Path) -> bool:
+    """Whether directory ``out`` holds what an earlier export wrote and nothing else: bundle files
+    only, and an ``arch.json`` of the bundle format. Only such a directory may be replaced."""
+    entries = list(out.iterdir())
+    if not entries or any(e.name not in BUNDLE_FILES or e.is_symlink() or not e.is_file() for e in entries):
+        return False
+    try:
+        record = json.loads((out / "arch.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and str(record.get("format", "")).startswith("hybrid-nas-bundle/")
+
+
+def check_out(out: Path, storage: str, *, force: bool) -> None:
+    """ExportError unless the bundle may be written to ``out``: apart from the study's journal,
+    database and artifacts (``storage``), below directories only, and absent, an empty directory,
+    or (with ``force``) an earlier bundle. Checked before anything is written or removed."""
+    if (clash := output_clash(out, storage)) is not None:
+        raise ExportError(f"--out {out} {clash}; export to another directory")
+    if (blocker := file_in_the_way(out)) is not None:
+        raise ExportError(f"--out {out}: {blocker} is a file, not a directory")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ExportError(f"--out {out} exists and is not a directory; give a directory path for the bundle")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ExportError(f"--out {out} exists and is not empty; pass --force to replace an earlier export bundle")
+    if not _is_bundle(out):
+        raise ExportError(
+            f"--out {out} is not an export bundle (it holds files other than {', '.join(BUNDLE_FILES)}); "
+            f"--force replaces only a bundle nas export wrote"
+        )
+
+
 def export(
     study: optuna.Study,
     trial: TrialRecord,
@@ -125,10 +161,10 @@ def export(
     force: bool = False,
     device: str = "cpu",
 ) -> Path:
-    """Write the bundle of ``trial`` into ``out`` (which must be absent or empty unless ``force``)."""
+    """Write the bundle of ``trial`` into ``out``: absent or an empty directory, or with ``force``
+    an earlier bundle, which is replaced (``check_out``)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ExportError(f"--out {out} exists and is not empty; pass --force to overwrite it")
+    check_out(out, storage, force=force)
     if retrain_steps is not None and retrain_steps <= 0:
         raise ExportError(f"--retrain-steps must be >= 1, got {retrain_steps}")
     setup = study_setup(study)
@@ -146,7 +182,11 @@ def export(
     if retrain_steps is not None:
         train = dataclasses.replace(train, steps=retrain_steps)
 
-    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out.parent if out.parent.exists() else None))
+    try:  # staged beside out, so the final rename stays on one file system
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out.parent))
+    except OSError as e:
+        raise ExportError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     try:
         record = {
             "format": "hybrid-nas-bundle/1",
@@ -186,8 +226,9 @@ def export(
         seq_len = (task_config or {}).get("seq_len", 16)
         _write_onnx(model, staging / "model.onnx", int(seq_len))
         (staging / "card.md").write_text(_card(record))
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        check_out(out, storage, force=force)  # again: a retraining may have run for minutes since
+        if out.exists():  # empty, or an earlier bundle
+            shutil.rmtree(out)
         staging.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
         staging.rename(out)
     finally:

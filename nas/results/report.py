@@ -20,11 +20,22 @@ from nas.results.pareto import accuracy_epsilon, completed, front, primary_cost,
 from nas.search.objectives import Objective
 from nas.search.record import TrialRecord, records, study_budgets, study_objectives, study_setup
 from nas.search.setup import StudyBudgets
+from nas.search.storage import file_in_the_way, output_clash
 
-__all__ = ["PLOT_CONFIG", "ReportError", "figures", "hover_text", "write_html", "write_pngs", "find_chrome"]
+__all__ = [
+    "PLOT_CONFIG",
+    "ReportError",
+    "check_outputs",
+    "figures",
+    "find_chrome",
+    "hover_text",
+    "write_html",
+    "write_pngs",
+]
 
 PLOT_CONFIG = {"displaylogo": False, "showSendToCloud": False}  # offline: no plotly logo link, no cloud button
 _FRONT, _DOMINATED, _INFEASIBLE = "#d62728", "#b8b8b8", "#7f7f7f"
+_PNG_NAMES = ("front2d", "front3d", "hypervolume", "parallel")  # every figure a PNG may be written for
 
 
 class ReportError(ValueError):
@@ -344,10 +355,40 @@ def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.F
     return {name: fig for name, fig in figs.items() if fig is not None}
 
 
-def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = None) -> Path:
+def _check_file(path: Path, flag: str, storage: str | None) -> None:
+    """ReportError unless ``path`` can be written as a file without touching the study's storage."""
+    if storage is not None and (clash := output_clash(path, storage)) is not None:
+        raise ReportError(f"{flag} {path} {clash}; write the report elsewhere")
+    if path.is_dir():
+        raise ReportError(f"{flag} {path} is a directory; give a file path (e.g. {path / 'report.html'})")
+    if (blocker := file_in_the_way(path)) is not None:
+        raise ReportError(f"{flag} {path}: {blocker} is a file, not a directory")
+
+
+def check_outputs(out: str | Path, png: str | Path | None = None, *, storage: str | None = None) -> None:
+    """ReportError naming the flag when ``--out`` (the HTML file) or ``--png`` (a directory) cannot
+    be written, or would overwrite the study's journal, database or artifacts (``storage``):
+    checked before anything is written."""
+    _check_file(Path(out), "--out", storage)
+    if png is not None:
+        _check_png_dir(Path(png), storage)
+
+
+def _check_png_dir(png: Path, storage: str | None) -> None:
+    if png.exists() and not png.is_dir():
+        raise ReportError(f"--png {png} is a file; give a directory for the PNGs")
+    for name in _PNG_NAMES:
+        _check_file(png / f"{name}.png", "--png", storage)
+
+
+def write_html(
+    study: optuna.Study, out: str | Path, epsilon: float | None = None, *, storage: str | None = None
+) -> Path:
     """One self-contained HTML file (plotly.js inline, no CDN, no cloud buttons); ``epsilon``:
-    the accuracy resolution of the front (``pareto.accuracy_epsilon``; None: the study's)."""
+    the accuracy resolution of the front (``pareto.accuracy_epsilon``; None: the study's);
+    ``storage``: the study's, which ``out`` must not overwrite."""
     out = Path(out)
+    check_outputs(out, storage=storage)
     figs = figures(study, epsilon)
     setup = study_setup(study)
     search = setup.to_dict() if setup is not None else {}
@@ -383,8 +424,11 @@ def write_html(study: optuna.Study, out: str | Path, epsilon: float | None = Non
         "</style></head><body>"
         f"{head}{''.join(parts)}{front_table_html(study, epsilon)}</body></html>"
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page, encoding="utf-8")
+    except OSError as e:  # permissions, a full disk: the flag and the reason, not a traceback
+        raise ReportError(f"--out {out}: cannot write it ({e.strerror or e})") from None
     return out
 
 
@@ -413,8 +457,12 @@ def find_chrome() -> str | None:
     return None
 
 
-def write_pngs(study: optuna.Study, out_dir: str | Path, epsilon: float | None = None) -> list[Path]:
-    """Each figure as ``<id>.png`` through kaleido and a system Chrome/Chromium."""
+def write_pngs(
+    study: optuna.Study, out_dir: str | Path, epsilon: float | None = None, *, storage: str | None = None
+) -> list[Path]:
+    """Each figure as ``<id>.png`` through kaleido and a system Chrome/Chromium (``storage``: the
+    study's, which no PNG may overwrite)."""
+    _check_png_dir(Path(out_dir), storage)
     chrome = find_chrome()
     if chrome is None:
         raise ReportError("--png needs Chrome or Chromium on PATH (e.g. apt install chromium); none was found")

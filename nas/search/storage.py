@@ -7,6 +7,7 @@ it unchanged (``--storage runs/studies.journal``).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import warnings
 from pathlib import Path
@@ -23,14 +24,19 @@ __all__ = [
     "FlockLock",
     "StorageError",
     "artifact_dir",
+    "check_artifact_dir",
+    "file_in_the_way",
     "open_artifact_store",
     "open_storage",
+    "output_clash",
     "resolve_storage",
+    "stored_paths",
 ]
 
 DEFAULT_STORAGE = "runs/studies.journal"
 HEARTBEAT_GRACE = 4  # a trial with no heartbeat for this many intervals belongs to a dead worker
 _RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
+_FIRST_LINE_LIMIT = 1 << 20  # a journal opens with a create-study record: a few hundred bytes
 
 
 class StorageError(ValueError):
@@ -70,12 +76,75 @@ def _heartbeat_seconds() -> int:
 
 
 def resolve_storage(storage: str | None) -> str:
-    """``--storage`` if given, else ``$NAS_STORAGE``, else the embedded default journal file."""
+    """``--storage`` if given, else ``$NAS_STORAGE``, else the embedded default journal file.
+    An empty ``--storage ""`` is refused: it used to fall through to the default file silently."""
+    if storage is not None and not storage.strip():
+        raise StorageError(f"--storage must be a journal file path or an RDB URL, got {storage!r}")
     return storage or settings.get().storage or DEFAULT_STORAGE
 
 
-def open_storage(storage: str) -> BaseStorage:
-    """An Optuna storage for a path (journal file, created on first use) or an RDB URL."""
+def _check_journal(path: Path, *, write: bool) -> None:
+    """StorageError unless ``path`` is a file Optuna can use as a journal, before Optuna touches it.
+
+    Optuna skips a last line it cannot parse, so a file of anything else reads as an empty
+    journal (``nas studies`` listed nothing) and a writer appends after it; a last record cut
+    off (a full disk, a killed copy) is glued to the next record appended, and the journal no
+    longer parses. Reading may skip such a record; writing is refused (``write``).
+    """
+    if not path.exists():
+        if write:
+            return  # created on first use
+        raise StorageError(f"storage {str(path)!r}: no such journal file (nas search creates one)")
+    if not path.is_file():
+        raise StorageError(f"storage {str(path)!r} is not a regular file; give a journal file path")
+    try:
+        with path.open("rb") as f:
+            first = f.readline(_FIRST_LINE_LIMIT)
+    except OSError as e:
+        raise StorageError(f"storage {str(path)!r}: cannot read it ({e.strerror or e})") from None
+    if not first:
+        return  # an empty journal: Optuna's own starting point
+    try:
+        record = json.loads(first)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("op_code"), int) or "worker_id" not in record:
+        cut = "" if first.endswith(b"\n") else ", or its only record is cut off"
+        raise StorageError(
+            f"storage {str(path)!r} is not an Optuna journal file (its first line is not a journal record{cut}); "
+            f"nothing was written"
+        )
+    if write and not _ends_whole(path, locked=False) and not _ends_whole(path, locked=True):
+        raise StorageError(
+            f"storage {str(path)!r} ends in a partial record (its last line is cut off); nothing was "
+            f"written: restore the journal from a copy, or remove the partial last line"
+        )
+
+
+def _ends_whole(path: Path, *, locked: bool) -> bool:
+    """Whether the journal's last byte is a newline. ``locked``: read under the journal's lock,
+    so a record another worker is appending right now is read whole (without a lock file no
+    worker of ours is writing: nothing to wait for, and no lock file is created)."""
+    lock = FlockLock(str(path)) if locked else None
+    if lock is not None:
+        if not Path(str(path) + ".flock").exists():
+            return False
+        lock.acquire()
+    try:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
+    """An Optuna storage for a path (journal file) or an RDB URL. ``write``: the caller may write
+    (a journal file is created on first use, one ending in a partial record is refused); else
+    the storage must exist already, and nothing is created."""
+    if not storage.strip():
+        raise StorageError(f"storage must be a journal file path or an RDB URL, got {storage!r}")
     if "://" in storage:
         scheme = storage.split("://", 1)[0].split("+", 1)[0]
         if scheme not in _RDB_SCHEMES:
@@ -83,6 +152,8 @@ def open_storage(storage: str) -> BaseStorage:
                 f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
                 f"or one of {[s + '://' for s in _RDB_SCHEMES]}"
             )
+        if not write and scheme == "sqlite" and not _sqlite_file(storage).is_file():
+            raise StorageError(f"storage URL {storage!r}: no such database file (nas search creates one)")
         if storage.startswith(("postgresql://", "postgres://")):
             # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; this project ships psycopg2
             storage = "postgresql+psycopg2://" + storage.split("://", 1)[1]
@@ -103,8 +174,10 @@ def open_storage(storage: str) -> BaseStorage:
     path = Path(storage)
     if path.is_dir():
         raise StorageError(f"storage {storage!r} is a directory; give a journal file path such as {DEFAULT_STORAGE}")
+    _check_journal(path, write=write)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if write:
+            path.parent.mkdir(parents=True, exist_ok=True)
         backend = JournalFileBackend(str(path), lock_obj=FlockLock(str(path)))
         journal = JournalStorage(backend)
     except (OSError, ValueError) as e:
@@ -114,6 +187,11 @@ def open_storage(storage: str) -> BaseStorage:
     return journal
 
 
+def _sqlite_file(storage: str) -> Path:
+    """The database file of a ``sqlite:///`` URL."""
+    return Path(storage.removeprefix("sqlite:///"))
+
+
 def artifact_dir(storage: str) -> Path:
     """Where per-trial files (trained weights) live: ``$NAS_ARTIFACTS``, else beside the study —
     ``runs/studies.journal`` → ``runs/studies.artifacts/``, ``sqlite:///x.db`` → ``x.artifacts/``;
@@ -121,14 +199,66 @@ def artifact_dir(storage: str) -> Path:
     if (artifacts := settings.get().artifacts) is not None:
         return Path(artifacts)
     if storage.startswith("sqlite:///"):
-        return Path(storage.removeprefix("sqlite:///")).with_suffix(".artifacts")
+        return _sqlite_file(storage).with_suffix(".artifacts")
     if "://" in storage:
         return Path("runs/artifacts")
     return Path(storage).with_suffix(".artifacts")
 
 
-def open_artifact_store(storage: str) -> FileSystemArtifactStore:
-    """Optuna's file-system artifact store for ``storage`` (created on first use)."""
+def file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` that is not a directory (nothing can be made
+    below it), or None."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_artifact_dir(storage: str) -> Path:
+    """The artifacts directory of ``storage``, or StorageError when it cannot be one (a file is
+    there, or above it); a search checks this before it writes to the study."""
     path = artifact_dir(storage)
-    path.mkdir(parents=True, exist_ok=True)
+    where = " ($NAS_ARTIFACTS)" if settings.get().artifacts is not None else ""
+    if path.exists() and not path.is_dir():
+        raise StorageError(f"artifacts directory {str(path)!r}{where} is a file; give a directory for trained weights")
+    if (blocker := file_in_the_way(path)) is not None:
+        raise StorageError(f"artifacts directory {str(path)!r}{where}: {str(blocker)!r} is a file, not a directory")
+    return path
+
+
+def open_artifact_store(storage: str, *, create: bool = True) -> FileSystemArtifactStore:
+    """Optuna's file-system artifact store for ``storage`` (``create``: made on first use)."""
+    path = check_artifact_dir(storage)
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"artifacts directory {str(path)!r}: cannot create it ({e.strerror or e})") from None
     return FileSystemArtifactStore(path)
+
+
+def stored_paths(storage: str) -> dict[str, Path]:
+    """What holds ``storage``'s studies on this machine, by what it is: the journal file and its
+    lock, or the SQLite file, and the artifacts directory. Outputs must stay clear of them."""
+    paths: dict[str, Path] = {}
+    if storage.startswith("sqlite:///"):
+        paths["database"] = _sqlite_file(storage)
+    elif "://" not in storage:
+        paths |= {"journal": Path(storage), "journal lock": Path(storage + ".flock")}
+    return paths | {"artifacts directory": artifact_dir(storage)}
+
+
+def output_clash(out: str | Path, storage: str) -> str | None:
+    """How writing, or replacing, ``out`` would hit ``storage``'s files (``stored_paths``): it is
+    one, lies inside one, or holds one (``"holds the study's journal runs/studies.journal"``);
+    None when they are apart."""
+    target = Path(out).resolve()
+    for what, stored in stored_paths(storage).items():
+        held = stored.resolve()
+        if target == held:
+            return f"is the study's {what}"
+        if held in target.parents:
+            return f"lies inside the study's {what} {stored}"
+        if target in held.parents:
+            return f"holds the study's {what} {stored}"
+    return None

@@ -43,7 +43,7 @@ from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, needs_context, parse_objectives
 from nas.search.pruning import CostAwarePruner
 from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
-from nas.search.storage import DEFAULT_STORAGE, open_artifact_store, open_storage
+from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space
 from nas.tasks import Task, load_task
 
@@ -270,9 +270,10 @@ def open_study(
     ``on_create`` runs once, in the one process whose ``create_study`` made the study (the
     storage refuses a second creator, which joins instead): what a study must receive exactly
     once, such as its baselines, goes there. An existing study is only read here: a refused
-    resume must leave its storage byte-identical.
+    resume must leave its storage byte-identical. Without ``create`` the storage must exist
+    (nothing is created) and a journal is opened for reading only (``open_storage``).
     """
-    store = open_storage(storage)
+    store = open_storage(storage, write=create)
     try:
         study = optuna.load_study(study_name=name, storage=store, sampler=sampler)
     except KeyError:
@@ -372,8 +373,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         raise SearchError(f"--trials must be >= 1, got {config.trials}")
     if config.study is not None and not config.study.strip():
         raise SearchError("--study must be a non-empty name (leave it out for <space>-<task>-<target>)")
-    if config.seed < 0:
-        raise SearchError(f"--seed must be >= 0, got {config.seed}")
+    if not 0 <= config.seed < 2**32:  # the samplers' and numpy's seed range
+        raise SearchError(f"--seed must be in [0, 2**32 - 1], got {config.seed}")
     for flag, value in (
         ("--timeout", config.timeout),
         ("--trial-timeout", config.trial_timeout),
@@ -402,6 +403,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
     name = study_name(config, space, task_spec)
+    check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
     stored = _recorded_setup(name, config.storage)
     requested = config.measure
     if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency

@@ -85,6 +85,8 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     rng = np.random.default_rng(0)  # one label per sequence: readout "last", a model that does not generate
     np.savez(tmp / "labels.npz", x=rng.integers(0, 8, (40, 8)), y=rng.integers(0, 3, 40))
     files["labels"] = tmp / "labels.npz"
+    (tmp / "afile").write_text("a regular file")
+    files["file"] = tmp / "afile"
     return files
 
 
@@ -123,7 +125,16 @@ BAD = [
         lambda f, s, st: ["search", "--space", s, "--study", "  "],
         "--study must be a non-empty name",
     ),
-    ("seed-negative", lambda f, s, st: ["search", "--space", s, "--seed", "-1"], "--seed must be >= 0"),
+    ("seed-negative", lambda f, s, st: ["search", "--space", s, "--seed", "-1"], "--seed: must be in [0, 2**32 - 1]"),
+    (
+        "seed-too-large",
+        lambda f, s, st: ["search", "--space", s, "--seed", "99999999999999999999999"],
+        "--seed: must be in [0, 2**32 - 1]",
+    ),
+    ("seed-2-to-the-32", lambda f, s, st: ["search", "--space", s, "--seed", str(2**32)], "--seed: must be in"),
+    ("search-empty-storage", lambda f, s, st: ["search", "--space", s, "--storage", ""], "--storage must be"),
+    ("studies-empty-storage", lambda f, s, st: ["studies", "--storage", ""], "--storage must be"),
+    ("report-blank-storage", lambda f, s, st: ["report", "--study", "keep", "--storage", " "], "--storage must be"),
     (
         "two-row-npz",
         lambda f, s, st: ["search", "--space", s, "--task", str(f["two_rows"])],
@@ -232,6 +243,79 @@ BAD = [
         "--retrain-steps",
     ),
     ("export-no-out", lambda f, s, st: ["export", "--study", "keep"], "--out"),
+    (
+        "report-out-is-the-journal",
+        lambda f, s, st: ["report", "--study", "keep", "--out", st],
+        "is the study's journal",
+    ),
+    (
+        "report-out-in-the-artifacts",
+        lambda f, s, st: ["report", "--study", "keep", "--out", str(Path(st).with_suffix(".artifacts") / "r.html")],
+        "lies inside the study's artifacts directory",
+    ),
+    (
+        "report-png-in-the-artifacts",
+        lambda f, s, st: [
+            "report",
+            "--study",
+            "keep",
+            "--out",
+            str(f["dir"] / "x"),
+            "--png",
+            st[: -len(".journal")] + ".artifacts",
+        ],
+        "lies inside the study's artifacts directory",
+    ),
+    ("report-out-is-a-dir", lambda f, s, st: ["report", "--study", "keep", "--out", str(f["dir"])], "is a directory"),
+    (
+        "report-out-below-a-file",
+        lambda f, s, st: ["report", "--study", "keep", "--out", str(f["file"] / "r.html")],
+        "afile is a file, not a directory",
+    ),
+    (
+        "report-png-is-a-file",
+        lambda f, s, st: ["report", "--study", "keep", "--out", str(f["dir"] / "x"), "--png", str(f["file"])],
+        "--png",
+    ),
+    (
+        "export-out-is-the-journal",
+        lambda f, s, st: ["export", "--study", "keep", "--trial", "0", "--out", st, "--force"],
+        "is the study's journal",
+    ),
+    (
+        "export-out-holds-the-study",
+        lambda f, s, st: ["export", "--study", "keep", "--trial", "0", "--out", str(Path(st).parent), "--force"],
+        "holds the study's journal",
+    ),
+    (
+        "export-out-is-the-artifacts",
+        lambda f, s, st: [
+            "export",
+            "--study",
+            "keep",
+            "--trial",
+            "0",
+            "--out",
+            str(Path(st).with_suffix(".artifacts")),
+            "--force",
+        ],
+        "is the study's artifacts directory",
+    ),
+    (
+        "export-force-not-a-bundle",
+        lambda f, s, st: ["export", "--study", "keep", "--trial", "0", "--out", str(f["nonempty"]), "--force"],
+        "is not an export bundle",
+    ),
+    (
+        "export-out-is-a-file",
+        lambda f, s, st: ["export", "--study", "keep", "--trial", "0", "--out", str(f["file"]), "--force"],
+        "exists and is not a directory",
+    ),
+    (
+        "export-out-below-a-file",
+        lambda f, s, st: ["export", "--study", "keep", "--trial", "0", "--out", str(f["file"] / "sub")],
+        "afile is a file, not a directory",
+    ),
 ]
 
 
@@ -245,13 +329,144 @@ def test_bad_input_one_line_exit_2_study_untouched(existing, capsys, case):
     if argv[0] in ("search", "studies", "worker", "report", "export") and "--storage" not in argv:
         argv += ["--storage", storage]
     before_sum, before_bytes = study_checksum(storage, "keep"), hashlib.sha256(Path(storage).read_bytes()).hexdigest()
+    weights = _digests(Path(storage).with_suffix(".artifacts"))
+    assert weights  # the trained trials' weights, which a bad --out must not touch either
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("nas") and words in err, err
     assert study_checksum(storage, "keep") == before_sum
     assert hashlib.sha256(Path(storage).read_bytes()).hexdigest() == before_bytes
+    assert _digests(Path(storage).with_suffix(".artifacts")) == weights
     assert (tmp / "full" / "mine.txt").read_text() == "keep me" and not (tmp / "adir" / "x").exists()
+    assert files["file"].read_text() == "a regular file"
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """Every file below ``folder`` by relative path, with its content's digest."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def _one_line_exit_2(argv: list[str], capsys, words: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("nas: error: ") and words in err, err
+
+
+def _journal_copy(storage: str, where: Path, cut: bool) -> Path:
+    """A copy of the study's journal, ``cut`` in the middle of its last record (a full disk, a
+    killed copy), with the study's weights beside it."""
+    import shutil
+
+    data = Path(storage).read_bytes()
+    copy = where / ("cut.journal" if cut else "whole.journal")
+    copy.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 40] if cut else data)
+    shutil.copytree(Path(storage).with_suffix(".artifacts"), copy.with_suffix(".artifacts"))
+    return copy
+
+
+WRITERS = [
+    ("search-resume", lambda s, st: ["search", "--space", s, "--study", "keep", "--trials", "3", "--storage", st]),
+    ("search-new", lambda s, st: ["search", "--space", s, "--study", "fresh", "--trials", "1", "--storage", st]),
+    ("worker", lambda s, st: ["worker", "--study", "keep", "--trials", "3", "--storage", st]),
+]
+READERS = [
+    ("studies", lambda s, st: ["studies", "--storage", st]),
+    ("report", lambda s, st: ["report", "--study", "keep", "--storage", st, "--out", str(Path(st).parent / "r.html")]),
+    (
+        "export",
+        lambda s, st: [
+            "export",
+            "--study",
+            "keep",
+            "--trial",
+            "0",
+            "--storage",
+            st,
+            "--out",
+            str(Path(st).parent / "b"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", WRITERS, ids=[c[0] for c in WRITERS])
+def test_a_journal_cut_off_mid_record_is_refused_by_writers(existing, tmp_path, capsys, case):
+    """Optuna appends right after a partial last line, gluing two records into one the journal
+    cannot parse: every command that writes refuses it, and the file stays as it was."""
+    _, space, storage = existing
+    cut = _journal_copy(storage, tmp_path, cut=True)
+    before = cut.read_bytes()
+    assert not before.endswith(b"\n")
+    _one_line_exit_2(case[1](str(space), str(cut)) + ["--device", "cpu"], capsys, "ends in a partial record")
+    assert cut.read_bytes() == before
+
+
+@pytest.mark.parametrize("case", READERS, ids=[c[0] for c in READERS])
+def test_a_journal_cut_off_mid_record_is_still_read(existing, tmp_path, capsys, case):
+    """Reading skips the partial last record, as Optuna does: the read-only commands still work."""
+    _, space, storage = existing
+    cut = _journal_copy(storage, tmp_path, cut=True)
+    before = cut.read_bytes()
+    assert main(case[1](str(space), str(cut))) == 0, capsys.readouterr().err
+    assert cut.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "content", [b"garbage not json\n", b"name: ci_tiny\ndepth: 2\n", b"[1, 2]\n"], ids=["text", "yaml", "json-list"]
+)
+@pytest.mark.parametrize("case", WRITERS + READERS, ids=[c[0] for c in WRITERS + READERS])
+def test_a_file_that_is_not_a_journal_is_refused_by_every_command(existing, tmp_path, capsys, case, content):
+    """Optuna skips a last line it cannot parse, so such a file read as an empty journal (nas
+    studies printed an empty table) and a search appended a study to it."""
+    _, space, _ = existing
+    bad = tmp_path / "g.journal"
+    bad.write_bytes(content)
+    _one_line_exit_2(case[1](str(space), str(bad)), capsys, "is not an Optuna journal file")
+    assert bad.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.journal"]
+
+
+@pytest.mark.parametrize("storage", ["missing.journal", "sqlite:///TMP/missing.db"], ids=["journal", "sqlite"])
+@pytest.mark.parametrize("case", READERS + WRITERS[2:], ids=[c[0] for c in READERS + WRITERS[2:]])
+def test_commands_that_only_read_never_create_a_storage(tmp_path, capsys, case, storage):
+    """nas studies used to print an empty table for a mistyped path, and leave an empty journal there."""
+    where = storage.replace("TMP", str(tmp_path)) if "://" in storage else str(tmp_path / storage)
+    _one_line_exit_2(case[1]("unused", where), capsys, "no such")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_artifacts_path_that_is_a_file_is_refused_before_the_study_is_written(
+    existing, tmp_path, monkeypatch, capsys
+):
+    _, space, storage = existing
+    copy = _journal_copy(storage, tmp_path, cut=False)
+    before = copy.read_bytes()
+    (tmp_path / "afile").write_text("mine")
+    for artifacts, words in (
+        (tmp_path / "afile", "is a file; give a directory"),
+        (tmp_path / "afile" / "sub", "afile' is a file"),
+    ):
+        monkeypatch.setenv("NAS_ARTIFACTS", str(artifacts))
+        for study in ("keep", "fresh"):  # a resume would record its budgets; a new study its setup
+            argv = ["search", "--space", str(space), "--study", study, "--trials", "3", "--storage", str(copy)]
+            _one_line_exit_2(argv + ["--device", "cpu"], capsys, words)
+            assert copy.read_bytes() == before
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_export_force_never_removes_the_folder_of_the_study(existing, tmp_path, capsys):
+    """--out DIR --force where DIR holds the journal and the weights: it used to delete both."""
+    _, _, storage = existing
+    folder = tmp_path / "sdir"
+    folder.mkdir()
+    copy = _journal_copy(storage, folder, cut=False)
+    before = _digests(folder)
+    argv = ["export", "--study", "keep", "--trial", "0", "--storage", str(copy), "--out", str(folder), "--force"]
+    _one_line_exit_2(argv, capsys, "holds the study's journal")
+    assert _digests(folder) == before and len(before) > 1
 
 
 def test_nas_storage_env_is_the_default_storage(existing, capsys, monkeypatch):

@@ -198,6 +198,28 @@ def test_export_errors_one_line_exit_2(study, capsys, argv, words):
     assert (tmp / "nonempty" / "keep.txt").read_text() == "mine" and not (tmp / "x-out").exists()
 
 
+def test_force_replaces_an_earlier_bundle_only(study, bundle, capsys):
+    """--force replaces what nas export wrote; a bundle folder the user put a file into is not one
+    any more, so it is refused with one line and left as it was."""
+    import shutil
+
+    st, storage, tmp = study
+    out = tmp / "again"
+    shutil.copytree(bundle, out)
+    other = next(r.number for r in records(st) if r.trained and r.number != _exported_trial(bundle))
+    argv = ["export", "--study", "e", "--storage", storage, "--trial", str(other), "--out", str(out), "--force"]
+    assert main(argv) == 0
+    assert _exported_trial(out) == other
+    assert sorted(p.name for p in out.iterdir()) == ["arch.json", "card.md", "model.onnx", "model.safetensors"]
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    argv[argv.index(str(other))] = str(_exported_trial(bundle))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not an export bundle" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_load_backends(bundle):
     with pytest.raises(ValueError, match="backend 'onnx' is not one of"):
         nas.load(bundle, backend="onnx")

@@ -11,7 +11,9 @@ mixer, ``feature_map`` only for linear attention, ``momentum``/``nesterov`` only
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,17 @@ import yaml
 from nas.spec import ACTIVATIONS, FEATURE_MAPS, MIXERS, NORMS, OPTIMIZERS, ArchSpec, Candidate, LayerSpec, TrainSpec
 from nas.tasks.base import Task
 
-__all__ = ["Choice", "SearchSpace", "SpaceError", "list_spaces", "load_space", "parse_space", "read_space_file"]
+__all__ = [
+    "LIMITS",
+    "Choice",
+    "SearchSpace",
+    "SpaceError",
+    "list_spaces",
+    "load_space",
+    "parse_space",
+    "parse_space_text",
+    "read_space_file",
+]
 
 
 class SpaceError(ValueError):
@@ -79,6 +91,76 @@ _TRAIN_FIELDS: dict[str, tuple[Any, bool]] = {
 _TOP_FIELDS = {"name", "description", "task", "depth", "d_model", "layer", "train", "max_train_seconds"}
 
 
+@dataclass(frozen=True)
+class _Bound:
+    """The values a numeric field may take: ``low..high``, either end open; always finite."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, v: float) -> bool:
+        above = v > self.low if self.low_open else v >= self.low
+        below = v < self.high if self.high_open else v <= self.high
+        return above and below  # NaN fails both
+
+    def __str__(self) -> str:
+        low, high = (f"{int(v)}" if float(v).is_integer() else f"{v:g}" for v in (self.low, self.high))
+        if math.isinf(self.high):
+            return f"a finite number {'>' if self.low_open else '>='} {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+# Every numeric field's allowed values (README, "Search spaces are data"). The size limits are
+# generous but finite: a typo such as d_model: [1048576] (a 13 TB model) or depth: {high: 1000000}
+# (a model that never finishes building) is refused here, before a study is opened, instead of
+# failing or hanging inside a trial. The optimizer limits are where the hyperparameter has a meaning.
+LIMITS: dict[str, _Bound] = {
+    "depth": _Bound(1, 128),
+    "d_model": _Bound(1, 16384),
+    "layer.heads": _Bound(1, 1024),
+    "layer.short_conv": _Bound(0, 16),  # the kernels' widest causal conv (LayerSpec's rule)
+    "layer.mlp_ratio": _Bound(0, 16),  # 0 = no MLP
+    "train.lr": _Bound(0, math.inf, low_open=True),  # too high diverges: a failed trial, recorded
+    "train.weight_decay": _Bound(0, 10),
+    "train.warmup_frac": _Bound(0, 1, high_open=True),  # a fraction of the steps; some must train
+    "train.steps": _Bound(1, 1_000_000),
+    "train.batch_size": _Bound(1, 1 << 20),  # clipped to the task's training rows
+    "train.momentum": _Bound(0, 1, high_open=True),  # 1 never forgets a gradient: the velocity grows without bound
+    "train.grad_clip": _Bound(0, math.inf),  # 0 = off
+    "train.grad_noise": _Bound(0, math.inf),  # 0 = off
+    "max_train_seconds": _Bound(0, math.inf, low_open=True),
+}
+# a space's name becomes part of the default study name, which is printed in shell commands
+# (`nas report --study NAME`) and used in file names (runs/NAME-report.html)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+_MAX_FILE_BYTES = 1 << 20  # a space file is a few KB; a bigger one is the wrong file (a data set?)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last one, so a
+    second ``depth:`` further down would silently replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<' merges may be overridden (YAML's rule); other key kinds fail below
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
@@ -88,6 +170,8 @@ class _Reader:
 
     def choice(self, field: str, raw: Any, kind: Any) -> Choice:
         """Parse ``raw`` as a Choice whose values are of ``kind`` (a type, or a tuple of allowed strings)."""
+        if raw is None:
+            raise self.fail(field, f"has no value; give a list of choices, allowed {self._allowed(kind)}")
         if isinstance(raw, dict):
             if isinstance(kind, tuple) or kind is bool:
                 raise self.fail(field, f"must be a list of choices, not a range; allowed {self._allowed(kind)}")
@@ -97,12 +181,16 @@ class _Reader:
             low, high = (self.value(field, raw[k], kind) for k in ("low", "high"))
             if low > high:
                 raise self.fail(field, f"empty range: low={low} > high={high}")
-            log = bool(raw.get("log", False))
+            log = raw.get("log", False)
+            if not isinstance(log, bool):
+                raise self.fail(field, f"log must be true or false, got {log!r}")
             if log and low <= 0:
                 raise self.fail(field, f"a log range needs low > 0, got {low}")
             step = raw.get("step")
-            if step is not None and (log or self.value(field, step, kind) <= 0):
-                raise self.fail(field, "step must be > 0 and cannot be combined with log")
+            if step is not None:
+                step = self.number(f"{field}.step", step, kind)
+                if log or step <= 0:
+                    raise self.fail(field, "step must be > 0 and cannot be combined with log")
             return Choice(low=low, high=high, log=log, step=step, is_int=kind is int)
         items = raw if isinstance(raw, list) else [raw]
         if not items:
@@ -113,6 +201,7 @@ class _Reader:
         return Choice(choices=values)
 
     def value(self, field: str, item: Any, kind: Any) -> Any:
+        """One allowed string, boolean, or number inside the field's ``LIMITS``."""
         if isinstance(kind, tuple):
             if item not in kind:
                 raise self.fail(field, f"{item!r} is not one of {list(kind)}")
@@ -121,18 +210,53 @@ class _Reader:
             if not isinstance(item, bool):
                 raise self.fail(field, f"{item!r} is not true/false")
             return item
+        value = self.number(field, item, kind)
+        bound = LIMITS[field]
+        if not bound.holds(value):
+            raise self.fail(field, f"{item!r} is out of range: must be {bound}")
+        return value
+
+    def number(self, field: str, item: Any, kind: type) -> int | float:
+        """``item`` as a finite ``kind`` (int or float); an int field takes only integers."""
+        if kind is int:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise self.fail(field, f"{item!r} is not an integer")
+            return item
         if isinstance(item, str):  # YAML 1.1 reads 1e-3 (no dot) as a string; take it as the number it means
             try:
-                item = float(item)
+                item = float(item)  # float() also takes 'nan' and 'inf': refused below
             except ValueError:
                 raise self.fail(field, f"{item!r} is not a number") from None
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise self.fail(field, f"{item!r} is not a number")
-        if kind is int and float(item) != int(item):
-            raise self.fail(field, f"{item!r} is not an integer")
-        value = kind(item)
-        if value < 0:
-            raise self.fail(field, f"{item!r} must be >= 0")
+        if not math.isfinite(item):
+            raise self.fail(field, f"{item!r} is not a finite number")
+        return float(item)
+
+    def name(self, raw: Any, default: str) -> str:
+        """An explicit ``name:`` becomes part of the default study name: a word, no spaces or slashes."""
+        if raw is None:
+            return default
+        if not isinstance(raw, str) or not _NAME.fullmatch(raw):
+            raise self.fail(
+                "name",
+                f"{raw!r} must be 1-100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit",
+            )
+        return raw
+
+    def string(self, field: str, raw: Any, what: str, required: bool = True) -> str:
+        if raw is None and not required:
+            return ""
+        if not isinstance(raw, str) or (required and not raw.strip()):
+            raise self.fail(field, f"{raw!r} must be {what}")
+        return raw
+
+    def seconds(self, raw: Any) -> float | None:
+        if raw is None:
+            return None
+        value = self.number("max_train_seconds", raw, float)
+        if not LIMITS["max_train_seconds"].holds(value):
+            raise self.fail("max_train_seconds", f"{raw!r} must be a positive number of seconds")
         return value
 
     @staticmethod
@@ -142,7 +266,7 @@ class _Reader:
     def section(self, name: str, raw: Any, fields: dict[str, tuple[Any, bool]]) -> dict[str, Choice]:
         if not isinstance(raw, dict):
             raise self.fail(name, "must be a mapping of field: choices")
-        unknown = sorted(set(raw) - set(fields))
+        unknown = sorted(set(raw) - set(fields), key=str)  # keys may be any YAML scalar
         if unknown:
             raise self.fail(f"{name}.{unknown[0]}", f"unknown field; allowed {sorted(fields)}")
         out = {}
@@ -167,6 +291,7 @@ class SearchSpace:
     train: dict[str, Choice]
     max_train_seconds: float | None
     source: str
+    text: str = ""  # the file as read: what a study records (workers rebuild the space from it)
 
     def sample(self, trial: optuna.Trial, task: Task) -> Candidate:
         """Draw one candidate through ``trial`` (parameter names ``depth``, ``d_model``,
@@ -219,20 +344,19 @@ class SearchSpace:
         return LayerSpec(**fields)
 
 
-def parse_space(raw: Any, source: str) -> SearchSpace:
-    """Validate the parsed YAML ``raw`` read from ``source`` (a file name used in messages)."""
+def parse_space(raw: Any, source: str, default_name: str | None = None) -> SearchSpace:
+    """Validate the parsed YAML ``raw`` read from ``source`` (a file name used in messages). A
+    space without ``name:`` is named ``default_name``, else after the file."""
     r = _Reader(source)
     if not isinstance(raw, dict):
         raise SpaceError(f"{source}: the file must hold a mapping with fields {sorted(_TOP_FIELDS)}")
-    unknown = sorted(set(raw) - _TOP_FIELDS)
+    unknown = sorted(set(raw) - _TOP_FIELDS, key=str)  # keys may be any YAML scalar
     if unknown:
         raise r.fail(unknown[0], f"unknown field; allowed {sorted(_TOP_FIELDS)}")
     for field in ("depth", "d_model", "layer", "train"):
         if field not in raw:
             raise r.fail(field, "is required")
     depth, d_model = r.choice("depth", raw["depth"], int), r.choice("d_model", raw["d_model"], int)
-    if min(depth.values()) < 1 or min(d_model.values()) < 1:
-        raise r.fail("depth" if min(depth.values()) < 1 else "d_model", "values must be >= 1")
     if d_model.choices is None:
         raise r.fail("d_model", "must be a list of widths (heads must divide each of them)")
     layer, train = r.section("layer", raw["layer"], _LAYER_FIELDS), r.section("train", raw["train"], _TRAIN_FIELDS)
@@ -241,7 +365,7 @@ def parse_space(raw: Any, source: str) -> SearchSpace:
         if "heads" not in layer or layer["heads"].choices is None:
             raise r.fail("layer.heads", "a list of head counts is required when a mixer can be attention")
         for heads in layer["heads"].values():
-            bad = [d for d in d_model.values() if heads < 1 or d % heads]
+            bad = [d for d in d_model.values() if d % heads]
             if bad:
                 raise r.fail(
                     "layer.heads",
@@ -253,46 +377,64 @@ def parse_space(raw: Any, source: str) -> SearchSpace:
         raise r.fail(
             "layer.feature_map", f"is required when linear_attention is a choice; allowed {list(FEATURE_MAPS)}"
         )
-    if "short_conv" in layer and max(layer["short_conv"].values()) > 16:
-        raise r.fail("layer.short_conv", "kernel sizes must be in [0, 16]")
-    if min(train["lr"].values()) <= 0:
-        raise r.fail("train.lr", "must be > 0")
-    if min(train["steps"].values()) < 1 or min(train["batch_size"].values()) < 1:
-        raise r.fail("train.steps" if min(train["steps"].values()) < 1 else "train.batch_size", "must be >= 1")
-    if "warmup_frac" in train and max(train["warmup_frac"].values()) >= 1:
-        raise r.fail("train.warmup_frac", "must be in [0, 1)")
-    task = raw.get("task", "mqar")
-    if not isinstance(task, str) or not task:
-        raise r.fail("task", "must be a task spec string such as 'mqar:seq_len=64'")
-    seconds = raw.get("max_train_seconds")
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):
-        raise r.fail("max_train_seconds", f"{seconds!r} must be a positive number of seconds")
+    nesterov, momentum = train.get("nesterov"), train.get("momentum")  # momentum's default is 0.9
+    if "sgd" in train["optimizer"].values() and nesterov is not None and True in nesterov.values():
+        if momentum is not None and min(momentum.values()) == 0:  # SGD would refuse it inside a trial
+            raise r.fail("train.nesterov", "true needs momentum > 0, but train.momentum can be 0")
     return SearchSpace(
-        str(raw.get("name", Path(source).stem)),
-        str(raw.get("description", "")),
-        task,
+        r.name(raw.get("name"), default_name or Path(source).stem),
+        r.string("description", raw.get("description"), "a string", required=False),
+        r.string("task", raw.get("task", "mqar"), "a task spec string such as 'mqar:seq_len=64'"),
         depth,
         d_model,
         layer,
         train,
-        seconds,
+        r.seconds(raw.get("max_train_seconds")),
         source,
     )
 
 
-def read_space_file(path: Path) -> SearchSpace:
-    """Load and validate one YAML file (``yaml.safe_load``: no Python objects from user files)."""
+def parse_space_text(text: str, source: str, default_name: str | None = None) -> SearchSpace:
+    """Validate a space file's ``text`` (``source`` names it in messages). Safe loading only (no
+    Python objects from user files), and a key given twice is an error, not "the last one wins".
+    ``default_name`` is the name of a space whose text has no ``name:``."""
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpaceError(f"{path}: cannot read the file ({e.strerror})") from None
-    try:
-        raw = yaml.safe_load(text)
+        loader = _UniqueKeyLoader(text)  # reading starts here: a control character fails already
+        try:
+            raw = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except _DuplicateKey as e:
+        raise SpaceError(f"{source}: {e.key}: given twice (lines {e.first} and {e.second}); write it once") from None
+    except yaml.reader.ReaderError as e:  # a control character; its str() spans two lines
+        line = text.count("\n", 0, e.position) + 1
+        raise SpaceError(
+            f"{source}: invalid YAML at line {line}: character #x{e.character:04x} is not allowed"
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpaceError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
-    return parse_space(raw, str(path))
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise SpaceError(f"{source}: invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise SpaceError(f"{source}: invalid YAML: nested too deeply") from None
+    return replace(parse_space(raw, source, default_name), text=text)
+
+
+def read_space_file(path: Path) -> SearchSpace:
+    """Load and validate one YAML file: UTF-8 text of at most 1 MiB."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(_MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise SpaceError(f"{path}: cannot read the file ({e.strerror})") from None
+    if len(data) > _MAX_FILE_BYTES:
+        raise SpaceError(f"{path}: larger than {_MAX_FILE_BYTES >> 20} MiB; a search-space file is a few KB of YAML")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpaceError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    return parse_space_text(text, str(path))
 
 
 def _shipped() -> Path:

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import search_spaces
-from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space
+from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space, parse_space_text
 from nas.spec import Candidate
 from nas.tasks import Task
 
@@ -207,6 +207,13 @@ def test_user_copy_of_a_shipped_space_loads_by_path(tmp_path):
 BASE: dict[str, Any] = yaml.safe_load(RANGES)
 
 
+def edit(text: str, old: str, new: str) -> str:
+    """``text`` with ``old`` (which must be there) replaced: for what a mapping cannot express
+    (YAML's .nan and .inf, a key given twice)."""
+    assert old in text, old
+    return text.replace(old, new)
+
+
 def mutate(edit) -> dict[str, Any]:
     raw = copy.deepcopy(BASE)
     edit(raw)
@@ -247,7 +254,7 @@ MISTAKES = [
         mutate(put("train", "weight_decay", {"low": 0.0, "high": 0.1, "log": True})),
         ["train.weight_decay", "log"],
     ),
-    ("negative-low", mutate(put("train", "lr", {"low": -1.0, "high": 0.1, "log": True})), ["train.lr", ">= 0"]),
+    ("negative-low", mutate(put("train", "lr", {"low": -1.0, "high": 0.1, "log": True})), ["train.lr", "> 0"]),
     ("range-bad-key", mutate(put("train", "lr", {"low": 0.1, "hi": 1.0})), ["train.lr", "'high'"]),
     ("range-for-categorical", mutate(put("layer", "mixer", {"low": 0, "high": 1})), ["layer.mixer", "list"]),
     ("heads-not-dividing", mutate(put("layer", "heads", [1, 5])), ["layer.heads", "5", "d_model=24"]),
@@ -266,16 +273,86 @@ MISTAKES = [
     ("duplicate-choice", mutate(put("layer", "norm", ["rmsnorm", "rmsnorm"])), ["layer.norm", "duplicate"]),
     ("short-conv-too-wide", mutate(put("layer", "short_conv", [4, 17])), ["layer.short_conv", "16"]),
     ("d-model-range", mutate(put(None, "d_model", {"low": 16, "high": 64})), ["d_model", "list"]),
-    ("depth-zero", mutate(put(None, "depth", [0, 1])), ["depth", ">= 1"]),
+    ("depth-zero", mutate(put(None, "depth", [0, 1])), ["depth", "[1, 128]"]),
     ("max-seconds-negative", mutate(put(None, "max_train_seconds", -5)), ["max_train_seconds", "positive"]),
     ("layer-not-mapping", mutate(put(None, "layer", ["attention"])), ["layer", "mapping"]),
+    # --- the file itself
+    ("not-utf8", b"\xff\xfe\x00bad", ["not UTF-8", "0xff", "offset 0"]),
+    ("control-character", "depth: [1]\x00\n", ["invalid YAML", "line 1", "#x0000"]),
+    ("nested-too-deeply", "[" * 20000, ["invalid YAML", "nested too deeply"]),
+    ("larger-than-1mib", "# " + "x" * (1 << 20) + "\n" + RANGES, ["larger than 1 MiB"]),
+    ("duplicate-top-key", RANGES + "depth: [2]\n", ["depth", "given twice", "lines 2 and 19"]),
+    ("duplicate-nested-key", edit(RANGES, "  batch_size: [8]\n", "  batch_size: [8]\n  lr: [0.1]\n"), ["lr", "twice"]),
+    # --- integer fields take integers only, inside their limits
+    (
+        "int-overflowing-float",
+        edit(RANGES, "d_model: [24, 48]", "d_model: [1.0e400]"),
+        ["d_model", "'1.0e400'", "not an integer"],
+    ),
+    ("int-overflowing-yaml-float", edit(RANGES, "d_model: [24, 48]", "d_model: [1.0e+400]"), ["d_model", "inf"]),
+    ("int-float", mutate(put(None, "d_model", [24.0, 48])), ["d_model", "24.0", "not an integer"]),
+    ("int-bool", mutate(put(None, "depth", [True])), ["depth", "True", "not an integer"]),
+    ("int-range-inf", edit(RANGES, "{low: 1, high: 6, step: 1}", "{low: 1, high: .inf}"), ["depth", "integer"]),
+    ("int-range-float-step", mutate(put(None, "depth", {"low": 1, "high": 4, "step": 0.5})), ["depth.step", "integer"]),
+    ("d-model-too-wide", mutate(put(None, "d_model", [24, 1048576])), ["d_model", "1048576", "[1, 16384]"]),
+    ("depth-too-deep", mutate(put(None, "depth", {"low": 1, "high": 1000000})), ["depth", "1000000", "[1, 128]"]),
+    ("heads-too-many", mutate(put("layer", "heads", [1, 2048])), ["layer.heads", "2048", "[1, 1024]"]),
+    ("heads-zero", mutate(put("layer", "heads", [0, 1])), ["layer.heads", "[1, 1024]"]),
+    ("mlp-ratio-too-big", mutate(put("layer", "mlp_ratio", [2, 64])), ["layer.mlp_ratio", "64", "[0, 16]"]),
+    ("steps-too-many", mutate(put("train", "steps", {"low": 10, "high": 10**7})), ["train.steps", "[1, 1000000]"]),
+    ("batch-too-big", mutate(put("train", "batch_size", [1 << 21])), ["train.batch_size", "[1, 1048576]"]),
+    # --- float fields take finite numbers only, inside their limits
+    ("mlp-ratio-nan", edit(RANGES, "{low: 0.0, high: 4.0, step: 0.5}", "[.nan]"), ["layer.mlp_ratio", "finite"]),
+    ("mlp-ratio-overflowing", edit(RANGES, "{low: 0.0, high: 4.0, step: 0.5}", "[1.0e400]"), ["mlp_ratio", "finite"]),
+    ("lr-nan", edit(RANGES, "{low: 1.0e-4, high: 1.0, log: true}", "[.nan]"), ["train.lr", "nan", "finite"]),
+    ("lr-nan-word", edit(RANGES, "{low: 1.0e-4, high: 1.0, log: true}", "[nan]"), ["train.lr", "finite"]),
+    ("lr-inf", edit(RANGES, "{low: 1.0e-4, high: 1.0, log: true}", "[.inf]"), ["train.lr", "inf", "finite"]),
+    ("lr-range-nan", edit(RANGES, "{low: 1.0e-4, high: 1.0, log: true}", "{low: .nan, high: 1.0}"), ["train.lr"]),
+    ("lr-range-inf", edit(RANGES, "high: 1.0, log: true}", "high: .inf, log: true}"), ["train.lr", "finite"]),
+    ("float-step-nan", edit(RANGES, "step: 0.5}", "step: .nan}"), ["layer.mlp_ratio.step", "finite"]),
+    ("momentum-two", mutate(put("train", "momentum", [2.0])), ["train.momentum", "2.0", "[0, 1)"]),
+    ("momentum-one", mutate(put("train", "momentum", {"low": 0.5, "high": 1.0})), ["train.momentum", "[0, 1)"]),
+    ("weight-decay-too-big", mutate(put("train", "weight_decay", [100.0])), ["train.weight_decay", "[0, 10]"]),
+    ("weight-decay-negative", mutate(put("train", "weight_decay", [-0.1])), ["train.weight_decay", "[0, 10]"]),
+    ("grad-clip-inf", edit(RANGES, "  batch_size: [8]\n", "  batch_size: [8]\n  grad_clip: [.inf]\n"), ["grad_clip"]),
+    ("grad-noise-negative", mutate(put("train", "grad_noise", [-0.01])), ["train.grad_noise", ">= 0"]),
+    (
+        "nesterov-without-momentum",
+        mutate(put("train", "momentum", {"low": 0.0, "high": 0.9})),
+        ["train.nesterov", "momentum > 0"],
+    ),
+    (
+        "max-seconds-nan",
+        edit(RANGES, "name: ranges\n", "name: ranges\nmax_train_seconds: .nan\n"),
+        ["max_train_seconds"],
+    ),
+    ("max-seconds-inf", mutate(put(None, "max_train_seconds", float("inf"))), ["max_train_seconds", "finite"]),
+    ("max-seconds-bool", mutate(put(None, "max_train_seconds", True)), ["max_train_seconds", "not a number"]),
+    # --- booleans are YAML booleans; strings are strings
+    ("log-not-bool", edit(RANGES, "high: 1.0, log: true}", "high: 1.0, log: maybe}"), ["train.lr", "log", "'maybe'"]),
+    ("log-number", mutate(put("train", "lr", {"low": 1e-4, "high": 1.0, "log": 1})), ["train.lr", "log", "1"]),
+    ("name-list", mutate(put(None, "name", ["a", "b"])), ["name", "['a', 'b']", "letters, digits"]),
+    ("name-empty", mutate(put(None, "name", "")), ["name", "''"]),
+    ("name-path", mutate(put(None, "name", "../x")), ["name", "'../x'"]),
+    ("name-with-space", mutate(put(None, "name", "my space")), ["name", "'my space'"]),
+    ("name-like-a-flag", mutate(put(None, "name", "--help")), ["name", "'--help'"]),
+    ("name-too-long", mutate(put(None, "name", "n" * 101)), ["name", "1-100"]),
+    ("description-list", mutate(put(None, "description", ["a"])), ["description", "a string"]),
+    ("task-blank", mutate(put(None, "task", "  ")), ["task", "task spec"]),
+    ("task-number", mutate(put(None, "task", 3)), ["task", "task spec"]),
+    ("field-without-value", mutate(put("layer", "heads", None)), ["layer.heads", "no value"]),
+    ("python-tag", "depth: !!python/object/apply:os.getcwd []\n", ["invalid YAML", "python/object"]),
+    ("unknown-keys-of-two-kinds", mutate(lambda raw: raw["train"].update({1: [2], "zz": [3]})), ["train.1", "unknown"]),
 ]
 
 
 @pytest.mark.parametrize("content, names", [pytest.param(c, n, id=i) for i, c, n in MISTAKES])
 def test_mistake_is_one_line_naming_file_and_field(tmp_path, content, names):
     path = tmp_path / "bad_space.yaml"
-    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
     with pytest.raises(SpaceError) as err:
         load_space(path)
     msg = str(err.value)
@@ -290,6 +367,62 @@ def test_base_of_the_mistakes_is_valid(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text(yaml.safe_dump(BASE))
     assert isinstance(load_space(path), SearchSpace)
+
+
+def test_every_limit_is_allowed_at_its_edge(tmp_path):
+    """The limits refuse typos, not real spaces: a space at every closed end loads and samples."""
+    path = tmp_path / "edges.yaml"
+    path.write_text(
+        edit(RANGES, "{low: 1, high: 6, step: 1}", "[1, 128]")
+        .replace("d_model: [24, 48]", "d_model: [1024, 16384]")
+        .replace("heads: [1, 2, 3, 6]", "heads: [1, 1024]")
+        .replace("{low: 0, high: 8, step: 2}", "[0, 16]")
+        .replace("{low: 0.0, high: 4.0, step: 0.5}", "[0, 16]")
+        .replace("{low: 1.0e-4, high: 1.0, log: true}", "{low: 1.0e-4, high: 1.0e+12, log: true}")
+        .replace("{low: 0.0, high: 0.2}", "[0, 10]")
+        .replace("{low: 10, high: 1000, log: true}", "[1, 1000000]")
+        .replace("batch_size: [8]", "batch_size: [1, 1048576]\n  grad_clip: [0, 1.0e+6]\n  grad_noise: [0, 100]")
+        .replace("{low: 0.5, high: 0.99}", "{low: 0.5, high: 0.9999}")
+    )
+    space = load_space(path)
+    assert space.depth.choices == (1, 128) and space.d_model.choices == (1024, 16384)
+    assert space.layer["mlp_ratio"].choices == (0.0, 16.0) and space.train["lr"].high == 1e12
+    assert sample_many(space, stub_task(), n=3)  # drawn through Optuna (nothing is built)
+
+
+def test_limits_are_the_readmes():
+    """Each limit is documented in the README's space section, as the message states it."""
+    from nas.space import LIMITS
+
+    readme = (SHIPPED.parent / "README.md").read_text()
+    start = readme.index("## Search spaces are data")
+    section = readme[start : readme.index("\n## ", start)]
+    rows = {
+        line.split("|")[1].strip(" `"): line.split("|")[2].strip() for line in section.splitlines() if "| `" in line
+    }
+    assert {field: str(bound).removeprefix("in ") for field, bound in LIMITS.items()} == rows
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    """Only a key written twice in one mapping is refused: a '<<' merge's keys may be overridden,
+    as YAML defines."""
+    path = tmp_path / "merge.yaml"
+    path.write_text(edit(RANGES, "  batch_size: [8]\n", "  batch_size: [8]\n  <<: {grad_clip: [0.5], lr: [0.5]}\n"))
+    space = load_space(path)
+    assert space.train["lr"].low == 1e-4 and space.train["grad_clip"].choices == (0.5,)
+
+
+def test_the_space_keeps_the_text_it_was_read_from(tmp_path):
+    """What a study records (so workers rebuild the space) is the text that was validated, not a
+    second read of the file; a recorded text without name: takes the recorded name unchecked."""
+    path = tmp_path / "my space.yaml"  # a file name may hold a space: it was never a `name:`
+    path.write_bytes(RANGES.replace("name: ranges\n", "").encode())
+    space = load_space(path)
+    assert space.text == path.read_text() and space.name == "my space"
+    again = parse_space_text(space.text, "my space (as recorded in the study)", "my space")
+    assert again.name == "my space" and again.train == space.train
+    with pytest.raises(SpaceError, match=r"^my space \(as recorded in the study\): depth: given twice"):
+        parse_space_text(space.text + "depth: [1]\n", "my space (as recorded in the study)", "my space")
 
 
 def test_missing_file_names_it(tmp_path):

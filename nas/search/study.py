@@ -25,12 +25,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
 import torch
-import yaml
 from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
@@ -44,7 +42,7 @@ from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, needs_
 from nas.search.pruning import CostAwarePruner
 from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, open_artifact_store, open_storage
-from nas.space import SearchSpace, load_space, parse_space
+from nas.space import SearchSpace, load_space, parse_space_text
 from nas.tasks import Task, load_task
 
 __all__ = [
@@ -358,11 +356,8 @@ def _n_running(study: optuna.Study) -> int:
 
 
 def _load_space(config: SearchConfig) -> SearchSpace:
-    if config.space_yaml is not None:
-        raw = yaml.safe_load(config.space_yaml)
-        if isinstance(raw, dict):  # a file without `name:` was recorded under its file name
-            raw = {"name": config.space, **raw}
-        return parse_space(raw, f"{config.space} (as recorded in the study)")
+    if config.space_yaml is not None:  # a file without `name:` was recorded under its file name
+        return parse_space_text(config.space_yaml, f"{config.space} (as recorded in the study)", config.space)
     return load_space(config.space)
 
 
@@ -434,7 +429,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
             record.enqueue_baseline(new, baseline.label, baseline.params)
 
     study = open_study(name, config.storage, sampler=sampler, on_create=enqueue_baselines, objectives=objectives)
-    space_yaml = config.space_yaml if config.space_yaml is not None else Path(space.source).read_text()
+    space_yaml = config.space_yaml if config.space_yaml is not None else space.text
     setup = SearchSetup(
         space=space.name,
         space_yaml=space_yaml,

@@ -469,6 +469,44 @@ def test_export_force_never_removes_the_folder_of_the_study(existing, tmp_path, 
     assert _digests(folder) == before and len(before) > 1
 
 
+# one change to the space the study 'keep' was created with (same name, so a run would resume it)
+BAD_SPACE_EDITS = [
+    ("mlp-ratio-nan", "mlp_ratio: [0, 2]", "mlp_ratio: [.nan]", "layer.mlp_ratio"),
+    ("lr-nan", "lr: {low: 1.0e-3, high: 1.0e-2, log: true}", "lr: [.nan]", "train.lr"),
+    ("lr-range-inf", "high: 1.0e-2, log: true}", "high: .inf, log: true}", "train.lr"),
+    ("d-model-huge", "d_model: [16]", "d_model: [1048576]", "d_model"),
+    ("depth-huge", "depth: {low: 1, high: 2}", "depth: {low: 1, high: 1000000}", "depth"),
+    ("duplicate-key", "d_model: [16]", "d_model: [16]\ndepth: [1]", "depth"),
+    ("nesterov-no-momentum", "batch_size: [8]", "batch_size: [8]\n  momentum: [0.0]\n  nesterov: [true]", "nesterov"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "key"), [pytest.param(*c[1:], id=c[0]) for c in BAD_SPACE_EDITS])
+def test_bad_space_on_an_existing_study_is_refused_before_it_is_opened(existing, capsys, old, new, key):
+    """Refused while the study is still closed: before, a NaN or a combination SGD refuses got as far
+    as the first trial, which stayed RUNNING in the user's study."""
+    from nas.search.storage import open_storage
+
+    tmp, space, storage = existing
+    bad = tmp / f"bad_{key}.yaml"
+    bad.write_text(space.read_text().replace(old, new))
+    assert bad.read_text() != space.read_text()
+
+    def trials() -> list[optuna.trial.FrozenTrial]:
+        return optuna.load_study(study_name="keep", storage=open_storage(storage)).trials
+
+    n_before, before_sum = len(trials()), study_checksum(storage, "keep")
+    before_bytes = hashlib.sha256(Path(storage).read_bytes()).hexdigest()
+    argv = ["search", "--space", str(bad), "--study", "keep", "--trials", "5", "--storage", storage]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"nas: error: {bad}: ") and key in err, err
+    after = trials()
+    assert len(after) == n_before and not [t for t in after if t.state == optuna.trial.TrialState.RUNNING]
+    assert study_checksum(storage, "keep") == before_sum
+    assert hashlib.sha256(Path(storage).read_bytes()).hexdigest() == before_bytes
+
+
 def test_nas_storage_env_is_the_default_storage(existing, capsys, monkeypatch):
     _, _, storage = existing
     monkeypatch.setenv("NAS_STORAGE", storage)

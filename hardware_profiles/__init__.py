@@ -12,7 +12,9 @@ Units are in the field names: ``memory_bandwidth_gb_s`` is 1e9 bytes/s, ``peak_t
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -165,6 +167,56 @@ _DECODE_MODEL_KEYS = ("coefficients", "interval", "kernels_fingerprint", "date",
 # coefficients a decode model may hold: nas.latency._decode's DECODE_FEATURES (launch, weights, KV
 # cache per head dim, state), or its LEGACY_DECODE_FEATURES (one KV cost), as profiles had it
 _DECODE_MODEL_LENGTHS = (7, 4)
+# the features of each kernel family, in coefficient order: nas.latency._launches.FEATURES (this
+# package never imports nas; tests/hardware_profiles checks the two agree). A kernel class is
+# ``family[.variant...]`` (``linear.tma``, ``attention.sdpa.D64``) and holds one coefficient per feature.
+_KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
+    "linear": ("launch", "waves", "k_steps", "gelu", "relu_silu", "residual", "mbytes"),
+    "attention": ("launch", "waves", "key_blocks", "critical_blocks", "mbytes"),
+    "linear_attention": ("launch", "waves", "chunks_identity", "chunks_elu", "chunks_relu", "prefix", "mbytes"),
+    "norm": ("launch", "waves", "mbytes"),
+    "conv": ("launch", "waves", "taps", "mbytes"),
+    "embed": ("launch", "mbytes"),
+}
+# mappings inside calibrated.check: summaries keyed by shape ("8x1024") or "all"
+_CHECK_SECTIONS = ("cross_validation", "check_set")
+
+
+def _finite(value: Any) -> bool:
+    """A number (not a bool) that is neither NaN nor infinite (an int too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _coefficients(where: str, field: str, value: Any) -> list[float]:
+    """A list of finite, non-negative numbers (µs per feature unit)."""
+    if not isinstance(value, list) or not all(_finite(c) and c >= 0 for c in value):
+        raise ProfileError(f"{where}: field {field!r} must be a list of finite non-negative numbers, got {value!r}")
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON can hold it: mapping keys as text (YAML reads ``1024:`` as an int, and
+    sorting mixed keys fails), dates as ISO text (YAML reads an unquoted ``2026-12-03`` as a date)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return value
+
+
+def _json(where: str, field: str, value: Any) -> str:
+    """Canonical JSON text of a nested section (kept as text so the profile stays hashable)."""
+    try:
+        return json.dumps(_plain(value), sort_keys=True)
+    except (TypeError, ValueError, RecursionError) as err:  # RecursionError: a YAML alias inside itself
+        raise ProfileError(f"{where}: field {field!r} holds a value JSON cannot store ({err})") from None
 
 
 def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> float:
@@ -178,10 +230,24 @@ def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> f
             raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}")
+    if not _finite(value):  # .inf, 1e400, or an integer beyond any float
+        raise ProfileError(f"{where}: field {field!r} must be {kind} and finite, got {value!r}")
     if integer:
         if float(value) != int(value):
             raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}")
         return int(value)
+    return float(value)
+
+
+def _non_negative(where: str, field: str, value: Any) -> float:
+    """``value`` as a finite number >= 0 (numeric strings accepted, as in ``_positive``)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if not _finite(value) or value < 0:
+        raise ProfileError(f"{where}: field {field!r} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
@@ -214,43 +280,61 @@ def _calibration(where: str, raw: Any) -> Calibration:
     model = data.get("kernel_model")
     if model is not None:
         model = _mapping(where, "calibrated.kernel_model", model, _KERNEL_MODEL_KEYS)
-        coefficients = _mapping(
-            where,
-            "calibrated.kernel_model.coefficients",
-            model.get("coefficients") or {},
-            tuple(str(k) for k in (model.get("coefficients") or {})),
-        )
+        coefficients = model.get("coefficients") or {}
+        if not isinstance(coefficients, dict):
+            raise ProfileError(
+                f"{where}: field 'calibrated.kernel_model.coefficients' must be a mapping (kernel class -> "
+                f"list of numbers), got {type(coefficients).__name__}"
+            )
         for cls, coef in coefficients.items():
-            if not isinstance(coef, list) or not all(
-                isinstance(c, int | float) and not isinstance(c, bool) and c >= 0 for c in coef
-            ):
+            field = f"calibrated.kernel_model.coefficients.{cls}"
+            features = _KERNEL_FEATURES.get(str(cls).split(".")[0])
+            if features is None:
                 raise ProfileError(
-                    f"{where}: field 'calibrated.kernel_model.coefficients.{cls}' must be a list of "
-                    f"non-negative numbers, got {coef!r}"
+                    f"{where}: field {field!r} names no kernel family; a class is one of "
+                    f"{list(_KERNEL_FEATURES)}, optionally with a '.variant'"
+                )
+            _coefficients(where, field, coef)
+            if len(coef) != len(features):
+                raise ProfileError(
+                    f"{where}: field {field!r} must hold {len(features)} numbers ({', '.join(features)}), "
+                    f"got {len(coef)}"
                 )
         for key in ("gap_us", "intercept_us", "per_ktoken_us"):
             if key in model:
-                _positive(where, f"calibrated.kernel_model.{key}", model[key] + 1)  # >= 0
+                _non_negative(where, f"calibrated.kernel_model.{key}", model[key])
     decode = data.get("decode_model")
     if decode is not None:
         decode = _mapping(where, "calibrated.decode_model", decode, _DECODE_MODEL_KEYS)
-        coef = decode.get("coefficients")
-        if not isinstance(coef, list) or not all(
-            isinstance(c, int | float) and not isinstance(c, bool) and c >= 0 for c in coef
-        ):
-            raise ProfileError(
-                f"{where}: field 'calibrated.decode_model.coefficients' must be a list of non-negative numbers, "
-                f"got {coef!r}"
-            )
+        coef = _coefficients(where, "calibrated.decode_model.coefficients", decode.get("coefficients"))
         if len(coef) not in _DECODE_MODEL_LENGTHS:
             raise ProfileError(
                 f"{where}: field 'calibrated.decode_model.coefficients' must hold 7 numbers (launch, weights, "
                 f"KV cache at head dim 16/32/64/128, state) or 4 (one KV cost), got {len(coef)}"
             )
         _positive(where, "calibrated.decode_model.interval", decode.get("interval"))
+        if "check" in decode and not isinstance(decode["check"], dict):
+            raise ProfileError(
+                f"{where}: field 'calibrated.decode_model.check' must be a mapping (context -> summary), "
+                f"got {type(decode['check']).__name__}"
+            )
+        for key in ("kernels_fingerprint", "date", "gpu"):  # compared and printed as text
+            if key in decode:
+                if isinstance(decode[key], dict | list) or decode[key] is None:
+                    raise ProfileError(
+                        f"{where}: field 'calibrated.decode_model.{key}' must be text, got {decode[key]!r}"
+                    )
+                decode = {**decode, key: str(decode[key])}
     check = data.get("check")
     if check is not None and not isinstance(check, dict):
         raise ProfileError(f"{where}: field 'calibrated.check' must be a mapping, got {type(check).__name__}")
+    for section in _CHECK_SECTIONS:
+        part = (check or {}).get(section, {})
+        if not isinstance(part, dict):
+            raise ProfileError(
+                f"{where}: field 'calibrated.check.{section}' must be a mapping (shape -> summary), "
+                f"got {type(part).__name__}"
+            )
     sm_count = data.get("sm_count")
     interval = data.get("interval")
     return Calibration(
@@ -265,9 +349,9 @@ def _calibration(where: str, raw: Any) -> Calibration:
         provenance=tuple((k, str(data[k])) for k in _PROVENANCE_KEYS if data.get(k) is not None),
         sm_count=None if sm_count is None else _positive(where, "calibrated.sm_count", sm_count, integer=True),
         interval=None if interval is None else _positive(where, "calibrated.interval", interval),
-        check_json=None if check is None else json.dumps(check, sort_keys=True),
-        kernel_model_json=None if model is None else json.dumps(model, sort_keys=True),
-        decode_model_json=None if decode is None else json.dumps(decode, sort_keys=True),
+        check_json=None if check is None else _json(where, "calibrated.check", check),
+        kernel_model_json=None if model is None else _json(where, "calibrated.kernel_model", model),
+        decode_model_json=None if decode is None else _json(where, "calibrated.decode_model", decode),
     )
 
 

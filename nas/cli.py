@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,33 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _at_most(most: int, unit: str) -> Callable[[str], int]:
+    """An argparse type: a positive integer of at most ``most`` ``unit`` (bounds: nas.search.setup)."""
+
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:,} {unit}, got {value:,}")
+        return value
+
+    return parse
+
+
+def _latency_shape(text: str) -> str:
+    """``BATCHxSEQ`` within ``MAX_BATCH`` x ``MAX_CONTEXT``; text that is no shape at all goes on to
+    ``prepare``, whose one line says what a shape looks like."""
+    from nas.search.setup import MAX_BATCH, MAX_CONTEXT
+
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)", text.strip().lower())
+    if match is not None:
+        batch, seq = int(match[1]), int(match[2])
+        if batch > MAX_BATCH:
+            raise argparse.ArgumentTypeError(f"batch {batch:,} is above the maximum of {MAX_BATCH:,} sequences")
+        if seq > MAX_CONTEXT:
+            raise argparse.ArgumentTypeError(f"sequence length {seq:,} is above the maximum of {MAX_CONTEXT:,} tokens")
+    return text
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -98,7 +126,7 @@ _STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/stud
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from nas.search.setup import PICKS, SAMPLERS
+    from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_WORKERS, PICKS, SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
     parser.add_argument(
@@ -124,7 +152,12 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--storage", default=None, help=_STORAGE_HELP)
     s.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
     s.add_argument("--target", default="auto", help="auto (this GPU, else h200) or a hardware profile name/path")
-    s.add_argument("--latency-shape", default="1x256", help="BATCHxSEQ the latency is scored at (default 1x256)")
+    s.add_argument(
+        "--latency-shape",
+        type=_latency_shape,
+        default="1x256",
+        help=f"BATCHxSEQ the latency is scored at (default 1x256; at most {MAX_BATCH}x{MAX_CONTEXT})",
+    )
     s.add_argument(
         "--objectives",
         type=_objectives,
@@ -135,15 +168,16 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--context",
-        type=_positive_int,
+        type=_at_most(MAX_CONTEXT, "tokens"),
         default=None,
-        help="tokens each sequence holds for prefill_latency, decode_latency and cache_memory (e.g. 32768)",
+        help="tokens each sequence holds for prefill_latency, decode_latency and cache_memory "
+        f"(e.g. 32768; at most {MAX_CONTEXT})",
     )
     s.add_argument(
         "--decode-batch",
-        type=_positive_int,
+        type=_at_most(MAX_BATCH, "sequences"),
         default=1,
-        help="sequences prefilled and decoded together for the generation objectives (default 1)",
+        help=f"sequences prefilled and decoded together for the generation objectives (default 1; at most {MAX_BATCH})",
     )
     s.add_argument("--max-latency-ms", type=_positive_float, default=None, help="hard latency budget")
     s.add_argument("--max-params", type=_positive_int, default=None, help="hard parameter budget")
@@ -188,8 +222,18 @@ def _build_parser() -> argparse.ArgumentParser:
         help="do not start a new study with its reference architectures (all-attention, all-linear, 3:1 hybrid)",
     )
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
-    s.add_argument("--trials-per-gpu", type=_positive_int, default=1, help="worker processes per GPU (default 1)")
-    s.add_argument("--workers", type=_positive_int, default=1, help="CPU worker processes (without --gpus)")
+    s.add_argument(
+        "--trials-per-gpu",
+        type=_at_most(MAX_WORKERS, "processes"),
+        default=1,
+        help=f"worker processes per GPU (default 1; at most {MAX_WORKERS} processes in all)",
+    )
+    s.add_argument(
+        "--workers",
+        type=_at_most(MAX_WORKERS, "processes"),
+        default=1,
+        help=f"CPU worker processes (without --gpus; at most {MAX_WORKERS})",
+    )
 
     w = sub.add_parser("worker", help="join a study started by nas search (from any shell or host)")
     w.add_argument("--study", required=True, help="name of the study to join")

@@ -20,7 +20,7 @@ VARIABLES: dict[str, str] = {
     "NAS_ARTIFACTS": "directory for trained weights (Optuna artifacts); default beside the study",
     "NAS_HEARTBEAT_SECONDS": "RDB heartbeat interval in whole seconds >= 1 (default 30; stale after 4 beats)",
     "NAS_LATENCY_CACHE": "measured-latency cache file (default ~/.cache/hybrid-nas/latency.json)",
-    "NAS_FAULT": "fault injection for tests: KIND[@TRIAL,...], KIND one of oom, nan, compile, mismatch, timeout",
+    "NAS_FAULT": "fault injection for tests: KIND[@TRIAL,...], KIND one of oom, nan, compile, mismatch, timeout, slow",
     "NAS_GPU_SHARE": "set by nas search for workers sharing a GPU: the turn-taking lock files' prefix",
     "NAS_TRAIN_COMPILE": "1: train through torch.compile (pays only for long trainings)",
     "NAS_OPTIM_FUSED": "0: the optimizers take the torch reference path on CUDA (A/B runs)",

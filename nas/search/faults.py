@@ -13,6 +13,9 @@ no number is given). Kinds:
 - ``slow``: the training's wall-clock guard (``max_train_seconds``) is already spent after the
   first step, as on a machine too busy to train the candidate in time: the trial is recorded
   truncated with its steps and kept off the front.
+
+A malformed value is a ``FaultError`` (one line, exit 2); ``check()`` raises it before a search
+opens its study, so a typo never leaves a trial behind.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from nas import settings
 
-__all__ = ["ENV", "KINDS", "FaultError", "check_scoring", "planned", "step_hook", "training_budget"]
+__all__ = ["ENV", "KINDS", "FaultError", "check", "check_scoring", "parse", "planned", "step_hook", "training_budget"]
 
 ENV = "NAS_FAULT"
 KINDS = ("oom", "nan", "compile", "mismatch", "timeout", "slow")
@@ -33,18 +36,33 @@ class FaultError(ValueError):
     """``NAS_FAULT`` is malformed."""
 
 
-def planned(trial_number: int) -> str | None:
-    """The fault to inject into this trial, if any."""
-    spec = settings.get().fault
+def parse(spec: str) -> tuple[str, frozenset[int] | None] | None:
+    """``KIND[@N,...]`` -> (kind, trial numbers, None for every trial); None for an empty spec."""
     if not spec:
         return None
-    kind, _, numbers = spec.partition("@")
+    kind, at, numbers = spec.partition("@")
+    kind = kind.strip()
     if kind not in KINDS:
         raise FaultError(f"{ENV}={spec!r}: kind {kind!r} is not one of {list(KINDS)}")
-    try:
-        targets = {int(n) for n in numbers.split(",")} if numbers else None
-    except ValueError:
-        raise FaultError(f"{ENV}={spec!r}: trial numbers must be integers, e.g. oom@0,3") from None
+    if not at:
+        return kind, None
+    parts = [n.strip() for n in numbers.split(",")]
+    if not all(n.isdigit() and n.isascii() for n in parts):
+        raise FaultError(f"{ENV}={spec!r}: trial numbers must be integers >= 0, e.g. {kind}@0,3")
+    return kind, frozenset(int(n) for n in parts)
+
+
+def check() -> None:
+    """Raise FaultError now if ``NAS_FAULT`` is malformed (a search calls it before opening its study)."""
+    parse(settings.get().fault)
+
+
+def planned(trial_number: int) -> str | None:
+    """The fault to inject into this trial, if any."""
+    parsed = parse(settings.get().fault)
+    if parsed is None:
+        return None
+    kind, targets = parsed
     return kind if targets is None or trial_number in targets else None
 
 

@@ -16,11 +16,25 @@ from typing import Any
 
 from nas.search.objectives import DEFAULT_OBJECTIVES
 
-__all__ = ["PICKS", "SAMPLERS", "SETUP_VERSION", "SearchSetup", "StudyBudgets"]
+__all__ = [
+    "MAX_BATCH",
+    "MAX_CONTEXT",
+    "MAX_WORKERS",
+    "PICKS",
+    "SAMPLERS",
+    "SETUP_VERSION",
+    "SearchSetup",
+    "StudyBudgets",
+]
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random")  # --sampler
 PICKS = ("knee", "accuracy", "latency")  # nas export --pick
 SETUP_VERSION = 2  # 2: objectives, context, decode_batch
+# Upper bounds on a run's sizes (the CLI's argument types and ``prepare`` check them; the README
+# lists them): past them a number is a typo, not a request, and would only cost hours or memory.
+MAX_BATCH = 4096  # sequences: --latency-shape BATCH, --decode-batch
+MAX_CONTEXT = 1_048_576  # tokens per sequence latency is scored at: --latency-shape SEQ, --context (1M)
+MAX_WORKERS = 256  # worker processes one nas search starts: --workers, --gpus x --trials-per-gpu
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

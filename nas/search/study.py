@@ -35,12 +35,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hardware_profiles import HardwareProfile, load_profile
 from kernels.device import DeviceError, gpu_name, is_cuda, resolve
-from nas.search import interrupt, record
+from nas.search import faults, interrupt, record
 from nas.search.baselines import baselines
 from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, needs_context, parse_objectives
 from nas.search.pruning import CostAwarePruner
-from nas.search.setup import SAMPLERS, SearchSetup, StudyBudgets
+from nas.search.setup import MAX_BATCH, MAX_CONTEXT, SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space_text
 from nas.tasks import Task, load_task
@@ -364,6 +364,7 @@ def _load_space(config: SearchConfig) -> SearchSpace:
 def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     """Validate everything a search needs and open (or resume) its study; nothing is trained yet.
     Every check runs before the study is opened, so a refused command writes nothing."""
+    faults.check()  # a malformed NAS_FAULT is refused here, not at the first trial
     if config.trials <= 0:
         raise SearchError(f"--trials must be >= 1, got {config.trials}")
     if config.study is not None and not config.study.strip():
@@ -385,6 +386,11 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         shape = parse_shape(config.latency_shape)
     except ValueError as e:
         raise SearchError(f"--latency-shape: {e}") from None
+    if shape.batch > MAX_BATCH or shape.seq_len > MAX_CONTEXT:
+        raise SearchError(
+            f"--latency-shape {shape}: at most {MAX_BATCH:,} sequences of {MAX_CONTEXT:,} tokens, got "
+            f"{shape.batch:,} of {shape.seq_len:,}"
+        )
     objectives = _check_objectives(config)
     space = _load_space(config)
     task_spec = config.task or space.task
@@ -505,9 +511,14 @@ def _check_objectives(config: SearchConfig) -> tuple[str, ...]:
         objectives = parse_objectives(config.objectives)
     except ValueError as e:
         raise SearchError(str(e)) from None
-    for flag, value in (("--context", config.context), ("--decode-batch", config.decode_batch)):
+    for flag, value, most in (
+        ("--context", config.context, MAX_CONTEXT),
+        ("--decode-batch", config.decode_batch, MAX_BATCH),
+    ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise SearchError(f"{flag} must be a positive number of tokens/sequences, got {value!r}")
+        if value is not None and value > most:
+            raise SearchError(f"{flag} must be at most {most:,}, got {value:,}")
     if needs_context(objectives) and config.context is None:
         raise SearchError(
             f"--objectives {','.join(objectives)}: prefill_latency, decode_latency and cache_memory are "

@@ -20,6 +20,7 @@ import optuna
 
 from kernels.device import worker_device
 from nas.search import gpu_share
+from nas.search.setup import MAX_WORKERS
 
 __all__ = ["Slot", "WorkerError", "parse_gpus", "plan_slots", "run_workers"]
 
@@ -55,6 +56,11 @@ def parse_gpus(text: str) -> list[str]:
 def plan_slots(gpus: list[str] | None, per_gpu: int, workers: int) -> list[Slot]:
     if per_gpu < 1 or workers < 1:
         raise WorkerError("--trials-per-gpu and --workers must be >= 1")
+    total, what = (
+        (len(gpus) * per_gpu, f"{len(gpus)} GPU(s) x --trials-per-gpu {per_gpu}") if gpus else (workers, "--workers")
+    )
+    if total > MAX_WORKERS:
+        raise WorkerError(f"{what} asks for {total:,} worker processes; at most {MAX_WORKERS}")
     if gpus:
         return [Slot(g, i) for i, g in enumerate(g for g in gpus for _ in range(per_gpu))]
     return [Slot(None, i) for i in range(workers)]

@@ -4,7 +4,7 @@
 one from the ``config`` it recorded, ``list_tasks`` names them.
 """
 
-from nas.tasks.base import IGNORE_INDEX, Task, TaskError
+from nas.tasks.base import IGNORE_INDEX, MAX_SEQ_LEN, MAX_TASK_TOKENS, MAX_VOCAB, Task, TaskError
 from nas.tasks.files import load_npz, load_text
 from nas.tasks.mad import in_context_recall, noisy_in_context_recall, selective_copying
 from nas.tasks.mqar import mqar, mqar_long
@@ -12,6 +12,9 @@ from nas.tasks.registry import list_tasks, load_task, task_from_config
 
 __all__ = [
     "IGNORE_INDEX",
+    "MAX_SEQ_LEN",
+    "MAX_TASK_TOKENS",
+    "MAX_VOCAB",
     "Task",
     "TaskError",
     "in_context_recall",

@@ -7,15 +7,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from nas.tasks.base import Task, TaskError
+from nas.tasks.base import MAX_SEQ_LEN, MAX_TASK_TOKENS, MAX_VOCAB, Task, TaskError
 
-__all__ = ["require", "streams", "pack"]
+__all__ = ["pack", "require", "require_sizes", "streams"]
 
 
 def require(ok: bool, task: str, msg: str) -> None:
     """Raise ``TaskError("<task>: <msg>")`` unless ``ok`` (user mistakes, not internal invariants)."""
     if not ok:
         raise TaskError(f"{task}: {msg}")
+
+
+def require_sizes(task: str, vocab_size: int, seq_len: int, rows: int) -> None:
+    """A generator's sizes within ``MAX_VOCAB``, ``MAX_SEQ_LEN`` and ``MAX_TASK_TOKENS`` (``rows``:
+    train + test), checked before anything is generated."""
+    require(vocab_size <= MAX_VOCAB, task, f"vocab_size={vocab_size} is above the maximum of {MAX_VOCAB:,}")
+    require(seq_len <= MAX_SEQ_LEN, task, f"seq_len={seq_len} is above the maximum of {MAX_SEQ_LEN:,}")
+    require(
+        rows * seq_len <= MAX_TASK_TOKENS,
+        task,
+        f"{rows:,} rows of {seq_len:,} tokens (n_train + n_test) are above the maximum of {MAX_TASK_TOKENS:,} tokens",
+    )
 
 
 def streams(task: str, seed: int, n_train: int, n_test: int) -> tuple[np.random.Generator, np.random.Generator]:

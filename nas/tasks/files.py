@@ -2,7 +2,16 @@
 
 ``.npz`` holds ``x``: int tokens ``[N, T]`` (>= 0; vocab = max + 1) and ``y``: either int targets
 ``[N, T]`` (IGNORE_INDEX = -100 for unscored positions; readout "token") or int class labels
-``[N]`` (readout "last"). It is read with ``allow_pickle=False``: nothing is ever unpickled.
+``[N]`` (readout "last"). It is read with ``allow_pickle=False``: nothing is ever unpickled. Each
+array's dtype and shape are read from its ``.npy`` header before its data, so a file declaring an
+absurd shape is refused without allocating it.
+
+Limits (``nas.tasks.base``; each a one-line TaskError naming the file, the array and the value):
+at most ``MAX_SEQ_LEN`` = 65,536 tokens per row (a text file's ``seq_len`` too) and
+``MAX_TASK_TOKENS`` = 2^30 in all rows, and a vocabulary (max token + 1) and a number of outputs
+(max target + 1, or ``n_out``) of at most ``MAX_VOCAB`` = 1,048,576 — the embedding table and
+the output layer are sized from them, so one stray id of 2^31 - 1 would otherwise ask for
+hundreds of gigabytes.
 
 A text file is decoded as UTF-8; its distinct characters, sorted, are the vocabulary. It is cut
 into non-overlapping windows of ``seq_len + 1`` characters: x the first ``seq_len``, y the next
@@ -22,11 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from nas.tasks._build import pack
-from nas.tasks.base import IGNORE_INDEX, Task, TaskError
+from nas.tasks.base import IGNORE_INDEX, MAX_SEQ_LEN, MAX_TASK_TOKENS, MAX_VOCAB, Task, TaskError
 
-__all__ = ["load_npz", "load_text"]
-
-_MAX_TOKEN = 2**31 - 1  # an embedding table index, and the largest int32 (the Task stores int32)
+__all__ = ["MIN_ROWS", "load_npz", "load_text"]
 # Rows (text: windows) a file must hold: at the default test_frac of 0.1 that is one test row and
 # nine to train on; fewer give an accuracy of 0 or 1 from a row or two, which no search can rank.
 MIN_ROWS = 10
@@ -59,12 +66,66 @@ def _split(n: int, seed: int, test_frac: float, path: str) -> tuple[np.ndarray, 
 
 
 def _int_array(arrays: dict[str, np.ndarray], key: str, path: str) -> np.ndarray:
+    """``arrays[key]`` as int64, after checking its largest value on the raw dtype (a uint64 above
+    2^63 would wrap when widened): a token or target id must be below ``MAX_VOCAB``."""
     arr = arrays[key]
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise TaskError(f"{path}: array '{key}' has dtype {arr.dtype}; it must be an integer dtype")
-    if arr.size and arr.max() > _MAX_TOKEN:
-        raise TaskError(f"{path}: array '{key}' has values above 2^31-1")
+    if arr.size and (top := arr.max()) >= MAX_VOCAB:
+        what = "token" if key == "x" else "target"
+        size = "vocabulary (max token + 1)" if key == "x" else "outputs (max target + 1)"
+        raise TaskError(f"{path}: array '{key}' has {what} {top}; the {size} may be at most {MAX_VOCAB:,}")
     return arr.astype(np.int64)
+
+
+def _header(zipped: zipfile.ZipFile, key: str, path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of array ``key`` from its ``.npy`` header, without reading its data."""
+    names = zipped.namelist()
+    member = f"{key}.npy" if f"{key}.npy" in names else key
+    try:
+        with zipped.open(member) as fp:
+            if fp.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
+                raise TaskError(f"{path}: array '{key}' is not a .npy array")
+            fp.seek(0)
+            version = np.lib.format.read_magic(fp)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+            else:
+                raise TaskError(f"{path}: array '{key}' has .npy format version {version}; expected 1.0 or 2.0")
+    except TaskError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError):
+        raise TaskError(f"{path}: array '{key}' is unreadable (truncated or corrupt archive)") from None
+    return tuple(shape), dtype
+
+
+def _check_headers(zipped: zipfile.ZipFile, path: str) -> None:
+    """Dtypes and shapes of ``x`` and ``y`` as their headers declare them, before any data is read."""
+    shapes = {}
+    for key in ("x", "y"):
+        shape, dtype = _header(zipped, key, path)
+        if dtype.hasobject:
+            raise TaskError(f"{path}: array '{key}' holds Python objects (never unpickled)")
+        if not np.issubdtype(dtype, np.integer):
+            raise TaskError(f"{path}: array '{key}' has dtype {dtype}; it must be an integer dtype")
+        shapes[key] = shape
+    x, y = shapes["x"], shapes["y"]
+    if len(x) != 2 or x[1] < 1:
+        raise TaskError(f"{path}: 'x' must be 2-D [N, T] with T >= 1, got shape {list(x)}")
+    if x[1] > MAX_SEQ_LEN:
+        raise TaskError(f"{path}: 'x' has {x[1]:,} tokens per row (shape {list(x)}); at most {MAX_SEQ_LEN:,}")
+    if x[0] * x[1] > MAX_TASK_TOKENS:
+        raise TaskError(f"{path}: 'x' holds {x[0] * x[1]:,} tokens (shape {list(x)}); at most {MAX_TASK_TOKENS:,}")
+    if len(y) not in (1, 2):
+        raise TaskError(f"{path}: 'y' must be [N] class labels or [N, T] targets, got shape {list(y)}")
+    if y[0] != x[0]:
+        raise TaskError(f"{path}: 'x' has {x[0]} rows but 'y' has {y[0]}")
+    if len(y) == 2 and y != x:
+        raise TaskError(f"{path}: 'y' is {list(y)} but 'x' is {list(x)}; per-token targets must match x")
+    if x[0] == 0:
+        raise TaskError(f"{path}: 'x' and 'y' are empty (shape {list(x)}); need at least {MIN_ROWS} rows")
+    if x[0] < MIN_ROWS:
+        raise TaskError(f"{path}: {x[0]} row(s); need at least {MIN_ROWS} (to train on and to test)")
 
 
 def _load_arrays(data: bytes, path: str) -> dict[str, np.ndarray]:
@@ -80,6 +141,7 @@ def _load_arrays(data: bytes, path: str) -> dict[str, np.ndarray]:
         missing = [k for k in ("x", "y") if k not in archive.files]
         if missing:
             raise TaskError(f"{path}: missing array(s) {missing}; found {sorted(archive.files)}")
+        _check_headers(archive.zip, path)
         arrays = {}
         for key in ("x", "y"):
             try:
@@ -98,17 +160,11 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
     ``n_out`` 0 infers the number of outputs as max target + 1; a larger value keeps spare
     classes (e.g. ``n_out`` = vocab for a language model whose last tokens are never targets).
     """
+    if n_out > MAX_VOCAB:
+        raise TaskError(f"{path}: n_out={n_out} is above the maximum of {MAX_VOCAB:,} outputs")
     file, data, digest = _read(path, sha256)
-    arrays = _load_arrays(data, path)
+    arrays = _load_arrays(data, path)  # dtypes, shapes and row count checked from the headers
     x, y = _int_array(arrays, "x", path), _int_array(arrays, "y", path)
-    if x.ndim != 2 or x.shape[1] < 1:
-        raise TaskError(f"{path}: 'x' must be 2-D [N, T] with T >= 1, got shape {list(x.shape)}")
-    if y.ndim not in (1, 2):
-        raise TaskError(f"{path}: 'y' must be [N] class labels or [N, T] targets, got shape {list(y.shape)}")
-    if y.shape[0] != x.shape[0]:
-        raise TaskError(f"{path}: 'x' has {x.shape[0]} rows but 'y' has {y.shape[0]}")
-    if y.ndim == 2 and y.shape != x.shape:
-        raise TaskError(f"{path}: 'y' is {list(y.shape)} but 'x' is {list(x.shape)}; per-token targets must match x")
     if x.min() < 0:
         raise TaskError(f"{path}: 'x' has negative tokens (min {x.min()}); tokens must be >= 0")
     readout = "token" if y.ndim == 2 else "last"
@@ -122,8 +178,6 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
     needed = int(y.max()) + 1
     if n_out and n_out < needed:
         raise TaskError(f"{path}: n_out={n_out} is below max target + 1 = {needed}")
-    if x.shape[0] < MIN_ROWS:
-        raise TaskError(f"{path}: {x.shape[0]} row(s); need at least {MIN_ROWS} (to train on and to test)")
     train, test = _split(x.shape[0], seed, test_frac, path)
     if (y[test] == IGNORE_INDEX).all() or (y[train] == IGNORE_INDEX).all():
         raise TaskError(
@@ -150,8 +204,8 @@ def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float 
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise TaskError(f"{path}: not UTF-8 text (bad byte at offset {err.start})") from None
-    if seq_len < 1:
-        raise TaskError(f"{path}: seq_len must be >= 1, got {seq_len}")
+    if not 1 <= seq_len <= MAX_SEQ_LEN:
+        raise TaskError(f"{path}: seq_len must be in [1, {MAX_SEQ_LEN:,}], got {seq_len}")
     if len(text) < MIN_ROWS * seq_len + 1:  # MIN_ROWS windows of seq_len + 1 characters, overlapping by one
         raise TaskError(
             f"{path}: {len(text)} characters; seq_len={seq_len} needs at least {MIN_ROWS * seq_len + 1} "
@@ -159,6 +213,8 @@ def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float 
         )
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
     chars, tokens = np.unique(codepoints, return_inverse=True)
+    if len(chars) > MAX_VOCAB:
+        raise TaskError(f"{path}: {len(chars):,} distinct characters; the vocabulary may be at most {MAX_VOCAB:,}")
     windows = (len(tokens) - 1) // seq_len
     starts = np.arange(windows)[:, None] * seq_len + np.arange(seq_len + 1)  # [W, seq_len + 1]
     seqs = tokens[starts]

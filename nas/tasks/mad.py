@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nas.tasks._build import pack, require, streams
+from nas.tasks._build import pack, require, require_sizes, streams
 from nas.tasks.base import IGNORE_INDEX, Task
 
 __all__ = ["in_context_recall", "noisy_in_context_recall", "selective_copying"]
@@ -95,6 +95,7 @@ def _recall_task(config: dict) -> Task:
     c = {"noise_vocab_size": 0, "frac_noise": 0.0} | config
     name, seq_len, frac_noise, noise_vocab_size = c["name"], c["seq_len"], c["frac_noise"], c["noise_vocab_size"]
     require(seq_len >= 4 and seq_len % 2 == 0, name, f"seq_len must be even and >= 4, got {seq_len}")
+    require_sizes(name, c["vocab_size"], seq_len, c["n_train"] + c["n_test"])
     require(0 <= frac_noise < 1, name, f"frac_noise must be in [0, 1), got {frac_noise}")
     require(noise_vocab_size >= 0, name, f"noise_vocab_size must be >= 0, got {noise_vocab_size}")
     require(frac_noise == 0 or noise_vocab_size >= 1, name, "frac_noise > 0 needs noise_vocab_size >= 1")
@@ -207,6 +208,7 @@ def selective_copying(
     name = "mad_selective_copy"
     require(vocab_size >= 3, name, f"vocab_size must be >= 3 (tokens, blank, copy marker), got {vocab_size}")
     require(num_tokens_to_copy >= 1, name, f"num_tokens_to_copy must be >= 1, got {num_tokens_to_copy}")
+    require_sizes(name, vocab_size, seq_len, n_train + n_test)
     require(
         seq_len > 2 * num_tokens_to_copy + 1,
         name,

@@ -42,7 +42,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from nas.tasks._build import pack, require, streams
+from nas.tasks._build import pack, require, require_sizes, streams
 from nas.tasks.base import IGNORE_INDEX, Task
 
 __all__ = ["mqar", "mqar_long"]
@@ -168,7 +168,7 @@ def _mqar(
         f"vocab_size={vocab_size} has too few keys for num_kv_pairs={num_kv_pairs} "
         f"(need vocab_size >= {2 * num_kv_pairs + 2})",
     )
-    require(vocab_size < 2**31, name, f"vocab_size={vocab_size} must be < 2^31 (tokens are stored as int32)")
+    require_sizes(name, vocab_size, seq_len, n_train + n_test)
     require(
         seq_len >= 4 * num_kv_pairs,
         name,

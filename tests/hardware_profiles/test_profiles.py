@@ -201,3 +201,156 @@ def test_detect_profile_asks_the_driver(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     assert detect_profile().name == "h200"
+
+
+def _calibrated(*path: str, value: Any) -> dict[str, Any]:
+    """The H200 profile with ``calibrated.<path>`` set to ``value``."""
+    data = _h200()
+    node = data["calibrated"]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+MALFORMED = [
+    pytest.param(
+        _calibrated("kernel_model", "coefficients", "embed", value=[1.81162]),
+        r"'calibrated.kernel_model.coefficients.embed' must hold 2 numbers \(launch, mbytes\), got 1",
+        id="coefficients-short",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "coefficients", "norm.rmsnorm", value=[1.0, 0.0, 0.1, 0.2]),
+        r"'calibrated.kernel_model.coefficients.norm.rmsnorm' must hold 3 numbers",
+        id="coefficients-long",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "coefficients", "mamba.D64", value=[1.0]),
+        r"'calibrated.kernel_model.coefficients.mamba.D64' names no kernel family",
+        id="coefficients-unknown-family",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "coefficients", "conv", value=[1.0, float("inf"), 0.0, 0.0]),
+        r"'calibrated.kernel_model.coefficients.conv' must be a list of finite non-negative numbers, got \[1.0, inf",
+        id="coefficients-inf",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "coefficients", "conv", value="fast"),
+        r"'calibrated.kernel_model.coefficients.conv' must be a list of finite",
+        id="coefficients-text",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "coefficients", value=[1.0, 2.0]),
+        r"'calibrated.kernel_model.coefficients' must be a mapping",
+        id="coefficients-list",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "gap_us", value="abc"),
+        r"'calibrated.kernel_model.gap_us' must be a finite number >= 0, got 'abc'",
+        id="gap-text",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "intercept_us", value=-1.0),
+        r"'calibrated.kernel_model.intercept_us' must be a finite number >= 0, got -1.0",
+        id="intercept-negative",
+    ),
+    pytest.param(
+        _calibrated("kernel_model", "per_ktoken_us", value=float("nan")),
+        r"'calibrated.kernel_model.per_ktoken_us' must be a finite number >= 0, got nan",
+        id="per-ktoken-nan",
+    ),
+    pytest.param(
+        _calibrated("decode_model", "coefficients", value=[1.0, 0.7, float("inf"), 0.4]),
+        r"'calibrated.decode_model.coefficients' must be a list of finite non-negative numbers",
+        id="decode-inf",
+    ),
+    pytest.param(
+        _calibrated("decode_model", "coefficients", value=[1.0, 0.7]),
+        r"'calibrated.decode_model.coefficients' must hold 7 numbers .* got 2",
+        id="decode-short",
+    ),
+    pytest.param(
+        _calibrated("decode_model", "check", value=[1024, 4096]),
+        r"'calibrated.decode_model.check' must be a mapping \(context -> summary\), got list",
+        id="decode-check-list",
+    ),
+    pytest.param(
+        _calibrated("decode_model", "kernels_fingerprint", value=["f8a7"]),
+        r"'calibrated.decode_model.kernels_fingerprint' must be text",
+        id="decode-fingerprint-list",
+    ),
+    pytest.param(
+        _calibrated("check", "cross_validation", value=None),
+        r"'calibrated.check.cross_validation' must be a mapping \(shape -> summary\), got NoneType",
+        id="check-section-null",
+    ),
+    pytest.param(
+        _calibrated("interval", value=float("inf")),
+        r"'calibrated.interval' must be a positive number and finite, got inf",
+        id="interval-inf",
+    ),
+    pytest.param(
+        _with(launch_overhead_us=float("inf")),
+        r"'launch_overhead_us' must be a positive number and finite, got inf",
+        id="launch-inf",
+    ),
+    pytest.param(
+        _with(memory_bandwidth_gb_s="1e400"),
+        r"'memory_bandwidth_gb_s' must be a positive number and finite, got inf",
+        id="bandwidth-overflow-text",
+    ),
+    pytest.param(
+        _with(l2_bytes=10**400),
+        r"'l2_bytes' must be a positive integer and finite",
+        id="l2-beyond-float",
+    ),
+    pytest.param(
+        _with(peak_tflops={"fp32": 67, "tf32": 494.5, "bf16": float("inf"), "fp16": 989.5}),
+        r"'peak_tflops.bf16' must be a positive number and finite, got inf",
+        id="peak-inf",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), MALFORMED)
+def test_malformed_values_are_one_profile_error_at_load(tmp_path: Path, data: Any, message: str) -> None:
+    """Every value the latency model reads is checked when the profile loads (the search loads
+    its --target before opening the study; ``nas profiles show`` loads it too): a list of the
+    wrong length, a wrong type or a non-finite number is one ProfileError naming the file and
+    the field, never a ValueError from the predictor in the middle of a trial."""
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=message) as info:
+        load_profile(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: ") and "\n" not in text
+
+
+def test_kernel_families_match_the_latency_model() -> None:
+    """The loader's copy of the kernel families' features (hardware_profiles never imports nas)
+    and the decode model's lengths agree with nas.latency's own."""
+    import hardware_profiles
+    from nas.latency._decode import DECODE_FEATURES, LEGACY_DECODE_FEATURES
+    from nas.latency._launches import FEATURES
+
+    assert hardware_profiles._KERNEL_FEATURES == FEATURES
+    assert hardware_profiles._DECODE_MODEL_LENGTHS == (len(DECODE_FEATURES), len(LEGACY_DECODE_FEATURES))
+
+
+def test_hand_written_dates_and_numeric_keys_load_and_predict(tmp_path: Path) -> None:
+    """YAML reads an unquoted 2026-12-03 as a date and ``1024:`` as an int; both are kept as text
+    (json.dumps could store neither, or sort them beside text keys), and predictions run."""
+    from nas.latency import predict_decode
+    from nas.spec import ArchSpec, LayerSpec
+
+    text = Path(load_profile("h200").path).read_text().replace("date: '2026-12-03'", "date: 2026-12-03")
+    text = text.replace("'1024': {n: 36", "1024: {n: 36")
+    assert "date: 2026-12-03" in text and "\n      1024: {n: 36" in text
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    profile = load_profile(path)
+    assert (
+        profile.calibrated.decode_model["date"] == "2026-12-03" and "1024" in profile.calibrated.decode_model["check"]
+    )
+    arch = ArchSpec(vocab_size=64, d_model=64, layers=(LayerSpec(mixer="attention", heads=2),), n_out=64)
+    assert predict_decode(arch, 1, 1024, profile).median_ms > 0

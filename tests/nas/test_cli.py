@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,10 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     files["labels"] = tmp / "labels.npz"
     (tmp / "afile").write_text("a regular file")
     files["file"] = tmp / "afile"
+    profile = yaml.safe_load((Path(__file__).parents[2] / "hardware_profiles" / "h200.yaml").read_text())
+    profile["calibrated"]["kernel_model"]["coefficients"]["embed"] = [1.81162]  # a number short
+    files["short_profile"] = tmp / "short.yaml"
+    files["short_profile"].write_text(yaml.safe_dump(profile))
     return files
 
 
@@ -101,6 +106,46 @@ BAD = [
     ("unknown-space", lambda f, s, st: ["search", "--space", "nope"], "unknown search space 'nope'"),
     ("missing-space-file", lambda f, s, st: ["search", "--space", "missing.yaml"], "no such search-space file"),
     ("unknown-profile", lambda f, s, st: ["search", "--space", s, "--target", "tpu9"], "tpu9"),
+    (
+        "malformed-profile",
+        lambda f, s, st: ["search", "--space", s, "--target", str(f["short_profile"])],
+        "short.yaml: field 'calibrated.kernel_model.coefficients.embed' must hold 2 numbers",
+    ),
+    (
+        "malformed-profile-show",
+        lambda f, s, st: ["profiles", "show", str(f["short_profile"])],
+        "short.yaml: field 'calibrated.kernel_model.coefficients.embed' must hold 2 numbers",
+    ),
+    (
+        "shape-too-long",
+        lambda f, s, st: ["search", "--space", s, "--study", "keep", "--latency-shape", "1x99999999999999"],
+        "--latency-shape: sequence length 99,999,999,999,999 is above the maximum of 1,048,576 tokens",
+    ),
+    (
+        "shape-too-wide",
+        lambda f, s, st: ["search", "--space", s, "--study", "keep", "--latency-shape", "99999x8"],
+        "--latency-shape: batch 99,999 is above the maximum of 4,096 sequences",
+    ),
+    (
+        "context-huge",
+        lambda f, s, st: ["search", "--space", s, "--study", "keep", "--context", "999999999999999999"],
+        "--context: must be at most 1,048,576 tokens, got 999,999,999,999,999,999",
+    ),
+    (
+        "decode-batch-huge",
+        lambda f, s, st: ["search", "--space", s, "--study", "keep", "--decode-batch", "99999999999999999"],
+        "--decode-batch: must be at most 4,096 sequences",
+    ),
+    (
+        "workers-huge",
+        lambda f, s, st: ["search", "--space", s, "--study", "keep", "--workers", "100000"],
+        "--workers: must be at most 256 processes, got 100,000",
+    ),
+    (
+        "trials-per-gpu-huge",
+        lambda f, s, st: ["search", "--space", s, "--study", "keep", "--trials-per-gpu", "1000"],
+        "--trials-per-gpu: must be at most 256 processes",
+    ),
     ("malformed-shape", lambda f, s, st: ["search", "--space", s, "--latency-shape", "8by1024"], "--latency-shape"),
     ("zero-shape", lambda f, s, st: ["search", "--space", s, "--latency-shape", "0x128"], "--latency-shape"),
     ("missing-npz", lambda f, s, st: ["search", "--space", s, "--task", "missing.npz"], "missing.npz"),
@@ -505,6 +550,72 @@ def test_bad_space_on_an_existing_study_is_refused_before_it_is_opened(existing,
     assert len(after) == n_before and not [t for t in after if t.state == optuna.trial.TrialState.RUNNING]
     assert study_checksum(storage, "keep") == before_sum
     assert hashlib.sha256(Path(storage).read_bytes()).hexdigest() == before_bytes
+
+
+def test_bad_fault_env_is_one_line_exit_2_study_untouched(existing, capsys, monkeypatch):
+    """NAS_FAULT is checked before the study is opened: one line, and the study (resumed here with
+    a larger --trials, which would otherwise record new budgets and start a trial) is unchanged."""
+    tmp, space, storage = existing
+    before = hashlib.sha256(Path(storage).read_bytes()).hexdigest()
+    monkeypatch.setenv("NAS_FAULT", "explode")
+    argv = ["search", "--space", str(space), "--trials", "3", "--storage", storage, "--study", "keep"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [
+        "nas: error: NAS_FAULT='explode': kind 'explode' is not one of "
+        "['oom', 'nan', 'compile', 'mismatch', 'timeout', 'slow']"
+    ], err
+    assert hashlib.sha256(Path(storage).read_bytes()).hexdigest() == before
+
+
+def test_sizes_at_their_bounds_parse():
+    """The bounds are inclusive, and the API (SearchConfig) is held to them as the flags are."""
+    from nas.cli import _build_parser
+    from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_WORKERS
+    from nas.search.study import SearchConfig, SearchError, prepare
+
+    args = _build_parser().parse_args(
+        ["search", "--latency-shape", f"{MAX_BATCH}x{MAX_CONTEXT}", "--context", str(MAX_CONTEXT)]
+        + ["--decode-batch", str(MAX_BATCH), "--workers", str(MAX_WORKERS), "--trials-per-gpu", str(MAX_WORKERS)]
+    )
+    assert (args.context, args.decode_batch, args.workers) == (MAX_CONTEXT, MAX_BATCH, MAX_WORKERS)
+    for config, needle in (
+        (SearchConfig(latency_shape=f"1x{MAX_CONTEXT + 1}"), "--latency-shape 1x1048577: at most 4,096 sequences"),
+        (SearchConfig(latency_shape=f"{MAX_BATCH + 1}x8"), "--latency-shape 4097x8"),
+        (SearchConfig(context=MAX_CONTEXT + 1), "--context must be at most 1,048,576, got 1,048,577"),
+        (SearchConfig(decode_batch=MAX_BATCH + 1), "--decode-batch must be at most 4,096, got 4,097"),
+    ):
+        with pytest.raises(SearchError, match=re.escape(needle)):
+            prepare(config)
+
+
+def test_malformed_target_profile_leaves_an_existing_study_unchanged(tmp_path, capsys):
+    """A study created with --target FILE, whose file is then broken (a coefficient list a number
+    short): resuming it is one line, exit 2, and no trial is started (before, the predictor raised
+    in the first trial and left it RUNNING)."""
+    from optuna.trial import TrialState
+
+    from nas.search.storage import open_storage
+
+    storage, profile = str(tmp_path / "s.journal"), tmp_path / "gpu.yaml"
+    data = yaml.safe_load((Path(__file__).parents[2] / "hardware_profiles" / "h200.yaml").read_text())
+    profile.write_text(yaml.safe_dump(data))
+    argv = ["search", "--space", str(write_space(tmp_path)), "--storage", storage, "--study", "t", "--target"]
+    argv += [str(profile), "--no-baselines", "--device", "cpu", "--trials"]
+    assert main([*argv, "1"]) == 0
+    capsys.readouterr()
+    before = study_checksum(storage, "t")
+    data["calibrated"]["kernel_model"]["coefficients"]["embed"] = [1.81162]
+    profile.write_text(yaml.safe_dump(data))
+    assert main([*argv, "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [
+        f"nas: error: {profile}: field 'calibrated.kernel_model.coefficients.embed' must hold 2 numbers "
+        "(launch, mbytes), got 1"
+    ], err
+    assert study_checksum(storage, "t") == before
+    states = [t.state for t in optuna.load_study(study_name="t", storage=open_storage(storage)).trials]
+    assert states == [TrialState.COMPLETE]
 
 
 def test_nas_storage_env_is_the_default_storage(existing, capsys, monkeypatch):

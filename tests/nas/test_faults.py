@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from nas.search.faults import FaultError, planned
+from nas.search.faults import FaultError, check, planned
 from nas.search.storage import open_storage
 from nas.search.study import SearchConfig, run_search
 from tests.conftest import write_space
@@ -83,6 +84,43 @@ def test_fault_spec_is_parsed(monkeypatch):
     monkeypatch.setenv("NAS_FAULT", "segfault@1")
     with pytest.raises(FaultError, match="'segfault' is not one of"):
         planned(1)
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("explode", "kind 'explode' is not one of ['oom'"),
+        ("@1", "kind '' is not one of"),
+        ("oom@", "trial numbers must be integers >= 0, e.g. oom@0,3"),
+        ("oom@x", "trial numbers must be integers >= 0"),
+        ("oom@-1", "trial numbers must be integers >= 0"),
+        ("oom@1,,2", "trial numbers must be integers >= 0"),
+    ],
+    ids=["unknown-kind", "no-kind", "no-numbers", "text-number", "negative", "empty-item"],
+)
+def test_malformed_fault_spec_is_one_fault_error(monkeypatch, spec, needle):
+    monkeypatch.setenv("NAS_FAULT", spec)
+    with pytest.raises(FaultError) as err:
+        check()
+    message = str(err.value)
+    assert message.startswith(f"NAS_FAULT={spec!r}: ") and needle in message and "\n" not in message, message
+
+
+def test_malformed_fault_spec_is_refused_before_the_study_is_touched(tmp_path, monkeypatch):
+    """A typo in NAS_FAULT stops the search before it creates or opens its study: no new study,
+    and an existing one keeps its trials (none left RUNNING)."""
+    from tests.conftest import study_checksum
+
+    storage = str(tmp_path / "s.journal")
+    config = SearchConfig(space=str(write_space(tmp_path, steps=4)), trials=1, storage=storage, study="f", device="cpu")
+    run_search(config)
+    before = study_checksum(storage, "f")
+    monkeypatch.setenv("NAS_FAULT", "explode")
+    for study in ("f", "new"):
+        with pytest.raises(FaultError, match="'explode'"):
+            run_search(dataclasses.replace(config, trials=2, study=study))
+    assert study_checksum(storage, "f") == before
+    assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(storage))] == ["f"]
 
 
 @pytest.mark.slow

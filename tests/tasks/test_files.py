@@ -1,10 +1,23 @@
 """User files: .npz round trips, the class-label variant, text as a char LM, and one clear error each."""
 
+import io
+import zipfile
+
 import numpy as np
 import pytest
 import torch
 
-from nas.tasks import IGNORE_INDEX, TaskError, load_npz, load_text, task_from_config
+from nas.tasks import (
+    IGNORE_INDEX,
+    MAX_SEQ_LEN,
+    MAX_TASK_TOKENS,
+    MAX_VOCAB,
+    TaskError,
+    load_npz,
+    load_task,
+    load_text,
+    task_from_config,
+)
 
 
 def save(path, **arrays):
@@ -192,3 +205,145 @@ def test_too_little_data_is_refused_with_the_minimum(tmp_path):
     path.write_text("x" * 40)
     with pytest.raises(TaskError, match="40 characters; seq_len=4 needs at least 41 \\(10 windows\\)"):
         load_text(path=str(path), seq_len=4)
+
+
+def _header_only(path, **shapes):
+    """An .npz whose members are only .npy headers declaring ``shapes`` (int64, no data): what a
+    compressed file of that shape looks like before its data is read."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for key, shape in shapes.items():
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(
+                header, {"descr": "<i8", "fortran_order": False, "shape": tuple(shape)}
+            )
+            archive.writestr(f"{key}.npy", header.getvalue())
+    return str(path)
+
+
+def _raw_member(path):
+    """An .npz whose 'x' member is raw bytes, not a .npy array (np.load hands back bytes)."""
+    x, y = token_arrays(n=12)
+    save(path, x=x, y=y)
+    data = io.BytesIO()
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(data, "w") as dst:
+        for name in src.namelist():
+            dst.writestr(name, b"not an array at all" if name == "x.npy" else src.read(name))
+    path.write_bytes(data.getvalue())
+    return str(path)
+
+
+def _one_value(path, key, value, *, labels=False):
+    """Valid token data with one entry of ``key`` set to ``value``."""
+    x, y = token_arrays(n=12)
+    x, y = x.astype(np.int64), (np.arange(12) % 3 if labels else y).astype(np.int64)
+    (x if key == "x" else y)[3, ...] = value
+    return save(path, x=x, y=y)
+
+
+# (id, writer(path) -> str path, what the one line must say besides the file)
+LIMITS = [
+    (
+        "no-rows",
+        lambda p: save(p, x=np.zeros((0, 16), np.int64), y=np.zeros((0, 16), np.int64)),
+        "'x' and 'y' are empty",
+    ),
+    ("no-rows-labels", lambda p: save(p, x=np.zeros((0, 16), np.int64), y=np.zeros(0, np.int64)), "are empty"),
+    ("token-2^31-1", lambda p: _one_value(p, "x", 2**31 - 1), "array 'x' has token 2147483647"),
+    ("token-at-max-vocab", lambda p: _one_value(p, "x", MAX_VOCAB), f"array 'x' has token {MAX_VOCAB}"),
+    ("target-1e9", lambda p: _one_value(p, "y", 10**9), "array 'y' has target 1000000000"),
+    ("label-1e9", lambda p: _one_value(p, "y", 10**9, labels=True), "array 'y' has target 1000000000"),
+    (
+        "uint64-above-int64",
+        lambda p: save(p, x=np.full((12, 4), 2**63 + 5, np.uint64), y=np.zeros(12, np.int64)),
+        "array 'x' has token 9223372036854775813",
+    ),
+    ("long-rows", lambda p: _header_only(p, x=(10, 5_000_000), y=(10,)), "5,000,000 tokens per row"),
+    ("one-past-max-seq", lambda p: _header_only(p, x=(10, MAX_SEQ_LEN + 1), y=(10,)), "tokens per row"),
+    (
+        "too-many-tokens",
+        lambda p: _header_only(p, x=(MAX_TASK_TOKENS // 1024 + 1, 1024), y=(MAX_TASK_TOKENS // 1024 + 1,)),
+        f"at most {MAX_TASK_TOKENS:,}",
+    ),
+    ("raw-member", _raw_member, "array 'x' is not a .npy array"),
+]
+
+
+@pytest.mark.parametrize("writer, needle", [c[1:] for c in LIMITS], ids=[c[0] for c in LIMITS])
+def test_empty_and_oversized_npz_are_one_line_naming_the_array(tmp_path, writer, needle):
+    """Empty arrays, ids that would size the embedding or the output layer past MAX_VOCAB, rows
+    past MAX_SEQ_LEN and files past MAX_TASK_TOKENS: one TaskError naming the file and the culprit,
+    shapes refused from the .npy header before any data is read."""
+    path = writer(tmp_path / "d.npz")
+    with pytest.raises(TaskError) as err:
+        load_npz(path=path)
+    message = str(err.value)
+    assert message.startswith(path + ": ") and "\n" not in message, message
+    assert needle in message, message
+
+
+def test_limits_are_inclusive(tmp_path):
+    """The largest token and target a file may hold load (vocab and outputs exactly MAX_VOCAB)."""
+    x, y = token_arrays(n=12)
+    x, y = x.astype(np.int64), y.astype(np.int64)
+    x[0, 0] = y[0, 0] = MAX_VOCAB - 1
+    task = load_npz(path=save(tmp_path / "d.npz", x=x, y=y))
+    assert task.vocab_size == task.n_out == MAX_VOCAB
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("{path}:n_out=1048577", "n_out=1048577 is above the maximum of 1,048,576"),
+        ("{text}:seq_len=65537", "seq_len must be in [1, 65,536], got 65537"),
+        ("mqar:vocab_size=1048577,n_train=2,n_test=2", "mqar: vocab_size=1048577 is above the maximum of 1,048,576"),
+        ("mqar:seq_len=65537,n_train=1,n_test=1", "mqar: seq_len=65537 is above the maximum of 65,536"),
+        (
+            "mqar_long:vocab_size=1048577,num_kv_pairs=2,seq_len=8,n_train=2,n_test=2",
+            "mqar_long: vocab_size=1048577 is above",
+        ),
+        ("mad_recall:vocab_size=1048577,seq_len=32,n_train=2,n_test=2", "mad_recall: vocab_size=1048577 is above"),
+        ("mad_noisy_recall:seq_len=65538,n_train=1,n_test=1", "mad_noisy_recall: seq_len=65538 is above"),
+        ("mad_selective_copy:vocab_size=1048577,n_train=2,n_test=2", "mad_selective_copy: vocab_size=1048577 is above"),
+    ],
+    ids=[
+        "npz-n_out",
+        "text-seq_len",
+        "mqar-vocab",
+        "mqar-seq",
+        "mqar_long-vocab",
+        "mad-vocab",
+        "mad-noisy-seq",
+        "mad-copy-vocab",
+    ],
+)
+def test_task_sizes_are_bounded_before_anything_is_built(tmp_path, spec, needle):
+    """Each spec is just past one limit, and cheap to build were the limit not there."""
+    x, y = token_arrays(n=12)
+    path = save(tmp_path / "d.npz", x=x, y=y)
+    text = tmp_path / "t.txt"
+    text.write_text("abc" * 100)
+    with pytest.raises(TaskError) as err:
+        load_task(spec.format(path=path, text=text))
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["mqar:vocab_size=32,seq_len=32,num_kv_pairs=4,n_train=40,n_test=12", "mad_recall:seq_len=32,n_train=40,n_test=12"],
+)
+def test_generated_tokens_are_bounded(monkeypatch, spec):
+    """n_train + n_test rows of seq_len tokens within MAX_TASK_TOKENS (lowered here to 1000, so
+    the test builds nothing large either way)."""
+    monkeypatch.setattr("nas.tasks._build.MAX_TASK_TOKENS", 1000)
+    with pytest.raises(TaskError, match=r"52 rows of 32 tokens \(n_train \+ n_test\) are above the maximum of 1,000"):
+        load_task(spec)
+
+
+def test_text_vocabulary_is_bounded(tmp_path):
+    """A text file's vocabulary is its distinct characters: more than MAX_VOCAB of them is refused."""
+    chars = "".join(chr(c) for c in range(0x20, 0x110000) if not 0xD800 <= c <= 0xDFFF)
+    assert len(chars) > MAX_VOCAB
+    path = tmp_path / "all.txt"
+    path.write_text(chars, encoding="utf-8")
+    with pytest.raises(TaskError, match=r"all.txt: 1,112,032 distinct characters; the vocabulary may be at most"):
+        load_text(path=str(path), seq_len=16)

@@ -222,11 +222,14 @@ def test_long_storage_is_int32_and_batches_gather_rows_only():
     [
         ("mqar_long:num_kv_pairs=5000", "mqar_long: vocab_size=8192 has too few keys for num_kv_pairs=5000"),
         ("mqar_long:seq_len=500", "mqar_long: seq_len=500 is too short for 128 pairs"),
-        ("mqar_long:vocab_size=4294967296,num_kv_pairs=2,seq_len=8", "mqar_long: vocab_size=4294967296 must be < 2^31"),
+        (
+            "mqar_long:vocab_size=4294967296,num_kv_pairs=2,seq_len=8",
+            "mqar_long: vocab_size=4294967296 is above the maximum of 1,048,576",
+        ),
         ("mqar_long:power_a=2", "mqar_long: power_a must be in (0, 1]"),
         ("mqar_long:n_test=0", "mqar_long: n_train and n_test must be >= 1"),
     ],
-    ids=["kv-vocab", "seq_len", "vocab-int32", "power_a", "n_test"],
+    ids=["kv-vocab", "seq_len", "vocab-max", "power_a", "n_test"],
 )
 def test_long_bad_parameters_are_one_line(spec, needle):
     with pytest.raises(TaskError) as err:

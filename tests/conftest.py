@@ -30,11 +30,13 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# max_train_seconds is a guard that must not fire in tests of steps (a loaded 2-core runner took
+# over 10 s for 16 steps): tests that want it to fire set it to 1e-9.
 TINY_SPACE = """\
 name: ci_tiny
 description: test space
 task: mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=128,n_test=32
-max_train_seconds: 10
+max_train_seconds: 600
 depth: {low: 1, high: 2}
 d_model: [16]
 layer:

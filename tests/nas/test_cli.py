@@ -825,7 +825,7 @@ def test_a_log_gets_one_line_per_trial_and_the_steps_trained(tmp_path, monkeypat
     """Not a terminal (CI, nohup): one line per finished trial; a training stopped by the time
     budget shows the steps it took (1 of 5: any step takes longer than the 1 ns budget)."""
     space = write_space(tmp_path, steps=5)
-    space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
+    space.write_text(space.read_text().replace("max_train_seconds: 600", "max_train_seconds: 1.0e-9"))
     monkeypatch.setenv("COLUMNS", "200")
     assert (
         main(

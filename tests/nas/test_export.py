@@ -266,7 +266,7 @@ def test_a_training_cut_short_is_exported_with_the_steps_it_took(tmp_path):
     """A 1 ns time budget stops every training after its first step (deterministically); the
     bundle records and shows 1 of 5 steps, not the recipe's 5."""
     space = write_space(tmp_path, steps=5)
-    space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
+    space.write_text(space.read_text().replace("max_train_seconds: 600", "max_train_seconds: 1.0e-9"))
     storage = str(tmp_path / "s.journal")
     assert (
         main(

@@ -418,7 +418,7 @@ def test_time_budget_records_the_steps_actually_trained(tmp_path):
     """max_train_seconds far below one step's time stops every training after its first step
     (deterministically: any step takes longer than a nanosecond); the trial records 1 of 5."""
     space = write_space(tmp_path, steps=5)
-    space.write_text(space.read_text().replace("max_train_seconds: 10", "max_train_seconds: 1.0e-9"))
+    space.write_text(space.read_text().replace("max_train_seconds: 600", "max_train_seconds: 1.0e-9"))
     study = run_search(_config(tmp_path, space, trials=1))
     t = study.get_trials(states=(TrialState.COMPLETE,))[0]
     assert (t.user_attrs["steps_done"], t.user_attrs["stopped"], t.user_attrs["train"]["steps"]) == (

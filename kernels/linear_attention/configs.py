@@ -25,6 +25,7 @@ from kernels.device import is_cuda
 
 __all__ = [
     "ChunkConfig",
+    "PrefixConfig",
     "StepConfig",
     "HOPPER",
     "DEFAULT",
@@ -57,6 +58,13 @@ __all__ = [
     "TWO_PASS_FUSED_FROM_HEADS",
     "TWO_PASS_FUSED_FROM_LENGTH",
     "TWO_PASS_FUSED_MAX_DIM",
+    "PREFIX_HOPPER",
+    "PREFIX_INTERPRETER",
+    "prefix_config",
+    "prefers_prefix",
+    "forward_route",
+    "PREFIX_UP_TO_CHUNKS",
+    "PREFIX_MAX_PROGRAMS",
 ]
 
 
@@ -190,6 +198,27 @@ class TwoPassConfig:
             raise ValueError(f"TwoPassConfig.group must be >= 1 or None, got {self.group}")
 
 
+@dataclass(frozen=True)
+class PrefixConfig:
+    """The one-launch prefix forward of the identity map (``triton.linear_attention`` with route
+    "prefix"): one program per (batch·head, chunk, ``block_v`` value columns), all at once; each
+    sums the state of the chunks before its own (S = Σ kᵀv, accumulate-only matmuls over full
+    chunks) and then computes its chunk's outputs, as pass 2 of the two-pass forward does from a
+    stored state. No state goes to memory and there is one launch, at the price of re-reading the
+    prefix: c·(chunk·D + chunk·block_v) elements for chunk c, so it is for short walks. chunk:
+    tokens per chunk; num_warps, num_stages: as in ``triton.Config`` (the prefix loop pipelines
+    like a GEMM's K loop)."""
+
+    chunk: int
+    block_v: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        _power_of_two("PrefixConfig", "chunk", self.chunk)
+        _power_of_two("PrefixConfig", "block_v", self.block_v)
+
+
 # sm_90 (H200, triton 3.6, bf16; benchmarks/results/linear_attention_two_pass_h200_groups.json,
 # 27 shapes): the first is the route's launch — 64-token chunks, whole 64-wide state blocks (D ≥ 64),
 # 4 warps in both passes — the fastest or within 10 % of it at 22 of the 27; the rest are tested
@@ -236,10 +265,59 @@ def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int,
     )
 
 
+# The prefix forward on sm_90 (bf16): taken over the two passes for walks of at most
+# PREFIX_UP_TO_CHUNKS 64-token chunks while B·H·chunks stays within PREFIX_MAX_PROGRAMS (pass 2's
+# grid, in programs per value block). Not yet measured: 0 keeps it off.
+PREFIX_UP_TO_CHUNKS = 0
+PREFIX_MAX_PROGRAMS = 0
+
+
+def prefers_prefix(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
+    """Whether the bf16 identity-map forward that ``prefers_two_pass`` sends to the two passes
+    runs as the one-launch prefix forward instead: short walks on small grids (above)."""
+    if capability != (9, 0) or head_dim not in (32, 64, 128):
+        return False
+    chunks = -(-length // 64)
+    return chunks <= PREFIX_UP_TO_CHUNKS and batch_heads * chunks <= PREFIX_MAX_PROGRAMS
+
+
+def forward_route(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int, feature_map: str) -> str:
+    """The bf16 forward's route on a GPU of ``capability``: "prefix", "two_pass" or "fused"
+    (``prefers_two_pass``, then ``prefers_prefix``); fixed per shape, so a captured graph always
+    launches the same kernels. The normalized maps keep the fused kernel until measured."""
+    if feature_map != "identity" or not prefers_two_pass(capability, batch_heads, length, head_dim):
+        return "fused"
+    return "prefix" if prefers_prefix(capability, batch_heads, length, head_dim) else "two_pass"
+
+
 # TRITON_INTERPRET: 16-token chunks and 16-wide state blocks, so D = 32 has 2 × 2 blocks in pass 1
 # and two programs per chunk in pass 2, odd lengths end in a masked chunk, and groups of 2 chunks
 # put the carry between the passes on the path from 3 chunks up.
 TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
+
+# The prefix forward's launches (route "prefix"), tried on sm_90 beside the two passes: whole
+# min(64, D)-column value blocks (narrower ones are refused on the GPU, as for the two passes).
+PREFIX_HOPPER: dict[int, tuple[PrefixConfig, ...]] = {
+    16: (PrefixConfig(64, 16, 4, 2),),
+    32: (PrefixConfig(64, 32, 4, 3), PrefixConfig(64, 32, 4, 2), PrefixConfig(32, 32, 4, 3)),
+    64: (
+        PrefixConfig(64, 64, 4, 3),
+        PrefixConfig(64, 64, 4, 2),
+        PrefixConfig(64, 64, 8, 2),
+        PrefixConfig(32, 64, 4, 3),
+    ),
+    128: (PrefixConfig(64, 64, 8, 2), PrefixConfig(64, 128, 8, 2), PrefixConfig(64, 64, 4, 3)),
+}
+# TRITON_INTERPRET: 16-token chunks (odd lengths end in a masked chunk, the prefix loop runs from
+# the second chunk on) and 16 value columns (two programs per chunk at D = 32).
+PREFIX_INTERPRETER = PrefixConfig(16, 16, 4, 1)
+
+
+def prefix_config(device: torch.device, head_dim: int) -> PrefixConfig:
+    """The prefix forward's launch at ``head_dim`` on ``device`` (block_v capped at D)."""
+    c = PREFIX_HOPPER.get(head_dim, (PrefixConfig(64, 64, 4, 2),))[0] if is_cuda(device) else PREFIX_INTERPRETER
+    return replace(c, block_v=min(c.block_v, head_dim))
+
 
 # Pass 1's groups: a program walking its chunks in order is bound by one SM's share of the memory
 # bandwidth (B·H = 4 at 4097 tokens kept 8 of 132 SMs busy for 33 sequential chunks), so while the

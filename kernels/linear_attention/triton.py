@@ -68,11 +68,13 @@ from kernels.linear_attention.configs import (
     CARRY_BLOCK_G,
     CARRY_TILE,
     ChunkConfig,
+    PrefixConfig,
     StepConfig,
     TwoPassConfig,
     TwoPassPlan,
     chunk_configs,
-    prefers_two_pass,
+    forward_route,
+    prefix_config,
     split_for,
     step_config,
     two_pass_config,
@@ -330,7 +332,8 @@ def _two_pass_states_kernel(
     K,
     V,
     HS,
-    TOTALS,  # k, v [B, H, T, D] strided; HS [B·H, NC, D, D] in HS's dtype; TOTALS [B·H, NG, D, D] fp32
+    ZS,
+    TOTALS,  # k, v [B, H, T, D] strided; HS [B·H, NC, D, D] in HS's dtype; ZS [B·H, NC, D], TOTALS [B·H, NG, ROW] fp32
     stride_kb,
     stride_kh,
     stride_kt,
@@ -346,14 +349,19 @@ def _two_pass_states_kernel(
     BLOCK_V: tl.constexpr,
     CHUNK: tl.constexpr,
     CARRY: tl.constexpr,
+    ROW: tl.constexpr,
+    FEATURE: tl.constexpr = "identity",
+    NORMALIZE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Pass 1, one program per (batch·head, group of GROUP chunks, block of state rows, block of
-    # state columns): the identity map's state S = Σ kᵀv is a plain sum, separable by rows and
-    # columns and by chunks, so each program walks only its group's chunks from zero, storing
-    # the state before each chunk *within the group*; with several groups (CARRY) it also stores
-    # its group's total, whose prefix over the groups (``_two_pass_carry_kernel``) pass 2 adds.
+    # state columns): the state S = Σ φ(k)ᵀv is a plain sum, separable by rows and columns and
+    # by chunks, so each program walks only its group's chunks from zero, storing the state
+    # before each chunk *within the group*; with several groups (CARRY) it also stores its
+    # group's total, whose prefix over the groups (``_two_pass_carry_kernel``) pass 2 adds.
+    # NORMALIZE: also z = Σ φ(k) before each chunk (ZS) and in the totals (entries D·D onward of
+    # a ROW), stored by the programs of the first column block.
     NG = tl.cdiv(NC, GROUP)
     pid = tl.program_id(0)
     bh = pid // NG
@@ -369,7 +377,9 @@ def _two_pass_states_kernel(
     v_rows = V + b * stride_vb + h * stride_vh + (v0 + tl.arange(0, BLOCK_V))[None, :]
     tile = (k0 + tl.arange(0, BLOCK_K))[:, None] * HEAD_DIM + (v0 + tl.arange(0, BLOCK_V))[None, :]
     states = HS + bh.to(tl.int64) * NC * HEAD_DIM * HEAD_DIM + tile
+    z_rows = ZS + bh.to(tl.int64) * NC * HEAD_DIM + k0 + tl.arange(0, BLOCK_K)
     S = tl.zeros([BLOCK_K, BLOCK_V], tl.float32)
+    z = tl.zeros([BLOCK_K], tl.float32)
     c_lo = g * GROUP
     for c in range(c_lo, tl.minimum(c_lo + GROUP, NC)):
         c64 = tl.cast(c, tl.int64)
@@ -378,9 +388,20 @@ def _two_pass_states_kernel(
         live = t0 + t < T
         k = tl.load(k_rows + (t0 + t) * stride_kt, mask=live, other=0.0)  # [CHUNK, BLOCK_K]; zeros past T
         v = tl.load(v_rows + (t0 + t) * stride_vt, mask=live, other=0.0)  # [CHUNK, BLOCK_V]
+        if FEATURE != "identity":  # φ(0) = 1 for elu+1: keys past T must not reach z
+            kf = tl.where(live, _feature(k.to(tl.float32), FEATURE), 0.0)
+            k = kf.to(v.dtype)
+            if NORMALIZE:
+                if v0 == 0:
+                    tl.store(z_rows + c64 * HEAD_DIM, z)
+                z += tl.sum(kf, 0)
         S = tl.dot(tl.trans(k), v, S)
     if CARRY:
-        tl.store(TOTALS + (bh.to(tl.int64) * NG + g) * HEAD_DIM * HEAD_DIM + tile, S)
+        total = TOTALS + (bh.to(tl.int64) * NG + g) * ROW
+        tl.store(total + tile, S)
+        if NORMALIZE:
+            if v0 == 0:
+                tl.store(total + HEAD_DIM * HEAD_DIM + k0 + tl.arange(0, BLOCK_K), z)
 
 
 @triton.jit(do_not_specialize=["NG"])
@@ -388,11 +409,12 @@ def _two_pass_carry_kernel(
     TOTALS, NG, DD: tl.constexpr, TILE: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False
 ):
     enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
-    # Between the passes when pass 1 ran in several groups: TOTALS [B·H, NG, D·D] fp32 in place
+    # Between the passes when pass 1 ran in several groups: TOTALS [B·H, NG, DD] fp32 in place
     # from each group's own sum to the sum of it and the groups before it (an inclusive prefix
-    # over g; pass 2 of group g reads entry g - 1), one program per (batch·head, TILE state
-    # entries), BLOCK_G groups per step. Inclusive, not exclusive as ``prefix - x``: a group
-    # whose sum dwarfs the prefix before it would cancel that prefix's digits away.
+    # over g; pass 2 of group g reads entry g - 1), one program per (batch·head, TILE entries of
+    # a row: the state's D·D, then z's tile for the normalized maps), BLOCK_G groups per step.
+    # Inclusive, not exclusive as ``prefix - x``: a group whose sum dwarfs the prefix before it
+    # would cancel that prefix's digits away.
     bh = tl.program_id(0).to(tl.int64)
     base = TOTALS + bh * NG * DD + (tl.program_id(1) * TILE + tl.arange(0, TILE))[None, :]
     carry = tl.zeros([TILE], tl.float32)
@@ -410,8 +432,9 @@ def _two_pass_out_kernel(
     K,
     V,
     HS,
+    ZS,
     TOTALS,
-    O,  # q, k, v [B, H, T, D] strided; HS [B·H, NC, D, D]; TOTALS [B·H, NG, D, D] fp32; o [B, T, H·D]
+    O,  # q, k, v [B, H, T, D] strided; HS [B·H, NC, D, D]; ZS [B·H, NC, D]; TOTALS [B·H, NG, ROW] fp32; o [B, T, H·D]
     stride_qb,
     stride_qh,
     stride_qt,
@@ -430,15 +453,22 @@ def _two_pass_out_kernel(
     BLOCK_V: tl.constexpr,
     CHUNK: tl.constexpr,
     CARRY: tl.constexpr,
+    ROW: tl.constexpr,
+    FEATURE: tl.constexpr = "identity",
+    NORMALIZE: tl.constexpr = False,
+    PREFIX: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
     # Pass 2, one program per (batch·head·chunk, block of value columns), all chunks at once:
-    # o = (q·kᵀ ⊙ causal)·v within the chunk + q·S (the state before it: pass 1's, plus the
-    # groups before this chunk's group when pass 1 ran in several).
+    # o = (φq·φkᵀ ⊙ causal)·v within the chunk + φq·S (the state before it: pass 1's, plus the
+    # groups before this chunk's group when pass 1 ran in several); NORMALIZE divides by the
+    # same form with v = 1: the scores' row sums + φq·z. PREFIX: the one-launch prefix forward
+    # instead — no pass 1; each program sums its own state (and z) from the chunks before its
+    # chunk (HS, ZS and TOTALS unread), the latest chunks first (they have the longest prefix).
     pid = tl.program_id(0)
     bh = pid // NC
-    c = pid % NC
+    c = NC - 1 - pid % NC if PREFIX else pid % NC
     v0 = tl.program_id(1) * BLOCK_V
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -452,21 +482,51 @@ def _two_pass_out_kernel(
     v = tl.load(
         V + b * stride_vb + h * stride_vh + t0 * stride_vt + r * stride_vt + cols[None, :], mask=live, other=0.0
     )
-    qc = (q.to(tl.float32) * q_scale).to(v.dtype)  # q [CHUNK, D], v [CHUNK, BLOCK_V]; zeros past T
-    scores = tl.dot(qc, tl.trans(k))  # [CHUNK, CHUNK] fp32
-    scores = tl.where(r >= tl.arange(0, CHUNK)[None, :], scores, 0.0).to(v.dtype)
-    o = tl.dot(scores, v)  # intra-chunk
+    # q [CHUNK, D], v [CHUNK, BLOCK_V]; zeros past T. Keys past T (φ(0) = 1 for elu+1) only meet
+    # queries past T, whose rows are not stored.
+    qf = _feature(q.to(tl.float32), FEATURE) * q_scale
+    qc = qf.to(v.dtype)
+    if FEATURE == "identity":
+        kc = k
+    else:
+        kc = _feature(k.to(tl.float32), FEATURE).to(v.dtype)
+    scores = tl.dot(qc, tl.trans(kc))  # [CHUNK, CHUNK] fp32
+    scores = tl.where(r >= tl.arange(0, CHUNK)[None, :], scores, 0.0)
+    o = tl.dot(scores.to(v.dtype), v)  # intra-chunk
     tile = tl.arange(0, HEAD_DIM)[:, None] * HEAD_DIM + cols[None, :]
-    S = tl.load(HS + (bh.to(tl.int64) * NC + c) * HEAD_DIM * HEAD_DIM + tile)
+    z = tl.zeros([HEAD_DIM], tl.float32)
+    if PREFIX:  # S = Σ φ(k)ᵀv over the full chunks before this one, rounded once as pass 1 stores it
+        S = tl.zeros([HEAD_DIM, BLOCK_V], tl.float32)
+        k_rows = K + b * stride_kb + h * stride_kh + r * stride_kt + d
+        v_rows = V + b * stride_vb + h * stride_vh + r * stride_vt + cols[None, :]
+        for j in range(0, c):
+            t = tl.cast(j, tl.int64) * CHUNK
+            kj = tl.load(k_rows + t * stride_kt)
+            vj = tl.load(v_rows + t * stride_vt)
+            if FEATURE != "identity":
+                kjf = _feature(kj.to(tl.float32), FEATURE)
+                kj = kjf.to(vj.dtype)
+                if NORMALIZE:
+                    z += tl.sum(kjf, 0)
+            S = tl.dot(tl.trans(kj), vj, S)
+        S = S.to(HS.dtype.element_ty)
+    else:
+        S = tl.load(HS + (bh.to(tl.int64) * NC + c) * HEAD_DIM * HEAD_DIM + tile)
+        if NORMALIZE:
+            z = tl.load(ZS + (bh.to(tl.int64) * NC + c) * HEAD_DIM + tl.arange(0, HEAD_DIM))
     if CARRY:  # the groups before this one (the scan's entry g - 1), in fp32, rounded once to the states' dtype
         g = c // GROUP
-        before = TOTALS + (bh.to(tl.int64) * tl.cdiv(NC, GROUP) + tl.maximum(g - 1, 0)) * HEAD_DIM * HEAD_DIM + tile
-        carry = tl.where(g > 0, tl.load(before), 0.0)  # group 0 has none (it reads its own total, unused)
+        before = TOTALS + (bh.to(tl.int64) * tl.cdiv(NC, GROUP) + tl.maximum(g - 1, 0)) * ROW
+        carry = tl.where(g > 0, tl.load(before + tile), 0.0)  # group 0 has none (it reads its own total, unused)
         S = (S.to(tl.float32) + carry).to(HS.dtype.element_ty)
+        if NORMALIZE:
+            z += tl.where(g > 0, tl.load(before + HEAD_DIM * HEAD_DIM + tl.arange(0, HEAD_DIM)), 0.0)
     if HS.dtype.element_ty == tl.float32:
-        o = tl.dot(qc.to(tl.float32), S, o)  # + inter-chunk, fp32 state (fp16 and fp32 inputs)
+        o = tl.dot(qf, S, o)  # + inter-chunk, fp32 state (fp16 and fp32 inputs)
     else:
         o = tl.dot(qc, S, o)  # + inter-chunk, 16-bit state
+    if NORMALIZE:
+        o = o / (tl.sum(scores, 1) + tl.sum(qf * z[None, :], 1) + _EPS)[:, None]
     out = O + (b * T + t0) * (H * HEAD_DIM) + r * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
     tl.store(out, o.to(v.dtype), mask=live)
 
@@ -481,19 +541,34 @@ def two_pass_plan(device: torch.device, batch_heads: int, T: int, head_dim: int,
     return configs_two_pass_plan(batch_heads, T, head_dim, config, sm_count(device) if is_cuda(device) else 1)
 
 
-def _two_pass_states(k: Tensor, v: Tensor, plan: TwoPassPlan) -> tuple[Tensor, Tensor]:
+def _state_dtype(x: Tensor) -> torch.dtype:
+    """The states between the passes: bf16 for bf16 inputs (each rounded once from fp32, as
+    fla-core stores them), fp32 otherwise (fp16 sums of T products can overflow)."""
+    return torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+
+
+def _total_row(head_dim: int, normalize: bool) -> int:
+    """Entries per group total: the state's D·D, then (normalized maps) one scan tile holding z."""
+    return head_dim * head_dim + (min(head_dim * head_dim, CARRY_TILE) if normalize else 0)
+
+
+def _two_pass_states(k: Tensor, v: Tensor, plan: TwoPassPlan, feature_map: str) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1 (and the carry between the passes): (states before every chunk within its group,
-    the prefix of the groups' totals — ``states`` itself, unread, when there is one group)."""
+    z before every chunk — ``states``, unread, for the identity map —, the prefix of the groups'
+    totals — ``states``, unread, when there is one group)."""
     B, H, T, D = k.shape
     cfg = plan.config
-    dtype = torch.bfloat16 if k.dtype == torch.bfloat16 else torch.float32
-    states = torch.empty(plan.states_shape, device=k.device, dtype=dtype)
+    normalize = normalizes(feature_map)
+    states = torch.empty(plan.states_shape, device=k.device, dtype=_state_dtype(k))
+    zs = torch.empty(plan.states_shape[:3], device=k.device, dtype=torch.float32) if normalize else states
     carry = plan.carry
-    totals = torch.empty(plan.totals_shape, device=k.device, dtype=torch.float32) if carry else states
+    row = _total_row(D, normalize)
+    totals = torch.empty((B * H, plan.groups, row), device=k.device, dtype=torch.float32) if carry else states
     _two_pass_states_kernel[(B * H * plan.groups, D // cfg.block_k, D // cfg.block_v)](
         k,
         v,
         states,
+        zs,
         totals,
         *k.stride()[:3],
         *v.stride()[:3],
@@ -506,29 +581,46 @@ def _two_pass_states(k: Tensor, v: Tensor, plan: TwoPassPlan) -> tuple[Tensor, T
         BLOCK_V=cfg.block_v,
         CHUNK=cfg.chunk,
         CARRY=carry,
+        ROW=row,
+        FEATURE=feature_map,
+        NORMALIZE=normalize,
         num_warps=cfg.states_warps or cfg.num_warps,
         num_stages=plan.states_stages,
         **pdl(k),
     )
     if carry:
         tile = min(D * D, CARRY_TILE)
-        _two_pass_carry_kernel[(B * H, D * D // tile)](
-            totals, plan.groups, DD=D * D, TILE=tile, BLOCK_G=CARRY_BLOCK_G, num_warps=4, **pdl(totals)
+        _two_pass_carry_kernel[(B * H, row // tile)](
+            totals, plan.groups, DD=row, TILE=tile, BLOCK_G=CARRY_BLOCK_G, num_warps=4, **pdl(totals)
         )
-    return states, totals
+    return states, zs, totals
 
 
 def _two_pass_out(
-    q: Tensor, k: Tensor, v: Tensor, states: Tensor, totals: Tensor, o: Tensor, q_scale: float, plan: TwoPassPlan
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    states: Tensor,
+    zs: Tensor,
+    totals: Tensor,
+    o: Tensor,
+    q_scale: float,
+    plan: TwoPassPlan,
+    feature_map: str,
+    prefix: bool = False,
 ) -> None:
-    """Pass 2: every chunk's outputs from its state (plus its group's carry) and its own tokens."""
+    """Pass 2: every chunk's outputs from its state (plus its group's carry) and its own tokens;
+    ``prefix``: each chunk's state summed by its own program instead (``states``: a tensor of
+    the states' dtype, unread; ``zs`` and ``totals`` unread)."""
     B, H, T, D = q.shape
     cfg = plan.config
+    normalize = normalizes(feature_map)
     _two_pass_out_kernel[(B * H * plan.chunks, D // cfg.block_v)](
         q,
         k,
         v,
         states,
+        zs,
         totals,
         o,
         *q.stride()[:3],
@@ -542,38 +634,65 @@ def _two_pass_out(
         HEAD_DIM=D,
         BLOCK_V=cfg.block_v,
         CHUNK=cfg.chunk,
-        CARRY=plan.groups > 1,
+        CARRY=plan.groups > 1 and not prefix,
+        ROW=_total_row(D, normalize),
+        FEATURE=feature_map,
+        NORMALIZE=normalize,
+        PREFIX=prefix,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl(q),
     )
 
 
-def _two_pass(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config: TwoPassConfig) -> None:
-    """The identity map's forward as pass 1 (states before every chunk, to memory, the chunks
-    walked in groups in parallel), the carry across groups, and pass 2 (outputs, every chunk in
-    parallel). The states are bf16 for bf16 inputs (each rounded once from fp32, as fla-core
-    stores them), fp32 otherwise (fp16 sums of T products can overflow); the groups' totals fp32."""
+def _two_pass(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config: TwoPassConfig, feature_map: str
+) -> None:
+    """The forward as pass 1 (states before every chunk, to memory, the chunks walked in groups
+    in parallel), the carry across groups, and pass 2 (outputs, every chunk in parallel). The
+    states' dtype is ``_state_dtype``'s; the groups' totals and z are fp32."""
     B, H, T, D = q.shape
     plan = two_pass_plan(q.device, B * H, T, D, config)
-    states, totals = _two_pass_states(k, v, plan)
-    _two_pass_out(q, k, v, states, totals, o, q_scale, plan)
+    states, zs, totals = _two_pass_states(k, v, plan, feature_map)
+    _two_pass_out(q, k, v, states, zs, totals, o, q_scale, plan, feature_map)
 
 
-ROUTES = ("fused", "two_pass")
+def _prefix(q: Tensor, k: Tensor, v: Tensor, o: Tensor, q_scale: float, config: PrefixConfig, feature_map: str) -> None:
+    """The forward in one launch: pass 2's program per (chunk, value block), each summing its
+    own state (and z) from the chunks before it (``PrefixConfig``); the state rounded as the
+    two passes store it (``_state_dtype``)."""
+    B, H, T, D = q.shape
+    chunks = triton.cdiv(T, config.chunk)
+    # pass 2's launch in one group of every chunk (no pass 1: its fields are unused)
+    plan = TwoPassPlan(
+        TwoPassConfig(config.chunk, D, config.block_v, config.num_warps, config.num_stages),
+        config.num_stages,
+        B * H,
+        D,
+        chunks,
+        chunks,
+        1,
+    )
+    dtype = _state_dtype(k)
+    state_kind = k if k.dtype == dtype else torch.empty(1, device=k.device, dtype=dtype)
+    _two_pass_out(q, k, v, state_kind, state_kind, state_kind, o, q_scale, plan, feature_map, prefix=True)
+
+
+ROUTES = ("fused", "two_pass", "prefix")
 _routes = Routes("linear_attention", ROUTES)
 
 
 def set_route(route: str | None) -> None:
     """For every later ``linear_attention`` call of this process without an explicit config and
-    without ``return_state``: "two_pass" runs the identity map as two passes (other maps keep the
-    fused kernel), "fused" the one-launch kernel, None (the default) lets
-    ``configs.prefers_two_pass`` pick per shape for bf16 on a GPU (else the fused kernel)."""
+    without ``return_state``: "two_pass" runs the forward as two passes, "prefix" as the
+    one-launch prefix forward, "fused" as the fused kernel; None (the default) lets
+    ``configs.forward_route`` pick per shape and feature map for bf16 on a GPU (else the fused
+    kernel)."""
     _routes.set(route)
 
 
 def last_route() -> str | None:
-    """The route ("fused" or "two_pass") of the latest call without an explicit config."""
+    """The route ("fused", "two_pass" or "prefix") of the latest call without an explicit config."""
     return _routes.last()
 
 
@@ -679,31 +798,37 @@ def linear_attention(
     if T and B * H:
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         use_torch_allocator()
-        if isinstance(config, TwoPassConfig):
-            if feature_map != "identity" or return_state:
-                raise ValueError("a TwoPassConfig runs the identity map without return_state only")
+        if isinstance(config, (TwoPassConfig, PrefixConfig)):
+            kind = type(config).__name__
+            if return_state:
+                raise ValueError(f"a {kind} runs without return_state only (the fused kernel hands the state on)")
             if is_cuda(q.device) and min(config.block_v, D) < min(64, D):
                 # 32-column blocks at D ≥ 64 gave wrong outputs (rel. err. 1.2) or an illegal
                 # address on the H200 (triton 3.6), with tensor descriptors and with plain loads
                 # alike (linear_attention_two_pass_h200_groups.json), while the interpreter runs
                 # them right (test_two_pass_every_config): a GPU-only fault, not yet explained
-                raise ValueError(f"a TwoPassConfig on a GPU needs block_v ≥ min(64, D), got {config.block_v} at D={D}")
-            _two_pass(q, k, v, o, q_scale, _capped(config, D))
+                raise ValueError(f"a {kind} on a GPU needs block_v ≥ min(64, D), got {config.block_v} at D={D}")
+            if isinstance(config, PrefixConfig):
+                _prefix(q, k, v, o, q_scale, dataclasses.replace(config, block_v=min(config.block_v, D)), feature_map)
+            else:
+                _two_pass(q, k, v, o, q_scale, _capped(config, D), feature_map)
             return o
         if config is None and not return_state:
-            if _routes.forced is not None or feature_map != "identity":
-                two = _routes.forced == "two_pass" and feature_map == "identity"
-            else:  # the measured rule: bf16 on a GPU (the interpreter, fp16 and fp32 stay fused)
-                two = (
-                    q.dtype == torch.bfloat16
-                    and is_cuda(q.device)
-                    and not INTERPRETED
-                    and prefers_two_pass(torch.cuda.get_device_capability(q.device), B * H, T, D)
-                )
-            route = _routes.took("two_pass" if two else "fused")
+            if _routes.forced is not None:
+                route = _routes.forced
+            elif q.dtype == torch.bfloat16 and is_cuda(q.device) and not INTERPRETED:
+                route = forward_route(torch.cuda.get_device_capability(q.device), B * H, T, D, feature_map)
+            else:  # the measured rule is for bf16 on a GPU: the interpreter, fp16 and fp32 stay fused
+                route = "fused"
+            route = _routes.took(route)
             if route == "two_pass":
-                _two_pass(q, k, v, o, q_scale, two_pass_config(q.device, D))
+                _two_pass(q, k, v, o, q_scale, two_pass_config(q.device, D), feature_map)
                 return o
+            if route == "prefix":
+                _prefix(q, k, v, o, q_scale, prefix_config(q.device, D), feature_map)
+                return o
+        elif config is None:
+            _routes.took("fused")  # the state goes on: only the fused kernel keeps it
 
         def grid(meta: dict) -> tuple[int]:
             return (B * H * meta["SPLIT"] * (D // meta["BLOCK_V"]),)

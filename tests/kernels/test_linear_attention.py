@@ -83,6 +83,19 @@ GPU_TWO_PASS_CONFIGS = support.config_params(
 )
 
 
+# Every prefix config the GPU tables name, and the interpreter's, at each supported head dim.
+PREFIX_CONFIGS = support.config_params(
+    [(D, c) for D, cs in configs.PREFIX_HOPPER.items() for c in cs]
+    + [(D, configs.PREFIX_INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS],
+    lambda c: f"c{c.chunk}v{c.block_v}w{c.num_warps}s{c.num_stages}",
+)
+GPU_PREFIX_CONFIGS = support.config_params(
+    [(D, c) for D, cs in configs.PREFIX_HOPPER.items() for c in cs]
+    + [(D, configs.PREFIX_INTERPRETER) for D in configs.SUPPORTED_HEAD_DIMS if 16 >= min(64, D)],
+    lambda c: f"c{c.chunk}v{c.block_v}w{c.num_warps}s{c.num_stages}",
+)
+
+
 @pytest.fixture
 def route():
     """``set_route`` for one test, undone after it."""
@@ -105,28 +118,99 @@ def test_matches_reference_on_qkv_views(D: int, feature_map: str) -> None:
 
 @requires_interpreter
 @pytest.mark.parametrize("D,config", TWO_PASS_CONFIGS)
-def test_two_pass_every_config(D: int, config) -> None:
-    """The identity map's two passes with each config, at an odd length (T = 150: a masked last
-    chunk at every chunk size), against the reference."""
-    _check((2, 150, 2, D), torch.float32, CPU, feature_map="identity", config=config)
+@pytest.mark.parametrize("feature_map", CONTRACT_FEATURES)
+def test_two_pass_every_config(D: int, config, feature_map: str) -> None:
+    """The two passes with each config, at an odd length (T = 150: a masked last chunk at every
+    chunk size), against the reference: the identity map and a normalized one (z beside S)."""
+    _check((2, 150, 2, D), torch.float32, CPU, feature_map=feature_map, config=config)
 
 
 @requires_interpreter
 @pytest.mark.parametrize("T", [1, 16, 37])
 @pytest.mark.parametrize("D", [16, 32])
 def test_two_pass_route_matches_reference(route, D: int, T: int) -> None:
-    """``set_route("two_pass")``: the identity map takes it (2 × 2 state blocks at D = 32, chunks
-    of 16 with a ragged tail at T = 37); the normalized maps and ``return_state`` keep the fused
-    kernel, with the same results."""
+    """``set_route("two_pass")``: every map takes it (2 × 2 state blocks at D = 32, chunks of 16
+    with a ragged tail at T = 37); ``return_state`` keeps the fused kernel, with the same results."""
     route.set_route("two_pass")
-    _check((2, T, 3, D), torch.float32, CPU, feature_map="identity")
-    assert route.last_route() == "two_pass"
-    _check((2, T, 3, D), torch.float32, CPU, feature_map="elu+1")
-    assert route.last_route() == "fused"
+    for feature_map in ref.FEATURE_MAPS:
+        _check((2, T, 3, D), torch.float32, CPU, feature_map=feature_map)
+        assert route.last_route() == "two_pass"
     q, k, v = (torch.randn(1, 2, T, D) for _ in range(3))
     o, state, _ = la.linear_attention(q, k, v, feature_map="identity", return_state=True)
     _assert_close(o, ref.linear_attention(q, k, v, feature_map="identity"), torch.float32)
     assert route.last_route() == "fused"
+
+
+@requires_interpreter
+@pytest.mark.parametrize("D,config", PREFIX_CONFIGS)
+@pytest.mark.parametrize("feature_map", CONTRACT_FEATURES)
+def test_prefix_every_config(D: int, config, feature_map: str) -> None:
+    """The one-launch prefix forward with each config, at an odd length (T = 150: a masked last
+    chunk at every chunk size, prefix loops of 2-9 chunks), against the reference: the identity
+    map and a normalized one (z summed beside S)."""
+    _check((2, 150, 2, D), torch.float32, CPU, feature_map=feature_map, config=config)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("T", [1, 16, 17, 37, 64])
+@pytest.mark.parametrize("D", [16, 32])
+def test_prefix_route_matches_reference(route, D: int, T: int) -> None:
+    """``set_route("prefix")``: every map takes it (one chunk, a chunk and one token, a ragged
+    tail after two full chunks, four full chunks; two value blocks at D = 32); ``return_state``
+    keeps the fused kernel, with the same results."""
+    route.set_route("prefix")
+    for feature_map in ref.FEATURE_MAPS:
+        _check((2, T, 3, D), torch.float32, CPU, feature_map=feature_map)
+        assert route.last_route() == "prefix"
+    q, k, v = (torch.randn(1, 2, T, D) for _ in range(3))
+    o, _, _ = la.linear_attention(q, k, v, feature_map="identity", return_state=True)
+    _assert_close(o, ref.linear_attention(q, k, v, feature_map="identity"), torch.float32)
+    assert route.last_route() == "fused"
+
+
+@requires_interpreter
+def test_prefix_sums_every_chunk_before_its_own() -> None:
+    """A value spike in the first chunk only (k = v = 0 elsewhere, q = 1): every later chunk's
+    output is q·S with S the spike's kᵀv, so a prefix loop that skipped or doubled a chunk, or a
+    program that took another chunk's index, shows; the two passes agree to rounding."""
+    B, H, T, D = 1, 2, 16 * 5 + 3, 16
+    q = torch.ones(B, H, T, D)
+    k = torch.zeros(B, H, T, D)
+    v = torch.zeros(B, H, T, D)
+    k[:, :, 3], v[:, :, 3] = 1.0, torch.arange(D, dtype=torch.float32)
+    o = la.linear_attention(q, k, v, feature_map="identity", config=configs.PREFIX_INTERPRETER)
+    expected = ref.linear_attention(q, k, v, feature_map="identity")
+    _assert_close(o, expected, torch.float32)
+    assert torch.allclose(o[0, 16:, :D], (D**-0.5 * D * torch.arange(D, dtype=torch.float32)).expand(T - 16, D))
+    two = la.linear_attention(q, k, v, feature_map="identity", config=configs.TWO_PASS_INTERPRETER)
+    _assert_close(o, two, torch.float32)
+
+
+def test_identity_route_rule() -> None:
+    """``forward_route``: the fused kernel where ``prefers_two_pass`` says so; among the two-pass
+    shapes the prefix forward only for short walks on small grids (``prefers_prefix``'s bounds);
+    never off sm_90."""
+    cap = (9, 0)
+    for D in (32, 64, 128):
+        for bh, T in ((1, 1), (4, 256), (16, 1000), (128, 4096), (2, 8192)):
+            two = configs.prefers_two_pass(cap, bh, T, D)
+            got = configs.forward_route(cap, bh, T, D, "identity")
+            if not two:
+                assert got == "fused", (bh, T, D)
+                continue
+            chunks = -(-T // 64)
+            short = chunks <= configs.PREFIX_UP_TO_CHUNKS and bh * chunks <= configs.PREFIX_MAX_PROGRAMS
+            assert got == ("prefix" if short else "two_pass"), (bh, T, D)
+        assert configs.forward_route((8, 0), 1, 256, D, "identity") == "fused"
+    assert configs.forward_route(cap, 128, 2048, 32, "identity") == "fused"
+
+
+def test_prefix_config_refuses_return_state() -> None:
+    q = torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match="PrefixConfig runs without return_state only"):
+        la.linear_attention(q, q, q, feature_map="identity", return_state=True, config=configs.PREFIX_INTERPRETER)
+    with pytest.raises(ValueError, match="power of two"):
+        configs.PrefixConfig(48, 16, 4, 1)
 
 
 def _as_if_on(monkeypatch, sms: int) -> None:
@@ -147,7 +231,8 @@ def test_two_pass_groups_carry_the_state_between_them(monkeypatch, group) -> Non
     assert plan.chunks == 19 and plan.group * (plan.groups - 1) < 19 <= plan.group * plan.groups
     if group in (1, None):
         assert plan.groups > configs.CARRY_BLOCK_G
-    _check((1, 301, 2, 16), torch.float32, CPU, feature_map="identity", config=config)
+    for feature_map in CONTRACT_FEATURES:  # a normalized map carries z in the totals' extra tile
+        _check((1, 301, 2, 16), torch.float32, CPU, feature_map=feature_map, config=config)
 
 
 @requires_interpreter
@@ -229,7 +314,7 @@ def test_pass_1_launches_at_the_plans_depth(monkeypatch) -> None:
     plan = configs.two_pass_plan(1, 64, 16, config, 132)  # 4 chunks in one group, 1 program
     assert plan.states_stages == configs.TWO_PASS_DEEP_STAGES != config.num_stages
     k, v = torch.randn(2, 1, 1, 64, 16).unbind(0)
-    la._two_pass_states(k, v, plan)
+    la._two_pass_states(k, v, plan, "identity")
     assert seen["num_stages"] == plan.states_stages and seen["grid"] == (1, 1, 1)
 
 
@@ -280,10 +365,10 @@ def test_two_pass_rule_against_the_measured_rows() -> None:
         assert chosen <= 1.10 * best, f"B{B} H{H} L{L} D{D}: the rules' route took {chosen / best:.2f}x the best"
 
 
-def test_two_pass_config_is_for_the_identity_map_only() -> None:
+def test_two_pass_config_refuses_return_state() -> None:
     q = torch.randn(1, 2, 5, 16)
-    with pytest.raises(ValueError, match="identity map without return_state"):
-        la.linear_attention(q, q, q, feature_map="relu", config=configs.TWO_PASS_INTERPRETER)
+    with pytest.raises(ValueError, match="without return_state only"):
+        la.linear_attention(q, q, q, feature_map="relu", return_state=True, config=configs.TWO_PASS_INTERPRETER)
     with pytest.raises(ValueError, match="route must be None or one of"):
         la.set_route("chunked")
 
@@ -441,9 +526,11 @@ GPU_CASES = support.qkv_cases(
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("D,config", GPU_TWO_PASS_CONFIGS)
-def test_gpu_two_pass_every_config(D: int, config, dtype: torch.dtype) -> None:
-    """Each two-pass config compiled and run at a ragged length (bf16 states for bf16, fp32 for fp16)."""
-    _check((2, 1000, 5, D), dtype, CUDA, feature_map="identity", config=config)
+@pytest.mark.parametrize("feature_map", CONTRACT_FEATURES)
+def test_gpu_two_pass_every_config(D: int, config, dtype: torch.dtype, feature_map: str) -> None:
+    """Each two-pass config compiled and run at a ragged length (bf16 states for bf16, fp32 for
+    fp16), for the identity map and a normalized one."""
+    _check((2, 1000, 5, D), dtype, CUDA, feature_map=feature_map, config=config)
 
 
 @pytest.mark.gpu
@@ -457,7 +544,8 @@ def test_gpu_two_pass_groups(D: int, group, dtype: torch.dtype) -> None:
     config = dataclasses.replace(configs.TWO_PASS_HOPPER[D][0], group=group)
     plan = la.two_pass_plan(CUDA, 2, 4097, D, config)
     assert plan.groups > 1
-    _check((1, 4097, 2, D), dtype, CUDA, feature_map="identity", config=config)
+    for feature_map in CONTRACT_FEATURES:
+        _check((1, 4097, 2, D), dtype, CUDA, feature_map=feature_map, config=config)
 
 
 @pytest.mark.gpu
@@ -476,6 +564,30 @@ def test_gpu_default_route_follows_the_rule(route, D: int) -> None:
         assert route.last_route() == "fused"
         _check((8, T, heads // 8, D), torch.bfloat16, CUDA, feature_map="elu+1")
         assert route.last_route() == "fused"
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("D,config", GPU_PREFIX_CONFIGS)
+@pytest.mark.parametrize("feature_map", CONTRACT_FEATURES)
+def test_gpu_prefix_every_config(D: int, config, dtype: torch.dtype, feature_map: str) -> None:
+    """Each prefix config compiled and run at a ragged length (16 chunks, a masked tail; bf16
+    state for bf16, fp32 for fp16), and over one chunk, for the identity map and a normalized one."""
+    _check((2, 1000, 5, D), dtype, CUDA, feature_map=feature_map, config=config)
+    _check((3, 37, 2, D), dtype, CUDA, feature_map=feature_map, config=config)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_gpu_default_route_takes_the_prefix_rule(route, D: int) -> None:
+    """bf16 identity at a short walk on a small grid and at a long one: the route
+    ``configs.forward_route`` names, and the reference's result."""
+    cap = torch.cuda.get_device_capability()
+    for B, T, H in ((1, 256, 4), (2, 1000, 5), (1, 4097, 2)):
+        _check((B, T, H, D), torch.bfloat16, CUDA, feature_map="identity")
+        assert route.last_route() == configs.forward_route(cap, B * H, T, D, "identity"), (B, T, H, D)
 
 
 @pytest.mark.gpu

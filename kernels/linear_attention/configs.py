@@ -61,10 +61,11 @@ __all__ = [
     "PREFIX_HOPPER",
     "PREFIX_INTERPRETER",
     "prefix_config",
+    "prefix_config_for",
     "prefers_prefix",
     "forward_route",
-    "PREFIX_UP_TO_CHUNKS",
-    "PREFIX_MAX_PROGRAMS",
+    "PREFIX_IDENTITY",
+    "PREFIX_NORMALIZED",
 ]
 
 
@@ -265,29 +266,39 @@ def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int,
     )
 
 
-# The prefix forward on sm_90 (bf16): taken over the two passes for walks of at most
-# PREFIX_UP_TO_CHUNKS 64-token chunks while B·H·chunks stays within PREFIX_MAX_PROGRAMS (pass 2's
-# grid, in programs per value block). Not yet measured: 0 keeps it off.
-PREFIX_UP_TO_CHUNKS = 0
-PREFIX_MAX_PROGRAMS = 0
+# The bf16 forward's route on sm_90 per feature map (H200, triton 3.6, 44 shapes × 3 maps, each
+# route forced: benchmarks/results/linear_attention_routes_h200.json). The normalized maps (z = Σ φ(k)
+# carried beside S) ran the two passes 1.2-5.6x faster than the fused kernel wherever a walk is
+# long or the grid full (B2 H2 L4097 D64 elu+1: 18.8 against 94.4 µs; B16 H8 L4097 D128: 932 against
+# 1084), and the prefix forward faster than both on the shortest walks on small grids (B1 H16 L256
+# D64 elu+1: 9.3 against 12.6 and 13.7). The identity map's prefix forward beat the two passes up
+# to a walk of PREFIX_IDENTITY[D][0] chunks while B·H·chunks² stays within PREFIX_IDENTITY[D][1]
+# (its redundant prefix reads grow with it): B3 H5 L1000 D64 8.5 against 10.7 µs, B1 H4 L256 D32
+# 3.1 against 4.8, B16 H8 L333 D128 32.4 against 36.6, B8 H1 L1024 D128 11.2 against 16.1; not at
+# B8 H8 L1024 D64 (B·H·chunks² 16384: 22.4 against 21.6) or D32 over 16 chunks (B8 H1 L1024: 7.9
+# against 6.0). The fused kernel keeps the identity map at D32, B·H ≥ 128, ≥ 2048 tokens
+# (``prefers_two_pass``) and the normalized maps off sm_90 and at D16 (not measured).
+PREFIX_IDENTITY: dict[int, tuple[int, int]] = {32: (9, 4608), 64: (32, 8192), 128: (32, 4608)}
+PREFIX_NORMALIZED: dict[int, tuple[int, int]] = {32: (8, 512), 64: (8, 512)}
 
 
-def prefers_prefix(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
-    """Whether the bf16 identity-map forward that ``prefers_two_pass`` sends to the two passes
-    runs as the one-launch prefix forward instead: short walks on small grids (above)."""
-    if capability != (9, 0) or head_dim not in (32, 64, 128):
-        return False
+def prefers_prefix(batch_heads: int, length: int, head_dim: int, feature_map: str) -> bool:
+    """Whether a two-pass shape on sm_90 runs as the one-launch prefix forward instead: a walk of
+    at most the table's chunks whose prefix work B·H·chunks² is within its bound (above)."""
+    bounds = (PREFIX_IDENTITY if feature_map == "identity" else PREFIX_NORMALIZED).get(head_dim)
     chunks = -(-length // 64)
-    return chunks <= PREFIX_UP_TO_CHUNKS and batch_heads * chunks <= PREFIX_MAX_PROGRAMS
+    return bounds is not None and chunks <= bounds[0] and batch_heads * chunks * chunks <= bounds[1]
 
 
 def forward_route(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int, feature_map: str) -> str:
-    """The bf16 forward's route on a GPU of ``capability``: "prefix", "two_pass" or "fused"
-    (``prefers_two_pass``, then ``prefers_prefix``); fixed per shape, so a captured graph always
-    launches the same kernels. The normalized maps keep the fused kernel until measured."""
-    if feature_map != "identity" or not prefers_two_pass(capability, batch_heads, length, head_dim):
+    """The bf16 forward's route on a GPU of ``capability``: "prefix", "two_pass" or "fused"; a
+    fixed rule per shape and map, measured on sm_90 (above), so a captured graph always launches
+    the same kernels. Other GPUs keep the fused kernel until measured."""
+    if capability != (9, 0) or head_dim not in (32, 64, 128):
         return "fused"
-    return "prefix" if prefers_prefix(capability, batch_heads, length, head_dim) else "two_pass"
+    if feature_map == "identity" and not prefers_two_pass(capability, batch_heads, length, head_dim):
+        return "fused"
+    return "prefix" if prefers_prefix(batch_heads, length, head_dim, feature_map) else "two_pass"
 
 
 # TRITON_INTERPRET: 16-token chunks and 16-wide state blocks, so D = 32 has 2 × 2 blocks in pass 1
@@ -295,8 +306,11 @@ def forward_route(capability: tuple[int, int], batch_heads: int, length: int, he
 # put the carry between the passes on the path from 3 chunks up.
 TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
 
-# The prefix forward's launches (route "prefix"), tried on sm_90 beside the two passes: whole
-# min(64, D)-column value blocks (narrower ones are refused on the GPU, as for the two passes).
+# The prefix forward's launches (route "prefix") on sm_90, the route's first: whole min(64, D)-column
+# value blocks (narrower ones are refused on the GPU, as for the two passes), 4 warps and a prefix
+# loop three stages deep were the fastest or within 3 % of it at every identity-map shape of
+# linear_attention_routes_h200.json (D 128: 3.9 against 5.4 µs with 8 warps × 2 stages at B1 H4
+# L256; 32-token chunks 2 % ahead at B1 H4 L256 D64); the rest are the alternatives timed there.
 PREFIX_HOPPER: dict[int, tuple[PrefixConfig, ...]] = {
     16: (PrefixConfig(64, 16, 4, 2),),
     32: (PrefixConfig(64, 32, 4, 3), PrefixConfig(64, 32, 4, 2), PrefixConfig(32, 32, 4, 3)),
@@ -306,17 +320,24 @@ PREFIX_HOPPER: dict[int, tuple[PrefixConfig, ...]] = {
         PrefixConfig(64, 64, 8, 2),
         PrefixConfig(32, 64, 4, 3),
     ),
-    128: (PrefixConfig(64, 64, 8, 2), PrefixConfig(64, 128, 8, 2), PrefixConfig(64, 64, 4, 3)),
+    128: (PrefixConfig(64, 64, 4, 3), PrefixConfig(64, 64, 8, 2), PrefixConfig(64, 128, 8, 2)),
 }
 # TRITON_INTERPRET: 16-token chunks (odd lengths end in a masked chunk, the prefix loop runs from
 # the second chunk on) and 16 value columns (two programs per chunk at D = 32).
 PREFIX_INTERPRETER = PrefixConfig(16, 16, 4, 1)
 
 
+def prefix_config_for(head_dim: int) -> PrefixConfig:
+    """The prefix forward's launch at ``head_dim`` on an sm_90 GPU (block_v capped at D)."""
+    c = PREFIX_HOPPER.get(head_dim, (PrefixConfig(64, 64, 4, 2),))[0]
+    return replace(c, block_v=min(c.block_v, head_dim))
+
+
 def prefix_config(device: torch.device, head_dim: int) -> PrefixConfig:
     """The prefix forward's launch at ``head_dim`` on ``device`` (block_v capped at D)."""
-    c = PREFIX_HOPPER.get(head_dim, (PrefixConfig(64, 64, 4, 2),))[0] if is_cuda(device) else PREFIX_INTERPRETER
-    return replace(c, block_v=min(c.block_v, head_dim))
+    if is_cuda(device):
+        return prefix_config_for(head_dim)
+    return replace(PREFIX_INTERPRETER, block_v=min(PREFIX_INTERPRETER.block_v, head_dim))
 
 
 # Pass 1's groups: a program walking its chunks in order is bound by one SM's share of the memory

@@ -128,19 +128,29 @@ _TWO_PASS_SMS = 192
 
 
 def _two_pass_states(batch: int, seq: int, d: int, layer: LayerSpec, size: int) -> int:
-    """Bytes of the identity map's states before every chunk, where sm_90's rule takes the two
-    passes (``kernels.linear_attention.configs.prefers_two_pass``, 16-bit inputs, states in the
-    input's 2 bytes), and of the groups' fp32 totals when pass 1 runs in several: counted on
-    every device, as the SDPA route's streams are, so the memory objective stays an upper bound
-    whatever the route."""
-    from kernels.linear_attention.configs import TWO_PASS_HOPPER, padded_head_dim, prefers_two_pass, two_pass_plan
+    """Bytes of the states before every chunk, where sm_90's rule takes the two passes
+    (``kernels.linear_attention.configs.forward_route``, 16-bit inputs, states in the input's 2
+    bytes), of the groups' fp32 totals when pass 1 runs in several, and for the normalized maps of
+    z before every chunk and in the totals (fp32): counted on every device, as the SDPA route's
+    streams are, so the memory objective stays an upper bound whatever the route."""
+    from kernels.linear_attention.configs import (
+        CARRY_TILE,
+        TWO_PASS_HOPPER,
+        forward_route,
+        padded_head_dim,
+        two_pass_plan,
+    )
 
     P = padded_head_dim(d // layer.heads)
-    if size != 2 or layer.feature_map != "identity" or P is None:
+    if size != 2 or layer.mixer != "linear_attention" or P is None:
         return 0
-    if not prefers_two_pass((9, 0), batch * layer.heads, seq, P):
+    if forward_route((9, 0), batch * layer.heads, seq, P, layer.feature_map) != "two_pass":
         return 0
-    return two_pass_plan(batch * layer.heads, seq, P, TWO_PASS_HOPPER[P][0], _TWO_PASS_SMS).buffer_bytes(size)
+    plan = two_pass_plan(batch * layer.heads, seq, P, TWO_PASS_HOPPER[P][0], _TWO_PASS_SMS)
+    total = plan.buffer_bytes(size)
+    if layer.feature_map != "identity":  # z before every chunk, and a scan tile of it per group total
+        total += 4 * plan.batch_heads * (plan.chunks * P + (plan.groups * min(P * P, CARRY_TILE) if plan.carry else 0))
+    return total
 
 
 def _short_conv(name: str, rows: int, d: int, width: int, size: int, *, live: int) -> OpCost:

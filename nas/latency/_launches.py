@@ -32,9 +32,13 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
 - linear attention (chunked, per padded head dim D): ``P = B·H·(D/block_v)·split`` programs,
   each walking ``c`` chunks of 64 tokens: ``[1, ⌈P/S⌉, ⌈P/S⌉·c·identity, ⌈P/S⌉·c·elu+1,
   ⌈P/S⌉·c·relu, ⌈P/S⌉·prefix chunks, MB moved]``. Where the identity map takes the two passes
-  (``kernels.linear_attention.configs.prefers_two_pass``), class ``linear_attention.two_pass.D*``:
-  ``[2 (3 with the carry scan), pass-2 waves, pass-1 waves · chunks per group, 0, 0, carry-scan
-  steps, MB moved with the states' write and read (and the groups' fp32 totals and carries)]``.
+  (``kernels.linear_attention.configs.forward_route``: "two_pass"), class
+  ``linear_attention.two_pass.D*``: ``[2 (3 with the carry scan), pass-2 waves, pass-1 waves ·
+  chunks per group, pass-2 waves · elu+1, pass-2 waves · relu, carry-scan steps, MB moved with the
+  states' write and read (and the groups' fp32 totals and carries)]``; where it takes the prefix
+  forward ("prefix"), ``linear_attention.prefix.D*``: ``[1, waves, the longest prefix in chunks,
+  waves · elu+1, waves · relu, each SM's share of the prefix steps, MB moved with the prefixes'
+  re-reads]``.
 - norm (per kind; a program holds ~4096 elements whatever d is): ``[1, ⌈P/S⌉, MB moved]``;
   conv: ``[1, ⌈P/S⌉, ⌈P/S⌉·width, MB moved]``; embedding gather: ``[1, MB moved]``.
 """
@@ -198,17 +202,20 @@ def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: st
         CARRY_BLOCK_G,
         CARRY_TILE,
         TWO_PASS_HOPPER,
-        prefers_two_pass,
+        forward_route,
+        prefix_config_for,
         split_for,
         two_pass_plan,
     )
 
-    if feature_map == "identity" and prefers_two_pass((9, 0), B * H, T, D):
+    route = forward_route((9, 0), B * H, T, D, feature_map)
+    elu, relu = float(feature_map == "elu+1"), float(feature_map == "relu")
+    if route == "two_pass":
         # pass 1: B·H·(D/bk)·(D/bv) state blocks, each walking its group of chunks (the critical
         # path), in the plan's groups; the carry scan between the passes when there are several;
         # pass 2: one program per (chunk, value block). The states go to memory and back (bf16);
         # with groups also the fp32 totals (written, scanned in place) and each pass-2 program's
-        # fp32 carry tile.
+        # fp32 carry tile. A normalized map's φ and z ride on pass 2's waves (features 3, 4).
         plan = two_pass_plan(B * H, T, D, TWO_PASS_HOPPER[D][0], sms)
         bk, bv, nc, group, groups = plan.config.block_k, plan.config.block_v, plan.chunks, plan.group, plan.groups
         blocks = B * H * (D // bk) * (D // bv)
@@ -221,7 +228,24 @@ def _linear_attention(name: str, B: int, T: int, H: int, D: int, feature_map: st
             carry = _cdiv(B * H * _cdiv(D * D, CARRY_TILE), sms) * _cdiv(groups, CARRY_BLOCK_G)
         launches = 2.0 + (groups > 1)
         return Launch(
-            name, f"linear_attention.two_pass.D{D}", (launches, w2, w1 * group * D / 64, 0.0, 0.0, carry, moved)
+            name,
+            f"linear_attention.two_pass.D{D}",
+            (launches, w2, w1 * group * D / 64, w2 * elu, w2 * relu, carry, moved),
+        )
+    if route == "prefix":
+        # one program per (chunk, value block), the latest chunks first; program c sums the c
+        # chunks before its own (the longest, nc - 1, is the critical path), B·H·nc²/2 chunk
+        # steps in all (each SM's share is feature 5), then its chunk's outputs as pass 2 does.
+        cfg = prefix_config_for(D)
+        nc = _cdiv(T, cfg.chunk)
+        blocks = B * H * (D // cfg.block_v)
+        w = _cdiv(blocks * nc, sms)
+        steps = _cdiv(blocks * nc * (nc - 1) // 2, sms) * D / 64
+        moved = (4 * B * T * H * D + 2 * B * H * nc * (nc - 1) // 2 * cfg.chunk * D) * _SIZE * _MB
+        return Launch(
+            name,
+            f"linear_attention.prefix.D{D}",
+            (1.0, w, (nc - 1) * cfg.chunk / 64 * D / 64, w * elu, w * relu, steps, moved),
         )
     chunks = _cdiv(T, _CHUNK)
     block_v = min(_BLOCK_V, D)

@@ -133,6 +133,77 @@ REPORT_ONLY: dict[str, frozenset[str]] = {
     "kernels/linear/triton.py": frozenset({"last_tuned_config"}),
     "kernels/linear_attention/triton.py": frozenset({"last_tuned_config"}),
 }
+# Forward-only code beside the decode step's, by file: the chunked linear-attention forward's
+# routes (fused, two passes, prefix) and their launch rules. A measured decode step runs only the
+# step kernels (its cache filled by the torch model or at random, ``_measure_decode``), so these
+# are left out of the decode fingerprint (work on the forward must not invalidate decode
+# calibrations); a test checks that no decode-timed function names them.
+FORWARD_ONLY: dict[str, frozenset[str]] = {
+    "kernels/linear_attention/triton.py": frozenset(
+        {
+            "_two_pass_states_kernel",
+            "_two_pass_carry_kernel",
+            "_two_pass_out_kernel",
+            "_capped",
+            "two_pass_plan",
+            "_state_dtype",
+            "_total_row",
+            "_two_pass_states",
+            "_two_pass_out",
+            "_two_pass",
+            "_prefix",
+            "ROUTES",
+            "_routes",
+            "set_route",
+            "last_route",
+            "linear_attention",
+            "linear_attention_qkv",
+            "CARRY_BLOCK_G",
+            "CARRY_TILE",
+            "PrefixConfig",
+            "TwoPassConfig",
+            "TwoPassPlan",
+            "forward_route",
+            "prefers_two_pass",
+            "prefix_config",
+            "two_pass_config",
+            "configs_two_pass_plan",
+        }
+    ),
+    "kernels/linear_attention/configs.py": frozenset(
+        {
+            "__all__",
+            "PrefixConfig",
+            "PREFIX_HOPPER",
+            "PREFIX_INTERPRETER",
+            "prefix_config_for",
+            "prefix_config",
+            "PREFIX_IDENTITY",
+            "PREFIX_NORMALIZED",
+            "prefers_prefix",
+            "forward_route",
+            "TwoPassConfig",
+            "TWO_PASS_HOPPER",
+            "TWO_PASS_FUSED_FROM_HEADS",
+            "TWO_PASS_FUSED_FROM_LENGTH",
+            "TWO_PASS_FUSED_MAX_DIM",
+            "prefers_two_pass",
+            "TWO_PASS_INTERPRETER",
+            "TWO_PASS_GROUP_BELOW",
+            "TWO_PASS_ONE_GROUP_UP_TO",
+            "TWO_PASS_STATE_PROGRAMS_PER_SM",
+            "TWO_PASS_DEEP_STAGES",
+            "TWO_PASS_DEEP_UP_TO",
+            "CARRY_TILE",
+            "CARRY_BLOCK_G",
+            "two_pass_group",
+            "TwoPassPlan",
+            "two_pass_plan",
+            "two_pass_states_stages",
+            "two_pass_config",
+        }
+    ),
+}
 # Whole files a forward never imports: the decode kernels over a KV cache and the conv step.
 DECODE_ONLY_FILES = frozenset({"kernels/attention/decode.py", "kernels/conv/decode.py", "kernels/linear/decode.py"})
 
@@ -210,12 +281,13 @@ def decode_fingerprint() -> str:
 
 
 def decode_source_fingerprint(files: Iterable[Path], root: Path) -> str:
-    """``source_fingerprint`` for the decode step: decode-only code counts, ``REPORT_ONLY`` does
-    not; files that do not exist are left out."""
+    """``source_fingerprint`` for the decode step: decode-only code counts, ``REPORT_ONLY`` and
+    ``FORWARD_ONLY`` do not; files that do not exist are left out."""
     digest = hashlib.sha256()
     for path in sorted((f for f in files if f.exists()), key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
-        digest.update(rel.encode() + b"\0" + _code_of(path, REPORT_ONLY.get(rel, frozenset())) + b"\0")
+        skip = REPORT_ONLY.get(rel, frozenset()) | FORWARD_ONLY.get(rel, frozenset())
+        digest.update(rel.encode() + b"\0" + _code_of(path, skip) + b"\0")
     return digest.hexdigest()[:12]
 
 

@@ -186,23 +186,55 @@ def test_prefix_sums_every_chunk_before_its_own() -> None:
     _assert_close(o, two, torch.float32)
 
 
-def test_identity_route_rule() -> None:
-    """``forward_route``: the fused kernel where ``prefers_two_pass`` says so; among the two-pass
-    shapes the prefix forward only for short walks on small grids (``prefers_prefix``'s bounds);
-    never off sm_90."""
+def test_forward_route_rule() -> None:
+    """``forward_route``: for the identity map the fused kernel where ``prefers_two_pass`` says
+    so; otherwise the prefix forward exactly for walks within the map's table (chunks, and
+    B·H·chunks²), else the two passes; the fused kernel off sm_90 and at D 16 for every map."""
     cap = (9, 0)
-    for D in (32, 64, 128):
-        for bh, T in ((1, 1), (4, 256), (16, 1000), (128, 4096), (2, 8192)):
-            two = configs.prefers_two_pass(cap, bh, T, D)
-            got = configs.forward_route(cap, bh, T, D, "identity")
-            if not two:
-                assert got == "fused", (bh, T, D)
-                continue
-            chunks = -(-T // 64)
-            short = chunks <= configs.PREFIX_UP_TO_CHUNKS and bh * chunks <= configs.PREFIX_MAX_PROGRAMS
-            assert got == ("prefix" if short else "two_pass"), (bh, T, D)
-        assert configs.forward_route((8, 0), 1, 256, D, "identity") == "fused"
+    for fm in ref.FEATURE_MAPS:
+        table = configs.PREFIX_IDENTITY if fm == "identity" else configs.PREFIX_NORMALIZED
+        for D in (32, 64, 128):
+            for bh, T in ((1, 1), (4, 256), (16, 1000), (128, 333), (128, 4096), (2, 8192)):
+                got = configs.forward_route(cap, bh, T, D, fm)
+                if fm == "identity" and not configs.prefers_two_pass(cap, bh, T, D):
+                    assert got == "fused", (bh, T, D)
+                    continue
+                chunks = -(-T // 64)
+                short = D in table and chunks <= table[D][0] and bh * chunks**2 <= table[D][1]
+                assert got == ("prefix" if short else "two_pass"), (fm, bh, T, D)
+            for other in ((8, 0), (10, 0)):
+                assert configs.forward_route(other, 1, 256, D, fm) == "fused"
+        assert configs.forward_route(cap, 1, 256, 16, fm) == "fused"
     assert configs.forward_route(cap, 128, 2048, 32, "identity") == "fused"
+    assert configs.forward_route(cap, 128, 2048, 32, "relu") == "two_pass"
+    for D, (chunks, work) in configs.PREFIX_IDENTITY.items():  # each bound is the edge
+        bh = max(1, work // chunks**2)
+        assert configs.forward_route(cap, bh, 64 * chunks, D, "identity") == "prefix"
+        assert configs.forward_route(cap, bh, 64 * chunks + 1, D, "identity") == "two_pass"
+        assert configs.forward_route(cap, work + 1, 64, D, "identity") == "two_pass"
+
+
+def test_forward_route_against_the_measured_rows() -> None:
+    """Every row of the H200 sweep (bf16, 44 shapes × 3 maps, each route forced): the route the
+    rules pick (the prefix forward with its table's first config) is within 15 % of the fastest
+    route measured there, and within 3.5 % at all but three rows."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/linear_attention_routes_h200.json"
+    rows = json.loads(path.read_text())["results"]
+    assert len(rows) == 132
+    ratios = []
+    for r in rows:
+        B, H, L, D, fm = r["B"], r["H"], r["L"], r["D"], r["feature_map"]
+        timed = {k: v["us"]["median_us"] for k, v in r["variants"].items() if v["ok"]}
+        route = configs.forward_route((9, 0), B * H, L, D, fm)
+        c = configs.PREFIX_HOPPER[D][0]
+        name = f"prefix_c{c.chunk}v{c.block_v}w{c.num_warps}s{c.num_stages}" if route == "prefix" else route
+        assert name in timed, (B, H, L, D, fm, name)
+        ratios.append(timed[name] / min(timed.values()))
+        assert ratios[-1] <= 1.15, f"B{B} H{H} L{L} D{D} {fm}: the rules' route took {ratios[-1]:.2f}x the best"
+    assert sum(x > 1.035 for x in ratios) <= 3
 
 
 def test_prefix_config_refuses_return_state() -> None:
@@ -552,17 +584,16 @@ def test_gpu_two_pass_groups(D: int, group, dtype: torch.dtype) -> None:
 @requires_cuda
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_gpu_default_route_follows_the_rule(route, D: int) -> None:
-    """Without a forced route, bf16 identity takes the route ``configs.prefers_two_pass`` names
-    (a shape on each side of the length threshold at B·H = 128), fp16 and the normalized maps the
-    fused kernel; every result matches the reference."""
+    """Without a forced route, bf16 takes the route ``configs.forward_route`` names for each map
+    (a shape on each side of the identity map's length threshold at B·H = 128), fp16 the fused
+    kernel; every result matches the reference."""
     heads, length = configs.TWO_PASS_FUSED_FROM_HEADS, configs.TWO_PASS_FUSED_FROM_LENGTH
     cap = torch.cuda.get_device_capability()
     for T in (length - 1, length + 37):
-        _check((8, T, heads // 8, D), torch.bfloat16, CUDA, feature_map="identity")
-        assert route.last_route() == ("two_pass" if configs.prefers_two_pass(cap, heads, T, D) else "fused")
+        for fm in ("identity", "elu+1"):
+            _check((8, T, heads // 8, D), torch.bfloat16, CUDA, feature_map=fm)
+            assert route.last_route() == configs.forward_route(cap, heads, T, D, fm)
         _check((8, T, heads // 8, D), torch.float16, CUDA, feature_map="identity")
-        assert route.last_route() == "fused"
-        _check((8, T, heads // 8, D), torch.bfloat16, CUDA, feature_map="elu+1")
         assert route.last_route() == "fused"
 
 
@@ -582,12 +613,16 @@ def test_gpu_prefix_every_config(D: int, config, dtype: torch.dtype, feature_map
 @requires_cuda
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_gpu_default_route_takes_the_prefix_rule(route, D: int) -> None:
-    """bf16 identity at a short walk on a small grid and at a long one: the route
-    ``configs.forward_route`` names, and the reference's result."""
+    """bf16 at short walks on small grids and at a long one, every map: the route
+    ``configs.forward_route`` names (the prefix forward among them), and the reference's result."""
     cap = torch.cuda.get_device_capability()
+    seen = set()
     for B, T, H in ((1, 256, 4), (2, 1000, 5), (1, 4097, 2)):
-        _check((B, T, H, D), torch.bfloat16, CUDA, feature_map="identity")
-        assert route.last_route() == configs.forward_route(cap, B * H, T, D, "identity"), (B, T, H, D)
+        for fm in ref.FEATURE_MAPS:
+            _check((B, T, H, D), torch.bfloat16, CUDA, feature_map=fm)
+            assert route.last_route() == configs.forward_route(cap, B * H, T, D, fm), (B, T, H, D, fm)
+            seen.add(route.last_route())
+    assert "prefix" in seen and "two_pass" in seen
 
 
 @pytest.mark.gpu

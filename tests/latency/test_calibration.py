@@ -31,7 +31,8 @@ IDENTIFIABLE = (
     "linear.tma",
     "linear.short_k",
     "attention.sdpa.D64",
-    "linear_attention.D32",
+    "linear_attention.prefix.D64",
+    "linear_attention.two_pass.D32",
     "conv",
 )
 
@@ -158,7 +159,34 @@ def test_two_pass_launch_class_follows_the_rule():
     above = next(w for w in launches(wider, parse_shape(f"{batch}x{length}"), SMS) if w.cls.startswith("linear_"))
     assert above.cls == f"linear_attention.two_pass.D{2 * D}"
     grid = {c.launch(SMS).cls for c in kernel_grid()}
-    assert {f"linear_attention.two_pass.D{D}" for D in (32, 64, 128)} <= grid
+    assert {f"linear_attention.{r}.D{D}" for r in ("two_pass", "prefix") for D in (32, 64, 128)} <= grid
+
+
+def test_prefix_and_normalized_launches_follow_the_rule():
+    """Where ``forward_route`` takes the prefix forward the launch is one of class
+    ``linear_attention.prefix.D*`` (its critical path the longest prefix, nc - 1 chunks); a
+    normalized map on the two passes is of the two-pass class with its φ on pass 2's waves; the
+    kernel grid times both, for every map."""
+    from kernels.linear_attention import configs
+    from nas.spec import LayerSpec
+
+    def mixer(fm: str, heads: int, D: int, shape: str):
+        layer = LayerSpec("linear_attention", heads=heads, feature_map=fm)
+        arch = ArchSpec(d_model=heads * D, layers=(layer,), vocab_size=64, n_out=64)
+        return next(w for w in launches(arch, parse_shape(shape), SMS) if w.cls.startswith("linear_attention"))
+
+    for fm in ("identity", "elu+1", "relu"):
+        short = mixer(fm, 4, 64, "1x256")
+        assert configs.forward_route((9, 0), 4, 256, 64, fm) == "prefix"
+        assert short.cls == "linear_attention.prefix.D64" and short.x[0] == 1.0 and short.x[2] == 3.0
+        assert (short.x[3] > 0) == (fm == "elu+1") and (short.x[4] > 0) == (fm == "relu")
+        long = mixer(fm, 4, 64, "2x4097")
+        assert configs.forward_route((9, 0), 8, 4097, 64, fm) == "two_pass"
+        assert long.cls == "linear_attention.two_pass.D64"
+        assert (long.x[3] > 0) == (fm == "elu+1") and (long.x[4] > 0) == (fm == "relu")
+    classes = {(c.kw["feature_map"], c.launch(SMS).cls) for c in kernel_grid() if c.family == "linear_attention"}
+    for fm in ("identity", "elu+1", "relu"):
+        assert {(fm, f"linear_attention.{r}.D{D}") for r in ("two_pass", "prefix") for D in (32, 64)} <= classes
 
 
 def test_wave_quantisation_shows_in_the_features():

@@ -296,3 +296,55 @@ def test_report_only_code_is_in_neither_fingerprint_and_no_timed_code_calls_it(t
     for rel, defined in REPORT_ONLY.items():
         tree = ast.parse((repo / rel).read_text())
         assert defined <= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, rel
+
+
+def test_decode_fingerprint_is_the_calibrated_one_and_no_decode_step_reads_forward_only_code(tmp_path):
+    """The decode fingerprint equals the one the H200 decode calibration recorded; editing a
+    ``FORWARD_ONLY`` name leaves it (and changes the forward's); that is sound only while no code
+    a measured decode step runs — the step kernels and their wrappers, ``nas/models/triton_decode.py``
+    and ``nas/latency/_measure_decode.py`` — reads those names, which this checks over the real tree."""
+    import ast
+    from pathlib import Path
+
+    import yaml
+
+    from nas.latency._measure import FORWARD_ONLY, decode_fingerprint, decode_source_fingerprint, source_fingerprint
+
+    repo = Path(__file__).resolve().parents[2]
+    profile = yaml.safe_load((repo / "hardware_profiles" / "h200.yaml").read_text())
+    assert decode_fingerprint() == profile["calibrated"]["decode_model"]["kernels_fingerprint"]
+
+    rel = "kernels/linear_attention/triton.py"
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True)
+    step = "def linear_attention_step(x):\n    return x + 1\n"
+    path.write_text(step + "\ndef _prefix(x):\n    return x\n")
+    base = (source_fingerprint([path], tmp_path), decode_source_fingerprint([path], tmp_path))
+    path.write_text(step + "\ndef _prefix(x):\n    return 2 * x\n")
+    after = (source_fingerprint([path], tmp_path), decode_source_fingerprint([path], tmp_path))
+    assert after[0] != base[0] and after[1] == base[1]
+    path.write_text(step.replace("x + 1", "x + 2") + "\ndef _prefix(x):\n    return x\n")
+    assert decode_source_fingerprint([path], tmp_path) != base[1]
+
+    step_names = {"_step_kernel", "linear_attention_step", "_step_tickets", "_feature", "_feature_args"}
+    names = set().union(*FORWARD_ONLY.values()) - {"__all__"}
+    uses = []
+    la = ast.parse((repo / rel).read_text())
+    bodies = [n for n in la.body if isinstance(n, ast.FunctionDef) and n.name in step_names]
+    assert {n.name for n in bodies} == step_names
+    for file in ("nas/models/triton_decode.py", "nas/latency/_measure_decode.py"):
+        bodies.append(ast.parse((repo / file).read_text()))
+    for body in bodies:
+        for node in ast.walk(body):
+            used = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            used = used or (node.name if isinstance(node, ast.alias) else None)
+            if used in names:
+                uses.append(f"{getattr(body, 'name', 'module')}:{getattr(node, 'lineno', '?')} {used}")
+    assert not uses, f"decode-timed code reads forward-only names: {uses}"
+    for rel, defined in FORWARD_ONLY.items():
+        tree = ast.parse((repo / rel).read_text())
+        top = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        top |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        top |= {t.target.id for t in tree.body if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
+        top |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert defined - {"prefers_two_pass"} <= top, (rel, sorted(defined - top))

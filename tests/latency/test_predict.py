@@ -257,42 +257,55 @@ def test_memory_by_hand() -> None:
     assert memory(arch, LatencyShape(batch, seq), dtype="fp32").kv_cache_bytes == 2 * estimate.kv_cache_bytes
 
 
-def test_memory_counts_the_two_pass_states_where_the_rule_takes_them() -> None:
-    """The identity map's buffers between its two passes — what ``_two_pass_states`` allocates
-    for sm_90's launch planned at the estimate's SM count (bf16 states [B·H, ⌈T/chunk⌉, D, D]
-    and, with pass 1 in groups, their fp32 totals [B·H, groups, D, D]) — are live at its op where
-    sm_90's rule takes the two passes, on top of the fused route's 5 streams; elu+1 never, nor
-    the fused route. The bytes are those of the tensors the kernel really allocates (run in
-    fp32 under the interpreter: 4-byte states, so the bf16 count is that less 2 bytes a state)."""
+def test_memory_counts_the_two_pass_states_where_the_rule_takes_them(monkeypatch) -> None:
+    """The buffers between the two passes — what ``_two_pass_states`` allocates for sm_90's launch
+    planned at the estimate's SM count (bf16 states [B·H, ⌈T/chunk⌉, D, D]; with pass 1 in groups
+    their fp32 totals [B·H, groups, row]; for a normalized map also z [B·H, ⌈T/chunk⌉, D] fp32) —
+    are live at the mixer's op where sm_90's rule takes the two passes, for every map, on top of
+    the fused route's 5 streams; not where it takes the fused kernel or the prefix forward. The
+    bytes are those of the tensors the kernel really allocates (run in fp32 under the
+    interpreter: 4-byte states, so the bf16 count is that less 2 bytes a state)."""
     from kernels.linear_attention import configs
     from kernels.linear_attention import triton as la
-    from nas.latency._costs import _TWO_PASS_SMS
+    from nas.latency import _costs
 
     D, heads, length = 64, 2, 4097 + 37
     d = heads * D
-    identity = LayerSpec("linear_attention", heads=heads, feature_map="identity", mlp_ratio=0.0)
-    elu = LayerSpec("linear_attention", heads=heads, feature_map="elu+1", mlp_ratio=0.0)
-    plan = configs.two_pass_plan(heads, length, D, configs.TWO_PASS_HOPPER[D][0], _TWO_PASS_SMS)
+    plan = configs.two_pass_plan(heads, length, D, configs.TWO_PASS_HOPPER[D][0], _costs._TWO_PASS_SMS)
     assert plan.groups > 1
     k, v = torch.randn(2, 1, heads, length, D).unbind(0)
-    buffers = la._two_pass_states(k, v, plan)
-    assert buffers[0].dtype == torch.float32 and buffers[1] is not buffers[0]
-    allocated = sum(b.numel() * b.element_size() for b in buffers)
-    states = allocated - 2 * buffers[0].numel()  # the same states in bf16
-    assert states == 2 * heads * plan.chunks * D * D + 4 * heads * plan.groups * D * D
-    # vocab 8 and no MLP: the mixer's op sets the peak
     shape = LatencyShape(1, length)
-    with_states = memory(_arch(identity, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
-    without = memory(_arch(elu, d=d, vocab=8, n_out=8), shape, dtype="bf16").peak_activation_bytes
-    assert with_states - without == states
+    counted = {}
+    for fm in ("identity", "elu+1"):
+        assert configs.forward_route((9, 0), heads, length, D, fm) == "two_pass"
+        buffers = la._two_pass_states(k, v, plan, fm)
+        assert buffers[0].dtype == torch.float32 and buffers[2] is not buffers[0]
+        unique = {id(b): b for b in buffers}.values()
+        allocated = sum(b.numel() * b.element_size() for b in unique)
+        counted[fm] = allocated - 2 * buffers[0].numel()  # the same states in bf16
+        layer = LayerSpec("linear_attention", heads=heads, feature_map=fm, mlp_ratio=0.0)
+        arch = _arch(layer, d=d, vocab=8, n_out=8)  # vocab 8 and no MLP: the mixer's op sets the peak
+        with_states = memory(arch, shape, dtype="bf16").peak_activation_bytes
+        with monkeypatch.context() as m:
+            m.setattr(_costs, "_two_pass_states", lambda *args: 0)
+            without = memory(arch, shape, dtype="bf16").peak_activation_bytes
+        assert with_states - without == counted[fm], fm
+    assert counted["identity"] == 2 * heads * plan.chunks * D * D + 4 * heads * plan.groups * D * D
+    assert counted["elu+1"] - counted["identity"] == 4 * heads * (plan.chunks * D + plan.groups * 256)
+    identity = LayerSpec("linear_attention", heads=heads, feature_map="identity", mlp_ratio=0.0)
     batch = configs.TWO_PASS_FUSED_FROM_HEADS // heads  # the fused route (D = 32 there): no states
     fused = LatencyShape(batch, configs.TWO_PASS_FUSED_FROM_LENGTH)
     narrow = heads * configs.TWO_PASS_FUSED_MAX_DIM
-    assert not configs.prefers_two_pass((9, 0), batch * heads, fused.seq_len, configs.TWO_PASS_FUSED_MAX_DIM)
-    assert (
-        memory(_arch(identity, d=narrow, vocab=8, n_out=8), fused).peak_activation_bytes
-        == memory(_arch(elu, d=narrow, vocab=8, n_out=8), fused).peak_activation_bytes
-    )
+    short = LatencyShape(1, 256)  # the prefix forward: no states either
+    for arch_d, where in ((narrow, fused), (d, short)):
+        assert configs.forward_route((9, 0), where.batch * heads, where.seq_len, arch_d // heads, "identity") != (
+            "two_pass"
+        )
+        arch = _arch(identity, d=arch_d, vocab=8, n_out=8)
+        base = memory(arch, where).peak_activation_bytes
+        with monkeypatch.context() as m:
+            m.setattr(_costs, "_two_pass_states", lambda *args: 0)
+            assert memory(arch, where).peak_activation_bytes == base
 
 
 def test_memory_of_mlp_only_model_has_no_cache() -> None:

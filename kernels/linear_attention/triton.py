@@ -1,5 +1,5 @@
-"""Causal linear attention (Katharopoulos et al. 2020): chunked forward in ONE Triton launch, and
-the recurrent single-token step for decoding.
+"""Causal linear attention (Katharopoulos et al. 2020): the chunked forward (one fused launch, two
+passes, or one prefix launch, by shape) and the recurrent single-token step for decoding.
 
 Math, as ``reference`` and ``nas.models.mixers.LinearAttention``: φ is the feature map; with S_t =
 Σ_{s≤t} φ(k_s)v_sᵀ and z_t = Σ_{s≤t} φ(k_s), o_t = φ(q_t)·S_t / (φ(q_t)·z_t + EPS) for the positive
@@ -10,7 +10,7 @@ fused ``[B, T, 3, H, D]`` projection are read in place through per-head tensor d
 (``kernels/_common.py``); out ``[B, T, H·D]``. The raw projections go in: φ (and the
 identity map's scale) is applied in-kernel.
 
-Launches: one. A program owns one (batch, head), one segment of the sequence and BLOCK_V of its
+The fused kernel: one launch. A program owns one (batch, head), one segment of the sequence and BLOCK_V of its
 D value channels. It first sums the state of the chunks before its segment (S = Σ φ(k)ᵀv, z =
 Σ φ(k): accumulate-only matmuls, no outputs), then walks its segment's T/CHUNK chunks in order,
 carrying its fp32 state slice S[:, block] ``[D, BLOCK_V]`` and z ``[D]`` in registers: per chunk
@@ -28,17 +28,21 @@ SMs (B·H·D/32 ≥ 2 per SM) two segments cost 19-52% more and it stays unsplit
 ``chunk_linear_attn`` the fused kernel runs the unnormalized identity map at 0.42-1.03× fla's
 speed, while the normalized maps, which fla leaves to extra torch launches, run 1.75-2.6× faster.
 
-The identity map on sm_90 (bf16) therefore takes the two-pass route by default
-(``configs.prefers_two_pass``): pass 1 writes the state before every chunk, walking the chunks in
-groups in parallel when the state blocks alone leave SMs idle (a small scan then carries each
-group's total to the next), and pass 2 computes every chunk's outputs at once. Both read with
-plain masked loads: a program there handles one or a few chunks, and building tensor descriptors
-on the device made pass 2 run at half fla's output kernel. Measured on an H200 (27 shapes,
-benchmarks/results/linear_attention_two_pass_h200_focus.json): 0.70-1.91× fla with the route.
+On sm_90 (bf16) the forward takes one of three routes per shape and feature map
+(``configs.forward_route``). The two passes: pass 1 writes the state (and z for the normalized
+maps) before every chunk, walking the chunks in groups in parallel when the state blocks alone
+leave SMs idle (a small scan then carries each group's total to the next), and pass 2 computes
+every chunk's outputs at once. Both read with plain masked loads: a program there handles one or a
+few chunks, and building tensor descriptors on the device made pass 2 run at half fla's output
+kernel. The prefix forward: pass 2's grid alone, each program summing the state of the chunks
+before its own — one launch and no state in memory, for short walks on small grids. The fused
+kernel keeps the identity map's full grids over long rows at D = 32, and everything off sm_90.
+Measured on an H200 (132 shapes × maps, each route forced: linear_attention_routes_h200.json).
 
 Precision: φq·φkᵀ, scores·v and φkᵀ·v take input-dtype operands with fp32 accumulation (the
-tensor-core path); φq·S keeps S in fp32 (tf32 operands on GPU) because S sums T terms and
-rounding it to bf16 — or overflowing fp16 — would cost more than the matmul.
+tensor-core path). The fused kernel keeps S in fp32 for φq·S (tf32 operands on GPU); the two
+passes and the prefix forward round S once to bf16 for bf16 inputs, as fla-core stores its
+states (fp32 for fp16 and fp32 inputs: fp16 sums of T products can overflow); z is always fp32.
 """
 
 from __future__ import annotations

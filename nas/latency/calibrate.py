@@ -207,15 +207,15 @@ def kernel_grid() -> list[KernelCase]:
                 cases.append(_case("attention", B=shape.batch, T=shape.seq_len, H=H, D=D))
                 for fm in FEATURE_MAPS:
                     cases.append(_case("linear_attention", B=shape.batch, T=shape.seq_len, H=H, D=D, feature_map=fm))
-    # long rows with few heads (a prefill at --context N): where the identity map takes the two
-    # passes (kernels.linear_attention.configs.prefers_two_pass), and the fused kernel beside it
+    # long rows with few heads (a prefill at --context N): where the maps take the two passes
+    # (kernels.linear_attention.configs.forward_route); the short rows above take the prefix forward
     for T in LONG_LENGTHS:
         for D in (32, 64, 128):
             for H in (1, 4, 16):
                 for fm in ("identity", "elu+1"):
                     cases.append(_case("linear_attention", B=1, T=T, H=H, D=D, feature_map=fm))
     # the identity map where the fused kernel keeps it (B·H ≥ 128 over ≥ 2048 tokens at D = 32,
-    # kernels.linear_attention.configs.prefers_two_pass): no shape above reaches it; at D = 64 the
+    # kernels.linear_attention.configs.forward_route): no shape above reaches it; at D = 64 the
     # same shapes take the two passes over a full grid
     for D in (32, 64):
         for B, H, T in ((8, 16, 2048), (32, 8, 2048), (16, 16, 4096)):

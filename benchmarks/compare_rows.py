@@ -7,8 +7,8 @@ are drawn from fixed seeds, so the two runs measure the same (architecture, shap
 ratio new / old of each pair is what the kernels' change between the runs did to that forward
 (the other pairs' ratios, of architectures the change does not touch, say how much two runs
 differ by themselves). Rows are split (``--by``) by whether any layer's head dim is zero-padded to
-a kernel's (``kernels.attention.padded_head_dim``), or whether any layer is identity-map linear
-attention, per shape: count, median, min and max of new / old.
+a kernel's (``kernels.attention.padded_head_dim``), whether any layer is identity-map linear
+attention, or any linear attention at all, per shape: count, median, min and max of new / old.
 """
 
 from __future__ import annotations
@@ -38,7 +38,15 @@ def identity(arch: dict) -> bool:
     )
 
 
-SPLITS = {"padded": (padded, "padded", "not padded"), "identity": (identity, "identity", "no identity")}
+def linear(arch: dict) -> bool:
+    return any(layer["mixer"] == "linear_attention" for layer in arch["layers"])
+
+
+SPLITS = {
+    "padded": (padded, "padded", "not padded"),
+    "identity": (identity, "identity", "no identity"),
+    "linear": (linear, "linear attention", "no linear attention"),
+}
 
 
 def compare(old: dict, new: dict, by: str = "padded") -> dict:

@@ -43,3 +43,6 @@ def test_ratios_by_identity_linear_attention() -> None:
     summary = compare_rows.compare(old, new, by="identity")["summary"]
     assert summary["identity"]["median"] == 0.75 and summary["identity 8x1024"]["n"] == 1
     assert summary["no identity"]["n"] == 2 and summary["no identity"]["max"] == 1.1
+    linear = compare_rows.compare(old, new, by="linear")["summary"]  # any linear attention: both maps
+    assert linear["linear attention"]["n"] == 2 and linear["linear attention"]["min"] == 0.75
+    assert linear["no linear attention"]["n"] == 1 and linear["no linear attention"]["median"] == 1.0

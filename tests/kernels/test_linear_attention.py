@@ -126,22 +126,6 @@ def test_two_pass_every_config(D: int, config, feature_map: str) -> None:
 
 
 @requires_interpreter
-@pytest.mark.parametrize("T", [1, 16, 37])
-@pytest.mark.parametrize("D", [16, 32])
-def test_two_pass_route_matches_reference(route, D: int, T: int) -> None:
-    """``set_route("two_pass")``: every map takes it (2 × 2 state blocks at D = 32, chunks of 16
-    with a ragged tail at T = 37); ``return_state`` keeps the fused kernel, with the same results."""
-    route.set_route("two_pass")
-    for feature_map in ref.FEATURE_MAPS:
-        _check((2, T, 3, D), torch.float32, CPU, feature_map=feature_map)
-        assert route.last_route() == "two_pass"
-    q, k, v = (torch.randn(1, 2, T, D) for _ in range(3))
-    o, state, _ = la.linear_attention(q, k, v, feature_map="identity", return_state=True)
-    _assert_close(o, ref.linear_attention(q, k, v, feature_map="identity"), torch.float32)
-    assert route.last_route() == "fused"
-
-
-@requires_interpreter
 @pytest.mark.parametrize("D,config", PREFIX_CONFIGS)
 @pytest.mark.parametrize("feature_map", CONTRACT_FEATURES)
 def test_prefix_every_config(D: int, config, feature_map: str) -> None:
@@ -154,14 +138,15 @@ def test_prefix_every_config(D: int, config, feature_map: str) -> None:
 @requires_interpreter
 @pytest.mark.parametrize("T", [1, 16, 17, 37, 64])
 @pytest.mark.parametrize("D", [16, 32])
-def test_prefix_route_matches_reference(route, D: int, T: int) -> None:
-    """``set_route("prefix")``: every map takes it (one chunk, a chunk and one token, a ragged
-    tail after two full chunks, four full chunks; two value blocks at D = 32); ``return_state``
-    keeps the fused kernel, with the same results."""
-    route.set_route("prefix")
+@pytest.mark.parametrize("forced", ["two_pass", "prefix"])
+def test_forced_route_matches_reference(route, forced: str, D: int, T: int) -> None:
+    """``set_route("two_pass" | "prefix")``: every map takes it (one chunk, a chunk and one token,
+    a ragged tail after two full chunks, four full chunks; 2 × 2 state blocks and two value blocks
+    at D = 32); ``return_state`` keeps the fused kernel, with the same results."""
+    route.set_route(forced)
     for feature_map in ref.FEATURE_MAPS:
         _check((2, T, 3, D), torch.float32, CPU, feature_map=feature_map)
-        assert route.last_route() == "prefix"
+        assert route.last_route() == forced
     q, k, v = (torch.randn(1, 2, T, D) for _ in range(3))
     o, _, _ = la.linear_attention(q, k, v, feature_map="identity", return_state=True)
     _assert_close(o, ref.linear_attention(q, k, v, feature_map="identity"), torch.float32)

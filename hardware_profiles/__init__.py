@@ -219,9 +219,23 @@ def _json(where: str, field: str, value: Any) -> str:
         raise ProfileError(f"{where}: field {field!r} holds a value JSON cannot store ({err})") from None
 
 
+# Upper bounds on a profile's datasheet numbers: far above any GPU made (an H200: 132 SMs, 50 MiB of
+# L2, 228 KiB of shared memory per SM, 4.8 TB/s, 989.5 dense bf16 TFLOP/s, launches of a few µs) and
+# far below what would make the roofline's arithmetic meaningless; a value past one is a typo (a
+# unit slip: bytes for GB/s, FLOP/s for TFLOP/s) and is refused, not predicted from.
+LIMITS: dict[str, float] = {
+    "sm_count": 4096,
+    "l2_bytes": 2**34,
+    "smem_per_sm_bytes": 2**24,
+    "memory_bandwidth_gb_s": 1e6,
+    "peak_tflops": 1e6,
+    "launch_overhead_us": 1e4,
+}
+
+
 def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> float:
-    """``value`` as a positive number. YAML 1.1 reads ``2e-6`` as a string, so numeric
-    strings are accepted too; booleans are not numbers here."""
+    """``value`` as a positive number, at most the field's ``LIMITS`` entry. YAML 1.1 reads
+    ``2e-6`` as a string, so numeric strings are accepted too; booleans are not numbers here."""
     kind = "a positive integer" if integer else "a positive number"
     if isinstance(value, str):
         try:
@@ -232,6 +246,9 @@ def _positive(where: str, field: str, value: Any, *, integer: bool = False) -> f
         raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}")
     if not _finite(value):  # .inf, 1e400, or an integer beyond any float
         raise ProfileError(f"{where}: field {field!r} must be {kind} and finite, got {value!r}")
+    limit = LIMITS.get(field.split(".", 1)[0])
+    if limit is not None and value > limit:
+        raise ProfileError(f"{where}: field {field!r} is {value!r}, above any GPU (at most {limit:g}); check its unit")
     if integer:
         if float(value) != int(value):
             raise ProfileError(f"{where}: field {field!r} must be {kind}, got {value!r}")

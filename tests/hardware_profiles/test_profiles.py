@@ -117,7 +117,40 @@ BAD = [
     ),
     pytest.param(_with(source={"sms": "x"}), r"'source' has unknown key 'sms'", id="unknown-source"),
     pytest.param(["h200"], r"expected a mapping of profile fields, got list", id="not-a-mapping"),
+    pytest.param(
+        _with(memory_bandwidth_gb_s=4.8e12),  # bytes/s written where GB/s goes
+        r"'memory_bandwidth_gb_s' is 4800000000000.0, above any GPU \(at most 1e\+06\); check its unit",
+        id="bandwidth-in-bytes",
+    ),
+    pytest.param(
+        _with(peak_tflops={"fp32": 67, "tf32": 494.5, "bf16": 9.895e14, "fp16": 989.5}),
+        r"'peak_tflops.bf16' is 989500000000000.0, above any GPU",
+        id="flops-not-tflops",
+    ),
+    pytest.param(_with(sm_count=100000), r"'sm_count' is 100000, above any GPU \(at most 4096\)", id="absurd-sms"),
+    pytest.param(
+        _with(launch_overhead_us=2e6), r"'launch_overhead_us' is 2000000.0, above any GPU", id="absurd-launch"
+    ),
 ]
+
+
+def test_every_shipped_profile_is_within_the_limits() -> None:
+    """The bounds sit far above every shipped GPU's numbers (at least 8x), so no real GPU trips them."""
+    from hardware_profiles import LIMITS
+
+    for name in list_profiles():
+        p = load_profile(name)
+        values = {
+            "sm_count": p.sm_count,
+            "l2_bytes": p.l2_bytes,
+            "smem_per_sm_bytes": p.smem_per_sm_bytes,
+            "memory_bandwidth_gb_s": p.memory_bandwidth_gb_s,
+            "peak_tflops": max(p.peak_tflops.fp32, p.peak_tflops.tf32, p.peak_tflops.bf16, p.peak_tflops.fp16),
+            "launch_overhead_us": p.launch_overhead_us,
+        }
+        assert set(values) == set(LIMITS)
+        for field, value in values.items():
+            assert 8 * value <= LIMITS[field], (name, field, value)
 
 
 @pytest.mark.parametrize(("data", "message"), BAD)

@@ -126,7 +126,7 @@ _STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/stud
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_WORKERS, PICKS, SAMPLERS
+    from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, MAX_WORKERS, PICKS, SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
     parser.add_argument(
@@ -143,9 +143,10 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--task", default=None, help="task spec, e.g. mqar:seq_len=64 or data.npz (default: the space's)")
     s.add_argument(
         "--trials",
-        type=_positive_int,
+        type=_at_most(MAX_TRIALS, "trials"),
         default=20,
-        help="trained trials to reach (default 20); candidates that break a hard budget are not counted",
+        help=f"trained trials to reach (default 20; at most {MAX_TRIALS:,}); candidates that break a hard budget "
+        "are not counted",
     )
     s.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
     s.add_argument("--study", default=None, help="study name (default: <space>-<task>-<target>)")

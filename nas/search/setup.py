@@ -20,6 +20,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_CONTEXT",
     "MAX_WORKERS",
+    "MAX_TRIALS",
     "PICKS",
     "SAMPLERS",
     "SETUP_VERSION",
@@ -35,6 +36,7 @@ SETUP_VERSION = 2  # 2: objectives, context, decode_batch
 MAX_BATCH = 4096  # sequences: --latency-shape BATCH, --decode-batch
 MAX_CONTEXT = 1_048_576  # tokens per sequence latency is scored at: --latency-shape SEQ, --context (1M)
 MAX_WORKERS = 256  # worker processes one nas search starts: --workers, --gpus x --trials-per-gpu
+MAX_TRIALS = 1_000_000  # trained trials one nas search runs to: --trials (each is a trained model)
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from nas.search.baselines import baselines
 from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, needs_context, parse_objectives
 from nas.search.pruning import CostAwarePruner
-from nas.search.setup import MAX_BATCH, MAX_CONTEXT, SAMPLERS, SearchSetup, StudyBudgets
+from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space_text
 from nas.tasks import Task, load_task
@@ -365,8 +365,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     """Validate everything a search needs and open (or resume) its study; nothing is trained yet.
     Every check runs before the study is opened, so a refused command writes nothing."""
     faults.check()  # a malformed NAS_FAULT is refused here, not at the first trial
-    if config.trials <= 0:
-        raise SearchError(f"--trials must be >= 1, got {config.trials}")
+    if not 1 <= config.trials <= MAX_TRIALS:
+        raise SearchError(f"--trials must be between 1 and {MAX_TRIALS:,}, got {config.trials:,}")
     if config.study is not None and not config.study.strip():
         raise SearchError("--study must be a non-empty name (leave it out for <space>-<task>-<target>)")
     if not 0 <= config.seed < 2**32:  # the samplers' and numpy's seed range

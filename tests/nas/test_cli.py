@@ -571,15 +571,18 @@ def test_bad_fault_env_is_one_line_exit_2_study_untouched(existing, capsys, monk
 def test_sizes_at_their_bounds_parse():
     """The bounds are inclusive, and the API (SearchConfig) is held to them as the flags are."""
     from nas.cli import _build_parser
-    from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_WORKERS
+    from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, MAX_WORKERS
     from nas.search.study import SearchConfig, SearchError, prepare
 
     args = _build_parser().parse_args(
         ["search", "--latency-shape", f"{MAX_BATCH}x{MAX_CONTEXT}", "--context", str(MAX_CONTEXT)]
         + ["--decode-batch", str(MAX_BATCH), "--workers", str(MAX_WORKERS), "--trials-per-gpu", str(MAX_WORKERS)]
+        + ["--trials", str(MAX_TRIALS)]
     )
     assert (args.context, args.decode_batch, args.workers) == (MAX_CONTEXT, MAX_BATCH, MAX_WORKERS)
+    assert args.trials == MAX_TRIALS
     for config, needle in (
+        (SearchConfig(trials=MAX_TRIALS + 1), "--trials must be between 1 and 1,000,000, got 1,000,001"),
         (SearchConfig(latency_shape=f"1x{MAX_CONTEXT + 1}"), "--latency-shape 1x1048577: at most 4,096 sequences"),
         (SearchConfig(latency_shape=f"{MAX_BATCH + 1}x8"), "--latency-shape 4097x8"),
         (SearchConfig(context=MAX_CONTEXT + 1), "--context must be at most 1,048,576, got 1,048,577"),

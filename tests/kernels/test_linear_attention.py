@@ -479,10 +479,14 @@ def test_step_matches_reference_step() -> None:
 
 
 @requires_interpreter
-def test_fp16_in_interpreter() -> None:
-    """Half precision through the same code path. (bf16 is left to the GPU tests: the Triton 3.9
+@pytest.mark.parametrize(
+    "config", [None, configs.TWO_PASS_INTERPRETER, configs.PREFIX_INTERPRETER], ids=["fused", "two_pass", "prefix"]
+)
+def test_fp16_in_interpreter(config) -> None:
+    """Half precision through the same code paths, every route (the two passes and the prefix
+    forward keep their states fp32 for fp16). (bf16 is left to the GPU tests: the Triton 3.9
     interpreter's bf16 ``tl.dot`` multiplies raw bit patterns.)"""
-    _check((2, 37, 3, 32), torch.float16, CPU, feature_map="elu+1")
+    _check((2, 37, 3, 32), torch.float16, CPU, feature_map="elu+1", config=config)
 
 
 @requires_interpreter

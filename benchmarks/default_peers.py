@@ -337,6 +337,8 @@ def linear_attention_rows(quick: bool) -> tuple[list[dict], str]:
                     target,
                     err,
                     config=str(la.last_tuned_config(copies[0].device, D)),
+                    route=la.last_route(),
+                    peer_kernels=_kernels(partial(peer, *natives[0])),
                     **extra,
                 )
             )

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from benchmarks._timing import write_results  # noqa: E402
-from benchmarks.default_peers import LINATTN_CASES, _fla, _qkv, _rel_err, _time, _views  # noqa: E402
+from benchmarks.default_peers import LINATTN_CASES, _fla, _kernels, _qkv, _rel_err, _time, _views  # noqa: E402
 from kernels.linear_attention.reference import FEATURE_MAPS  # noqa: E402
 
 TOLERANCE = 2e-2
@@ -66,6 +66,7 @@ def _map_row(case: tuple[int, int, int, int], fm: str, copies: list, natives: li
     row["rule"] = configs.forward_route(cap, B * H, L, D, fm)
     if chunk is not None:
         row["peer_us"] = _time([partial(peer, *n) for n in natives])
+        row["peer_kernels"] = _kernels(partial(peer, *natives[0]))  # which kernels fla ran
     variants: dict[str, dict] = {}
 
     def run(name: str, call) -> None:

@@ -4,9 +4,12 @@ inputs rotated across copies larger than L2, and the metadata every results JSON
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import platform
 import statistics
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +34,35 @@ def copies_for_l2(bytes_per_input: int) -> int:
     """How many input copies to rotate through so one pass touches more than the L2."""
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", L2_FALLBACK_BYTES) or L2_FALLBACK_BYTES
     return max(1, -(-2 * l2 // max(1, bytes_per_input)))
+
+
+class GpuLock:
+    """A lock on one GPU shared by processes that time on it (``model_vs_compile.py --procs``,
+    ``default_peers.py --gpu-lock``): ``flock`` on a file, re-entrant within a process (the
+    autotuner's benchmark helpers call one another). Without a path it is a no-op."""
+
+    def __init__(self, path: str | None):
+        self._file = open(path, "a+") if path else None  # noqa: SIM115 - held for the process's life
+        self._mutex = threading.RLock()
+        self._depth = 0
+        self.waited_s = 0.0  # time spent waiting for other processes (per row in the JSON)
+
+    def __enter__(self) -> GpuLock:
+        if self._file is not None:
+            self._mutex.acquire()
+            if self._depth == 0:
+                start = time.monotonic()
+                fcntl.flock(self._file, fcntl.LOCK_EX)
+                self.waited_s += time.monotonic() - start
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self._depth -= 1
+            if self._depth == 0:
+                fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._mutex.release()
 
 
 def time_graph(fns: Sequence[Callable[[], object]], *, reps: int = 50, warmup: int = 5, per_replay: int = 10) -> Timing:

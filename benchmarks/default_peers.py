@@ -1,6 +1,6 @@
 """Our kernels against the peer a user gets by default, on grids with odd sizes (issue #15).
 
-    PYTHONPATH=$PWD python benchmarks/default_peers.py [--out DIR] [--quick] [--only OP] [--list]
+    PYTHONPATH=$PWD python benchmarks/default_peers.py [--out DIR] [--quick] [--only OP] [--list] [--gpu-lock FILE]
 
 The search ranks mixers by the speed of our kernels, so each is timed beside what a user would
 deploy without trying, in the same process, as CUDA-graph replays over inputs rotated past L2
@@ -26,6 +26,9 @@ deploy without trying, in the same process, as CUDA-graph replays over inputs ro
 Every implementation's output is checked against the peer's (relative Frobenius distance ≤ 2e-2)
 before its time counts. A row that misses its target records ``miss_by`` (target − speed-up).
 ``--list`` prints the grids and exits (no GPU needed). Writes ``default_peers_<gpu>.json``.
+``--gpu-lock FILE`` takes the lock file of ``model_vs_compile.py --procs``
+(``/tmp/model_vs_compile_gpu0.lock``) through each shape, so the grid runs while that script's
+compiles (CPU work) go on, and neither times while the other uses the GPU.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._timing import copies_for_l2, time_graph, write_results  # noqa: E402
+from benchmarks._timing import GpuLock, copies_for_l2, time_graph, write_results  # noqa: E402
 
 DTYPE = torch.bfloat16
 TOLERANCE = 2e-2
@@ -121,6 +124,15 @@ def _time(fns: Sequence[Callable[[], object]]) -> dict:
 
 
 _SINKS: list[Callable[[dict], None]] = []  # called with every finished row (main: rewrite the file)
+_GPU_LOCK = GpuLock(None)  # --gpu-lock: held through each shape's GPU work
+
+
+def _each_locked(shapes: Iterable[tuple]) -> Iterator[tuple]:
+    """The grid's shapes, each handed out with the GPU lock held until the next is asked for: a
+    shape's checks, timings and profiles never share the GPU with another process's timing."""
+    for shape in shapes:
+        with _GPU_LOCK:
+            yield shape
 
 
 def _row(op: str, case: dict, ours: dict, peer: dict, peer_name: str, target: float, err: float, **extra) -> dict:
@@ -192,7 +204,7 @@ def attention_rows(quick: bool, rope: bool = False) -> list[dict]:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     rows = []
-    for B, H, L, D in attention_grid(quick):
+    for B, H, L, D in _each_locked(attention_grid(quick)):
         copies = _qkv(B, L, H, D)
         views = [_views(c, H) for c in copies]
         case = {"B": B, "H": H, "L": L, "D": D}
@@ -234,7 +246,7 @@ def linear_rows(quick: bool, floors: bool = True) -> list[dict]:
 
     acts = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu, "none": None}
     rows = []
-    for M, K, N, epilogue in linear_grid(quick):
+    for M, K, N, epilogue in _each_locked(linear_grid(quick)):
         act = epilogue.removesuffix("+residual")
         residual = epilogue.endswith("+residual")
         n = min(copies_for_l2((M * K + N * K + M * N * (2 if residual else 1)) * 2), 16)
@@ -302,7 +314,7 @@ def linear_attention_rows(quick: bool) -> tuple[list[dict], str]:
     rows = []
     if chunk is None:
         return rows, note
-    for B, H, L, D in linear_attention_grid(quick):
+    for B, H, L, D in _each_locked(linear_attention_grid(quick)):
         copies = _qkv(B, L, H, D)
         natives = [tuple(t.transpose(1, 2).contiguous() for t in _views(c, H)) for c in copies]  # [B, L, H, D]
         for fm, target in FEATURE_TARGETS.items():
@@ -380,7 +392,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--rope", action="store_true", help="attention: also time RoPE (route, fused Triton, apply_rope + SDPA)"
     )
+    parser.add_argument(
+        "--gpu-lock",
+        metavar="FILE",
+        help="hold this lock file through each shape's GPU work (shares the GPU with model_vs_compile.py --procs)",
+    )
     args = parser.parse_args(argv)
+    global _GPU_LOCK
+    _GPU_LOCK = GpuLock(args.gpu_lock)
     grids = {
         "attention": attention_grid(args.quick),
         "linear": linear_grid(args.quick),

@@ -47,13 +47,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import fcntl
 import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -61,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks._timing import copies_for_l2, time_graph, write_results  # noqa: E402
+from benchmarks._timing import GpuLock, copies_for_l2, time_graph, write_results  # noqa: E402
 from nas.latency import memory, parse_shape  # noqa: E402
 from nas.latency.calibrate import random_archs  # noqa: E402
 from nas.spec import ArchSpec  # noqa: E402
@@ -81,35 +79,6 @@ def describe(arch: ArchSpec) -> str:
     """One line per architecture: width, vocab and its layers' mixers (A / L / M)."""
     mixers = "".join({"attention": "A", "linear_attention": "L", "none": "M"}[layer.mixer] for layer in arch.layers)
     return f"d{arch.d_model} v{arch.vocab_size} {mixers}"
-
-
-class GpuLock:
-    """A lock on one GPU shared by the processes of ``--procs``: ``flock`` on a file, re-entrant
-    within a process (the autotuner's benchmark helpers call one another). Without a path it is a
-    no-op (one process per GPU)."""
-
-    def __init__(self, path: str | None):
-        self._file = open(path, "a+") if path else None  # noqa: SIM115 - held for the process's life
-        self._mutex = threading.RLock()
-        self._depth = 0
-        self.waited_s = 0.0  # time spent waiting for other processes (per row in the JSON)
-
-    def __enter__(self) -> GpuLock:
-        if self._file is not None:
-            self._mutex.acquire()
-            if self._depth == 0:
-                start = time.monotonic()
-                fcntl.flock(self._file, fcntl.LOCK_EX)
-                self.waited_s += time.monotonic() - start
-            self._depth += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._file is not None:
-            self._depth -= 1
-            if self._depth == 0:
-                fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._mutex.release()
 
 
 def hold_during_autotune(lock: GpuLock) -> str:

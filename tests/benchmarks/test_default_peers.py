@@ -97,3 +97,40 @@ def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
     dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "default_peers_h200_attention_quick.json").read_text())
     assert saved["complete"] is True and len(saved["results"]) == 2 and saved["summary"]["attention"]["rows"] == 2
+
+
+def test_each_shape_is_handed_out_with_the_gpu_lock_held(tmp_path, monkeypatch):
+    """--gpu-lock: a shape's GPU work never overlaps another process's timing (model_vs_compile's
+    children take the same file), and the lock is let go between shapes and after the last."""
+    import fcntl
+
+    from benchmarks._timing import GpuLock
+
+    def held_elsewhere(path) -> bool:
+        with open(path, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
+    path = tmp_path / "gpu0.lock"
+    monkeypatch.setattr(dp, "_GPU_LOCK", GpuLock(str(path)))
+    seen = []
+    shapes = dp._each_locked([(1, 2, 3, 4), (5, 6, 7, 8)])
+    for shape in shapes:
+        seen.append((shape, held_elsewhere(path)))
+    assert seen == [((1, 2, 3, 4), True), ((5, 6, 7, 8), True)]
+    assert not held_elsewhere(path), "the lock outlives the grid"
+    monkeypatch.setattr(dp, "_GPU_LOCK", GpuLock(None))  # without --gpu-lock nothing is taken
+    assert [held_elsewhere(path) for _ in dp._each_locked([(1, 2, 3, 4)])] == [False]
+
+
+def test_gpu_lock_flag_reaches_the_grid(tmp_path, monkeypatch):
+    monkeypatch.setattr(dp.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dp, "_GPU_LOCK", dp._GPU_LOCK)  # restored after the test: main() replaces it
+    with pytest.raises(SystemExit):  # no GPU here: it stops after parsing, with the lock set
+        dp.main(["--gpu-lock", str(tmp_path / "g.lock"), "--only", "linear_attention"])
+    with dp._GPU_LOCK:
+        assert (tmp_path / "g.lock").exists()

@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD python benchmarks/model_vs_compile.py [--archs 20] [--seed 7] [--start 0 --count N]
                                                           [--shapes 1x256 8x1024] [--out DIR] [--list]
                                                           [--no-compile] [--gpus N] [--skip-done F…]
+                                                          [--procs P] [--deadline-s S] [--autotune-cache F]
 
 Each architecture comes from the calibration's generator (``nas.latency.calibrate.random_arch``:
 depth 1-8, d 32-512, every mixer, feature map, short conv, MLP ratio, norm, vocab 64-8192) and is
@@ -40,6 +41,12 @@ the GPU with another process's timing; only compiling overlaps. Each process get
 host (longer than alone). ``--deadline-s`` is a guard for a time-limited machine: a process starts
 no row that its longest row so far would carry past it, and the JSON lists the rows it left out.
 ``--list`` prints the architectures and exits (no GPU needed).
+
+Most of a row's time holding the GPU is Inductor benchmarking GEMM choices (about 100 s a row on an
+H200 with max-autotune), so ``--autotune-cache FILE`` carries Inductor's autotuning results (JSON
+only) from call to call: seeded from FILE when it exists, written back under ``--out`` with the
+run's added. A row re-timed after a change to our kernels then skips the peer's benchmarks; its
+``compile_s`` is no longer a cold compile (rows say ``autotune_seeded``).
 """
 
 from __future__ import annotations
@@ -52,8 +59,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -221,6 +230,62 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def _is_autotune_result(name: str) -> bool:
+    """Whether a path inside Inductor's cache dir is an autotuning result: the GEMM choices'
+    timings (``cache/<system hash>``, JSON) or a Triton kernel's ``*.best_config`` (JSON)."""
+    parts = PurePosixPath(name).parts
+    if not parts or parts[0] in ("/", "..") or ".." in parts:
+        return False
+    return (len(parts) == 2 and parts[0] == "cache") or (len(parts) == 2 and name.endswith(".best_config"))
+
+
+class AutotuneResults:
+    """``--autotune-cache FILE``: Inductor's autotuning results carried from call to call. The run
+    gets a fresh ``TORCHINDUCTOR_CACHE_DIR`` (children inherit it), seeded from FILE when it exists;
+    afterwards the results there, the seeded ones and this run's, go to FILE's name under ``--out``.
+    Only the JSON results travel (no compiled code, no pickles), so a later compile still traces,
+    lowers and compiles everything but skips the benchmarks of every choice an earlier call timed
+    (same GPU model and torch; Inductor's keys include both). Rows then record ``autotune_seeded``:
+    their ``compile_s`` is not a cold compile's."""
+
+    def __init__(self, archive: Path, out: Path):
+        self.archive, self.out = archive, out
+        self.dir = Path(tempfile.mkdtemp(prefix="nas_mvc_inductor_"))
+        self.seeded = 0
+
+    def __enter__(self) -> AutotuneResults:
+        if self.archive.is_file():
+            with tarfile.open(self.archive) as tar:
+                members = [m for m in tar.getmembers() if m.isfile() and _is_autotune_result(m.name)]
+                tar.extractall(self.dir, members=members, filter="data")
+            self.seeded = len(members)
+        self._before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.dir)
+        os.environ["NAS_MVC_AUTOTUNE_SEEDED"] = str(self.seeded)
+        return self
+
+    def __exit__(self, *exc) -> None:  # also after a failed or interrupted run: what it tuned is kept
+        os.environ.pop("NAS_MVC_AUTOTUNE_SEEDED", None)
+        if self._before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._before
+        path, n = self.save(self.out)
+        print(f"wrote {path}: {n} autotuning results ({self.seeded} seeded)", flush=True)
+
+    def save(self, out: Path) -> tuple[Path, int]:
+        """Write the results to ``out/<FILE's name>``; returns the path and how many files."""
+        files = sorted(
+            p for p in self.dir.rglob("*") if p.is_file() and _is_autotune_result(p.relative_to(self.dir).as_posix())
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / self.archive.name
+        with tarfile.open(path, "w:gz") as tar:
+            for f in files:
+                tar.add(f, arcname=f.relative_to(self.dir).as_posix())
+        return path, len(files)
+
+
 def merge(paths: list[str]) -> list[dict]:
     """Rows of several slice files, one per (architecture, shape), in order."""
     rows: dict[tuple[int, str], dict] = {}
@@ -328,6 +393,11 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         help="guard: start no row that the longest row so far would carry past this many seconds (reported)",
     )
+    parser.add_argument(
+        "--autotune-cache",
+        metavar="FILE",
+        help="seed Inductor's autotuning results from this .tar.gz when it exists; write them back under --out",
+    )
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.procs < 1:
         parser.error("--gpus and --procs take a count of at least 1")
@@ -359,6 +429,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         raise SystemExit("model_vs_compile.py times GPU forwards: no CUDA device here (--list works anywhere)")
+    if args.autotune_cache and args.shard is None:  # children inherit the parent's cache dir
+        with AutotuneResults(Path(args.autotune_cache), out):
+            _run(args, argv, archs, chosen, stop, out)
+    else:
+        _run(args, argv, archs, chosen, stop, out)
+
+
+def _run(
+    args: argparse.Namespace, argv: list[str] | None, archs: list[ArchSpec], chosen: list[int], stop: int, out: Path
+) -> None:
+    """The rows of this process (a shard), or the children's with ``--gpus``/``--procs``, merged."""
     if args.gpus * args.procs > 1 and args.shard is None:
         n = args.gpus * args.procs
         children = shard_commands(argv or sys.argv[1:], args.gpus, args.procs)
@@ -376,7 +457,10 @@ def main(argv: list[str] | None = None) -> None:
     path = out / f"model_vs_compile_{name}{suffix}.json"
     lock_path = os.environ.get("NAS_MVC_GPU_LOCK")
     lock = GpuLock(lock_path)
-    sharing = {"procs_per_gpu_lock": lock_path, "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")}
+    sharing = {
+        "procs_per_gpu_lock": lock_path,
+        "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"),
+    }
     if lock_path:
         sharing["autotune_lock"] = hold_during_autotune(lock)
     rows, left_out = [], []
@@ -409,6 +493,8 @@ def main(argv: list[str] | None = None) -> None:
         row["row_s"] = time.monotonic() - row_start
         if lock_path:
             row["gpu_lock_wait_s"] = lock.waited_s - waited  # compile_s includes this much waiting
+        if os.environ.get("NAS_MVC_AUTOTUNE_SEEDED"):  # --autotune-cache: compile_s is not a cold compile
+            row["autotune_seeded"] = int(os.environ["NAS_MVC_AUTOTUNE_SEEDED"])
         rows.append(row)
         ratio = row.get("ratio")
         prof = row.get("ours_profile", {})

@@ -5,6 +5,7 @@ slices merge, and --list runs anywhere."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -266,3 +267,87 @@ def test_the_row_loop_stops_at_the_deadline_and_records_what_it_left_out(tmp_pat
     assert all(r["row_s"] == 100.0 and "gpu_lock_wait_s" not in r for r in data["results"])
     assert data["deadline_left_out"] == [[1, "1x256"], [1, "8x1024"], [2, "1x256"], [2, "8x1024"]]
     assert data["deadline_s"] == 250.0 and data["procs_per_gpu_lock"] is None
+
+
+def test_only_inductors_autotuning_results_are_carried():
+    keep = ["cache/44136fa355b3", "ab/386ea903.best_config"]
+    drop = [
+        "ab/386ea903.py",  # generated code
+        "triton/0/XYZ/kernel.cubin",
+        "fxgraph/ab/entry",  # pickles
+        "cache/sub/x",
+        "../cache/x",
+        "/cache/x",
+        "ab/../../etc.best_config",
+        "deep/er/x.best_config",
+        "",
+    ]
+    assert [n for n in keep + drop if mc._is_autotune_result(n)] == keep
+
+
+def test_the_layout_carried_is_the_one_this_torch_writes(tmp_path, monkeypatch):
+    """Inductor's GEMM-choice timings and Triton best configs land where the archive looks."""
+    from torch._inductor.codecache import PersistentCache
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    gemm = PersistentCache.get_local_cache_path()
+    best = Path(AutotuneCache._make_local_cache_key(str(tmp_path / "ab"), "key"))
+    for path in (Path(gemm), best):
+        assert mc._is_autotune_result(path.relative_to(tmp_path).as_posix()), path
+
+
+def test_autotune_results_are_seeded_and_written_back(tmp_path, monkeypatch):
+    import io
+    import os
+    import tarfile
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    seed = tmp_path / "seed" / "autotune_h200.tar.gz"
+    seed.parent.mkdir()
+    with tarfile.open(seed, "w:gz") as tar:
+
+        def add(name: str, text: str = "{}", kind: bytes = tarfile.REGTYPE) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, data = kind, text.encode()
+            info.size = len(data) if kind == tarfile.REGTYPE else 0
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "/etc/passwd"
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+        add("cache/h1", '{"cache": {"mm": 1}}')
+        add("ab/k1.best_config", '{"XBLOCK": 64}')
+        add("../outside.best_config")  # refused: outside the cache dir
+        add("ab/k1.py", "print('code')")  # refused: not a result
+        add("cd/link.best_config", kind=tarfile.SYMTYPE)  # refused: not a file
+    out = tmp_path / "out"
+    with mc.AutotuneResults(seed, out) as results:
+        cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert cache == results.dir and os.environ["NAS_MVC_AUTOTUNE_SEEDED"] == "2"
+        assert (cache / "cache/h1").read_text() == '{"cache": {"mm": 1}}'
+        assert (cache / "ab/k1.best_config").is_file()
+        assert not (cache / "ab/k1.py").exists() and not (cache / "cd").exists()
+        assert not (tmp_path / "outside.best_config").exists() and not (cache.parent / "outside.best_config").exists()
+        (cache / "ef").mkdir()  # what this run tunes, beside code it generates
+        (cache / "ef/k2.best_config").write_text('{"XBLOCK": 128}')
+        (cache / "ef/k2.py").write_text("kernel source")
+        (cache / "triton").mkdir()
+        (cache / "triton/k2.cubin").write_bytes(b"\0" * 64)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and "NAS_MVC_AUTOTUNE_SEEDED" not in os.environ
+    with tarfile.open(out / seed.name) as tar:
+        assert sorted(tar.getnames()) == ["ab/k1.best_config", "cache/h1", "ef/k2.best_config"]
+        assert tar.extractfile("ef/k2.best_config").read() == b'{"XBLOCK": 128}'
+
+
+def test_a_failed_run_still_writes_back_what_it_tuned(tmp_path, monkeypatch):
+    import os
+    import tarfile
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with pytest.raises(SystemExit), mc.AutotuneResults(tmp_path / "none.tar.gz", tmp_path) as results:
+        assert results.seeded == 0  # no archive yet: a fresh cache
+        (Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "cache").mkdir()
+        (Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "cache/h").write_text("{}")
+        raise SystemExit("shards exited with [1]")
+    with tarfile.open(tmp_path / "none.tar.gz") as tar:
+        assert tar.getnames() == ["cache/h"]

@@ -1,7 +1,7 @@
 """Linear attention's three forward routes per shape and feature map (issue #15 item 3).
 
     PYTHONPATH=$PWD python benchmarks/linear_attention_prefix.py --out FILE [--peer] [--maps M,..]
-        [--max-chunks N] [--list]
+        [--max-chunks N] [--list] [--shapes B,H,L,D ...]
 
 The routes: the fused kernel (one launch, a program walks its segment carrying the state), the
 two passes (states before every chunk to memory, then every chunk's outputs in parallel) and the
@@ -15,8 +15,9 @@ the normalized maps), which autotunes at every new shape. Every variant's output
 against the fp32 reference (relative Frobenius distance ≤ 2e-2) before its time counts.
 
 Shapes: ``default_peers``' identity grid, the issue's shapes, and the model
-benchmarks' mixers (B 1 × 256 and B 8 × 1024 tokens, 1-16 heads). The file is rewritten after
-every row, so a run cut short keeps what it timed.
+benchmarks' mixers (B 1 × 256 and B 8 × 1024 tokens, 1-16 heads); ``--shapes`` times others instead
+(the route rule's boundary). The file is rewritten after every row, so a run cut short keeps what it
+timed.
 """
 
 from __future__ import annotations
@@ -112,6 +113,14 @@ def _map_row(case: tuple[int, int, int, int], fm: str, copies: list, natives: li
     return row
 
 
+def _case(text: str) -> tuple[int, int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: B,H,L,D as four positive integers")
+    B, H, L, D = (int(p) for p in parts)
+    return B, H, L, D
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -119,15 +128,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peer", action="store_true", help="also time fla-core (autotunes per shape: slow)")
     parser.add_argument("--maps", default=",".join(FEATURE_MAPS), help="comma-separated feature maps")
     parser.add_argument("--list", action="store_true", help="print the shapes and exit")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=_case,
+        metavar="B,H,L,D",
+        help="these shapes instead of the grid (a rule's boundary)",
+    )
     args = parser.parse_args(argv)
+    shapes = list(dict.fromkeys(args.shapes)) if args.shapes else cases()
     if args.list:
-        print(f"{len(cases())} shapes: {cases()}")
+        print(f"{len(shapes)} shapes: {shapes}")
         return
     if not torch.cuda.is_available():
         raise SystemExit("linear_attention_prefix.py times GPU kernels: no CUDA device here (--list works anywhere)")
     chunk, note = _fla() if args.peer else (None, "fla not timed (--peer)")
     rows: list[dict] = []
-    for B, H, L, D in cases():
+    for B, H, L, D in shapes:
         copies = _qkv(B, L, H, D)
         natives = [tuple(t.transpose(1, 2).contiguous() for t in _views(c, H)) for c in copies] if chunk else []
         for fm in args.maps.split(","):

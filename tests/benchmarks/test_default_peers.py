@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import default_peers as dp
+from tests.benchmarks._locks import held_elsewhere
 
 
 def test_grids_hold_the_odd_shapes_and_every_issue_shape():
@@ -102,18 +103,7 @@ def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
 def test_each_shape_is_handed_out_with_the_gpu_lock_held(tmp_path, monkeypatch):
     """--gpu-lock: a shape's GPU work never overlaps another process's timing (model_vs_compile's
     children take the same file), and the lock is let go between shapes and after the last."""
-    import fcntl
-
     from benchmarks._timing import GpuLock
-
-    def held_elsewhere(path) -> bool:
-        with open(path, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
 
     path = tmp_path / "gpu0.lock"
     monkeypatch.setattr(dp, "_GPU_LOCK", GpuLock(str(path)))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import model_vs_compile as mc
+from tests.benchmarks._locks import held_elsewhere
 
 
 def test_architectures_span_depth_width_and_every_mixer():
@@ -124,29 +125,16 @@ def test_procs_per_gpu_share_each_gpus_lock_and_split_the_cpus():
     assert all("NAS_MVC_GPU_LOCK" not in env for _, env in alone), "one process per GPU needs no lock"
 
 
-def _held_elsewhere(path) -> bool:
-    """Whether another open file description could not take the lock now."""
-    import fcntl
-
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return False
-
-
 def test_the_gpu_lock_excludes_other_processes_and_is_reentrant(tmp_path):
     path = tmp_path / "gpu.lock"
     lock = mc.GpuLock(str(path))
-    assert not _held_elsewhere(path)
+    assert not held_elsewhere(path)
     with lock:
-        assert _held_elsewhere(path)
+        assert held_elsewhere(path)
         with lock:  # the autotuner's helpers nest
-            assert _held_elsewhere(path)
-        assert _held_elsewhere(path), "leaving the inner block must not release the outer one"
-    assert not _held_elsewhere(path)
+            assert held_elsewhere(path)
+        assert held_elsewhere(path), "leaving the inner block must not release the outer one"
+    assert not held_elsewhere(path)
     assert lock.waited_s >= 0.0
     import subprocess
     import sys
@@ -164,19 +152,19 @@ def test_the_gpu_lock_excludes_other_processes_and_is_reentrant(tmp_path):
         text=True,
     )
     assert holder.stdout.readline().strip() == "held"
-    assert _held_elsewhere(path)
+    assert held_elsewhere(path)
     holder.stdin.close()  # it exits; our lock can then be taken
     with lock:
-        assert _held_elsewhere(path)
+        assert held_elsewhere(path)
     holder.wait(timeout=30)
     with mc.GpuLock(None):  # one process per GPU: no file, no lock
-        assert not _held_elsewhere(path)
+        assert not held_elsewhere(path)
 
 
 def _assert_autotune_benchmarks_hold(path, bench):
-    assert not _held_elsewhere(path)
+    assert not held_elsewhere(path)
     assert bench() is True
-    assert not _held_elsewhere(path)
+    assert not held_elsewhere(path)
 
 
 def test_autotune_benchmarks_hold_the_lock_through_torchs_hook(tmp_path, monkeypatch):
@@ -190,7 +178,7 @@ def test_autotune_benchmarks_hold_the_lock_through_torchs_hook(tmp_path, monkeyp
 
     def bench():
         with benchmarking.maybe_gpu_benchmark_lock():
-            return _held_elsewhere(path)
+            return held_elsewhere(path)
 
     _assert_autotune_benchmarks_hold(path, bench)
 
@@ -213,11 +201,9 @@ def test_autotune_benchmarks_hold_the_lock_where_torch_has_no_hook(tmp_path, mon
     monkeypatch.setattr(benchmarking, "benchmarker", Bench())
     taken = mc.hold_during_autotune(mc.GpuLock(str(path)))
     assert "Base.benchmark_gpu" in taken and "Bench.benchmark_gpu_with_cuda_graph" in taken
+    _assert_autotune_benchmarks_hold(path, lambda: benchmarking.benchmarker.benchmark_gpu(lambda: held_elsewhere(path)))
     _assert_autotune_benchmarks_hold(
-        path, lambda: benchmarking.benchmarker.benchmark_gpu(lambda: _held_elsewhere(path))
-    )
-    _assert_autotune_benchmarks_hold(
-        path, lambda: benchmarking.benchmarker.benchmark_gpu_with_cuda_graph(lambda: _held_elsewhere(path))
+        path, lambda: benchmarking.benchmarker.benchmark_gpu_with_cuda_graph(lambda: held_elsewhere(path))
     )
     before = (Base.benchmark_gpu, Bench.benchmark_gpu_with_cuda_graph)
     mc.hold_during_autotune(mc.GpuLock(str(path)))  # a second call wraps nothing twice

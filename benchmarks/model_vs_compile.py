@@ -233,10 +233,10 @@ def summary(rows: list[dict]) -> dict:
 def _is_autotune_result(name: str) -> bool:
     """Whether a path inside Inductor's cache dir is an autotuning result: the GEMM choices'
     timings (``cache/<system hash>``, JSON) or a Triton kernel's ``*.best_config`` (JSON)."""
-    parts = PurePosixPath(name).parts
-    if not parts or parts[0] in ("/", "..") or ".." in parts:
+    parts = PurePosixPath(name).parts  # two levels, relative, no ".." (an absolute path starts with "/")
+    if len(parts) != 2 or "/" in parts or ".." in parts:
         return False
-    return (len(parts) == 2 and parts[0] == "cache") or (len(parts) == 2 and name.endswith(".best_config"))
+    return parts[0] == "cache" or name.endswith(".best_config")
 
 
 class AutotuneResults:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import json
+import os
 import platform
 import statistics
 import threading
@@ -46,6 +47,16 @@ class GpuLock:
         self._mutex = threading.RLock()
         self._depth = 0
         self.waited_s = 0.0  # time spent waiting for other processes (per row in the JSON)
+        self.held_s = 0.0  # time held (outermost holds), how many, the longest and those over 1 s
+        self.holds = 0
+        self.longest_s = 0.0
+        self.over_1s = 0
+        self._taken = 0.0
+
+    @property
+    def shared(self) -> bool:
+        """Whether there is a lock file (processes share the GPU), not a no-op."""
+        return self._file is not None
 
     def __enter__(self) -> GpuLock:
         if self._file is not None:
@@ -53,7 +64,8 @@ class GpuLock:
             if self._depth == 0:
                 start = time.monotonic()
                 fcntl.flock(self._file, fcntl.LOCK_EX)
-                self.waited_s += time.monotonic() - start
+                self._taken = time.monotonic()
+                self.waited_s += self._taken - start
             self._depth += 1
         return self
 
@@ -62,6 +74,11 @@ class GpuLock:
             self._depth -= 1
             if self._depth == 0:
                 fcntl.flock(self._file, fcntl.LOCK_UN)
+                held = time.monotonic() - self._taken
+                self.held_s += held
+                self.holds += 1
+                self.longest_s = max(self.longest_s, held)
+                self.over_1s += held > 1.0
             self._mutex.release()
 
 
@@ -115,9 +132,13 @@ def environment() -> dict:
 
 
 def write_results(path: str | Path, rows: list[dict], **extra: object) -> Path:
+    """Write the rows and ``extra`` with the environment; atomically (a process stopped while
+    writing leaves the previous file, not half of one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**environment(), **extra, "results": rows}, indent=2, default=_jsonable) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**environment(), **extra, "results": rows}, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
     return path
 
 

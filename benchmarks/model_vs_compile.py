@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python benchmarks/model_vs_compile.py [--archs 20] [--seed 7] [--start 0 --count N]
                                                           [--shapes 1x256 8x1024] [--out DIR] [--list]
                                                           [--no-compile] [--gpus N] [--skip-done F…]
-                                                          [--procs P] [--deadline-s S] [--autotune-cache F]
+                                                          [--procs P] [--deadline-s S] [--stop-s S]
+                                                          [--autotune-cache F]
 
 Each architecture comes from the calibration's generator (``nas.latency.calibrate.random_arch``:
 depth 1-8, d 32-512, every mixer, feature map, short conv, MLP ratio, norm, vocab 64-8192) and is
@@ -40,6 +41,11 @@ the GPU with another process's timing; only compiling overlaps. Each process get
 ``cpus // (gpus * procs)`` Inductor compile threads. ``compile_s`` is then wall time on a shared
 host (longer than alone). ``--deadline-s`` is a guard for a time-limited machine: a process starts
 no row that its longest row so far would carry past it, and the JSON lists the rows it left out.
+``--stop-s`` is the hard guard: after that many seconds the rows still running are stopped (the
+children's process groups) and listed as ``stopped_not_timed``; the rows finished stay, and with
+``--autotune-cache`` so do the autotuning results the stopped rows got, so a later call resumes
+them without repeating those benchmarks. Rows record ``autotune_lock``: how long the autotuner held
+the GPU lock, how many holds, how many over 1 s (CPU work under the lock rather than a timing).
 ``--list`` prints the architectures and exits (no GPU needed).
 
 Most of a row's time holding the GPU is Inductor benchmarking GEMM choices (about 100 s a row on an
@@ -56,6 +62,7 @@ import contextlib
 import copy
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -189,10 +196,15 @@ def bench(
         torch._dynamo.reset()  # a fresh cache: no recompile limit reached, no eager fallback
         start = time.perf_counter()
         compiled = torch.compile(torch_bf16, mode=COMPILE_MODE)
+        before = lock_use(lock)
         try:
             compiled(inputs[0])  # compiles and autotunes (its benchmarks hold the lock)
             torch.cuda.synchronize()
             row["compile_s"] = time.perf_counter() - start
+            if lock is not None and lock.shared:
+                row["autotune_lock"] = {k: v - before[k] for k, v in lock_use(lock).items()} | {
+                    "longest_s": lock.longest_s  # this process's longest hold so far
+                }
             with gpu:
                 row["compile_rel_err"] = _rel_err(compiled(inputs[0]), expected)
                 row["compile_us"] = time_graph([lambda x=x: compiled(x) for x in inputs])
@@ -205,6 +217,14 @@ def bench(
     row["ratio"] = row["ours_us"].median_us / row["compile_us"].median_us if "compile_us" in row and correct else None
     row["correct"] = correct
     return row
+
+
+def lock_use(lock: GpuLock | None) -> dict:
+    """How long ``lock`` was held and waited for so far, and how many holds (over 1 s: a hold that
+    is likely CPU work, a compile, rather than GPU timing)."""
+    if lock is None:
+        return {"held_s": 0.0, "waited_s": 0.0, "holds": 0, "over_1s": 0}
+    return {"held_s": lock.held_s, "waited_s": lock.waited_s, "holds": lock.holds, "over_1s": lock.over_1s}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -309,6 +329,54 @@ def slices_environment(paths: list[str]) -> dict:
     return {**envs[0], "date": max(str(e["date"]) for e in envs)}
 
 
+def write_merged(paths: list[str], out: Path, seed: int, **extra: object) -> Path:
+    """``--merge``: the slices' rows in one file with their environment and the summary."""
+    rows = merge(paths)
+    path = write_results(
+        out / "model_vs_compile_merged.json",
+        rows,
+        **slices_environment(paths),
+        merged_from=[Path(p).name for p in paths],
+        summary=summary(rows),
+        seed=seed,
+        **extra,
+    )
+    print(json.dumps(summary(rows), indent=1))
+    print(f"wrote {path}")
+    return path
+
+
+class Stopped(BaseException):
+    """``--stop-s`` fired (or the process was sent SIGTERM): not an error of the row it cuts."""
+
+
+def _raise_stopped(*_: object) -> None:
+    raise Stopped
+
+
+def wait_or_stop(procs: list[subprocess.Popen], stop_s: float | None, grace_s: float = 20.0) -> tuple[list, bool]:
+    """Wait for the children; once ``stop_s`` seconds have passed, stop those still running (their
+    process group: Inductor's compile workers too), SIGTERM then SIGKILL after ``grace_s``.
+    Returns their exit codes and whether the stop fired. A child stopped mid-row keeps the rows it
+    finished (each is written when done) and the autotuning results it got (the cache dir)."""
+    start, stopped = time.monotonic(), False
+    while any(p.poll() is None for p in procs):
+        if stop_s is not None and time.monotonic() - start >= stop_s:
+            stopped = True
+            break
+        time.sleep(1.0)
+    if stopped:
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+            for p in procs:
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, sig)
+            deadline = time.monotonic() + (wait or grace_s)
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.2)
+    return [p.poll() for p in procs], stopped
+
+
 def _shard(text: str) -> tuple[int, int]:
     k, _, n = text.partition("/")
     if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
@@ -394,6 +462,11 @@ def main(argv: list[str] | None = None) -> None:
         help="guard: start no row that the longest row so far would carry past this many seconds (reported)",
     )
     parser.add_argument(
+        "--stop-s",
+        type=float,
+        help="guard: stop after this many seconds (rows cut are listed; their autotuning results are kept)",
+    )
+    parser.add_argument(
         "--autotune-cache",
         metavar="FILE",
         help="seed Inductor's autotuning results from this .tar.gz when it exists; write them back under --out",
@@ -401,6 +474,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.procs < 1:
         parser.error("--gpus and --procs take a count of at least 1")
+    for name in ("deadline_s", "stop_s"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} takes a positive number of seconds")
     for s in args.shapes:
         try:
             parse_shape(s)  # a bad shape fails here, before any GPU work
@@ -415,20 +491,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     out = Path(args.out)
     if args.merge:
-        rows = merge(args.merge)
-        path = write_results(
-            out / "model_vs_compile_merged.json",
-            rows,
-            **slices_environment(args.merge),
-            merged_from=[Path(p).name for p in args.merge],
-            summary=summary(rows),
-            seed=args.seed,
-        )
-        print(json.dumps(summary(rows), indent=1))
-        print(f"wrote {path}")
+        write_merged(args.merge, out, args.seed)
         return
     if not torch.cuda.is_available():
         raise SystemExit("model_vs_compile.py times GPU forwards: no CUDA device here (--list works anywhere)")
+    if args.shard is None:  # SIGTERM (a time limit) unwinds: children stopped, autotuning results kept
+        signal.signal(signal.SIGTERM, _raise_stopped)
     if args.autotune_cache and args.shard is None:  # children inherit the parent's cache dir
         with AutotuneResults(Path(args.autotune_cache), out):
             _run(args, argv, archs, chosen, stop, out)
@@ -443,11 +511,21 @@ def _run(
     if args.gpus * args.procs > 1 and args.shard is None:
         n = args.gpus * args.procs
         children = shard_commands(argv or sys.argv[1:], args.gpus, args.procs)
-        procs = [subprocess.Popen(cmd, env=env) for cmd, env in children]
-        codes = [proc.wait() for proc in procs]
+        procs = [subprocess.Popen(cmd, env=env, start_new_session=True) for cmd, env in children]
+        try:
+            codes, stopped = wait_or_stop(procs, args.stop_s)
+        except Stopped:  # SIGTERM here: stop the children now
+            codes, stopped = wait_or_stop(procs, 0.0)
         files = sorted(str(f) for f in out.glob(f"model_vs_compile_*_shard*of{n}.json"))
-        main(["--merge", *args.skip_done, *files, "--out", str(out), "--seed", str(args.seed)])
-        if any(codes):
+        paths = [*args.skip_done, *files]
+        extra = {}
+        if stopped:
+            done = merge(paths) if paths else []
+            extra = {"stop_s": args.stop_s, "stopped_not_timed": work(chosen, args.shapes, done, None)}
+            print(f"stop guard: {len(extra['stopped_not_timed'])} rows not timed", flush=True)
+        if paths:
+            write_merged(paths, out, args.seed, **extra)
+        if any(codes) and not stopped:
             raise SystemExit(f"shards exited with {codes}")
         return
     name = torch.cuda.get_device_name(0).split()[-1].lower()
@@ -477,8 +555,35 @@ def _run(
             **extra,
         )
 
+    todo = work(chosen, args.shapes, merge(args.skip_done) if args.skip_done else [], args.shard)
+    if args.stop_s is not None and args.shard is None:  # one process: the stop is an alarm
+        signal.signal(signal.SIGALRM, _raise_stopped)
+        signal.setitimer(signal.ITIMER_REAL, args.stop_s)
+    try:
+        _rows(args, archs, todo, lock, rows, left_out, save)
+    except Stopped:
+        done = {(r["arch_index"], r["shape"]) for r in rows}
+        cut = [[i, s] for i, s in todo if (i, s) not in done and [i, s] not in left_out]
+        print(f"stop guard: {len(cut)} rows not timed", flush=True)
+        save(
+            stop_s=args.stop_s,
+            stopped_not_timed=cut,
+            **({"deadline_s": args.deadline_s, "deadline_left_out": left_out} if left_out else {}),
+        )
+        return
+    finally:
+        if args.stop_s is not None and args.shard is None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    if left_out:
+        save(deadline_s=args.deadline_s, deadline_left_out=left_out)
+    print(json.dumps(summary(rows), indent=1))
+    print(f"wrote {path}")
+
+
+def _rows(args, archs, todo, lock, rows, left_out, save) -> None:
+    """The row loop of ``_run``: each row timed, recorded and written as it finishes."""
     started, longest = time.monotonic(), 0.0
-    for i, shape in work(chosen, args.shapes, merge(args.skip_done) if args.skip_done else [], args.shard):
+    for i, shape in todo:
         if not next_fits(started, longest, args.deadline_s, time.monotonic()):
             left_out.append([i, shape])
             print(f"deadline guard: row {i} {shape} not started ({args.deadline_s:.0f} s)", flush=True)
@@ -491,7 +596,7 @@ def _run(
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         longest = max(longest, time.monotonic() - row_start)
         row["row_s"] = time.monotonic() - row_start
-        if lock_path:
+        if lock.shared:
             row["gpu_lock_wait_s"] = lock.waited_s - waited  # compile_s includes this much waiting
         if os.environ.get("NAS_MVC_AUTOTUNE_SEEDED"):  # --autotune-cache: compile_s is not a cold compile
             row["autotune_seeded"] = int(os.environ["NAS_MVC_AUTOTUNE_SEEDED"])
@@ -508,10 +613,6 @@ def _run(
         )
         save()
         torch.cuda.empty_cache()
-    if left_out:
-        save(deadline_s=args.deadline_s, deadline_left_out=left_out)
-    print(json.dumps(summary(rows), indent=1))
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

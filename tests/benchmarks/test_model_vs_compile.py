@@ -337,3 +337,128 @@ def test_a_failed_run_still_writes_back_what_it_tuned(tmp_path, monkeypatch):
         raise SystemExit("shards exited with [1]")
     with tarfile.open(tmp_path / "none.tar.gz") as tar:
         assert tar.getnames() == ["cache/h"]
+
+
+def test_the_gpu_lock_counts_its_outermost_holds_and_the_long_ones(tmp_path, monkeypatch):
+    """Per row the JSON says how long the autotuner held the GPU and how many holds were over 1 s
+    (likely a compile under the lock, not a timing): nested holds count once."""
+    from benchmarks import _timing
+
+    clock = iter([0.0, 10.0, 12.0, 20.0, 20.0, 20.5])  # take, release (2 s); take, take, release (0.5 s)
+    lock = mc.GpuLock(str(tmp_path / "gpu.lock"))
+    monkeypatch.setattr(_timing.time, "monotonic", lambda: next(clock))
+    with lock:
+        pass
+    with lock, lock:
+        pass
+    assert (lock.holds, lock.over_1s, lock.longest_s, lock.held_s) == (2, 1, 2.0, 2.5)
+    assert lock.waited_s == 10.0 and lock.shared and not mc.GpuLock(None).shared
+    assert mc.lock_use(lock) == {"held_s": 2.5, "waited_s": 10.0, "holds": 2, "over_1s": 1}
+
+
+def test_results_are_written_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "r.json"
+    mc.write_results(path, [{"a": 1}])
+    mc.write_results(path, [{"a": 2}])
+    assert json.loads(path.read_text())["results"] == [{"a": 2}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"], "no temporary file left beside it"
+
+
+def test_the_stop_guard_stops_running_children_and_their_own_children(tmp_path):
+    import subprocess
+    import sys
+
+    grandchild = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess,sys,time; g=subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']);"
+        f"open({str(grandchild)!r},'w').write(str(g.pid)); time.sleep(300)"
+    )
+    quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
+    slow = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    assert quick.wait(timeout=60) == 3
+    while not grandchild.exists() or not grandchild.read_text():
+        assert slow.poll() is None
+    codes, stopped = mc.wait_or_stop([quick, slow], 0.0, grace_s=30.0)
+    assert stopped and codes[0] == 3 and codes[1] == -15, codes
+    pid = int(grandchild.read_text())
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}").exists() else "gone"
+    assert state in ("Z", "X", "gone"), f"the child's own child is still {state}"
+
+
+def test_without_a_stop_the_children_are_waited_for():
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", f"raise SystemExit({c})"]) for c in (0, 2)]
+    assert mc.wait_or_stop(procs, None) == ([0, 2], False)
+
+
+def _fake_gpu(monkeypatch):
+    monkeypatch.setattr(mc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mc.torch.cuda, "get_device_name", lambda *_: "NVIDIA Fake9")
+    monkeypatch.setattr(mc.torch.cuda, "empty_cache", lambda: None)
+
+
+def test_a_stop_in_one_process_keeps_the_rows_done_and_lists_the_rest(tmp_path, monkeypatch):
+    """The alarm is faked: the second row is cut (``Stopped`` raised in it, as the SIGALRM handler
+    does); the first row stays, the cut one and those after are listed, the alarm is cleared."""
+    import signal
+
+    timers = []
+    monkeypatch.setattr(mc.signal, "setitimer", lambda which, s: timers.append((which, s)))
+    monkeypatch.setattr(mc.signal, "signal", lambda *a: None)
+    calls = []
+
+    def fake_bench(i, arch, shape, *, compile_peer, lock):
+        calls.append((i, shape))
+        if len(calls) == 2:
+            raise mc.Stopped
+        return {"arch_index": i, "arch": mc.describe(arch), "shape": shape, "ratio": 0.5, "correct": True}
+
+    monkeypatch.setattr(mc, "bench", fake_bench)
+    _fake_gpu(monkeypatch)
+    mc.main(["--archs", "2", "--shapes", "1x256", "8x1024", "--stop-s", "300", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "model_vs_compile_fake9.json").read_text())
+    assert [(r["arch_index"], r["shape"]) for r in data["results"]] == [(0, "1x256")]
+    assert data["stopped_not_timed"] == [[0, "8x1024"], [1, "1x256"], [1, "8x1024"]] and data["stop_s"] == 300.0
+    assert timers == [(signal.ITIMER_REAL, 300.0), (signal.ITIMER_REAL, 0)]
+
+
+def test_a_stop_with_children_merges_what_they_finished_and_lists_the_rest(tmp_path, monkeypatch):
+    """Two fake children each finish one row and write their shard file; the stop is faked as
+    having fired. The merged file holds the two rows and lists the other two as not timed."""
+    import os
+    import sys
+
+    def fake_children(argv, gpus, procs=1, cpus=None):
+        out = []
+        for k, (i, shape) in enumerate([(0, "1x256"), (1, "8x1024")]):
+            row = {"arch_index": i, "arch": "x", "shape": shape, "ratio": 0.5, "correct": True}
+            script = (
+                "import json,sys; json.dump({'gpu': 'NVIDIA Fake9', 'torch': 't', 'triton': 'x', 'cuda': 'c',"
+                f" 'python': 'p', 'date': 'd', 'results': [{row!r}]}}, open(sys.argv[1], 'w'))"
+            )
+            path = tmp_path / f"model_vs_compile_fake9_shard{k}of2.json"
+            out.append(([sys.executable, "-c", script, str(path)], dict(os.environ)))
+        return out
+
+    def fake_wait(procs, stop_s):
+        assert stop_s == 60.0
+        return [p.wait(timeout=60) for p in procs], True
+
+    monkeypatch.setattr(mc, "shard_commands", fake_children)
+    monkeypatch.setattr(mc, "wait_or_stop", fake_wait)
+    monkeypatch.setattr(mc.signal, "signal", lambda *a: None)
+    _fake_gpu(monkeypatch)
+    argv = ["--archs", "2", "--procs", "2", "--stop-s", "60", "--out", str(tmp_path)]
+    mc.main(argv)
+    data = json.loads((tmp_path / "model_vs_compile_merged.json").read_text())
+    assert [(r["arch_index"], r["shape"]) for r in data["results"]] == [(0, "1x256"), (1, "8x1024")]
+    assert data["stopped_not_timed"] == [[0, "8x1024"], [1, "1x256"]] and data["stop_s"] == 60.0
+
+
+@pytest.mark.parametrize("flag", ["--stop-s=0", "--deadline-s=-5"])
+def test_a_guard_of_no_time_is_one_line_and_exit_2(flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        mc.main([flag, "--archs", "1"])
+    assert exit_.value.code == 2 and "positive number of seconds" in capsys.readouterr().err

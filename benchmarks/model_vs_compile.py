@@ -36,8 +36,10 @@ earlier call already timed:
 Most of a compile is CPU work (tracing, lowering, Triton and ptxas compiles), so ``--procs P`` runs
 P processes per GPU. They share the GPU through one lock file per GPU: every GPU timing of a row
 (ours and the compiled replay, with their warm-ups, checks and profiles) and every benchmark
-Inductor's autotuner runs happens with the lock held, so no timing, ours or the autotuner's, shares
-the GPU with another process's timing; only compiling overlaps. Each process gets
+Inductor's autotuner or ours (Triton's) runs happens with the lock held, so no timing, ours or the
+autotuner's, shares the GPU with another process's timing; only compiling overlaps (with the
+first, untimed run of what was compiled: a benchmarked kernel is called once before the lock is
+taken, so its compile does not hold the GPU). Each process gets
 ``cpus // (gpus * procs)`` Inductor compile threads. ``compile_s`` is then wall time on a shared
 host (longer than alone). ``--deadline-s`` is a guard for a time-limited machine: a process starts
 no row that its longest row so far would carry past it, and the JSON lists the rows it left out.
@@ -115,9 +117,8 @@ def hold_during_autotune(lock: GpuLock) -> str:
             if fn is None or getattr(fn, "_gpu_lock", False):  # absent, or wrapped by an earlier call
                 continue
 
-            def locked(*args, _fn=fn, **kwargs):
-                with lock:
-                    return _fn(*args, **kwargs)
+            def locked(self, _callable, *args, _fn=fn, **kwargs):
+                return warm_then_hold(lock, _fn, _callable, self, _callable, *args, **kwargs)
 
             locked._gpu_lock = True
             setattr(cls, name, locked)
@@ -125,6 +126,39 @@ def hold_during_autotune(lock: GpuLock) -> str:
     if not found:
         raise SystemExit("--procs: this torch's Inductor benchmarker has no benchmark_gpu to hold the GPU lock")
     return "wrapped " + ", ".join(wrapped)
+
+
+def warm_then_hold(lock: GpuLock, bench, call, *args, **kwargs):
+    """``bench(*args, **kwargs)`` with ``lock`` held, after one call of ``call`` (the benchmarked
+    function) without it: a kernel's first call compiles it (Triton, ptxas: seconds of CPU), which
+    must not keep the other processes off the GPU. That one untimed run overlaps their work as a
+    compile's CPU time does; no timing does."""
+    if lock.shared:
+        call()
+        torch.cuda.synchronize()
+    with lock:
+        return bench(*args, **kwargs)
+
+
+def hold_during_our_autotune(lock: GpuLock, autotuner: type | None = None) -> str:
+    """Make Triton's autotuner (ours: ``kernels._autotune``) time its configs with ``lock`` held,
+    each config compiled before the lock is taken (``warm_then_hold``): ``Autotuner.do_bench`` is
+    replaced by a property returning the locked benchmark. Returns what was wrapped."""
+    if autotuner is None:
+        from triton.runtime.autotuner import Autotuner as autotuner
+    original = autotuner.__dict__.get("do_bench")
+    if original is None or not hasattr(original, "__get__"):
+        raise SystemExit("--procs: this Triton's Autotuner has no do_bench to hold the GPU lock")
+    if getattr(original, "fget", None) is not None and getattr(original.fget, "_gpu_lock", False):
+        return f"{autotuner.__name__}.do_bench (already)"
+
+    def get(self):
+        bench = original.__get__(self, autotuner)
+        return lambda call, *args, **kwargs: warm_then_hold(lock, bench, call, call, *args, **kwargs)
+
+    get._gpu_lock = True
+    autotuner.do_bench = property(get)
+    return f"{autotuner.__name__}.do_bench"
 
 
 def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -174,18 +208,23 @@ def model_and_inputs(arch: ArchSpec, shape_text: str) -> tuple[torch.nn.Module, 
 def bench(
     index: int, arch: ArchSpec, shape_text: str, *, compile_peer: bool = True, lock: GpuLock | None = None
 ) -> dict:
-    """One (architecture, shape) row. GPU work runs under ``lock`` but the compile itself, whose
-    autotuning benchmarks take the lock on their own (``hold_during_autotune``)."""
+    """One (architecture, shape) row. Timings, checks and profiles run under ``lock``; the
+    compiles (ours, Inductor's) run without it, their autotuning benchmarks taking it on their own
+    (``hold_during_autotune``, ``hold_during_our_autotune``)."""
     from nas.models import to_triton
 
     gpu = lock if lock is not None else contextlib.nullcontext()
     row: dict = {"arch_index": index, "arch": describe(arch), "spec": arch.to_dict(), "shape": shape_text}
     with torch.no_grad():
+        # Built and run once without the lock: the first forward compiles our kernels (CPU), and
+        # autotunes those that tune, each config's timing holding the lock (hold_during_our_autotune).
+        model, torch_bf16, inputs = model_and_inputs(arch, shape_text)
+        expected = torch_bf16(inputs[0])
+        tm = to_triton(model)
+        first = tm(inputs[0])
+        torch.cuda.synchronize()
         with gpu:
-            model, torch_bf16, inputs = model_and_inputs(arch, shape_text)
-            expected = torch_bf16(inputs[0])
-            tm = to_triton(model)
-            row["ours_rel_err"] = _rel_err(tm(inputs[0]), expected)
+            row["ours_rel_err"] = _rel_err(first, expected)
             row["ours_us"] = time_graph([lambda x=x: tm.forward(x) for x in inputs])
             row["ours_profile"] = kernel_profile(lambda: tm.forward(inputs[0]))
             row["ours_gap_us"] = row["ours_us"].median_us - row["ours_profile"]["kernel_us"]
@@ -541,6 +580,7 @@ def _run(
     }
     if lock_path:
         sharing["autotune_lock"] = hold_during_autotune(lock)
+        sharing["our_autotune_lock"] = hold_during_our_autotune(lock)
     rows, left_out = [], []
 
     def save(**extra) -> None:

@@ -199,12 +199,16 @@ def test_autotune_benchmarks_hold_the_lock_where_torch_has_no_hook(tmp_path, mon
 
     monkeypatch.delattr(benchmarking, "set_gpu_benchmark_lock_context", raising=False)
     monkeypatch.setattr(benchmarking, "benchmarker", Bench())
+    monkeypatch.setattr(mc.torch.cuda, "synchronize", lambda: None)
     taken = mc.hold_during_autotune(mc.GpuLock(str(path)))
     assert "Base.benchmark_gpu" in taken and "Bench.benchmark_gpu_with_cuda_graph" in taken
     _assert_autotune_benchmarks_hold(path, lambda: benchmarking.benchmarker.benchmark_gpu(lambda: held_elsewhere(path)))
     _assert_autotune_benchmarks_hold(
         path, lambda: benchmarking.benchmarker.benchmark_gpu_with_cuda_graph(lambda: held_elsewhere(path))
     )
+    seen = []  # the benchmarked function runs once without the lock (its compile), then timed with it
+    assert benchmarking.benchmarker.benchmark_gpu(lambda: seen.append(held_elsewhere(path)) or True)
+    assert seen == [False, True]
     before = (Base.benchmark_gpu, Bench.benchmark_gpu_with_cuda_graph)
     mc.hold_during_autotune(mc.GpuLock(str(path)))  # a second call wraps nothing twice
     assert (Base.benchmark_gpu, Bench.benchmark_gpu_with_cuda_graph) == before
@@ -462,3 +466,38 @@ def test_a_guard_of_no_time_is_one_line_and_exit_2(flag, capsys):
     with pytest.raises(SystemExit) as exit_:
         mc.main([flag, "--archs", "1"])
     assert exit_.value.code == 2 and "positive number of seconds" in capsys.readouterr().err
+
+
+def test_our_autotuners_compile_each_config_first_and_time_it_holding_the_lock(tmp_path, monkeypatch):
+    """Triton's Autotuner (a stand-in class with its ``do_bench`` cached property): each config is
+    called once without the lock (its compile), then benchmarked with it; wrapping twice is a
+    no-op, and a Triton without ``do_bench`` is refused."""
+    from functools import cached_property
+
+    path = tmp_path / "gpu.lock"
+    timed = []
+
+    class Autotuner:
+        @cached_property
+        def do_bench(self):
+            return lambda kernel_call, quantiles: (timed.append(held_elsewhere(path)), kernel_call())[1]
+
+    monkeypatch.setattr(mc.torch.cuda, "synchronize", lambda: None)
+    assert mc.hold_during_our_autotune(mc.GpuLock(str(path)), Autotuner) == "Autotuner.do_bench"
+    assert mc.hold_during_our_autotune(mc.GpuLock(str(path)), Autotuner) == "Autotuner.do_bench (already)"
+    calls = []
+    assert Autotuner().do_bench(lambda: calls.append(held_elsewhere(path)) or 7, quantiles=(0.5,)) == 7
+    assert calls == [False, True] and timed == [True], (calls, timed)
+    assert not held_elsewhere(path)
+
+    class Old:
+        pass
+
+    with pytest.raises(SystemExit, match="no do_bench"):
+        mc.hold_during_our_autotune(mc.GpuLock(None), Old)
+
+
+def test_the_real_triton_autotuner_has_the_do_bench_that_is_wrapped():
+    from triton.runtime.autotuner import Autotuner
+
+    assert hasattr(Autotuner.__dict__.get("do_bench"), "__get__"), "hold_during_our_autotune needs it"

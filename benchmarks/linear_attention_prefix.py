@@ -1,7 +1,7 @@
 """Linear attention's three forward routes per shape and feature map (issue #15 item 3).
 
     PYTHONPATH=$PWD python benchmarks/linear_attention_prefix.py --out FILE [--peer] [--maps M,..]
-        [--max-chunks N] [--list] [--shapes B,H,L,D ...]
+        [--max-chunks N] [--list] [--shapes B,H,L,D ...] [--kernel-times]
 
 The routes: the fused kernel (one launch, a program walks its segment carrying the state), the
 two passes (states before every chunk to memory, then every chunk's outputs in parallel) and the
@@ -17,7 +17,8 @@ against the fp32 reference (relative Frobenius distance ≤ 2e-2) before its tim
 Shapes: ``default_peers``' identity grid, the issue's shapes, and the model
 benchmarks' mixers (B 1 × 256 and B 8 × 1024 tokens, 1-16 heads); ``--shapes`` times others instead
 (the route rule's boundary). The file is rewritten after every row, so a run cut short keeps what it
-timed.
+timed. ``--kernel-times`` adds, per variant and for fla, each kernel's device time per call
+(profiled eager calls): which of a route's kernels a gap to the peer is in.
 """
 
 from __future__ import annotations
@@ -45,7 +46,40 @@ def cases() -> list[tuple[int, int, int, int]]:
     return list(dict.fromkeys((*LINATTN_CASES, *EXTRA_CASES, *MODEL_CASES)))
 
 
-def _map_row(case: tuple[int, int, int, int], fm: str, copies: list, natives: list, chunk, max_chunks: int) -> dict:
+def kernel_times(fns, rounds: int = 10, activity: str = "CUDA") -> dict[str, dict]:
+    """Per kernel name: device µs and launches per call, from ``rounds`` eager calls of each of
+    ``fns`` (torch.profiler; ``activity`` CPU for the tests). Where a route's time goes, kernel by
+    kernel, beside the peer's kernels at the same shape (``--kernel-times``)."""
+    for fn in fns:
+        fn()
+    if activity == "CUDA":
+        torch.cuda.synchronize()
+    kind = getattr(torch.profiler.ProfilerActivity, activity)
+    with torch.profiler.profile(activities=[kind]) as prof:
+        for _ in range(rounds):
+            for fn in fns:
+                fn()
+        if activity == "CUDA":
+            torch.cuda.synchronize()
+    calls = rounds * len(fns)
+    out = {}
+    for e in prof.key_averages():
+        if e.device_type.name != activity:
+            continue
+        total = getattr(e, "device_time_total", 0.0) if activity == "CUDA" else e.cpu_time_total
+        out[e.key[:120]] = {"us": total / calls, "launches": e.count / calls}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
+
+
+def _map_row(
+    case: tuple[int, int, int, int],
+    fm: str,
+    copies: list,
+    natives: list,
+    chunk,
+    max_chunks: int,
+    per_kernel: bool = False,
+) -> dict:
     """One shape and feature map: every route forced (and fla with ``chunk``), checked first."""
     from kernels.linear_attention import configs
     from kernels.linear_attention import reference as ref
@@ -68,6 +102,8 @@ def _map_row(case: tuple[int, int, int, int], fm: str, copies: list, natives: li
     if chunk is not None:
         row["peer_us"] = _time([partial(peer, *n) for n in natives])
         row["peer_kernels"] = _kernels(partial(peer, *natives[0]))  # which kernels fla ran
+        if per_kernel:
+            row["peer_kernel_us"] = kernel_times([partial(peer, *n) for n in natives])
     variants: dict[str, dict] = {}
 
     def run(name: str, call) -> None:
@@ -76,6 +112,8 @@ def _map_row(case: tuple[int, int, int, int], fm: str, copies: list, natives: li
             got = {"rel_err": err, "ok": err <= TOLERANCE}
             if got["ok"]:
                 got["us"] = _time([partial(call, c) for c in copies])
+                if per_kernel:
+                    got["kernel_us"] = kernel_times([partial(call, c) for c in copies])
                 if chunk is not None:
                     got["speedup"] = row["peer_us"]["median_us"] / got["us"]["median_us"]
         except Exception as exc:  # noqa: BLE001 - recorded per variant
@@ -129,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--maps", default=",".join(FEATURE_MAPS), help="comma-separated feature maps")
     parser.add_argument("--list", action="store_true", help="print the shapes and exit")
     parser.add_argument(
+        "--kernel-times", action="store_true", help="also each variant's and fla's device time per kernel (profiler)"
+    )
+    parser.add_argument(
         "--shapes",
         nargs="+",
         type=_case,
@@ -148,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         copies = _qkv(B, L, H, D)
         natives = [tuple(t.transpose(1, 2).contiguous() for t in _views(c, H)) for c in copies] if chunk else []
         for fm in args.maps.split(","):
-            rows.append(_map_row((B, H, L, D), fm, copies, natives, chunk, args.max_chunks))
+            rows.append(_map_row((B, H, L, D), fm, copies, natives, chunk, args.max_chunks, args.kernel_times))
             write_results(args.out, rows, peer=note, complete=False)
         del copies, natives
         torch.cuda.empty_cache()

@@ -27,3 +27,18 @@ def test_a_bad_shape_is_one_line_and_exit_2(bad, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"invalid shape {bad!r}" in err
+
+
+def test_kernel_times_are_per_call_and_per_kernel_heaviest_first():
+    """On the CPU profiler (the GPU one is the same code with CUDA events): two functions, one
+    running a matmul and an add, the other an add only; per call, 0.5 matmuls and 1 add."""
+    import torch
+
+    a = torch.randn(96, 96)
+    fns = [lambda: torch.mm(a, a).add_(1.0), lambda: a.add(1.0)]
+    times = lap.kernel_times(fns, rounds=3, activity="CPU")
+    assert times["aten::mm"]["launches"] == 0.5 and times["aten::add"]["launches"] == 0.5
+    assert times["aten::add_"]["launches"] == 0.5
+    assert all(v["us"] > 0 for v in times.values())
+    us = [v["us"] for v in times.values()]
+    assert us == sorted(us, reverse=True)

@@ -40,8 +40,8 @@ def _forward(qkv, H: int, plan):
     q, k, v = _views(qkv, H)
     B, _, L, D = q.shape
     o = torch.empty(B, L, H * D, device=qkv.device, dtype=qkv.dtype)
-    states, totals = la._two_pass_states(k, v, plan)
-    la._two_pass_out(q, k, v, states, totals, o, D**-0.5, plan)
+    states, zs, totals = la._two_pass_states(k, v, plan, "identity")
+    la._two_pass_out(q, k, v, states, zs, totals, o, D**-0.5, plan, "identity")
     return o
 
 
@@ -58,14 +58,14 @@ def _narrow(D: int) -> int:
     narrow = dataclasses.replace(wide, block_v=32)
     pw = la.two_pass_plan(qkv.device, B * H, L, D, wide)
     pn = la.two_pass_plan(qkv.device, B * H, L, D, narrow)
-    sw, tw = la._two_pass_states(k, v, pw)
-    sn, tn = la._two_pass_states(k, v, pn)
+    sw, zw, tw = la._two_pass_states(k, v, pw, "identity")
+    sn, _, _ = la._two_pass_states(k, v, pn, "identity")
     torch.cuda.synchronize()
     e1 = _rel_err(sn.float(), sw.float())
     ow = torch.empty(B, L, H * D, device="cuda", dtype=torch.bfloat16)
     on = torch.empty_like(ow)
-    la._two_pass_out(q, k, v, sw, tw, ow, D**-0.5, pw)
-    la._two_pass_out(q, k, v, sw, tw, on, D**-0.5, pn)
+    la._two_pass_out(q, k, v, sw, zw, tw, ow, D**-0.5, pw, "identity")
+    la._two_pass_out(q, k, v, sw, zw, tw, on, D**-0.5, pn, "identity")
     torch.cuda.synchronize()
     e2 = _rel_err(on, ow)
     print(f"D{D} block_v 32: pass-1 states rel err {e1:.3g}, pass-2 outputs rel err {e2:.3g}")

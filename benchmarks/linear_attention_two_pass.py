@@ -120,13 +120,13 @@ def _passes(copies: list, H: int, cfg) -> dict:
     views = [_views(c, H) for c in copies]
     B, _, L, D = views[0][0].shape
     plan = la.two_pass_plan(copies[0].device, B * H, L, D, cfg)
-    p1 = _time([partial(la._two_pass_states, k, v, plan) for _, k, v in views])
-    made = [la._two_pass_states(k, v, plan) for _, k, v in views]
+    p1 = _time([partial(la._two_pass_states, k, v, plan, "identity") for _, k, v in views])
+    made = [la._two_pass_states(k, v, plan, "identity") for _, k, v in views]
     outs = [torch.empty(B, L, H * D, device=copies[0].device, dtype=copies[0].dtype) for _ in views]
     p2 = _time(
         [
-            partial(la._two_pass_out, q, k, v, st, tot, o, D**-0.5, plan)
-            for (q, k, v), (st, tot), o in zip(views, made, outs, strict=True)
+            partial(la._two_pass_out, q, k, v, st, zs, tot, o, D**-0.5, plan, "identity")
+            for (q, k, v), (st, zs, tot), o in zip(views, made, outs, strict=True)
         ]
     )
     return {"group": plan.group, "groups": plan.groups, "pass1_us": p1, "pass2_us": p2}

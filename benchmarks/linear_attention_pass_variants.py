@@ -9,7 +9,7 @@ Every variant's output is checked against fla-core's before its time counts; tim
 replays over input copies larger than L2 (bf16, random normal). Writes after every row.
 
     python benchmarks/linear_attention_pass_variants.py \
-        --out benchmarks/results/linear_attention_pass_variants_h200.json
+        --out benchmarks/results/linear_attention_pass_variants_h200.json [--shapes B,H,L,D ...] [--skip-narrow]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from benchmarks._timing import write_results  # noqa: E402
 from benchmarks.default_peers import TOLERANCE, _fla, _qkv, _rel_err, _time, _views, linear_attention_grid  # noqa: E402
+from benchmarks.linear_attention_prefix import _case  # noqa: E402
 from benchmarks.linear_attention_two_pass import EXTRA_CASES, _kernel_us  # noqa: E402
 
 # Short walks at B·H = 4 (7-9 chunks of 64, around TWO_PASS_ONE_GROUP_UP_TO) beyond the grids.
@@ -96,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--narrow", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--shapes", nargs="+", type=_case, metavar="B,H,L,D", help="these shapes instead of the grids (e.g. the misses)"
+    )
+    parser.add_argument("--skip-narrow", action="store_true", help="leave out the 32-column block checks")
     args = parser.parse_args(argv)
     if args.narrow:
         return _narrow(args.narrow)
@@ -107,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     if chunk_fn is None:
         print(note)
         return 1
-    narrow = [_run_child(["--narrow", str(D)]) for D in (64, 128)]
+    narrow = [] if args.skip_narrow else [_run_child(["--narrow", str(D)]) for D in (64, 128)]
     for n in narrow:
         print("narrow block_v:", n, flush=True)
-    cases = [*linear_attention_grid(args.quick), *(() if args.quick else EXTRA_CASES), *SHORT_CASES]
+    cases = args.shapes or [*linear_attention_grid(args.quick), *(() if args.quick else EXTRA_CASES), *SHORT_CASES]
     rows: list[dict] = []
     for B, H, L, D in cases:
         copies = _qkv(B, L, H, D)
@@ -134,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             "pass1_w4s3": dataclasses.replace(route, states_warps=4, states_stages=3),
             "pass1_w2s3": dataclasses.replace(route, states_warps=2, states_stages=3),
             "pass1_w8s2": dataclasses.replace(route, states_warps=8, states_stages=2),
+            # fla's chunk_fwd_kernel_h autotunes 1-8 warps × 2-4 stages over the same walk
+            "pass1_w1s3": dataclasses.replace(route, states_warps=1, states_stages=3),
+            "pass1_w1s4": dataclasses.replace(route, states_warps=1, states_stages=4),
+            "pass1_w2s4": dataclasses.replace(route, states_warps=2, states_stages=4),
+            "pass1_w4s4": dataclasses.replace(route, states_warps=4, states_stages=4),
             "pass1_bk32": dataclasses.replace(route, block_k=32),
         }.items():
             if cfg.block_k > D or (name == "pass1_bk32" and D <= 32):

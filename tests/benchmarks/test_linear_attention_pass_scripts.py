@@ -51,3 +51,9 @@ def test_the_passes_timed_apart_run_both_passes(monkeypatch):
     chunk = configs.TWO_PASS_INTERPRETER.chunk
     assert states.shape == (B * H, -(-L // chunk), D, D)
     assert totals.shape[:2] == (B * H, out["groups"]) and torch.isfinite(totals).all()
+
+
+def test_a_bad_shape_for_the_pass_variants_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        variants.main(["--shapes", "16,8,2048"])
+    assert exc.value.code == 2 and "invalid shape '16,8,2048'" in capsys.readouterr().err

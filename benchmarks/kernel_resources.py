@@ -6,7 +6,10 @@ sm_90 (H100/H200) — no GPU needed, so config ideas can be screened before devi
 Compiles (Triton → PTX → ptxas, the ptxas Triton itself uses for that arch) every linear tiling in
 ``kernels.linear.configs.SWEEP`` (bf16, bias + GELU epilogue, with and without a residual) and
 every linear-attention tiling of ``configs.HOPPER`` (bf16, each feature map), and reads
-``ptxas -v``. Registers per thread bound the programs an SM can hold (65536 / (regs · threads));
+``ptxas -v``; and pass 1 of the two-pass forward at every ``TWO_PASS_HOPPER`` tiling, specialised
+as launched (16-divisible pointers and strides), with how many of its loads the software
+pipeline prefetches (``async_copies``) and how many stay synchronous, beside the transposed-k
+experiment of ``linear_attention_pass_variants.py``. Registers per thread bound the programs an SM can hold (65536 / (regs · threads));
 spills mean local-memory traffic in the main loop. Not a timing: a compiler report, deterministic
 for a Triton/ptxas version. Writes ``kernel_resources_sm<arch>.json`` into ``--out`` (default
 benchmarks/results). Must run without TRITON_INTERPRET.
@@ -34,10 +37,24 @@ from kernels.linear_attention import triton as la_kernels
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _compile(fn, types: dict[str, str], const: dict, arch: int, num_warps: int, num_stages: int) -> dict:
-    const = {**const, "PDL": 2 if arch >= 90 else 0}  # sm_90+: PDL, the wait and the early trigger
+def _compile(
+    fn, types: dict[str, str], const: dict, arch: int, num_warps: int, num_stages: int, specialize: bool = False
+) -> dict:
+    """``specialize``: pointers and ``stride_*`` arguments marked divisible by 16, as a launch with
+    aligned tensors and strides specialises them (without it the loads cannot be vectorised or
+    prefetched the way they run). The report then also counts the kernel's async copies (loads
+    the software pipeline prefetches into shared memory) and the loads left synchronous."""
+    if "PDL" in fn.arg_names:
+        const = {**const, "PDL": 2 if arch >= 90 else 0}  # sm_90+: PDL, the wait and the early trigger
+    attrs = None
+    if specialize:
+        aligned = [k for k, t in types.items() if t.startswith("*") or k.startswith("stride")]
+        attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned}
     src = ASTSource(
-        fn, {**types, **dict.fromkeys(const, "constexpr")}, {(fn.arg_names.index(k),): v for k, v in const.items()}
+        fn,
+        {**types, **dict.fromkeys(const, "constexpr")},
+        {(fn.arg_names.index(k),): v for k, v in const.items()},
+        attrs,
     )
     compiled = triton.compile(
         src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
@@ -53,12 +70,17 @@ def _compile(fn, types: dict[str, str], const: dict, arch: int, num_warps: int, 
         ).stderr
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
-    return {
+    report = {
         "registers": int(regs.group(1)) if regs else None,
         "spill_store_bytes": int(spills.group(1)) if spills else 0,
         "shared_bytes": compiled.metadata.shared,
         "threads": 32 * num_warps,
     }
+    if specialize:
+        ttgir = compiled.asm["ttgir"]
+        report["async_copies"] = ttgir.count("ttg.async_copy_global_to_local")
+        report["synchronous_loads"] = len(re.findall(r"= tt\.load ", ttgir))
+    return report
 
 
 def linear_rows(arch: int) -> list[dict]:
@@ -149,14 +171,57 @@ def linear_attention_rows(arch: int) -> list[dict]:
     return rows
 
 
+def two_pass_states_rows(arch: int) -> list[dict]:
+    """Pass 1 of the two-pass linear attention at every ``TWO_PASS_HOPPER`` tiling, pipeline
+    depth 2 and 3 (the plan's two), each map, specialised as launched; beside it, for the
+    identity map, ``linear_attention_pass_variants``' transposed-k experiment at the same launch.
+    Whether k is prefetched shows in ``async_copies`` / ``synchronous_loads``."""
+    from benchmarks.linear_attention_pass_variants import _pass1_kt_kernel
+
+    strides = ["stride_kb", "stride_kh", "stride_kt", "stride_vb", "stride_vh", "stride_vt"]
+    rows = []
+    for head_dim, tilings in la_configs.TWO_PASS_HOPPER.items():
+        for c in tilings:
+            bk, bv = min(c.block_k, head_dim), min(c.block_v, head_dim)
+            warps = c.states_warps or c.num_warps
+            for stages in (2, 3):
+                for feature in (*la_kernels.FEATURE_MAPS, "transposed-k experiment"):
+                    base = {"config": repr(c), "head_dim": head_dim, "num_stages": stages, "feature_map": feature}
+                    scalars = dict.fromkeys([*strides, "H", "T", "NC"], "i32")
+                    dims = dict(HEAD_DIM=head_dim, BLOCK_K=bk, BLOCK_V=bv, CHUNK=c.chunk)
+                    if feature == "transposed-k experiment":
+                        fn, types, const = (
+                            _pass1_kt_kernel,
+                            {"K": "*bf16", "V": "*bf16", "HS": "*bf16", **scalars},
+                            dims,
+                        )
+                        row = {"kernel": "two_pass_states (experiment)", **base, "feature_map": "identity"}
+                    else:
+                        fn = la_kernels._two_pass_states_kernel
+                        ptrs = {"K": "*bf16", "V": "*bf16", "HS": "*bf16", "ZS": "*fp32", "TOTALS": "*fp32"}
+                        types = {**ptrs, **scalars, "GROUP": "i32"}
+                        normalize = feature != "identity"
+                        row_len = head_dim * head_dim + (min(head_dim * head_dim, 256) if normalize else 0)
+                        const = {**dims, "CARRY": True, "ROW": row_len, "FEATURE": feature, "NORMALIZE": normalize}
+                        row = {"kernel": "two_pass_states", **base}
+                    try:
+                        row.update(_compile(fn, types, const, arch, warps, stages, specialize=True))
+                    except Exception as err:  # noqa: BLE001
+                        row["error"] = f"{type(err).__name__}: {err}"[:300]
+                    rows.append(row)
+    return rows
+
+
 def main(out_dir: str | Path = RESULTS, arch: int = 90) -> Path:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("benchmarks/kernel_resources.py compiles kernels: run it without TRITON_INTERPRET=1")
-    rows = linear_rows(arch) + linear_attention_rows(arch)
+    rows = linear_rows(arch) + linear_attention_rows(arch) + two_pass_states_rows(arch)
     for r in rows:
         what = r["config"] + (
             f" residual={r['residual']}" if "residual" in r else f" D={r['head_dim']} {r['feature_map']}"
         )
+        if "async_copies" in r:
+            what += f" s{r['num_stages']}: {r['async_copies']} async copies, {r['synchronous_loads']} sync loads"
         print(
             f"{r['kernel']:<17}{what:<110}"
             + (

@@ -27,7 +27,9 @@ so ``*_gap_us`` (replay time minus kernel time) shows what is launch gaps rather
 ``--no-compile`` times and profiles ours alone (the compile is most of a row's minutes).
 
 A row's compile takes 1-3.5 minutes on an H200 (max-autotune), so the 40 rows take over an hour
-on one GPU. ``--gpus N`` runs N processes, each on its own GPU (``CUDA_VISIBLE_DEVICES``) with
+in one process; with ``--procs 6`` on one H200 (16 cores) they took about 25 minutes in three
+calls (2026-12-04: ``--procs 6 --stop-s 500 --autotune-cache F``, each call skipping the rows
+done). ``--gpus N`` runs N processes, each on its own GPU (``CUDA_VISIBLE_DEVICES``) with
 every N-th row (``--shard K/N``), and merges their files; ``--skip-done`` leaves out rows an
 earlier call already timed:
 

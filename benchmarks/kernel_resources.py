@@ -9,7 +9,8 @@ every linear-attention tiling of ``configs.HOPPER`` (bf16, each feature map), an
 ``ptxas -v``; and pass 1 of the two-pass forward at every ``TWO_PASS_HOPPER`` tiling, specialised
 as launched (16-divisible pointers and strides), with how many of its loads the software
 pipeline prefetches (``async_copies``) and how many stay synchronous, beside the transposed-k
-experiment of ``linear_attention_pass_variants.py``. Registers per thread bound the programs an SM can hold (65536 / (regs · threads));
+experiment of ``linear_attention_pass_variants.py``. Registers per thread bound the programs an
+SM can hold (65536 / (regs · threads));
 spills mean local-memory traffic in the main loop. Not a timing: a compiler report, deterministic
 for a Triton/ptxas version. Writes ``kernel_resources_sm<arch>.json`` into ``--out`` (default
 benchmarks/results). Must run without TRITON_INTERPRET.

@@ -9,7 +9,8 @@ every linear-attention tiling of ``configs.HOPPER`` (bf16, each feature map), an
 ``ptxas -v``; and pass 1 of the two-pass forward at every ``TWO_PASS_HOPPER`` tiling, specialised
 as launched (16-divisible pointers and strides), with how many of its loads the software
 pipeline prefetches (``async_copies``) and how many stay synchronous, beside the transposed-k
-experiment of ``linear_attention_pass_variants.py``. Registers per thread bound the programs an
+experiment of ``linear_attention_pass_variants.py``, and the same for the prefix forward's loop
+(every ``PREFIX_HOPPER`` launch). Registers per thread bound the programs an
 SM can hold (65536 / (regs · threads));
 spills mean local-memory traffic in the main loop. Not a timing: a compiler report, deterministic
 for a Triton/ptxas version. Writes ``kernel_resources_sm<arch>.json`` into ``--out`` (default
@@ -213,10 +214,43 @@ def two_pass_states_rows(arch: int) -> list[dict]:
     return rows
 
 
+def prefix_rows(arch: int) -> list[dict]:
+    """The prefix forward (pass 2's kernel with PREFIX: each program sums its chunk's state in a
+    loop over the chunks before it) at every ``PREFIX_HOPPER`` launch, each map, specialised as
+    launched: whether that loop prefetches k as well as v."""
+    strides = [f"stride_{t}{d}" for t in "qkv" for d in "bht"]
+    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "HS": "*bf16", "ZS": "*fp32", "TOTALS": "*fp32", "O": "*bf16"}
+    types = {**ptrs, **dict.fromkeys([*strides, "H", "T", "NC", "GROUP"], "i32"), "q_scale": "fp32"}
+    rows = []
+    for head_dim, launches in la_configs.PREFIX_HOPPER.items():
+        for c in launches:
+            for feature in la_kernels.FEATURE_MAPS:
+                const = dict(
+                    HEAD_DIM=head_dim,
+                    BLOCK_V=min(c.block_v, head_dim),
+                    CHUNK=c.chunk,
+                    CARRY=False,
+                    ROW=head_dim * head_dim,
+                    FEATURE=feature,
+                    NORMALIZE=feature != "identity",
+                    PREFIX=True,
+                )
+                row = {"kernel": "prefix", "config": repr(c), "head_dim": head_dim, "feature_map": feature}
+                row["num_stages"] = c.num_stages
+                try:
+                    row.update(
+                        _compile(la_kernels._two_pass_out_kernel, types, const, arch, c.num_warps, c.num_stages, True)
+                    )
+                except Exception as err:  # noqa: BLE001
+                    row["error"] = f"{type(err).__name__}: {err}"[:300]
+                rows.append(row)
+    return rows
+
+
 def main(out_dir: str | Path = RESULTS, arch: int = 90) -> Path:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("benchmarks/kernel_resources.py compiles kernels: run it without TRITON_INTERPRET=1")
-    rows = linear_rows(arch) + linear_attention_rows(arch) + two_pass_states_rows(arch)
+    rows = linear_rows(arch) + linear_attention_rows(arch) + two_pass_states_rows(arch) + prefix_rows(arch)
     for r in rows:
         what = r["config"] + (
             f" residual={r['residual']}" if "residual" in r else f" D={r['head_dim']} {r['feature_map']}"

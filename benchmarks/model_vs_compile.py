@@ -396,10 +396,11 @@ def _raise_stopped(*_: object) -> None:
 
 
 def wait_or_stop(procs: list[subprocess.Popen], stop_s: float | None, grace_s: float = 20.0) -> tuple[list, bool]:
-    """Wait for the children; once ``stop_s`` seconds have passed, stop those still running (their
-    process group: Inductor's compile workers too), SIGTERM then SIGKILL after ``grace_s``.
-    Returns their exit codes and whether the stop fired. A child stopped mid-row keeps the rows it
-    finished (each is written when done) and the autotuning results it got (the cache dir)."""
+    """Wait for the children; once ``stop_s`` seconds have passed, stop those still running with
+    their process groups (Inductor's compile workers too): SIGTERM, up to ``grace_s`` for the
+    children to exit, then SIGKILL to whatever is left of each group. Returns their exit codes and
+    whether the stop fired. A child stopped mid-row keeps the rows it finished (each is written
+    when done) and the autotuning results it got (the cache dir)."""
     start, stopped = time.monotonic(), False
     while any(p.poll() is None for p in procs):
         if stop_s is not None and time.monotonic() - start >= stop_s:
@@ -407,15 +408,22 @@ def wait_or_stop(procs: list[subprocess.Popen], stop_s: float | None, grace_s: f
             break
         time.sleep(1.0)
     if stopped:
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-            for p in procs:
-                if p.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, sig)
-            deadline = time.monotonic() + (wait or grace_s)
-            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                time.sleep(0.2)
+        running = [p for p in procs if p.poll() is None]
+        _signal_groups(running, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _signal_groups(running, signal.SIGKILL)  # a worker that outlived its child, or a child that ignored TERM
+        for p in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=grace_s)
     return [p.poll() for p in procs], stopped
+
+
+def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
+    for p in procs:  # each child leads its own group (start_new_session); gone groups are skipped
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, sig)
 
 
 def _shard(text: str) -> tuple[int, int]:

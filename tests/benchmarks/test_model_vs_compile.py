@@ -377,8 +377,10 @@ def test_results_are_written_whole_or_not_at_all(tmp_path):
 
 
 def test_the_stop_guard_stops_running_children_and_their_own_children(tmp_path):
+    import contextlib
     import subprocess
     import sys
+    import time
 
     grandchild = tmp_path / "grandchild.pid"
     code = (
@@ -393,8 +395,16 @@ def test_the_stop_guard_stops_running_children_and_their_own_children(tmp_path):
     codes, stopped = mc.wait_or_stop([quick, slow], 0.0, grace_s=30.0)
     assert stopped and codes[0] == 3 and codes[1] == -15, codes
     pid = int(grandchild.read_text())
-    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}").exists() else "gone"
-    assert state in ("Z", "X", "gone"), f"the child's own child is still {state}"
+
+    def state() -> str:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            return Path(f"/proc/{pid}/stat").read_text().split()[2]
+        return "gone"
+
+    deadline = time.monotonic() + 60  # signalled already: only the scheduler's delay to wait for
+    while state() not in ("Z", "X", "gone") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert state() in ("Z", "X", "gone"), f"the child's own child is still {state()}"
 
 
 def test_without_a_stop_the_children_are_waited_for():

@@ -129,6 +129,18 @@ def linear_rows(arch: int) -> list[dict]:
     return rows
 
 
+def _la_const(head_dim: int, c, feature: str, **extra) -> dict:
+    """A linear-attention launch's constexprs: ``c``'s chunk and value block at ``head_dim``."""
+    return dict(
+        HEAD_DIM=head_dim,
+        BLOCK_V=min(c.block_v, head_dim),
+        CHUNK=c.chunk,
+        FEATURE=feature,
+        NORMALIZE=feature != "identity",
+        **extra,
+    )
+
+
 def linear_attention_rows(arch: int) -> list[dict]:
     rows = []
     names = [
@@ -156,14 +168,7 @@ def linear_attention_rows(arch: int) -> list[dict]:
     for head_dim, tilings in la_configs.HOPPER.items():
         for c in tilings:
             for feature in la_kernels.FEATURE_MAPS:
-                const = dict(
-                    HEAD_DIM=head_dim,
-                    BLOCK_V=min(c.block_v, head_dim),
-                    CHUNK=c.chunk,
-                    FEATURE=feature,
-                    NORMALIZE=feature != "identity",
-                    STORE_STATE=False,
-                )
+                const = _la_const(head_dim, c, feature, STORE_STATE=False)
                 row = {"kernel": "linear_attention", "config": repr(c), "head_dim": head_dim, "feature_map": feature}
                 try:
                     row.update(_compile(la_kernels._chunked_fwd_kernel, types, const, arch, c.num_warps, c.num_stages))
@@ -225,16 +230,7 @@ def prefix_rows(arch: int) -> list[dict]:
     for head_dim, launches in la_configs.PREFIX_HOPPER.items():
         for c in launches:
             for feature in la_kernels.FEATURE_MAPS:
-                const = dict(
-                    HEAD_DIM=head_dim,
-                    BLOCK_V=min(c.block_v, head_dim),
-                    CHUNK=c.chunk,
-                    CARRY=False,
-                    ROW=head_dim * head_dim,
-                    FEATURE=feature,
-                    NORMALIZE=feature != "identity",
-                    PREFIX=True,
-                )
+                const = _la_const(head_dim, c, feature, CARRY=False, ROW=head_dim * head_dim, PREFIX=True)
                 row = {"kernel": "prefix", "config": repr(c), "head_dim": head_dim, "feature_map": feature}
                 row["num_stages"] = c.num_stages
                 try:

@@ -178,7 +178,7 @@ def linear_attention_rows(arch: int) -> list[dict]:
     return rows
 
 
-def two_pass_states_rows(arch: int) -> list[dict]:
+def two_pass_states_rows(arch: int, head_dims=None, stages_tried=(2, 3)) -> list[dict]:
     """Pass 1 of the two-pass linear attention at every ``TWO_PASS_HOPPER`` tiling, pipeline
     depth 2 and 3 (the plan's two), each map, specialised as launched; beside it, for the
     identity map, ``linear_attention_pass_variants``' transposed-k experiment at the same launch.
@@ -188,10 +188,12 @@ def two_pass_states_rows(arch: int) -> list[dict]:
     strides = ["stride_kb", "stride_kh", "stride_kt", "stride_vb", "stride_vh", "stride_vt"]
     rows = []
     for head_dim, tilings in la_configs.TWO_PASS_HOPPER.items():
+        if head_dims is not None and head_dim not in head_dims:
+            continue
         for c in tilings:
             bk, bv = min(c.block_k, head_dim), min(c.block_v, head_dim)
             warps = c.states_warps or c.num_warps
-            for stages in (2, 3):
+            for stages in stages_tried:
                 for feature in (*la_kernels.FEATURE_MAPS, "transposed-k experiment"):
                     base = {"config": repr(c), "head_dim": head_dim, "num_stages": stages, "feature_map": feature}
                     scalars = dict.fromkeys([*strides, "H", "T", "NC"], "i32")

@@ -144,3 +144,28 @@ def write_results(path: str | Path, rows: list[dict], **extra: object) -> Path:
 
 def _jsonable(obj: object) -> object:
     return asdict(obj) if hasattr(obj, "__dataclass_fields__") else str(obj)
+
+
+def kernel_times(fns, rounds: int = 10, activity: str = "CUDA") -> dict[str, dict]:
+    """Per kernel name: device µs and launches per call, from ``rounds`` eager calls of each of
+    ``fns`` (torch.profiler; ``activity`` CPU for the tests). Where a route's time goes, kernel by
+    kernel, beside the peer's kernels at the same shape (``--kernel-times``)."""
+    for fn in fns:
+        fn()
+    if activity == "CUDA":
+        torch.cuda.synchronize()
+    kind = getattr(torch.profiler.ProfilerActivity, activity)
+    with torch.profiler.profile(activities=[kind]) as prof:
+        for _ in range(rounds):
+            for fn in fns:
+                fn()
+        if activity == "CUDA":
+            torch.cuda.synchronize()
+    calls = rounds * len(fns)
+    out = {}
+    for e in prof.key_averages():
+        if e.device_type.name != activity:
+            continue
+        total = getattr(e, "device_time_total", 0.0) if activity == "CUDA" else e.cpu_time_total
+        out[e.key[:120]] = {"us": total / calls, "launches": e.count / calls}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks._timing import write_results  # noqa: E402
+from benchmarks._timing import kernel_times, write_results  # noqa: E402
 from benchmarks.default_peers import LINATTN_CASES, _fla, _kernels, _qkv, _rel_err, _time, _views  # noqa: E402
 from kernels.linear_attention.reference import FEATURE_MAPS  # noqa: E402
 
@@ -44,31 +44,6 @@ EXTRA_CASES = ((2, 8, 1000, 64), (1, 4, 449, 64), (1, 4, 512, 64), (2, 2, 576, 3
 
 def cases() -> list[tuple[int, int, int, int]]:
     return list(dict.fromkeys((*LINATTN_CASES, *EXTRA_CASES, *MODEL_CASES)))
-
-
-def kernel_times(fns, rounds: int = 10, activity: str = "CUDA") -> dict[str, dict]:
-    """Per kernel name: device µs and launches per call, from ``rounds`` eager calls of each of
-    ``fns`` (torch.profiler; ``activity`` CPU for the tests). Where a route's time goes, kernel by
-    kernel, beside the peer's kernels at the same shape (``--kernel-times``)."""
-    for fn in fns:
-        fn()
-    if activity == "CUDA":
-        torch.cuda.synchronize()
-    kind = getattr(torch.profiler.ProfilerActivity, activity)
-    with torch.profiler.profile(activities=[kind]) as prof:
-        for _ in range(rounds):
-            for fn in fns:
-                fn()
-        if activity == "CUDA":
-            torch.cuda.synchronize()
-    calls = rounds * len(fns)
-    out = {}
-    for e in prof.key_averages():
-        if e.device_type.name != activity:
-            continue
-        total = getattr(e, "device_time_total", 0.0) if activity == "CUDA" else e.cpu_time_total
-        out[e.key[:120]] = {"us": total / calls, "launches": e.count / calls}
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
 
 
 def _map_row(

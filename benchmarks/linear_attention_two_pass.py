@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks._timing import write_results  # noqa: E402
+from benchmarks._timing import kernel_times, write_results  # noqa: E402
 from benchmarks.default_peers import (  # noqa: E402
     TOLERANCE,
     _fla,
@@ -96,20 +96,8 @@ def _check(D: int, cfg: list[int]) -> int:
 
 
 def _kernel_us(fn, reps: int = 20) -> dict[str, float]:
-    """Median device time (µs) of each CUDA kernel of ``fn`` over ``reps`` eager calls (torch.profiler)."""
-    import statistics
-
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    times: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA" and e.device_time > 0:
-            times.setdefault(e.name[:80], []).append(e.device_time)
-    return {name: statistics.median(t) for name, t in sorted(times.items())}
+    """Device time (µs per call) of each CUDA kernel of ``fn`` over ``reps`` eager calls."""
+    return {name: t["us"] for name, t in kernel_times([fn], rounds=reps).items()}
 
 
 def _passes(copies: list, H: int, cfg) -> dict:

@@ -376,9 +376,17 @@ def _two_pass_states_kernel(
     h = (bh % H).to(tl.int64)
     # Plain masked loads, not tensor descriptors: a program here walks a group of a few chunks,
     # too short to amortise building descriptors on the device (pass 2 ran 2x slower with them).
-    t = tl.arange(0, CHUNK)[:, None]
-    k_rows = K + b * stride_kb + h * stride_kh + (k0 + tl.arange(0, BLOCK_K))[None, :]
-    v_rows = V + b * stride_vb + h * stride_vh + (v0 + tl.arange(0, BLOCK_V))[None, :]
+    # k is loaded transposed, [BLOCK_K, CHUNK] (key columns down, tokens across), so it goes to
+    # the matmul as it came, through shared memory; a [CHUNK, BLOCK_K] load transposed in
+    # registers cost a layout conversion and its barriers in every step of this sequential walk.
+    # A step's addresses: the chunk's first row as one scalar (64-bit), plus offsets within the
+    # chunk fixed before the walk (32-bit: CHUNK rows of a stride the host checked), so no
+    # element's address is multiplied out in the loop.
+    t = tl.arange(0, CHUNK)
+    k_in = (k0 + tl.arange(0, BLOCK_K))[:, None] + t[None, :] * stride_kt  # [BLOCK_K, CHUNK]
+    v_in = t[:, None] * stride_vt + (v0 + tl.arange(0, BLOCK_V))[None, :]  # [CHUNK, BLOCK_V]
+    k_head = K + b * stride_kb + h * stride_kh
+    v_head = V + b * stride_vb + h * stride_vh
     tile = (k0 + tl.arange(0, BLOCK_K))[:, None] * HEAD_DIM + (v0 + tl.arange(0, BLOCK_V))[None, :]
     states = HS + bh.to(tl.int64) * NC * HEAD_DIM * HEAD_DIM + tile
     z_rows = ZS + bh.to(tl.int64) * NC * HEAD_DIM + k0 + tl.arange(0, BLOCK_K)
@@ -389,17 +397,17 @@ def _two_pass_states_kernel(
         c64 = tl.cast(c, tl.int64)
         tl.store(states + c64 * HEAD_DIM * HEAD_DIM, S.to(HS.dtype.element_ty))
         t0 = c64 * CHUNK
-        live = t0 + t < T
-        k = tl.load(k_rows + (t0 + t) * stride_kt, mask=live, other=0.0)  # [CHUNK, BLOCK_K]; zeros past T
-        v = tl.load(v_rows + (t0 + t) * stride_vt, mask=live, other=0.0)  # [CHUNK, BLOCK_V]
+        live = t < T - t0  # tokens of this chunk before T
+        kt = tl.load(k_head + t0 * stride_kt + k_in, mask=live[None, :], other=0.0)  # [BLOCK_K, CHUNK]; zeros past T
+        v = tl.load(v_head + t0 * stride_vt + v_in, mask=live[:, None], other=0.0)  # [CHUNK, BLOCK_V]
         if FEATURE != "identity":  # φ(0) = 1 for elu+1: keys past T must not reach z
-            kf = tl.where(live, _feature(k.to(tl.float32), FEATURE), 0.0)
-            k = kf.to(v.dtype)
+            kf = tl.where(live[None, :], _feature(kt.to(tl.float32), FEATURE), 0.0)
+            kt = kf.to(v.dtype)
             if NORMALIZE:
                 if v0 == 0:
                     tl.store(z_rows + c64 * HEAD_DIM, z)
-                z += tl.sum(kf, 0)
-        S = tl.dot(tl.trans(k), v, S)
+                z += tl.sum(kf, 1)
+        S = tl.dot(kt, v, S)
     if CARRY:
         total = TOTALS + (bh.to(tl.int64) * NG + g) * ROW
         tl.store(total + tile, S)
@@ -556,12 +564,19 @@ def _total_row(head_dim: int, normalize: bool) -> int:
     return head_dim * head_dim + (min(head_dim * head_dim, CARRY_TILE) if normalize else 0)
 
 
+def _walkable(x: Tensor, chunk: int) -> Tensor:
+    """``x`` [B, H, T, D] as pass 1 can address it: a chunk's rows are 32-bit offsets from its
+    first row, so a token stride whose ``chunk`` rows pass 2³¹ elements is made contiguous."""
+    return x.contiguous() if x.stride(2) * chunk >= 2**31 else x
+
+
 def _two_pass_states(k: Tensor, v: Tensor, plan: TwoPassPlan, feature_map: str) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1 (and the carry between the passes): (states before every chunk within its group,
     z before every chunk — ``states``, unread, for the identity map —, the prefix of the groups'
     totals — ``states``, unread, when there is one group)."""
     B, H, T, D = k.shape
     cfg = plan.config
+    k, v = _walkable(k, cfg.chunk), _walkable(v, cfg.chunk)
     normalize = normalizes(feature_map)
     states = torch.empty(plan.states_shape, device=k.device, dtype=_state_dtype(k))
     zs = torch.empty(plan.states_shape[:3], device=k.device, dtype=torch.float32) if normalize else states

@@ -343,6 +343,16 @@ def test_pass_1_launches_at_the_plans_depth(monkeypatch) -> None:
     assert seen["num_stages"] == plan.states_stages and seen["grid"] == (1, 1, 1)
 
 
+def test_pass_1_keeps_a_chunks_offsets_in_32_bits() -> None:
+    """Pass 1 addresses a chunk's rows as 32-bit offsets from its first: a token stride whose
+    chunk of rows passes 2³¹ elements is made contiguous first (meta tensors: no memory)."""
+    near = torch.empty_strided((1, 2, 3, 16), (0, 16, (2**31 - 1) // 64, 1), device="meta")
+    assert la._walkable(near, 64) is near
+    far = torch.empty_strided((1, 2, 3, 16), (0, 16, 2**31 // 64, 1), device="meta")
+    made = la._walkable(far, 64)
+    assert made is not far and made.stride(2) == 16 and made.is_contiguous()
+
+
 def test_two_pass_config_rejects_a_bad_group() -> None:
     with pytest.raises(ValueError, match="group"):
         configs.TwoPassConfig(64, 64, 64, 4, 2, group=0)

@@ -509,18 +509,19 @@ def _two_pass_out_kernel(
     z = tl.zeros([HEAD_DIM], tl.float32)
     if PREFIX:  # S = Σ φ(k)ᵀv over the full chunks before this one, rounded once as pass 1 stores it
         S = tl.zeros([HEAD_DIM, BLOCK_V], tl.float32)
-        k_rows = K + b * stride_kb + h * stride_kh + r * stride_kt + d
+        # k transposed as loaded, [D, CHUNK], as in pass 1: prefetched like v (kernel_resources.py)
+        k_cols = K + b * stride_kb + h * stride_kh + tl.trans(d) + tl.trans(r) * stride_kt
         v_rows = V + b * stride_vb + h * stride_vh + r * stride_vt + cols[None, :]
         for j in range(0, c):
             t = tl.cast(j, tl.int64) * CHUNK
-            kj = tl.load(k_rows + t * stride_kt)
+            kj = tl.load(k_cols + t * stride_kt)  # [D, CHUNK]
             vj = tl.load(v_rows + t * stride_vt)
             if FEATURE != "identity":
                 kjf = _feature(kj.to(tl.float32), FEATURE)
                 kj = kjf.to(vj.dtype)
                 if NORMALIZE:
-                    z += tl.sum(kjf, 0)
-            S = tl.dot(tl.trans(kj), vj, S)
+                    z += tl.sum(kjf, 1)
+            S = tl.dot(kj, vj, S)
         S = S.to(HS.dtype.element_ty)
     else:
         S = tl.load(HS + (bh.to(tl.int64) * NC + c) * HEAD_DIM * HEAD_DIM + tile)

@@ -180,11 +180,8 @@ def linear_attention_rows(arch: int) -> list[dict]:
 
 def two_pass_states_rows(arch: int, head_dims=None, stages_tried=(2, 3)) -> list[dict]:
     """Pass 1 of the two-pass linear attention at every ``TWO_PASS_HOPPER`` tiling, pipeline
-    depth 2 and 3 (the plan's two), each map, specialised as launched; beside it, for the
-    identity map, ``linear_attention_pass_variants``' transposed-k experiment at the same launch.
-    Whether k is prefetched shows in ``async_copies`` / ``synchronous_loads``."""
-    from benchmarks.linear_attention_pass_variants import _pass1_kt_kernel
-
+    depth 2 and 3 (the plan's two), each map, specialised as launched. Whether k is prefetched
+    shows in ``async_copies`` / ``synchronous_loads``."""
     strides = ["stride_kb", "stride_kh", "stride_kt", "stride_vb", "stride_vh", "stride_vt"]
     rows = []
     for head_dim, tilings in la_configs.TWO_PASS_HOPPER.items():
@@ -194,25 +191,17 @@ def two_pass_states_rows(arch: int, head_dims=None, stages_tried=(2, 3)) -> list
             bk, bv = min(c.block_k, head_dim), min(c.block_v, head_dim)
             warps = c.states_warps or c.num_warps
             for stages in stages_tried:
-                for feature in (*la_kernels.FEATURE_MAPS, "transposed-k experiment"):
+                for feature in la_kernels.FEATURE_MAPS:
                     base = {"config": repr(c), "head_dim": head_dim, "num_stages": stages, "feature_map": feature}
                     scalars = dict.fromkeys([*strides, "H", "T", "NC"], "i32")
                     dims = dict(HEAD_DIM=head_dim, BLOCK_K=bk, BLOCK_V=bv, CHUNK=c.chunk)
-                    if feature == "transposed-k experiment":
-                        fn, types, const = (
-                            _pass1_kt_kernel,
-                            {"K": "*bf16", "V": "*bf16", "HS": "*bf16", **scalars},
-                            dims,
-                        )
-                        row = {"kernel": "two_pass_states (experiment)", **base, "feature_map": "identity"}
-                    else:
-                        fn = la_kernels._two_pass_states_kernel
-                        ptrs = {"K": "*bf16", "V": "*bf16", "HS": "*bf16", "ZS": "*fp32", "TOTALS": "*fp32"}
-                        types = {**ptrs, **scalars, "GROUP": "i32"}
-                        normalize = feature != "identity"
-                        row_len = head_dim * head_dim + (min(head_dim * head_dim, 256) if normalize else 0)
-                        const = {**dims, "CARRY": True, "ROW": row_len, "FEATURE": feature, "NORMALIZE": normalize}
-                        row = {"kernel": "two_pass_states", **base}
+                    fn = la_kernels._two_pass_states_kernel
+                    ptrs = {"K": "*bf16", "V": "*bf16", "HS": "*bf16", "ZS": "*fp32", "TOTALS": "*fp32"}
+                    types = {**ptrs, **scalars, "GROUP": "i32"}
+                    normalize = feature != "identity"
+                    row_len = head_dim * head_dim + (min(head_dim * head_dim, 256) if normalize else 0)
+                    const = {**dims, "CARRY": True, "ROW": row_len, "FEATURE": feature, "NORMALIZE": normalize}
+                    row = {"kernel": "two_pass_states", **base}
                     try:
                         row.update(_compile(fn, types, const, arch, warps, stages, specialize=True))
                     except Exception as err:  # noqa: BLE001

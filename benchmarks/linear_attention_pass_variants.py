@@ -3,8 +3,9 @@ pass's kernel time (torch.profiler) beside fla-core's two kernels, pass-1 launch
 (warps, pipeline stages, 32-row state blocks), groups forced at short walks, and where 32-column
 value blocks go wrong (each pass alone, in its own process). The committed JSON files also hold a
 pass-2 variant with every load issued before the first matmul ("*hoisted*" columns: 0.8-1.05x, not
-taken); its kernel is in this file at commit 977f804. ``pass1_kt*``: pass 1 with k loaded
-transposed (``_pass1_kt_kernel``, an experiment for whole walks), the library's pass 2 after it.
+taken); its kernel is in this file at commit 977f804. Files up to 2026-12-04 also hold ``pass1_kt*``
+columns: pass 1 with k loaded transposed, an experiment kernel here until it became the library's
+pass 1 (commit 43ccfb5); from then on every ``pass1_*`` column walks with it.
 
 Every variant's output is checked against fla-core's before its time counts; times are CUDA-graph
 replays over input copies larger than L2 (bf16, random normal). Writes after every row.
@@ -25,8 +26,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from benchmarks._timing import write_results  # noqa: E402
 from benchmarks.default_peers import TOLERANCE, _fla, _qkv, _rel_err, _time, _views, linear_attention_grid  # noqa: E402
@@ -46,85 +45,6 @@ def _forward(qkv, H: int, plan):
     o = torch.empty(B, L, H * D, device=qkv.device, dtype=qkv.dtype)
     states, zs, totals = la._two_pass_states(k, v, plan, "identity")
     la._two_pass_out(q, k, v, states, zs, totals, o, D**-0.5, plan, "identity")
-    return o
-
-
-@triton.jit
-def _pass1_kt_kernel(
-    K,
-    V,
-    HS,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_vb,
-    stride_vh,
-    stride_vt,
-    H,
-    T,
-    NC,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    CHUNK: tl.constexpr,
-):
-    """Experiment (identity map, one group): the library's pass 1 with k loaded transposed,
-    [BLOCK_K, CHUNK], and each chunk addressed as its first row plus offsets fixed before the
-    walk. Compiled offline for sm_90 (16-divisible strides, as launches specialise), the library's
-    pass 1 prefetches only v at the mma.sync tilings (D 16 and 32, 32-row blocks; k loaded to
-    registers and transposed there); this one prefetches both, as fla's chunk_fwd_kernel_h does.
-    Writes the states pass 2 reads (same layout); no PDL."""
-    bh = tl.program_id(0)
-    k0 = tl.program_id(1) * BLOCK_K
-    v0 = tl.program_id(2) * BLOCK_V
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    t = tl.arange(0, CHUNK)
-    k_in = (k0 + tl.arange(0, BLOCK_K))[:, None] + t[None, :] * stride_kt  # [BLOCK_K, CHUNK]
-    v_in = t[:, None] * stride_vt + (v0 + tl.arange(0, BLOCK_V))[None, :]  # [CHUNK, BLOCK_V]
-    k_head = K + b * stride_kb + h * stride_kh
-    v_head = V + b * stride_vb + h * stride_vh
-    tile = (k0 + tl.arange(0, BLOCK_K))[:, None] * HEAD_DIM + (v0 + tl.arange(0, BLOCK_V))[None, :]
-    states = HS + bh.to(tl.int64) * NC * HEAD_DIM * HEAD_DIM + tile
-    S = tl.zeros([BLOCK_K, BLOCK_V], tl.float32)
-    for c in range(NC):
-        c64 = tl.cast(c, tl.int64)
-        tl.store(states + c64 * HEAD_DIM * HEAD_DIM, S.to(HS.dtype.element_ty))
-        t0 = c64 * CHUNK
-        live = t < T - t0
-        kt = tl.load(k_head + t0 * stride_kt + k_in, mask=live[None, :], other=0.0)
-        v = tl.load(v_head + t0 * stride_vt + v_in, mask=live[:, None], other=0.0)
-        S = tl.dot(kt, v, S)
-
-
-def _forward_kt(qkv, H: int, plan):
-    """``_forward`` with pass 1 replaced by ``_pass1_kt_kernel`` (plans of one group only)."""
-    from kernels.linear_attention import triton as la
-
-    assert plan.groups == 1, "the experiment walks whole sequences (no carry)"
-    q, k, v = _views(qkv, H)
-    B, _, L, D = q.shape
-    cfg = plan.config
-    assert k.stride(2) * cfg.chunk < 2**31, "32-bit offsets within a chunk"
-    o = torch.empty(B, L, H * D, device=qkv.device, dtype=qkv.dtype)
-    states = torch.empty(plan.states_shape, device=qkv.device, dtype=la._state_dtype(k))
-    _pass1_kt_kernel[(B * H, D // cfg.block_k, D // cfg.block_v)](
-        k,
-        v,
-        states,
-        *k.stride()[:3],
-        *v.stride()[:3],
-        H,
-        L,
-        plan.chunks,
-        HEAD_DIM=D,
-        BLOCK_K=cfg.block_k,
-        BLOCK_V=cfg.block_v,
-        CHUNK=cfg.chunk,
-        num_warps=cfg.states_warps or cfg.num_warps,
-        num_stages=plan.states_stages,
-    )
-    la._two_pass_out(q, k, v, states, states, states, o, D**-0.5, plan, "identity")
     return o
 
 
@@ -229,17 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             "pass1_w4s4": dataclasses.replace(route, states_warps=4, states_stages=4),
             "pass1_bk32": dataclasses.replace(route, block_k=32),
         }.items():
-            if cfg.block_k > D or (name == "pass1_bk32" and D <= 32):
+            # one warp spills the 64-wide state blocks (D 64: 870-1783 µs against 84 at B4 H16 L4096)
+            if cfg.block_k > D or (name == "pass1_bk32" and D <= 32) or (cfg.states_warps == 1 and D > 32):
                 continue
             timed(name, la.two_pass_plan(copies[0].device, B * H, L, D, cfg))
-        if plan.groups == 1:  # the transposed-k pass 1 (an experiment: whole walks only)
-            timed("pass1_kt", plan, _forward_kt)
-            row["kt_kernel_us"] = _kernel_us(partial(_forward_kt, copies[0], H, plan))
-            for w, st in ((1, 4), (2, 4)):
-                kt_plan = la.two_pass_plan(
-                    copies[0].device, B * H, L, D, dataclasses.replace(route, states_warps=w, states_stages=st)
-                )
-                timed(f"pass1_kt_w{w}s{st}", kt_plan, _forward_kt)
         if plan.chunks <= 16:  # short walks: every group size that changes the launch
             for group in sorted({1, 2, 3, plan.chunks}):
                 g = la.two_pass_plan(copies[0].device, B * H, L, D, dataclasses.replace(route, group=group))

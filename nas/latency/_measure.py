@@ -142,6 +142,7 @@ FORWARD_ONLY: dict[str, frozenset[str]] = {
     "kernels/linear_attention/triton.py": frozenset(
         {
             "_two_pass_states_kernel",
+            "_walkable",
             "_two_pass_carry_kernel",
             "_two_pass_out_kernel",
             "_capped",

@@ -34,22 +34,6 @@ def test_the_pass_variants_forward_matches_the_reference(B, H, L, D):
     assert ((got - expected).norm() / expected.norm()).item() < 1e-4
 
 
-@pytest.mark.parametrize("B,H,L,D", [(1, 2, 37, 32), (2, 3, 64, 16), (1, 1, 5, 16)])
-def test_the_transposed_k_experiment_matches_the_reference_and_the_library(B, H, L, D):
-    import dataclasses
-
-    qkv = _qkv(B, L, H, D)
-    whole = dataclasses.replace(configs.TWO_PASS_INTERPRETER, group=1 << 20)  # one group: the experiment's walk
-    plan = la.two_pass_plan(qkv.device, B * H, L, D, whole)
-    got = variants._forward_kt(qkv, H, plan)
-    q, k, v = (t.float() for t in _views(qkv, H))
-    expected = ref.linear_attention(q, k, v, feature_map="identity").reshape(B, L, H * D)
-    assert ((got - expected).norm() / expected.norm()).item() < 1e-4
-    assert torch.allclose(got, variants._forward(qkv, H, plan), atol=1e-5, rtol=1e-5)
-    with pytest.raises(AssertionError, match="no carry"):
-        variants._forward_kt(qkv, H, la.two_pass_plan(qkv.device, B * H, 40, D, configs.TWO_PASS_INTERPRETER))
-
-
 def test_the_passes_timed_apart_run_both_passes(monkeypatch):
     B, H, L, D = 1, 2, 37, 32
     copies = [_qkv(B, L, H, D)]

@@ -55,9 +55,6 @@ __all__ = [
     "CARRY_BLOCK_G",
     "TWO_PASS_STATE_PROGRAMS_PER_SM",
     "TWO_PASS_GROUP_BELOW",
-    "TWO_PASS_FUSED_FROM_HEADS",
-    "TWO_PASS_FUSED_FROM_LENGTH",
-    "TWO_PASS_FUSED_MAX_DIM",
     "PREFIX_HOPPER",
     "PREFIX_INTERPRETER",
     "prefix_config",
@@ -239,31 +236,23 @@ TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
         TwoPassConfig(64, 64, 128, 8, 2),
     ),
 }
-# The identity map's route on sm_90 for bf16: the two passes everywhere but at B·H ≥ 128 over ≥ 2048
-# tokens at D = 32, where the fused kernel's grid is full and it ran about 4 % faster
-# (linear_attention_two_pass_h200_focus.json, 2026-12-03: B16 H8 L2048 D32 53.4 vs 55.3 µs; L4097
-# 101.3 vs 105.7). At D = 64 the same shapes took the fused kernel (2-8 % faster in the 2026-12-02
-# run) until pass 1 prefetched three stages deep (``two_pass_states_stages``): now the passes run
-# 139.6 µs at B16 H8 L4097 against the fused kernel's 149.6 (L2048: 72.4 vs 78.4; same file).
-# Elsewhere the passes ran 1.07-3.97x the fused kernel's speed (B2 H2 L4097 D64: 17.0 vs 54.0;
-# B16 H8 L333 D128: 37.6 vs 55.8). D = 16 was not measured and stays fused.
-TWO_PASS_FUSED_FROM_HEADS = 128
-TWO_PASS_FUSED_FROM_LENGTH = 2048
-TWO_PASS_FUSED_MAX_DIM = 32
 
 
+# The identity map's route on sm_90 for bf16: the two passes at every measured head dim. The fused
+# kernel kept D = 32 at B·H ≥ 128 over ≥ 2048 tokens, where its grid is full and it ran about 4 %
+# faster (linear_attention_two_pass_h200_focus.json: B16 H8 L2048 D32 53.4 vs 55.3 µs), until pass 1
+# loaded k transposed (prefetched with v) and walked four stages deep: now the passes take 38.4 µs
+# there against the fused kernel's 52.6 (L4097: 70.6 vs 99.7; linear_attention_pass_variants_h200_kt.json
+# and default_peers_h200_linear_attention.json, 2026-12-04). Elsewhere the passes ran 1.07-3.97x the
+# fused kernel's speed (B2 H2 L4097 D64: 17.0 vs 54.0; B16 H8 L333 D128: 37.6 vs 55.8). D = 16 was
+# not measured and stays fused.
 def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
     """Whether the bf16 identity-map forward at ``B·H = batch_heads`` rows of ``length`` and head
     dim ``head_dim`` runs as two passes rather than the fused kernel: a fixed rule per shape,
     measured on sm_90 (above), so a captured graph always launches the same kernels. Other GPUs
     keep the fused kernel until measured."""
-    if capability != (9, 0) or head_dim not in (32, 64, 128):
-        return False
-    return not (
-        head_dim <= TWO_PASS_FUSED_MAX_DIM
-        and batch_heads >= TWO_PASS_FUSED_FROM_HEADS
-        and length >= TWO_PASS_FUSED_FROM_LENGTH
-    )
+    del batch_heads, length  # no shape on sm_90 is faster fused any more (above)
+    return capability == (9, 0) and head_dim in (32, 64, 128)
 
 
 # The bf16 forward's route on sm_90 per feature map (H200, triton 3.6, 44 shapes × 3 maps, each
@@ -276,8 +265,7 @@ def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int,
 # (its redundant prefix reads grow with it): B3 H5 L1000 D64 8.5 against 10.7 µs, B1 H4 L256 D32
 # 3.1 against 4.8, B16 H8 L333 D128 32.4 against 36.6, B8 H1 L1024 D128 11.2 against 16.1; not at
 # B8 H8 L1024 D64 (B·H·chunks² 16384: 22.4 against 21.6) or D32 over 16 chunks (B8 H1 L1024: 7.9
-# against 6.0). The fused kernel keeps the identity map at D32, B·H ≥ 128, ≥ 2048 tokens
-# (``prefers_two_pass``) and the normalized maps off sm_90 and at D16 (not measured).
+# against 6.0). The fused kernel keeps every map off sm_90 and at D16 (not measured).
 PREFIX_IDENTITY: dict[int, tuple[int, int]] = {32: (9, 4608), 64: (32, 8192), 128: (32, 4608)}
 PREFIX_NORMALIZED: dict[int, tuple[int, int]] = {32: (8, 512), 64: (8, 512)}
 
@@ -360,12 +348,17 @@ TWO_PASS_GROUP_BELOW = 0.25
 TWO_PASS_ONE_GROUP_UP_TO = 8
 TWO_PASS_STATE_PROGRAMS_PER_SM = 2
 # Pass 1's software pipeline depth (a config's states_stages None): a grid of few programs per SM
-# is bound by each program's chain of chunk loads, which a third stage prefetches further ahead;
-# a fuller grid is bound by how many programs fit on an SM, which the deeper buffers cut. H200
+# is bound by each program's chain of chunk loads, which deeper stages prefetch further ahead; a
+# fuller grid is bound by how many programs fit on an SM, which the deeper buffers cut. H200
 # (linear_attention_pass_variants_h200.json, route launch, 3 stages against 2): up to 3 programs
 # per SM 0.97-1.21x (B16 H8 L4097 D64, 128 programs: 141.6 vs 164.2 µs; B4 H8 L2048 D128: 60.9 vs
-# 73.6), at 512 programs 0.94-1.0x (B16 H8 L4097 D128: 442.3 vs 413.8).
-TWO_PASS_DEEP_STAGES = 3
+# 73.6), at 512 programs 0.94-1.0x (B16 H8 L4097 D128: 442.3 vs 413.8). Once k is prefetched with v
+# (transposed load), 4 stages against 3 at up to 3 programs per SM, whole forward
+# (linear_attention_pass_variants_h200_kt.json): 0.90-0.99x the time at all 11 such shapes
+# (B16 H8 L4097 D32: 70.6 vs 78.7 µs; B4 H16 L4096 D64: 74.6 vs 82.0; B4 H8 L2048 D128: 58.9 vs
+# 60.5; B2 H2 L4097 D64: 16.0 vs 16.2); at 512 programs 1.09x slower (B16 H8 L4097 D128: 446.4 vs
+# 408.5 at pass 2's 2 stages), so the threshold stays.
+TWO_PASS_DEEP_STAGES = 4
 TWO_PASS_DEEP_UP_TO = 3  # pass-1 programs per SM
 # The carry scan: TILE state entries per program, BLOCK_G groups per step (a [16, 256] fp32 tile).
 CARRY_TILE = 256

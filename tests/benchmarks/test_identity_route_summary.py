@@ -39,9 +39,13 @@ def _focus_row(B: int, H: int, L: int, D: int, fused: float, peer: float) -> dic
     }
 
 
-def test_scores_the_rules_route_and_names_the_shortfall(tmp_path) -> None:
-    long_rows = (16, 8, 2048, 32)  # the rule keeps the fused kernel here
-    assert not configs.prefers_two_pass((9, 0), 128, 2048, 32)
+def test_scores_the_rules_route_and_names_the_shortfall(tmp_path, monkeypatch) -> None:
+    long_rows = (16, 8, 2048, 32)  # the fused kernel here: sm_90's rule until 2026-12-04, forced back
+    rule = configs.prefers_two_pass
+    monkeypatch.setattr(
+        configs, "prefers_two_pass", lambda cap, bh, L, D: (bh, L, D) != (128, 2048, 32) and rule(cap, bh, L, D)
+    )
+    assert rule((9, 0), 128, 2048, 32) and not configs.prefers_two_pass((9, 0), 128, 2048, 32)
     grouped = configs.two_pass_plan(4, 1000, 64, configs.TWO_PASS_HOPPER[64][0], summary.SMS)
     assert grouped.groups > 1
     passes = ENV | {

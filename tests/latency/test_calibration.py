@@ -138,16 +138,16 @@ def test_two_pass_launch_class_follows_the_rule():
     from kernels.linear_attention import configs
     from nas.spec import LayerSpec
 
-    D, heads = configs.TWO_PASS_FUSED_MAX_DIM, 2
+    D, heads = 32, 2
     layer = LayerSpec("linear_attention", heads=heads, feature_map="identity")
     arch = ArchSpec(d_model=heads * D, layers=(layer,), vocab_size=64, n_out=64)
 
-    def mixer(shape: str):
+    def mixer(shape: str, arch: ArchSpec = arch):
         return next(w for w in launches(arch, parse_shape(shape), SMS) if w.cls.startswith("linear_attention"))
 
-    batch, length = configs.TWO_PASS_FUSED_FROM_HEADS // heads, configs.TWO_PASS_FUSED_FROM_LENGTH
-    fused, below = mixer(f"{batch}x{length}"), mixer(f"{batch}x{length - 1}")
-    assert fused.cls == f"linear_attention.D{D}" and below.cls == f"linear_attention.two_pass.D{D}"
+    batch, length = 128 // heads, 2048  # a full grid over long rows: the fused kernel's until 2026-12-04
+    full, below = mixer(f"{batch}x{length}"), mixer(f"{batch}x{length - 1}")
+    assert full.cls == below.cls == f"linear_attention.two_pass.D{D}"
     launch = configs.TWO_PASS_HOPPER[D][0]
     chunks = -(-(length - 1) // launch.chunk)  # 128 state blocks keep enough SMs busy for one group
     assert below.x[0] == 2.0 and below.x[5] == 0.0 and below.x[2] == chunks * D / 64
@@ -155,9 +155,8 @@ def test_two_pass_launch_class_follows_the_rule():
     group = configs.two_pass_group(2, -(-4097 // launch.chunk), SMS)
     assert grouped.x[0] == 3.0 and grouped.x[5] > 0 and grouped.x[2] == group * D / 64
     assert group < chunks
-    wider = ArchSpec(d_model=heads * 2 * D, layers=(layer,), vocab_size=64, n_out=64)  # the fused route stops at D
-    above = next(w for w in launches(wider, parse_shape(f"{batch}x{length}"), SMS) if w.cls.startswith("linear_"))
-    assert above.cls == f"linear_attention.two_pass.D{2 * D}"
+    narrow = ArchSpec(d_model=heads * 16, layers=(layer,), vocab_size=64, n_out=64)  # D 16: fused, not measured
+    assert mixer(f"{batch}x{length}", narrow).cls == "linear_attention.D16"
     grid = {c.launch(SMS).cls for c in kernel_grid()}
     assert {f"linear_attention.{r}.D{D}" for r in ("two_pass", "prefix") for D in (32, 64, 128)} <= grid
 

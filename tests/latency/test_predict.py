@@ -293,9 +293,8 @@ def test_memory_counts_the_two_pass_states_where_the_rule_takes_them(monkeypatch
     assert counted["identity"] == 2 * heads * plan.chunks * D * D + 4 * heads * plan.groups * D * D
     assert counted["elu+1"] - counted["identity"] == 4 * heads * (plan.chunks * D + plan.groups * 256)
     identity = LayerSpec("linear_attention", heads=heads, feature_map="identity", mlp_ratio=0.0)
-    batch = configs.TWO_PASS_FUSED_FROM_HEADS // heads  # the fused route (D = 32 there): no states
-    fused = LatencyShape(batch, configs.TWO_PASS_FUSED_FROM_LENGTH)
-    narrow = heads * configs.TWO_PASS_FUSED_MAX_DIM
+    fused = LatencyShape(128 // heads, 2048)  # the fused route at D = 16 (not measured there): no states
+    narrow = heads * 16
     short = LatencyShape(1, 256)  # the prefix forward: no states either
     for arch_d, where in ((narrow, fused), (d, short)):
         assert configs.forward_route((9, 0), where.batch * heads, where.seq_len, arch_d // heads, "identity") != (

@@ -623,9 +623,9 @@ def test_gpu_two_pass_groups(D: int, group, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_gpu_default_route_follows_the_rule(route, D: int) -> None:
     """Without a forced route, bf16 takes the route ``configs.forward_route`` names for each map
-    (a shape on each side of the identity map's length threshold at B·H = 128), fp16 the fused
-    kernel; every result matches the reference."""
-    heads, length = configs.TWO_PASS_FUSED_FROM_HEADS, configs.TWO_PASS_FUSED_FROM_LENGTH
+    (a shape on each side of 2048 tokens at B·H = 128, the fused kernel's threshold at D 32 until
+    2026-12-04), fp16 the fused kernel; every result matches the reference."""
+    heads, length = 128, 2048  # a full grid over long rows (D 32 took the fused kernel there until 2026-12-04)
     cap = torch.cuda.get_device_capability()
     for T in (length - 1, length + 37):
         for fm in ("identity", "elu+1"):

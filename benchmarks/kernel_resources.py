@@ -178,10 +178,11 @@ def linear_attention_rows(arch: int) -> list[dict]:
     return rows
 
 
-def two_pass_states_rows(arch: int, head_dims=None, stages_tried=(2, 3)) -> list[dict]:
-    """Pass 1 of the two-pass linear attention at every ``TWO_PASS_HOPPER`` tiling, pipeline
-    depth 2 and 3 (the plan's two), each map, specialised as launched. Whether k is prefetched
-    shows in ``async_copies`` / ``synchronous_loads``."""
+def two_pass_states_rows(arch: int, head_dims=None, stages_tried=None) -> list[dict]:
+    """Pass 1 of the two-pass linear attention at every ``TWO_PASS_HOPPER`` tiling, at the
+    plan's two pipeline depths (pass 2's, and TWO_PASS_DEEP_STAGES on sparse grids), each map,
+    specialised as launched. Whether k is prefetched shows in ``async_copies`` /
+    ``synchronous_loads``."""
     strides = ["stride_kb", "stride_kh", "stride_kt", "stride_vb", "stride_vh", "stride_vt"]
     rows = []
     for head_dim, tilings in la_configs.TWO_PASS_HOPPER.items():
@@ -190,7 +191,8 @@ def two_pass_states_rows(arch: int, head_dims=None, stages_tried=(2, 3)) -> list
         for c in tilings:
             bk, bv = min(c.block_k, head_dim), min(c.block_v, head_dim)
             warps = c.states_warps or c.num_warps
-            for stages in stages_tried:
+            # the plan's two depths (``two_pass_states_stages``) unless told
+            for stages in stages_tried or sorted({c.num_stages, la_configs.TWO_PASS_DEEP_STAGES}):
                 for feature in la_kernels.FEATURE_MAPS:
                     base = {"config": repr(c), "head_dim": head_dim, "num_stages": stages, "feature_map": feature}
                     scalars = dict.fromkeys([*strides, "H", "T", "NC"], "i32")

@@ -36,8 +36,9 @@ every chunk's outputs at once. Both read with plain masked loads: a program ther
 few chunks, and building tensor descriptors on the device made pass 2 run at half fla's output
 kernel. The prefix forward: pass 2's grid alone, each program summing the state of the chunks
 before its own — one launch and no state in memory, for short walks on small grids. The fused
-kernel keeps the identity map's full grids over long rows at D = 32, and everything off sm_90.
-Measured on an H200 (132 shapes × maps, each route forced: linear_attention_routes_h200.json).
+kernel runs everything off sm_90 and at D = 16. Measured on an H200 (132 shapes × maps, each route
+forced: linear_attention_routes_h200.json; the identity map at D = 32 over full grids, the fused
+kernel's until pass 1 prefetched k: linear_attention_pass_variants_h200_kt.json).
 
 Precision: φq·φkᵀ, scores·v and φkᵀ·v take input-dtype operands with fp32 accumulation (the
 tensor-core path). The fused kernel keeps S in fp32 for φq·S (tf32 operands on GPU); the two

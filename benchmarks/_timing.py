@@ -11,13 +11,14 @@ import platform
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
-__all__ = ["Timing", "time_graph", "copies_for_l2", "environment", "write_results"]
+__all__ = ["Timing", "time_graph", "time_graphs", "interleaved", "copies_for_l2", "environment", "write_results"]
 
 L2_FALLBACK_BYTES = 60 * 2**20  # H100/H200 L2 is 50 MB; rotate through more than this
 
@@ -82,6 +83,70 @@ class GpuLock:
             self._mutex.release()
 
 
+def _capture(fns: Sequence[Callable[[], object]], per_replay: int) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of ``per_replay`` rounds over ``fns``, each fn run once first (compile and
+    autotune outside the graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_replay):
+            for fn in fns:
+                fn()
+    return graph
+
+
+def _replay_us(graph: torch.cuda.CUDAGraph, calls: int) -> float:
+    """One replay of ``graph`` timed with CUDA events: microseconds per call of its ``calls``."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def _timing(samples: Sequence[float]) -> Timing:
+    q1, med, q3 = statistics.quantiles(samples, n=4)
+    return Timing(med, q1, q3, q3 - q1, len(samples))
+
+
+def interleaved(measures: Mapping[str, Callable[[], float]], *, reps: int, warmup: int) -> dict[str, Timing]:
+    """Each side's ``measure`` (one timed sample) called ``warmup`` times untimed, then ``reps``
+    rounds of one sample per side, the sides' order rotated every round: a drift in clocks or
+    temperature over the measurement falls on every side alike (timing one side after the other
+    would hand it to whichever ran later), and no side always runs first after another's work."""
+    names = list(measures)
+    for _ in range(warmup):
+        for name in names:
+            measures[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(reps):
+        turn = i % len(names)
+        for name in names[turn:] + names[:turn]:
+            samples[name].append(measures[name]())
+    return {name: _timing(s) for name, s in samples.items()}
+
+
+def time_graphs(
+    sides: Mapping[str, Sequence[Callable[[], object]]], *, reps: int = 50, warmup: int = 5, per_replay: int = 10
+) -> dict[str, Timing]:
+    """``time_graph`` for several ops measured together (ours beside a peer): each side in its own
+    CUDA graph, their replays interleaved (``interleaved``) rather than one side's run after the
+    other's."""
+    graphs = {name: (_capture(fns, per_replay), per_replay * len(fns)) for name, fns in sides.items()}
+    for _ in range(warmup):  # the first replays (the graphs' uploads) outside the rotation
+        for graph, _calls in graphs.values():
+            graph.replay()
+    torch.cuda.synchronize()
+    return interleaved({name: partial(_replay_us, *g) for name, g in graphs.items()}, reps=reps, warmup=0)
+
+
 def time_graph(fns: Sequence[Callable[[], object]], *, reps: int = 50, warmup: int = 5, per_replay: int = 10) -> Timing:
     """Median/IQR microseconds of one call, each fn being the same op on a different input copy.
 
@@ -89,32 +154,7 @@ def time_graph(fns: Sequence[Callable[[], object]], *, reps: int = 50, warmup: i
     graph's, as in deployment) cycling over ``fns``; each replay is timed with CUDA events and
     divided by its number of calls. ``reps`` timed replays follow ``warmup`` untimed ones.
     """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:  # compile / autotune outside the graph
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    calls = per_replay * len(fns)
-    with torch.cuda.graph(graph):
-        for _ in range(per_replay):
-            for fn in fns:
-                fn()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    q1, med, q3 = statistics.quantiles(samples, n=4)
-    return Timing(med, q1, q3, q3 - q1, len(samples))
+    return time_graphs({"": fns}, reps=reps, warmup=warmup, per_replay=per_replay)[""]
 
 
 def environment() -> dict:

@@ -124,3 +124,44 @@ def test_gpu_lock_flag_reaches_the_grid(tmp_path, monkeypatch):
         dp.main(["--gpu-lock", str(tmp_path / "g.lock"), "--only", "linear_attention"])
     with dp._GPU_LOCK:
         assert (tmp_path / "g.lock").exists()
+
+
+def test_interleaved_timing_spreads_a_drift_over_both_sides():
+    """Two identical ops on a clock that slows at every sample: timed one after the other the later
+    side looks slower; interleaved with the order rotated each round, both sides see the same drift
+    (equal medians), and every side gets ``reps`` samples after ``warmup`` untimed ones."""
+    from benchmarks._timing import interleaved
+
+    clock = {"calls": 0}
+    order: list[str] = []
+
+    def measure(name: str) -> float:
+        clock["calls"] += 1
+        order.append(name)
+        return 10.0 + 0.01 * clock["calls"]  # the same op; only the drift differs
+
+    sides = {"ours": lambda: measure("ours"), "peer": lambda: measure("peer")}
+    t = interleaved(sides, reps=30, warmup=3)
+    assert t["ours"].samples == t["peer"].samples == 30 and len(order) == 66
+    assert order[6:10] == ["ours", "peer", "peer", "ours"]  # the order rotates after the warm-up
+    assert t["ours"].median_us == pytest.approx(t["peer"].median_us, abs=1e-9)  # ours-first every round: 0.01 apart
+    clock["calls"] = 0
+    one_then_other = {k: interleaved({k: f}, reps=30, warmup=3)[k].median_us for k, f in sides.items()}
+    assert one_then_other["peer"] - one_then_other["ours"] > 0.3  # what sequential timing reports
+
+
+def test_rows_score_ours_and_the_peer_from_one_interleaved_timing(monkeypatch):
+    """``_time_pair`` times both sides in one ``time_graphs`` call (never one after the other)
+    and hands back ours first."""
+    from benchmarks._timing import Timing
+
+    calls = []
+
+    def fake_time_graphs(sides, *, reps):
+        calls.append((sorted(sides), reps, {k: len(v) for k, v in sides.items()}))
+        return {k: Timing(m, m - 1, m + 1, 2.0, reps) for k, m in (("ours", 5.0), ("peer", 7.0))}
+
+    monkeypatch.setattr(dp, "time_graphs", fake_time_graphs)
+    ours, peer = dp._time_pair([lambda: None] * 3, [lambda: None] * 2)
+    assert calls == [(["ours", "peer"], 30, {"ours": 3, "peer": 2})]
+    assert ours == {"median_us": 5.0, "iqr_us": 2.0} and peer == {"median_us": 7.0, "iqr_us": 2.0}

@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import default_peers as dp
 from tests.benchmarks._locks import held_elsewhere
+from tests.kernels._support import requires_cuda
 
 
 def test_grids_hold_the_odd_shapes_and_every_issue_shape():
@@ -165,3 +166,21 @@ def test_rows_score_ours_and_the_peer_from_one_interleaved_timing(monkeypatch):
     ours, peer = dp._time_pair([lambda: None] * 3, [lambda: None] * 2)
     assert calls == [(["ours", "peer"], 30, {"ours": 3, "peer": 2})]
     assert ours == {"median_us": 5.0, "iqr_us": 2.0} and peer == {"median_us": 7.0, "iqr_us": 2.0}
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_time_graphs_times_each_side_in_its_own_graph():
+    """On a GPU: two sides timed together, each replay of its own graph: a matmul 512x the work takes
+    longer than the small one, every side gets its samples, and ``time_graph`` is the one-side case."""
+    import torch
+
+    from benchmarks._timing import time_graph, time_graphs
+
+    small = [torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    large = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    t = time_graphs({"small": [lambda a=a: a @ a for a in small], "large": [lambda a=a: a @ a for a in large]}, reps=9)
+    assert t["small"].samples == t["large"].samples == 9
+    assert 0 < t["small"].median_us < t["large"].median_us
+    one = time_graph([lambda a=a: a @ a for a in large], reps=9)
+    assert one.samples == 9 and one.median_us > 0

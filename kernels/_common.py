@@ -245,18 +245,6 @@ def pdl(t: Tensor) -> dict[str, int | bool]:
     return _pdl_keywords() if _pdl_capable(index) else {}
 
 
-def after_library(t: Tensor) -> dict[str, int | bool]:
-    """The launch keywords for a kernel on ``t``'s device launched right after a library kernel
-    (cuBLAS's matmul in the linear's cuBLAS route): a plain launch, wherever ``pdl`` would give
-    PDL. Measured on an H200 (torch 2.11, cuBLAS's nvjet kernels; benchmarks/results/
-    pdl_after_library_h200.json): the epilogue pass launched with PDL after cuBLAS's matmul took
-    0.2-0.6 µs more per call than launched plain (777×200→800 + GELU: 5.84 vs 5.66 µs), with
-    either form of the trigger; a kernel that waits gains nothing after a kernel that is not ours.
-    ``t`` is taken for the same call shape as ``pdl`` (the AST test reads both)."""
-    del t
-    return {}
-
-
 def _pdl_keywords() -> dict[str, int | bool]:
     """``pdl``'s keywords on a GPU that has PDL, as ``set_pdl`` and the ``pdl_early`` scope say."""
     forced = _PDL_FORCED[0]

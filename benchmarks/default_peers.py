@@ -26,6 +26,10 @@ clock or thermal drift during a row falls on both):
 
 Every implementation's output is checked against the peer's (relative Frobenius distance ≤ 2e-2)
 before its time counts. A row that misses its target records ``miss_by`` (target − speed-up).
+Attention and linear rows also record our call's kernel names and ``same_kernels_as_peer``: where
+the route hands the shape to the peer's own kernels (SDPA; cuBLAS with nothing left to fuse), the
+speed-up is 1 up to timing noise, and the summary counts those rows apart from the misses on
+kernels of ours (``misses_on_our_kernels``).
 ``--list`` prints the grids and exits (no GPU needed). Writes ``default_peers_<gpu>.json``.
 ``--gpu-lock FILE`` takes the lock file of ``model_vs_compile.py --procs``
 (``/tmp/model_vs_compile_gpu0.lock``) through each shape, so the grid runs while that script's
@@ -117,6 +121,14 @@ def _kernels(fn: Callable[[], object]) -> list[str]:
     except Exception as err:  # noqa: BLE001 - a report detail, not worth the run
         return [f"profiler failed: {type(err).__name__}: {err}"[:200]]
     return sorted({e.key[:160] for e in prof.key_averages() if e.device_type.name == "CUDA"})
+
+
+def _kernel_columns(ours: Callable[[], object], peer: Callable[[], object]) -> dict:
+    """Both sides' CUDA kernel names (profiled) and whether they are the same set: where they are,
+    our route runs the peer's own kernels, so the speed-up is 1 up to the timing noise between two
+    graphs — the peer's kernel is the floor, measured rather than assumed."""
+    mine, theirs = _kernels(ours), _kernels(peer)
+    return {"ours_kernels": mine, "peer_kernels": theirs, "same_kernels_as_peer": mine == theirs}
 
 
 def _time(fns: Sequence[Callable[[], object]]) -> dict:
@@ -238,7 +250,7 @@ def attention_rows(quick: bool, rope: bool = False) -> list[dict]:
                 "sdpa-default",
                 attention_target(L),
                 err,
-                peer_kernels=_kernels(partial(sdpa, *views[0])),
+                **_kernel_columns(partial(fa.flash_attention_qkv, copies[0], H, causal=True), partial(sdpa, *views[0])),
                 forced_flash_us=forced,
                 route=route,
                 config=str(fa.last_tuned_config(copies[0].device, D)) if route == "triton" else None,
@@ -295,7 +307,7 @@ def linear_rows(quick: bool, floors: bool = True) -> list[dict]:
             "cublas+torch",
             1.0,
             err,
-            peer_kernels=_kernels(partial(peer, sets[0])),
+            **_kernel_columns(partial(ours, sets[0]), partial(peer, sets[0])),
             route=route,
             config=str(config),
             **floors,
@@ -370,7 +382,9 @@ def linear_attention_rows(quick: bool) -> tuple[list[dict], str]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Per op: rows, met, the median and the worst speed-up, and the misses by how much."""
+    """Per op: rows, met, the median and the worst speed-up, and the misses by how much. Where rows
+    record both sides' kernels: the rows that ran the peer's own kernels (their speed-ups are the
+    noise of timing one kernel set twice) and how many misses ran kernels of ours."""
     out = {}
     for op in dict.fromkeys(r["op"] for r in rows):
         mine = [r for r in rows if r["op"] == op]
@@ -382,13 +396,35 @@ def summary(rows: list[dict]) -> dict:
             "misses": [
                 {
                     k: r[k]
-                    for k in ("B", "H", "L", "D", "M", "K", "N", "epilogue", "feature_map", "speedup", "miss_by")
+                    for k in (
+                        "B",
+                        "H",
+                        "L",
+                        "D",
+                        "M",
+                        "K",
+                        "N",
+                        "epilogue",
+                        "feature_map",
+                        "speedup",
+                        "miss_by",
+                        "same_kernels_as_peer",
+                    )
                     if k in r
                 }
                 for r in mine
                 if not r["met"]
             ],
         }
+        if any("same_kernels_as_peer" in r for r in mine):
+            same_rows = [r for r in mine if r.get("same_kernels_as_peer")]
+            same = [r["speedup"] for r in same_rows]
+            out[op]["peer_kernel_rows"] = {
+                "rows": len(same),
+                "met": sum(bool(r["met"]) for r in same_rows),
+                **({"median_speedup": statistics.median(same), "range": [min(same), max(same)]} if same else {}),
+            }
+            out[op]["misses_on_our_kernels"] = sum(not r["met"] and not r.get("same_kernels_as_peer") for r in mine)
     return out
 
 

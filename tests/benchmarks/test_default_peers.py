@@ -66,6 +66,37 @@ def test_summary_counts_misses_per_op():
     assert s["attention"]["misses"] == [] and s["attention"]["median_speedup"] == 0.95
 
 
+def test_summary_sets_rows_on_the_peers_own_kernels_apart():
+    rows = [
+        {"op": "attention", "L": 1024, "speedup": 0.998, "met": False, "miss_by": 0.002, "same_kernels_as_peer": True},
+        {"op": "attention", "L": 2048, "speedup": 1.004, "met": True, "miss_by": None, "same_kernels_as_peer": True},
+        {"op": "attention", "L": 4097, "speedup": 0.95, "met": False, "miss_by": 0.05, "same_kernels_as_peer": False},
+        {"op": "attention", "L": 8192, "speedup": 1.3, "met": True, "miss_by": None, "same_kernels_as_peer": False},
+    ]
+    s = dp.summary(rows)["attention"]
+    assert s["peer_kernel_rows"] == {"rows": 2, "met": 1, "median_speedup": 1.001, "range": [0.998, 1.004]}
+    assert s["misses_on_our_kernels"] == 1
+    assert [m["same_kernels_as_peer"] for m in s["misses"]] == [True, False]
+    assert (
+        "peer_kernel_rows"
+        not in dp.summary(
+            [{**r, "same_kernels_as_peer": None} for r in rows][:0]
+            or [{"op": "linear", "speedup": 1.0, "met": True, "miss_by": None}]
+        )["linear"]
+    )
+
+
+def test_kernel_columns_compare_both_sides(monkeypatch):
+    names = {"ours": ["cudnn_flash", "Memset (Device)"], "same": ["cudnn_flash", "Memset (Device)"], "other": ["x"]}
+    monkeypatch.setattr(dp, "_kernels", lambda fn: sorted(names[fn()]))
+    assert dp._kernel_columns(lambda: "ours", lambda: "same") == {
+        "ours_kernels": ["Memset (Device)", "cudnn_flash"],
+        "peer_kernels": ["Memset (Device)", "cudnn_flash"],
+        "same_kernels_as_peer": True,
+    }
+    assert dp._kernel_columns(lambda: "ours", lambda: "other")["same_kernels_as_peer"] is False
+
+
 def test_list_runs_without_a_gpu(capsys):
     dp.main(["--list", "--quick"])
     out = capsys.readouterr().out

@@ -29,7 +29,9 @@ before its time counts. A row that misses its target records ``miss_by`` (target
 Attention and linear rows also record our call's kernel names and ``same_kernels_as_peer``: where
 the route hands the shape to the peer's own kernels (SDPA; cuBLAS with nothing left to fuse), the
 speed-up is 1 up to timing noise, and the summary counts those rows apart from the misses on
-kernels of ours (``misses_on_our_kernels``).
+kernels of ours (``misses_on_our_kernels``). Each row also times the peer twice, in two graphs
+in the same rotation (``--no-control`` skips it): that ratio is the noise of a tie on that row,
+and the summary gives its 95th percentile per op and how many misses fall within it.
 ``--list`` prints the grids and exits (no GPU needed). Writes ``default_peers_<gpu>.json``.
 ``--gpu-lock FILE`` takes the lock file of ``model_vs_compile.py --procs``
 (``/tmp/model_vs_compile_gpu0.lock``) through each shape, so the grid runs while that script's
@@ -136,11 +138,26 @@ def _time(fns: Sequence[Callable[[], object]]) -> dict:
     return {"median_us": t.median_us, "iqr_us": t.iqr_us}
 
 
+_CONTROL = [True]  # --no-control clears it: time the peer once, not twice
+
+
 def _time_pair(ours: Sequence[Callable[[], object]], peer: Sequence[Callable[[], object]]) -> tuple[dict, dict]:
     """Ours and the peer timed together, their replays interleaved (``_timing.interleaved``): the
-    ratio a row is scored on does not depend on which side the GPU's clocks favoured."""
-    t = time_graphs({"ours": ours, "peer": peer}, reps=30)
-    return tuple({"median_us": t[k].median_us, "iqr_us": t[k].iqr_us} for k in ("ours", "peer"))
+    ratio a row is scored on does not depend on which side the GPU's clocks favoured. With the
+    control (the default), the peer is captured a second time into a graph of its own and timed
+    in the same rotation: ``peer["control"]["ratio"]`` (peer / peer again) is what the speed-up of
+    two identical sides comes out as on this row, the noise a miss is measured against."""
+    sides = {"ours": ours, "peer": peer} | ({"peer_again": peer} if _CONTROL[0] else {})
+    t = time_graphs(sides, reps=30)
+    ours_t, peer_t = ({"median_us": t[k].median_us, "iqr_us": t[k].iqr_us} for k in ("ours", "peer"))
+    if "peer_again" in t:
+        again = t["peer_again"]
+        peer_t["control"] = {
+            "median_us": again.median_us,
+            "iqr_us": again.iqr_us,
+            "ratio": peer_t["median_us"] / again.median_us,
+        }
+    return ours_t, peer_t
 
 
 _SINKS: list[Callable[[dict], None]] = []  # called with every finished row (main: rewrite the file)
@@ -416,6 +433,17 @@ def summary(rows: list[dict]) -> dict:
                 if not r["met"]
             ],
         }
+        controls = [abs(1.0 - r["peer_us"]["control"]["ratio"]) for r in mine if "control" in r.get("peer_us", {})]
+        if controls:
+            noise = statistics.quantiles(controls, n=20, method="inclusive")[-1] if len(controls) >= 2 else controls[0]
+            out[op]["control"] = {
+                "rows": len(controls),
+                "median_abs_deviation": statistics.median(controls),
+                "p95_abs_deviation": noise,
+                "misses_within_p95": sum(
+                    not r["met"] and isinstance(r["miss_by"], float) and r["miss_by"] <= noise for r in mine
+                ),
+            }
         if any("same_kernels_as_peer" in r for r in mine):
             same_rows = [r for r in mine if r.get("same_kernels_as_peer")]
             same = [r["speedup"] for r in same_rows]
@@ -436,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list", action="store_true", help="print the grids and exit")
     parser.add_argument("--no-floors", action="store_true", help="linear: skip the cuBLAS-alone and cuBLASLt floors")
     parser.add_argument(
+        "--no-control", action="store_true", help="time the peer once (no peer-vs-itself control per row)"
+    )
+    parser.add_argument(
         "--rope", action="store_true", help="attention: also time RoPE (route, fused Triton, apply_rope + SDPA)"
     )
     parser.add_argument(
@@ -446,6 +477,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     global _GPU_LOCK
     _GPU_LOCK = GpuLock(args.gpu_lock)
+    _CONTROL[0] = not args.no_control
     grids = {
         "attention": attention_grid(args.quick),
         "linear": linear_grid(args.quick),
@@ -465,6 +497,11 @@ def main(argv: list[str] | None = None) -> None:
     timing = (
         "CUDA-graph replay, median of 30 replays; ours and the peer in separate graphs, their replays "
         "interleaved (order rotated each round); inputs rotated over copies larger than L2 (at most 16)"
+        + (
+            "; the peer captured twice, peer_us.control is its second graph (the peer-vs-itself control)"
+            if _CONTROL[0]
+            else ""
+        )
     )
     streamed: list[dict] = []
 

@@ -177,21 +177,47 @@ def test_interleaved_timing_spreads_a_drift_over_both_sides():
     assert one_then_other["peer"] - one_then_other["ours"] > 0.3  # what sequential timing reports
 
 
-def test_rows_score_ours_and_the_peer_from_one_interleaved_timing(monkeypatch):
-    """``_time_pair`` times both sides in one ``time_graphs`` call (never one after the other)
-    and hands back ours first."""
+@pytest.mark.parametrize("control", [True, False], ids=["with-control", "no-control"])
+def test_rows_score_ours_and_the_peer_from_one_interleaved_timing(monkeypatch, control):
+    """``_time_pair`` times both sides (and, with the control, the peer's second graph) in one
+    ``time_graphs`` call, never one after the other, and hands back ours first; the control's
+    ratio is peer over peer again."""
     from benchmarks._timing import Timing
 
     calls = []
+    medians = {"ours": 5.0, "peer": 7.0, "peer_again": 7.7}
 
     def fake_time_graphs(sides, *, reps):
         calls.append((sorted(sides), reps, {k: len(v) for k, v in sides.items()}))
-        return {k: Timing(m, m - 1, m + 1, 2.0, reps) for k, m in (("ours", 5.0), ("peer", 7.0))}
+        return {k: Timing(medians[k], medians[k] - 1, medians[k] + 1, 2.0, reps) for k in sides}
 
     monkeypatch.setattr(dp, "time_graphs", fake_time_graphs)
+    monkeypatch.setattr(dp, "_CONTROL", [control])
     ours, peer = dp._time_pair([lambda: None] * 3, [lambda: None] * 2)
-    assert calls == [(["ours", "peer"], 30, {"ours": 3, "peer": 2})]
+    if control:
+        assert calls == [(["ours", "peer", "peer_again"], 30, {"ours": 3, "peer": 2, "peer_again": 2})]
+        assert peer.pop("control") == {"median_us": 7.7, "iqr_us": 2.0, "ratio": 7.0 / 7.7}
+    else:
+        assert calls == [(["ours", "peer"], 30, {"ours": 3, "peer": 2})]
     assert ours == {"median_us": 5.0, "iqr_us": 2.0} and peer == {"median_us": 7.0, "iqr_us": 2.0}
+
+
+def test_summary_measures_misses_against_the_peer_vs_itself_control():
+    def row(speedup, met, miss_by, control_ratio):
+        return {
+            "op": "linear",
+            "speedup": speedup,
+            "met": met,
+            "miss_by": miss_by,
+            "peer_us": {"median_us": 5.0, "control": {"ratio": control_ratio}},
+        }
+
+    rows = [row(0.995, False, 0.005, 1.01), row(0.9, False, 0.1, 0.99), row(1.2, True, None, 1.0)]
+    s = dp.summary(rows)["linear"]["control"]
+    assert s["rows"] == 3 and s["median_abs_deviation"] == pytest.approx(0.01)
+    assert 0.01 <= s["p95_abs_deviation"] <= 0.011
+    assert s["misses_within_p95"] == 1  # 0.005 is within the noise, 0.1 is not
+    assert "control" not in dp.summary([{**rows[2], "peer_us": {"median_us": 5.0}}])["linear"]
 
 
 @pytest.mark.gpu

@@ -236,3 +236,23 @@ def test_gpu_time_graphs_times_each_side_in_its_own_graph():
     assert 0 < t["small"].median_us < t["large"].median_us
     one = time_graph([lambda a=a: a @ a for a in large], reps=9)
     assert one.samples == 9 and one.median_us > 0
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_rows_record_both_sides_kernels_and_the_control(monkeypatch):
+    """On a GPU, one small shape per op end to end: each row checks its result, names both sides'
+    kernels, says whether they are the same set, and times the peer-vs-itself control."""
+    monkeypatch.setattr(dp, "linear_grid", lambda quick=False: [(257, 96, 384, "gelu"), (257, 96, 384, "none")])
+    monkeypatch.setattr(dp, "attention_grid", lambda quick=False: [(1, 2, 333, 64)])
+    monkeypatch.setattr(dp, "_CONTROL", [True])
+    monkeypatch.setattr(dp, "_SINKS", [])
+    rows = dp.linear_rows(quick=True, floors=False) + dp.attention_rows(quick=True)
+    assert [r["op"] for r in rows] == ["linear", "linear", "attention"]
+    for r in rows:
+        assert r["rel_err"] <= dp.TOLERANCE
+        assert r["ours_kernels"] and r["peer_kernels"] and isinstance(r["same_kernels_as_peer"], bool)
+        assert r["same_kernels_as_peer"] == (r["ours_kernels"] == r["peer_kernels"])
+        assert 0.5 < r["peer_us"]["control"]["ratio"] < 2.0
+    summary = dp.summary(rows)
+    assert summary["linear"]["control"]["rows"] == 2 and "peer_kernel_rows" in summary["attention"]

@@ -245,6 +245,18 @@ def pdl(t: Tensor) -> dict[str, int | bool]:
     return _pdl_keywords() if _pdl_capable(index) else {}
 
 
+def after_library(t: Tensor) -> dict[str, int | bool]:
+    """The launch keywords for a kernel on ``t``'s device launched right after a library kernel
+    (cuBLAS's matmul in the linear's cuBLAS route): ``pdl``'s inside a ``pdl_early`` scope (the
+    early trigger), a plain launch elsewhere. H200 (torch 2.11, cuBLAS's nvjet kernels;
+    benchmarks/results/pdl_after_library_h200.json): outside a scope the epilogue pass launched
+    plain took 0.96-0.99x the time of the PDL launch at 11 linear shapes (777x200->800 + GELU:
+    5.65 vs 5.84 us) and whole models at 8x1024 did not move (median 1.002x); inside one (models
+    at 1x256) PDL saved 1.6 % at the median (up to 5 %)."""
+    keywords = pdl(t)
+    return keywords if keywords.get("PDL") == 2 else {}
+
+
 def _pdl_keywords() -> dict[str, int | bool]:
     """``pdl``'s keywords on a GPU that has PDL, as ``set_pdl`` and the ``pdl_early`` scope say."""
     forced = _PDL_FORCED[0]

@@ -39,6 +39,7 @@ from kernels._autotune import autotune
 from kernels._common import (
     ALIGN,
     INTERPRETED,
+    after_library,
     as_rows,
     check_int32,
     check_operands,
@@ -365,7 +366,8 @@ def _cublas_route(
     does; ReLU too where there is a bias: cuBLASLt's bias + ReLU epilogue) and, for what is left
     (GELU, SiLU, a residual), an epilogue pass over y2 in place: flat over M·N elements where
     y2 and r2 are contiguous, else 2-D tiles that follow r2's row stride. Rounds once more than
-    the fused kernel (before the epilogue pass), as ``F.linear`` + ``F.gelu`` does."""
+    the fused kernel (before the epilogue pass), as ``F.linear`` + ``F.gelu`` does. The epilogue
+    pass is launched with ``after_library``: PDL only in an early-trigger scope."""
     if activation == "relu" and bias is not None:  # cuBLASLt's bias + ReLU epilogue
         torch._addmm_activation(bias, x2, weight.t(), use_gelu=False, out=y2)
         activation = None
@@ -385,7 +387,7 @@ def _cublas_route(
             HAS_RESIDUAL=r2 is not None,
             BLOCK=_EPILOGUE_FLAT_BLOCK,
             num_warps=4,
-            **pdl(y2),
+            **after_library(y2),  # after cuBLAS: PDL only in a pdl_early scope
         )
         return
     block_n = min(256, triton.next_power_of_2(N))
@@ -402,7 +404,7 @@ def _cublas_route(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=4,
-        **pdl(y2),
+        **after_library(y2),
     )
 
 

@@ -139,6 +139,10 @@ REPORT_ONLY: dict[str, frozenset[str]] = {
 # are left out of the decode fingerprint (work on the forward must not invalidate decode
 # calibrations); a test checks that no decode-timed function names them.
 FORWARD_ONLY: dict[str, frozenset[str]] = {
+    # The launch keywords after a library kernel, and the linear's cuBLAS route that uses them
+    # (the decoder's linears are ``linear_rows``, kernels/linear/decode.py).
+    "kernels/_common.py": frozenset({"after_library"}),
+    "kernels/linear/triton.py": frozenset({"after_library", "_cublas_route"}),
     "kernels/linear_attention/triton.py": frozenset(
         {
             "_two_pass_states_kernel",

@@ -71,11 +71,12 @@ def test_every_model_kernel_waits_before_anything_else():
 
 
 def _carries_pdl(call: ast.Call, pdl_dicts: set[str]) -> bool:
-    """``call`` passes ``**pdl(...)``, or ``**name`` where ``name`` was built with it."""
+    """``call`` passes ``**pdl(...)`` (or ``**after_library(...)``, the plain launch chosen after a
+    library kernel), or ``**name`` where ``name`` was built with it."""
     for kw in call.keywords:
         if kw.arg is None:
             v = kw.value
-            if isinstance(v, ast.Call) and ast.unparse(v.func) == "pdl":
+            if isinstance(v, ast.Call) and ast.unparse(v.func) in ("pdl", "after_library"):
                 return True
             if isinstance(v, ast.Name) and v.id in pdl_dicts:
                 return True
@@ -238,3 +239,67 @@ def test_a_pdl_graph_replays_the_plain_launches_result(shape):
             common.set_pdl(None)
         err = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
         assert err < 1e-3, err
+
+
+def test_after_a_library_kernel_pdl_only_in_an_early_scope(monkeypatch):
+    fake_gpu = SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(common, "_interpreted", lambda: False)
+    monkeypatch.setattr(common, "_pdl_capable", lambda index: index == 0)
+    try:
+        assert common.pdl(fake_gpu) == {"PDL": 1, "launch_pdl": True} and common.after_library(fake_gpu) == {}
+        with common.pdl_early(True):
+            assert common.after_library(fake_gpu) == {"PDL": 2, "launch_pdl": True}
+            assert common.after_library(SimpleNamespace(device=torch.device("cuda", 1))) == {}  # no PDL there
+        common.set_pdl(False)
+        with common.pdl_early(True):
+            assert common.after_library(fake_gpu) == {}
+        common.set_pdl("early")
+        assert common.after_library(fake_gpu) == {"PDL": 2, "launch_pdl": True}
+    finally:
+        common.set_pdl(None)
+    assert common.after_library(torch.zeros(1)) == {}
+
+
+@requires_interpreter
+@pytest.mark.parametrize("early", [False, True], ids=["no-scope", "early-scope"])
+@pytest.mark.parametrize("residual", [False, True], ids=["gelu", "gelu+residual"])
+def test_the_epilogue_pass_after_cublas_uses_pdl_only_in_an_early_scope(monkeypatch, residual, early):
+    """The linear's cuBLAS route (forced; torch's matmul under the interpreter) launches its
+    epilogue pass plain outside a ``pdl_early`` scope and with the early trigger inside one, as
+    ``after_library`` says on an H200; the fused route's launch carries PDL either way; both give
+    the reference's numbers."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    import kernels.linear.triton as lt
+    from kernels.linear.reference import linear as linear_ref
+
+    gen = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(7, 24, generator=gen), torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    r = torch.randn(7, 40, generator=gen) if residual else None
+    launches: list[tuple[str, object, object]] = []
+    real_run = InterpretedFunction.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        launches.append((self.fn.__name__, kwargs.get("PDL"), kwargs.get("launch_pdl")))
+        return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", recording_run)
+    monkeypatch.setattr(tl.extra.cuda, "gdc_wait", lambda: None, raising=False)
+    monkeypatch.setattr(tl.extra.cuda, "gdc_launch_dependents", lambda: None, raising=False)
+    for module in (common, lt):  # pdl answers as on a GPU that has it (after_library asks common's)
+        monkeypatch.setattr(module, "pdl", lambda t: common._pdl_keywords())
+    expected = linear_ref(x, w, b, activation="gelu", residual=r)
+    try:
+        with common.pdl_early(early):
+            for route in ("cublas", "triton"):
+                lt.set_route(route)
+                got = lt.linear(x, w, b, activation="gelu", residual=r)
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    finally:
+        lt.set_route(None)
+    epilogues = [launch for launch in launches if launch[0].startswith("_epilogue")]
+    fused = [launch for launch in launches if launch[0] == "_linear_kernel"]
+    want = 2 if early else 1
+    assert epilogues == [("_epilogue_flat_kernel", 2, True) if early else ("_epilogue_flat_kernel", None, None)]
+    assert fused and all(pdl == want and launch_pdl is True for _, pdl, launch_pdl in fused)

@@ -456,6 +456,21 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def timing_text(*, control: bool, gpu_lock: str | None) -> str:
+    """How the rows were timed, for the JSON's ``timing``: the interleaved graphs, the control when
+    taken, and whether the GPU was shared (``--gpu-lock``: each shape timed holding the lock while
+    other processes compiled on the CPU)."""
+    text = (
+        "CUDA-graph replay, median of 30 replays; ours and the peer in separate graphs, their replays "
+        "interleaved (order rotated each round); inputs rotated over copies larger than L2 (at most 16)"
+    )
+    if control:
+        text += "; the peer captured twice, peer_us.control is its second graph (the peer-vs-itself control)"
+    if gpu_lock:
+        text += f"; each shape timed holding the GPU lock {gpu_lock} while other processes used the CPU"
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -494,20 +509,21 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(0).split()[-1].lower()
     only = f"_{args.only}" if args.only else ""
     out = Path(args.out) / f"default_peers_{name}{only}{'_quick' if args.quick else ''}.json"
-    timing = (
-        "CUDA-graph replay, median of 30 replays; ours and the peer in separate graphs, their replays "
-        "interleaved (order rotated each round); inputs rotated over copies larger than L2 (at most 16)"
-        + (
-            "; the peer captured twice, peer_us.control is its second graph (the peer-vs-itself control)"
-            if _CONTROL[0]
-            else ""
-        )
-    )
+    timing = timing_text(control=_CONTROL[0], gpu_lock=args.gpu_lock)
     streamed: list[dict] = []
 
     def keep(row: dict) -> None:  # the file is rewritten after every row: a run cut short keeps what it timed
         streamed.append(row)
-        write_results(out, streamed, ops=ops, notes=notes, summary=summary(streamed), timing=timing, complete=False)
+        write_results(
+            out,
+            streamed,
+            ops=ops,
+            notes=notes,
+            summary=summary(streamed),
+            timing=timing,
+            gpu_lock=args.gpu_lock,
+            complete=False,
+        )
 
     _SINKS[:] = [keep]
     for op in ops:
@@ -518,7 +534,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             got, notes["linear_attention"] = linear_attention_rows(args.quick)
             rows += got
-    path = write_results(out, rows, ops=ops, notes=notes, summary=summary(rows), timing=timing, complete=True)
+    path = write_results(
+        out, rows, ops=ops, notes=notes, summary=summary(rows), timing=timing, gpu_lock=args.gpu_lock, complete=True
+    )
     print(f"wrote {path}", flush=True)
 
 

@@ -127,6 +127,29 @@ def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
     assert saved["complete"] is True and len(saved["results"]) == 2 and saved["summary"]["attention"]["rows"] == 2
 
 
+def test_the_file_says_whether_the_gpu_was_shared(tmp_path, monkeypatch):
+    """A grid run beside model_vs_compile's compiles (--gpu-lock) says so in its JSON: the lock's
+    path and the timing text; alone, neither; without the control, the timing does not claim one."""
+    import json
+
+    timing = {"median_us": 2.0, "iqr_us": 0.1}
+    case = dict(zip(("B", "H", "L", "D"), dp.attention_grid(quick=True)[0], strict=True))
+    monkeypatch.setattr(dp.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dp.torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
+    monkeypatch.setattr(dp, "_GPU_LOCK", dp._GPU_LOCK)  # restored after the test: main() replaces it
+    monkeypatch.setattr(
+        dp, "attention_rows", lambda quick, rope=False: [dp._row("attention", case, timing, timing, "sdpa", 1.0, 0.0)]
+    )
+    saved = tmp_path / "default_peers_h200_attention_quick.json"
+    lock = str(tmp_path / "gpu0.lock")
+    dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--gpu-lock", lock])
+    shared = json.loads(saved.read_text())
+    assert shared["gpu_lock"] == lock and lock in shared["timing"] and "control" in shared["timing"]
+    dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--no-control"])
+    alone = json.loads(saved.read_text())
+    assert alone["gpu_lock"] is None and "lock" not in alone["timing"] and "control" not in alone["timing"]
+
+
 def test_each_shape_is_handed_out_with_the_gpu_lock_held(tmp_path, monkeypatch):
     """--gpu-lock: a shape's GPU work never overlaps another process's timing (model_vs_compile's
     children take the same file), and the lock is let go between shapes and after the last."""

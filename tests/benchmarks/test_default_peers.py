@@ -45,6 +45,19 @@ def test_score(speedup, target, err, met, miss_by):
     assert dp.score(speedup, target, err) == {"met": met, "miss_by": miss_by}
 
 
+def test_a_row_is_the_peers_time_over_ours_scored_against_its_own_target(monkeypatch):
+    """``speedup`` is peer / ours (above 1: ours faster), and each row is scored against the target
+    it was given (attention below L 1024: 0.9), not against 1."""
+    monkeypatch.setattr(dp, "_SINKS", [])
+    case = {"B": 2, "H": 7, "L": 333, "D": 64}
+    fast = dp._row("attention", case, {"median_us": 2.0, "iqr_us": 0.0}, {"median_us": 3.0, "iqr_us": 0.0}, "sdpa", 1.0, 0.0)
+    assert fast["speedup"] == pytest.approx(1.5) and fast["met"] is True and fast["miss_by"] is None
+    slow = dp._row("attention", case, {"median_us": 4.0, "iqr_us": 0.0}, {"median_us": 3.8, "iqr_us": 0.0}, "sdpa", 0.9, 0.0)
+    assert slow["speedup"] == pytest.approx(0.95) and slow["met"] is True  # under 1.0, over its 0.9 target
+    short = dp._row("attention", case, {"median_us": 4.0, "iqr_us": 0.0}, {"median_us": 3.2, "iqr_us": 0.0}, "sdpa", 0.9, 0.0)
+    assert short["met"] is False and short["miss_by"] == pytest.approx(0.1)
+
+
 def test_summary_counts_misses_per_op():
     rows = [
         {"op": "linear", "M": 777, "K": 96, "N": 384, "epilogue": "gelu", "speedup": 0.8, "met": False, "miss_by": 0.2},
@@ -64,6 +77,7 @@ def test_summary_counts_misses_per_op():
     assert s["linear"]["rows"] == 2 and s["linear"]["met"] == 1 and s["linear"]["worst_speedup"] == 0.8
     assert s["linear"]["misses"] == [{"M": 777, "K": 96, "N": 384, "epilogue": "gelu", "speedup": 0.8, "miss_by": 0.2}]
     assert s["attention"]["misses"] == [] and s["attention"]["median_speedup"] == 0.95
+    assert s["linear"]["median_speedup"] == pytest.approx(0.95)  # the mean of the middle two, 0.8 and 1.1
 
 
 def test_summary_sets_rows_on_the_peers_own_kernels_apart():
@@ -72,11 +86,12 @@ def test_summary_sets_rows_on_the_peers_own_kernels_apart():
         {"op": "attention", "L": 2048, "speedup": 1.004, "met": True, "miss_by": None, "same_kernels_as_peer": True},
         {"op": "attention", "L": 4097, "speedup": 0.95, "met": False, "miss_by": 0.05, "same_kernels_as_peer": False},
         {"op": "attention", "L": 8192, "speedup": 1.3, "met": True, "miss_by": None, "same_kernels_as_peer": False},
+        {"op": "attention", "L": 333, "speedup": 0.8, "met": False, "miss_by": 0.1, "same_kernels_as_peer": False},
     ]
     s = dp.summary(rows)["attention"]
     assert s["peer_kernel_rows"] == {"rows": 2, "met": 1, "median_speedup": 1.001, "range": [0.998, 1.004]}
-    assert s["misses_on_our_kernels"] == 1
-    assert [m["same_kernels_as_peer"] for m in s["misses"]] == [True, False]
+    assert s["misses_on_our_kernels"] == 2  # of the three misses, one ran the peer's kernels
+    assert [m["same_kernels_as_peer"] for m in s["misses"]] == [True, False, False]
     old_file_row = {"op": "linear", "speedup": 1.0, "met": True, "miss_by": None}  # no kernel columns
     assert "peer_kernel_rows" not in dp.summary([old_file_row])["linear"]
 
@@ -90,6 +105,9 @@ def test_kernel_columns_compare_both_sides(monkeypatch):
         "same_kernels_as_peer": True,
     }
     assert dp._kernel_columns(lambda: "ours", lambda: "other")["same_kernels_as_peer"] is False
+    names["more"] = ["cudnn_flash", "Memset (Device)", "gelu_kernel"]  # ours is a subset of the peer's: not the same
+    assert dp._kernel_columns(lambda: "ours", lambda: "more")["same_kernels_as_peer"] is False
+    assert dp._kernel_columns(lambda: "more", lambda: "ours")["same_kernels_as_peer"] is False
 
 
 def test_list_runs_without_a_gpu(capsys):
@@ -117,10 +135,13 @@ def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
     monkeypatch.setattr(dp.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dp.torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
     monkeypatch.setattr(dp, "attention_rows", lambda quick, rope=False: rows(quick, rope, fail_after=1))
+    monkeypatch.setattr(dp, "_GPU_LOCK", dp._GPU_LOCK)  # restored after the test: main() replaces it
+    lock = str(tmp_path / "gpu0.lock")
     with pytest.raises(RuntimeError, match="cut short"):
-        dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
+        dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--gpu-lock", lock])
     saved = json.loads((tmp_path / "default_peers_h200_attention_quick.json").read_text())
     assert saved["complete"] is False and len(saved["results"]) == 1
+    assert saved["gpu_lock"] == lock and lock in saved["timing"]  # a file cut short says the GPU was shared too
     monkeypatch.setattr(dp, "attention_rows", rows)
     dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "default_peers_h200_attention_quick.json").read_text())
@@ -241,6 +262,22 @@ def test_summary_measures_misses_against_the_peer_vs_itself_control():
     assert 0.01 <= s["p95_abs_deviation"] <= 0.011
     assert s["misses_within_p95"] == 1  # 0.005 is within the noise, 0.1 is not
     assert "control" not in dp.summary([{**rows[2], "peer_us": {"median_us": 5.0}}])["linear"]
+
+
+def test_the_controls_p95_is_the_95th_percentile_of_the_deviations():
+    """Over 20 controls deviating 0.1 %, 0.2 %, …, 2 %: the p95 is 1.905 % (inclusive quantile), not
+    the largest nor the 85th percentile; a miss of 1.9 points is within it, one of 2 points is not."""
+    rows = [
+        {"op": "linear", "speedup": 1.0, "met": True, "miss_by": None, "peer_us": {"control": {"ratio": 1 + i / 1000}}}
+        for i in range(1, 21)
+    ]
+    rows += [
+        {"op": "linear", "speedup": 0.981, "met": False, "miss_by": 0.019, "peer_us": {"median_us": 1.0}},
+        {"op": "linear", "speedup": 0.98, "met": False, "miss_by": 0.02, "peer_us": {"median_us": 1.0}},
+    ]
+    s = dp.summary(rows)["linear"]["control"]
+    assert s["rows"] == 20 and s["p95_abs_deviation"] == pytest.approx(0.01905)
+    assert s["median_abs_deviation"] == pytest.approx(0.0105) and s["misses_within_p95"] == 1
 
 
 @pytest.mark.gpu

@@ -50,11 +50,17 @@ def test_a_row_is_the_peers_time_over_ours_scored_against_its_own_target(monkeyp
     it was given (attention below L 1024: 0.9), not against 1."""
     monkeypatch.setattr(dp, "_SINKS", [])
     case = {"B": 2, "H": 7, "L": 333, "D": 64}
-    fast = dp._row("attention", case, {"median_us": 2.0, "iqr_us": 0.0}, {"median_us": 3.0, "iqr_us": 0.0}, "sdpa", 1.0, 0.0)
+    fast = dp._row(
+        "attention", case, {"median_us": 2.0, "iqr_us": 0.0}, {"median_us": 3.0, "iqr_us": 0.0}, "sdpa", 1.0, 0.0
+    )
     assert fast["speedup"] == pytest.approx(1.5) and fast["met"] is True and fast["miss_by"] is None
-    slow = dp._row("attention", case, {"median_us": 4.0, "iqr_us": 0.0}, {"median_us": 3.8, "iqr_us": 0.0}, "sdpa", 0.9, 0.0)
+    slow = dp._row(
+        "attention", case, {"median_us": 4.0, "iqr_us": 0.0}, {"median_us": 3.8, "iqr_us": 0.0}, "sdpa", 0.9, 0.0
+    )
     assert slow["speedup"] == pytest.approx(0.95) and slow["met"] is True  # under 1.0, over its 0.9 target
-    short = dp._row("attention", case, {"median_us": 4.0, "iqr_us": 0.0}, {"median_us": 3.2, "iqr_us": 0.0}, "sdpa", 0.9, 0.0)
+    short = dp._row(
+        "attention", case, {"median_us": 4.0, "iqr_us": 0.0}, {"median_us": 3.2, "iqr_us": 0.0}, "sdpa", 0.9, 0.0
+    )
     assert short["met"] is False and short["miss_by"] == pytest.approx(0.1)
 
 

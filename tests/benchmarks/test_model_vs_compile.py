@@ -512,3 +512,153 @@ def test_the_real_triton_autotuner_has_the_do_bench_that_is_wrapped():
     from triton.runtime.autotuner import Autotuner
 
     assert hasattr(Autotuner.__dict__.get("do_bench"), "__get__"), "hold_during_our_autotune needs it"
+
+
+def _fake_bench_gpu(monkeypatch, ours_out, compiled_out, expected):
+    """``bench``'s GPU parts faked on the CPU: the models, our forward and Inductor's return the
+    given outputs, and each timing (5 µs ours, 10 µs Inductor's) and profile is that of the side
+    whose function it was handed, so a row that swapped the sides' timings would show it."""
+    import torch
+
+    import nas.models
+    from benchmarks._timing import Timing
+
+    last = {"side": None}
+
+    def side(name, out):
+        def call(*_):
+            last["side"] = name
+            return out
+
+        return call
+
+    tm = type(
+        "TM", (), {"__call__": staticmethod(side("ours", ours_out)), "forward": staticmethod(side("ours", ours_out))}
+    )
+    compiles = []
+
+    def fake_compile(module, *, mode):
+        compiles.append(mode)
+        return side("compile", compiled_out)
+
+    def fake_time_graph(fns, **_):
+        fns[0]()
+        us = {"ours": 5.0, "compile": 10.0}[last["side"]]
+        return Timing(us, us - 0.1, us + 0.1, 0.2, 50)
+
+    def fake_profile(fn):
+        fn()
+        return {"launches": 3, "kernel_us": {"ours": 4.0, "compile": 9.5}[last["side"]], "top": []}
+
+    monkeypatch.setattr(
+        mc, "model_and_inputs", lambda arch, shape: (object(), side("eager", expected), [torch.zeros(1)])
+    )
+    monkeypatch.setattr(nas.models, "to_triton", lambda model: tm())
+    monkeypatch.setattr(mc, "time_graph", fake_time_graph)
+    monkeypatch.setattr(mc, "kernel_profile", fake_profile)
+    monkeypatch.setattr(mc.torch, "compile", fake_compile)
+    monkeypatch.setattr(mc.torch._dynamo, "reset", lambda: None)
+    monkeypatch.setattr(mc.torch.cuda, "synchronize", lambda: None)
+    return compiles
+
+
+def test_a_row_is_ours_over_compiles_time_and_only_when_both_sides_are_right(monkeypatch):
+    import torch
+
+    arch = mc.architectures(7, 1)[0]
+    expected = torch.linspace(1.0, 2.0, 12)
+    compiles = _fake_bench_gpu(monkeypatch, expected * 1.001, expected, expected)
+    row = mc.bench(0, arch, "1x256")
+    assert compiles == [mc.COMPILE_MODE]
+    assert row["ours_us"].median_us == 5.0 and row["compile_us"].median_us == 10.0
+    assert row["ratio"] == pytest.approx(0.5) and row["correct"] is True
+    assert row["ours_gap_us"] == pytest.approx(1.0) and row["compile_gap_us"] == pytest.approx(0.5)
+    assert row["ours_rel_err"] == pytest.approx(1e-3, rel=1e-3) and row["compile_rel_err"] == 0.0
+    _fake_bench_gpu(monkeypatch, expected, expected * 1.5, expected)  # Inductor's result is wrong
+    row = mc.bench(0, arch, "1x256")
+    assert row["ratio"] is None and row["correct"] is False and row["compile_us"].median_us == 10.0
+    _fake_bench_gpu(monkeypatch, expected * 1.5, expected, expected)  # ours is wrong
+    assert mc.bench(0, arch, "1x256")["ratio"] is None
+    _fake_bench_gpu(monkeypatch, expected, expected, expected)
+    only = mc.bench(0, arch, "1x256", compile_peer=False)
+    assert only["ratio"] is None and only["correct"] is True and only["compile_skipped"] and "compile_us" not in only
+
+
+def test_a_failed_row_does_not_count_toward_the_20_architectures():
+    rows = [_row(i, "1x256", 0.5 + 0.01 * i) for i in range(19)] + [_row(19, "1x256", None)]
+    s = mc.summary(rows)["1x256"]
+    assert s["archs"] == 20 and s["timed"] == 19 and s["failed_or_wrong"] == [19]
+    assert s["median_met"] is None and s["worst_met"] is None
+
+
+def test_skip_done_leaves_out_the_rows_already_timed_in_one_process(tmp_path, monkeypatch):
+    done = tmp_path / "done.json"
+    done.write_text(json.dumps({"results": [_row(0, "1x256", 0.5)]}))
+    calls = []
+
+    def fake_bench(i, arch, shape, *, compile_peer, lock):
+        calls.append((i, shape))
+        return {"arch_index": i, "arch": mc.describe(arch), "shape": shape, "ratio": 0.6, "correct": True}
+
+    monkeypatch.setattr(mc, "bench", fake_bench)
+    _fake_gpu(monkeypatch)
+    mc.main(["--archs", "1", "--shapes", "1x256", "8x1024", "--skip-done", str(done), "--out", str(tmp_path)])
+    assert calls == [(0, "8x1024")]
+
+
+def test_a_stop_with_children_keeps_the_rows_skip_done_held(tmp_path, monkeypatch):
+    """With --skip-done, the merged file after a stop holds the earlier call's rows as well as the
+    children's, and lists as not timed only the rows neither has."""
+    import os
+    import sys
+
+    done = tmp_path / "earlier.json"
+    meta = {"gpu": "NVIDIA Fake9", "torch": "t", "triton": "x", "cuda": "c", "python": "p", "date": "d"}
+    done.write_text(json.dumps({**meta, "results": [_row(1, "1x256", 0.4)]}))
+
+    def fake_children(argv, gpus, procs=1, cpus=None):
+        row = {"arch_index": 0, "arch": "x", "shape": "1x256", "ratio": 0.5, "correct": True}
+        script = f"import json,sys; json.dump({{**{meta!r}, 'results': [{row!r}]}}, open(sys.argv[1], 'w'))"
+        path = tmp_path / "model_vs_compile_fake9_shard0of2.json"
+        return [([sys.executable, "-c", script, str(path)], dict(os.environ))]
+
+    monkeypatch.setattr(mc, "shard_commands", fake_children)
+    monkeypatch.setattr(mc, "wait_or_stop", lambda procs, stop_s: ([p.wait(timeout=60) for p in procs], True))
+    monkeypatch.setattr(mc.signal, "signal", lambda *a: None)
+    _fake_gpu(monkeypatch)
+    mc.main(["--archs", "2", "--procs", "2", "--stop-s", "60", "--skip-done", str(done), "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "model_vs_compile_merged.json").read_text())
+    assert [(r["arch_index"], r["shape"], r["ratio"]) for r in data["results"]] == [
+        (0, "1x256", 0.5),
+        (1, "1x256", 0.4),
+    ]
+    assert data["stopped_not_timed"] == [[0, "8x1024"], [1, "8x1024"]]
+
+
+def test_a_row_the_deadline_left_out_is_not_also_listed_as_stopped(tmp_path, monkeypatch):
+    """The deadline leaves row 3 out; the stop then fires before row 4: row 3 is listed once, under
+    the deadline, row 4 under the stop."""
+    clock = {"now": 0.0}
+    real_fits, fits_calls = mc.next_fits, []
+
+    def fits(*args):
+        fits_calls.append(args)
+        if len(fits_calls) == 4:
+            raise mc.Stopped
+        return real_fits(*args)
+
+    def fake_bench(i, arch, shape, *, compile_peer, lock):
+        clock["now"] += 100.0
+        return {"arch_index": i, "arch": mc.describe(arch), "shape": shape, "ratio": 0.5, "correct": True}
+
+    monkeypatch.setattr(mc, "bench", fake_bench)
+    monkeypatch.setattr(mc, "next_fits", fits)
+    monkeypatch.setattr(mc.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(mc.signal, "setitimer", lambda *a: None)
+    monkeypatch.setattr(mc.signal, "signal", lambda *a: None)
+    _fake_gpu(monkeypatch)
+    argv = ["--archs", "2", "--shapes", "1x256", "8x1024", "--deadline-s", "250", "--stop-s", "900"]
+    mc.main([*argv, "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "model_vs_compile_fake9.json").read_text())
+    assert [(r["arch_index"], r["shape"]) for r in data["results"]] == [(0, "1x256"), (0, "8x1024")]
+    assert data["deadline_left_out"] == [[1, "1x256"]] and data["stopped_not_timed"] == [[1, "8x1024"]]

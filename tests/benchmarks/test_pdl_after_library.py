@@ -65,3 +65,51 @@ def test_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device"):
         pal.main([])
+
+
+def test_a_model_row_times_each_form_over_pdl_and_checks_outputs_against_pdls(monkeypatch):
+    """``model_row`` on the CPU with the model and the timing faked: each form's forward runs with
+    that form in place (its output and timing are the form's), ``*_over_pdl`` is the form's time
+    over PDL's, and one form giving another output makes ``same_output`` False."""
+    import nas.models
+    from benchmarks import model_vs_compile as mc
+    from benchmarks._timing import Timing
+
+    def pdl_form(t):
+        return {}
+
+    def plain_form(t):
+        return {}
+
+    variants = {"pdl": pdl_form, "plain": plain_form}
+    us = {pdl_form: 10.0, plain_form: 11.0}
+    outs = {pdl_form: torch.ones(3), plain_form: torch.ones(3)}
+
+    seen = []  # the form in place at each forward
+
+    class FakeTriton:
+        def forward(self, x):
+            seen.append(lt.after_library)
+            return outs[lt.after_library]
+
+        __call__ = forward
+
+    def fake_time_graphs(sides, *, reps):
+        timed = {}
+        for name, fns in sides.items():
+            seen.clear()
+            fns[0]()
+            timed[name] = Timing(us[seen[0]], 0, 0, 0.1, reps)
+        return timed
+
+    arch = mc.architectures(7, 1)[0]
+    monkeypatch.setattr(mc, "model_and_inputs", lambda a, shape: (object(), None, [torch.zeros(1, 4)]))
+    monkeypatch.setattr(nas.models, "to_triton", lambda model: FakeTriton())
+    monkeypatch.setattr(pal, "time_graphs", fake_time_graphs)
+    row = pal.model_row(3, arch, "1x256", variants)
+    assert row["arch_index"] == 3 and row["shape"] == "1x256" and row["same_output"] is True
+    assert row["pdl_us"]["median_us"] == 10.0 and row["plain_us"]["median_us"] == 11.0
+    assert row["plain_over_pdl"] == pytest.approx(1.1) and row["pdl_over_pdl"] == 1.0
+    assert lt.after_library is common.after_library
+    outs[plain_form] = torch.tensor([1.0, 1.0, 1.0 + 2**-10])
+    assert pal.model_row(3, arch, "1x256", variants)["same_output"] is False

@@ -363,6 +363,7 @@ def test_cublas_is_preferred_where_the_fused_kernel_lost() -> None:
     assert not configs.prefers_cublas((8, 0), 4096, 1024, 1024, "gelu", False), "measured on sm_90 only"
     assert not configs.prefers_cublas((9, 0), 16384, 4096, 1024, "gelu", False), "TMA at large M, N >= K"
     assert configs.prefers_cublas((9, 0), 16384, 1024, 4096, "gelu", False), "large M but N < K"
+    assert not configs.prefers_cublas((9, 0), 16384, 1024, 1024, "gelu", False), "TMA at large M, N = K"
     assert configs.prefers_cublas((9, 0), 1024, configs.CUBLAS_MIN_N, 96, "relu", False), "wide N"
     assert configs.prefers_cublas((9, 0), 16384, 1024, 256, "gelu", False), "GELU over 2^24 outputs"
     assert not configs.prefers_cublas((9, 0), 16384, 1024, 256, "silu", False), "SiLU there: fused"

@@ -158,6 +158,25 @@ def test_long_k_runs_the_norm_as_its_own_launch(norm, monkeypatch) -> None:
 
 
 @requires_interpreter
+@pytest.mark.parametrize("norm", NORMS)
+def test_forcing_the_fused_route_fuses_the_norm_at_any_k(norm, monkeypatch) -> None:
+    """``set_route("triton")`` runs the norm inside the fused kernel even past ``fuses_norm``
+    (K 200): no norm launch of its own, the same result."""
+    import kernels.linear.triton as lt
+
+    launches = spy_norm_launches(monkeypatch)
+    assert not configs.fuses_norm(configs.m_bucket(37), 200)
+    lt.set_route("triton")
+    try:
+        x, w, b, r = _case(37, 200, 40, torch.float32, DEVICE, _gen("forced-fused", norm))
+        _check(x, w, b, r, norm, "gelu", torch.float32, tolerances={torch.float32: (2e-5, 2e-5, 2e-5)})
+        assert lt.last_route() == "triton"
+    finally:
+        lt.set_route(None)
+    assert launches == [], launches
+
+
+@requires_interpreter
 def test_weight_sums_given_or_computed_agree() -> None:
     x, w, b, r = _case(21, 48, 24, torch.float32, DEVICE, _gen("sums"))
     given = linear(x, w, b, residual=r, norm="layernorm", weight_sums=ref.weight_sums(w))

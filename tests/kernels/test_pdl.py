@@ -303,3 +303,15 @@ def test_the_epilogue_pass_after_cublas_uses_pdl_only_in_an_early_scope(monkeypa
     want = 2 if early else 1
     assert epilogues == [("_epilogue_flat_kernel", 2, True) if early else ("_epilogue_flat_kernel", None, None)]
     assert fused and all(pdl == want and launch_pdl is True for _, pdl, launch_pdl in fused)
+
+
+@pytest.mark.parametrize(("capability", "capable"), [((9, 0), True), ((10, 0), True), ((8, 9), False)])
+def test_pdl_needs_sm_90_or_later(capability, capable, monkeypatch) -> None:
+    """The capability check itself (the other tests fake ``_pdl_capable`` whole): Hopper and later
+    launch with PDL, Ada (8.9) does not."""
+    monkeypatch.setattr(common.torch.cuda, "get_device_capability", lambda index: capability)
+    common._pdl_capable.cache_clear()
+    try:
+        assert common._pdl_capable(0) is capable
+    finally:
+        common._pdl_capable.cache_clear()

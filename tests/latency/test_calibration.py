@@ -114,12 +114,25 @@ def test_interval_covers_the_stated_share_of_held_out_errors():
 
 
 def test_interval_includes_the_shift_between_runs():
-    """Two GPU runs 6 % apart: each run predicted by the fit on the other is part of the interval."""
+    """Two GPU runs 6 % apart: each run predicted by the fit on the other is part of the interval.
+    With every forward in both runs, cross-validation alone (the fit sees both runs) puts the
+    interval near 3 %; with the across-runs residuals it is near the 6 % shift."""
     _, kernel_rows, fit_rows, _ = _synthetic(archs=40)
     runs = [{**r, "run": "a"} for r in fit_rows[:60]] + [{**r, "ms": r["ms"] * 1.06, "run": "b"} for r in fit_rows[60:]]
     _, report = fit(kernel_rows, runs, sm_count=SMS)
     assert set(report["across_runs"]) == {"a", "b"}
     assert report["interval"] > 0.04
+    both = [{**r, "run": "a"} for r in fit_rows] + [{**r, "ms": r["ms"] * 1.06, "run": "b"} for r in fit_rows]
+    _, report = fit(kernel_rows, both, sm_count=SMS)
+    assert report["interval"] > 0.05
+
+
+def test_check_summary_ratio_is_predicted_over_measured():
+    from nas.latency.calibrate import check_summary
+
+    s = check_summary([1.05, 2.1, 3.0], [1.0, 2.0, 3.0])
+    assert s["median_ratio"] == pytest.approx(1.05) and s["n"] == 3 and s["within_10pct"] == 1.0
+    assert check_summary([1.2], [1.0])["within_10pct"] == 0.0  # 20 % over
 
 
 def test_fit_sees_a_wrong_kernel_model():
@@ -234,6 +247,39 @@ def test_transferred_profile_says_so_with_a_wider_interval(calibrated):
     assert l4.label().startswith("predicted (transferred from h200, ±")
     assert l4.interval >= max(_predict.TRANSFER_MIN_INTERVAL, own.interval)
     assert l4.median_ms > own.median_ms  # 16x less bandwidth, 8x less bf16 peak
+
+
+def test_a_transferred_interval_is_the_sources_widened(calibrated):
+    """Transferred from a calibration of ±10 %: ±30 % (TRANSFER_WIDENING), above the ±25 % floor."""
+    loose = dataclasses.replace(calibrated, calibrated=dataclasses.replace(calibrated.calibrated, interval=0.1))
+    l4 = predict(random_archs(5, 1)[0], SHAPES[1], load_profile("l4"), reference=loose)
+    assert l4.interval == pytest.approx(_predict.TRANSFER_WIDENING * 0.1)
+    assert l4.interval > _predict.TRANSFER_MIN_INTERVAL
+
+
+def test_stale_kernels_past_the_checked_shapes_widen_twice(calibrated):
+    """Both widenings at once multiply: a calibration of other kernels used past its checked
+    shapes says both in its notes and label."""
+    stale = dataclasses.replace(
+        calibrated,
+        calibrated=dataclasses.replace(
+            calibrated.calibrated,
+            provenance=tuple(
+                (k, "0123456789ab" if k == "kernels_fingerprint" else v) for k, v in calibrated.calibrated.provenance
+            ),
+        ),
+    )
+    arch = random_archs(5, 1)[0]
+    fresh = predict(arch, SHAPES[0], calibrated)
+    far = parse_shape("1x4097")
+    assert "extrapolated" in predict(arch, far, calibrated).label()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        lat = predict(arch, far, stale)
+    assert lat.interval == pytest.approx(
+        _predict.FINGERPRINT_WIDENING * _predict.EXTRAPOLATION_WIDENING * fresh.interval
+    )
+    assert set(dict(lat.notes)) == {"kernels_fingerprint", "extrapolated"} and "extrapolated" in lat.label()
 
 
 def test_uncalibrated_profile_says_so():

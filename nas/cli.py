@@ -41,7 +41,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 _EPSILON_HELP = (
-    "accuracies closer than this count as equal on the front (default: 1 / the task's test rows, its resolution)"
+    "accuracies closer than this count as equal on the front (default: 1 / the task's scored test targets, "
+    "its resolution)"
 )
 
 

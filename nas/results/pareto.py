@@ -2,10 +2,11 @@
 
 Everything here works on ``TrialRecord`` (objectives by name). A trial is on the front when it
 is complete, feasible (its hard budgets hold and its training was not cut short by the
-wall-clock guard) and no other such trial dominates it (Optuna's ``best_trials`` over the study's
-directions, which already leave infeasible trials out) — nor *ε-dominates* it: accuracies closer
-than the task's test-set resolution (``accuracy_epsilon``: 1 / test rows, e.g. 0.9980 and 1.0000
-on 512 test rows) count as equal, so the faster or smaller of two such trials stands for both.
+wall-clock guard) and no other such trial dominates it (Optuna's ``best_trials`` over the
+study's directions, which already leave infeasible trials out) — nor *ε-dominates* it: accuracies
+closer than the task's test-set resolution (``accuracy_epsilon``: 1 / the scored test targets,
+accuracy's smallest step, e.g. 0.9995 and 1.0000 on 2048 MQAR queries) count as equal, so the
+faster or smaller of two such trials stands for both.
 The displayed front, the knee and the exports use it; the study's hypervolume stays Optuna's.
 """
 
@@ -47,14 +48,19 @@ def completed(study: optuna.Study) -> list[TrialRecord]:
 
 def accuracy_epsilon(study: optuna.Study, override: float | None = None) -> float:
     """The accuracy difference the study's test set cannot resolve: ``override`` when given, else
-    1 / the test rows the study recorded (``SearchSetup.test_size``); 0 for a study that
-    recorded none (written before it was kept)."""
+    1 / the scored test targets the study recorded (``SearchSetup.test_targets``: a row each
+    for a class label, every scored position for per-token targets), accuracy's smallest step;
+    for a study written before that was kept, 1 / its test rows (``test_size``); 0 for a study
+    that recorded neither."""
     if override is not None:
         if not 0.0 <= override < 1.0:
             raise ValueError(f"--accuracy-epsilon must be in [0, 1), got {override}")
         return override
     setup = study_setup(study)
-    return 1.0 / setup.test_size if setup is not None and setup.test_size else 0.0
+    if setup is None:
+        return 0.0
+    resolution = setup.test_targets or setup.test_size
+    return 1.0 / resolution if resolution else 0.0
 
 
 def epsilon_dominates(

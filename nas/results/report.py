@@ -404,7 +404,10 @@ def write_html(
         )
     eps = accuracy_epsilon(study, epsilon)
     if eps:
-        truncated_note += f"; accuracies within {eps:.2g} (1 / test rows) count as equal on the front"
+        truncated_note += (
+            f"; accuracies within {eps:.2g} count as equal on the front (the test set's resolution, "
+            "1 / its scored targets, unless --accuracy-epsilon set it)"
+        )
     parts = [
         fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=name, config=PLOT_CONFIG)
         for i, (name, fig) in enumerate(figs.items())

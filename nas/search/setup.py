@@ -59,7 +59,8 @@ class SearchSetup:
     measure: bool = False  # latencies measured on a GPU (else predicted)
     prune: bool = False  # early stopping on known costs (nas.search.pruning); studies before it: off
     space_source: str = ""  # where the space was read from
-    test_size: int | None = None  # test rows accuracy is scored on: its resolution is 1 / test_size
+    test_size: int | None = None  # test rows (what studies before test_targets kept as the resolution)
+    test_targets: int | None = None  # scored test targets (Task.scored_targets): accuracy's step is 1 / this
     task_config: Mapping[str, Any] | None = field(default=None, compare=False)  # rebuilds the task (export)
     # what the study optimises (nas.search.objectives names, in value order); studies before it: the default
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES

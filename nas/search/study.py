@@ -450,6 +450,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         space_source=space.source,
         task_config=task.config,
         test_size=len(task.x_test),
+        test_targets=task.scored_targets,
         objectives=objectives,
         context=config.context,
         decode_batch=config.decode_batch,

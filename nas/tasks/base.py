@@ -60,6 +60,15 @@ class Task:
     def seq_len(self) -> int:
         return int(self.x_train.shape[1])
 
+    @property
+    def scored_targets(self) -> int:
+        """The test split's scored targets, what accuracy counts hits over: one per row
+        (``readout == "last"``), else every position not ``IGNORE_INDEX`` (MQAR's queries, a text
+        file's next tokens). Accuracy moves in steps of 1 / this."""
+        if self.readout == "last":
+            return int(self.y_test.shape[0])
+        return int((self.y_test != IGNORE_INDEX).sum())
+
     def to(self, device: torch.device | str) -> Task:
         """The same task with its tensors on ``device`` (generated once, moved once)."""
         move = {k: getattr(self, k).to(device) for k in ("x_train", "y_train", "x_test", "y_test")}

@@ -1,6 +1,6 @@
 """Accuracy differences below the test set's resolution do not make separate front points: the
-displayed front, the knee and the exports use ε = 1 / test rows (or the user's), the stored
-study and its hypervolume do not change."""
+displayed front, the knee and the exports use ε = 1 / the scored test targets (1 / test rows for
+studies recorded before them; or the user's), the stored study and its hypervolume do not change."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from nas.spec import ArchSpec, LayerSpec, TrainSpec
 ARCH = ArchSpec(16, [LayerSpec("attention", 1)], 16, 16)
 
 
-def _study(tmp_path, test_size: int | None, *trials: tuple[float, float, float]):
+def _study(tmp_path, test_size: int | None, *trials: tuple[float, float, float], test_targets: int | None = None):
     study = open_study("e", str(tmp_path / "e.journal"))
-    setup = SearchSetup("s", "", "mqar", "auto", "h200", "1x256", test_size=test_size)
+    setup = SearchSetup("s", "", "mqar", "auto", "h200", "1x256", test_size=test_size, test_targets=test_targets)
     record.write_study_setup(study, setup)
     for acc, lat, mem in trials:
         latency = Latency(lat, 0.0, "predicted", "h200", "bf16", parse_shape("1x256"))
@@ -59,6 +59,32 @@ def test_front_knee_and_pick_merge_accuracies_the_test_set_cannot_tell_apart(tmp
     assert pick(study, "accuracy").accuracy == 0.9990  # the most accurate the test set can resolve
     assert pick(study, "accuracy", epsilon=0.0).accuracy == 1.0
     assert len(study.best_trials) == 3  # the stored study (and its hypervolume) is Optuna's, unchanged
+
+
+def test_the_resolution_is_one_scored_target_not_one_row(tmp_path):
+    """2 test rows of 36 scored tokens each: accuracy moves in steps of 1/72, so 0.5 and 0.014 are
+    far apart (1 / rows would be 0.5 and merge them, the cheaper, far worse trial standing for both)."""
+    study = _study(tmp_path, 2, (0.5, 2.0, 1.0), (1 / 72, 1.0, 1.0), test_targets=72)
+    assert accuracy_epsilon(study) == pytest.approx(1 / 72)
+    assert [r.accuracy for r in front(study)] == [0.5, 1 / 72]
+    assert pick(study, "accuracy").accuracy == 0.5
+
+
+def test_scored_targets_count_what_accuracy_is_computed_over():
+    import torch
+
+    from nas.tasks import IGNORE_INDEX, load_task
+    from nas.tasks.base import Task
+
+    mqar = load_task("mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=8,n_test=5")
+    assert mqar.scored_targets == int((mqar.y_test != IGNORE_INDEX).sum()) == 5 * 2  # a query per pair
+    x = torch.zeros(3, 7, dtype=torch.int32)
+    y = torch.full((3, 7), IGNORE_INDEX, dtype=torch.int32)
+    y[:, 2:] = 1  # 5 scored positions a row
+    tok = Task("t", {}, 4, 4, "token", x, y, x, y)
+    assert tok.scored_targets == 15
+    cls = Task("c", {}, 4, 3, "last", x, y[:, 0], x, torch.tensor([0, 1, 2], dtype=torch.int32))
+    assert cls.scored_targets == 3
 
 
 def test_a_study_that_recorded_no_test_size_keeps_the_plain_front(tmp_path):

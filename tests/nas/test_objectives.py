@@ -44,6 +44,11 @@ def test_the_study_stores_the_chosen_objectives_in_their_order(decode_study):
     assert [d.name.lower() for d in study.directions] == ["maximize", "minimize", "minimize"]
     setup = study_setup(study)
     assert (setup.objectives, setup.context, setup.decode_batch) == (OBJECTIVES, CONTEXT, 2)
+    from nas.tasks import load_task
+
+    task = load_task(setup.task)  # the front's accuracy resolution is recorded as scored targets, not rows
+    assert setup.test_targets == task.scored_targets and setup.test_size == len(task.x_test)
+    assert setup.test_targets != setup.test_size
     done = [r for r in records(study, (TrialState.COMPLETE,)) if r.trained]
     assert len(done) == 4
     for r in done:

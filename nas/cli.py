@@ -277,6 +277,9 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="HTML path (default runs/<study>-report.html)")
     r.add_argument("--png", default=None, metavar="DIR", help="also write each figure as PNG into DIR (kaleido)")
     r.add_argument("--accuracy-epsilon", type=_epsilon, default=None, help=_EPSILON_HELP)
+    r.add_argument(
+        "--force", action="store_true", help="replace --out even where it is not an earlier report (never the study)"
+    )
 
     e = sub.add_parser("export", help="export one architecture: arch.json, safetensors, ONNX, model card")
     e.add_argument("--study", required=True, help="name of the study to export from")
@@ -671,8 +674,8 @@ def _report(args: argparse.Namespace) -> None:
     from nas.results.report import check_outputs, write_html, write_pngs
 
     study, storage = _open_existing(args)
-    html = args.out or f"runs/{study.study_name}-report.html"
-    check_outputs(html, args.png, storage=storage)  # a bad --png is refused before the HTML is written
+    html = args.out or f"runs/{re.sub(r'[^A-Za-z0-9._=+-]', '_', study.study_name)}-report.html"  # a name is no path
+    check_outputs(html, args.png, storage=storage, force=args.force)  # a bad --png: refused before the HTML
     out = write_html(study, html, args.accuracy_epsilon, storage=storage)
     console.print(f"report: {out}")
     if args.png:

@@ -369,6 +369,13 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         raise SearchError(f"--trials must be between 1 and {MAX_TRIALS:,}, got {config.trials:,}")
     if config.study is not None and not config.study.strip():
         raise SearchError("--study must be a non-empty name (leave it out for <space>-<task>-<target>)")
+    if config.study is not None and (
+        any(c in config.study for c in "/\\") or config.study in (".", "..") or not config.study.isprintable()
+    ):
+        raise SearchError(
+            f"--study {config.study!r}: a study name cannot hold a path separator or control characters "
+            "(it names the report's and exports' default files)"
+        )
     if not 0 <= config.seed < 2**32:  # the samplers' and numpy's seed range
         raise SearchError(f"--seed must be in [0, 2**32 - 1], got {config.seed}")
     for flag, value in (

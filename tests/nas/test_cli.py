@@ -170,6 +170,8 @@ BAD = [
         lambda f, s, st: ["search", "--space", s, "--study", "  "],
         "--study must be a non-empty name",
     ),
+    ("study-name-path", lambda f, s, st: ["search", "--space", s, "--study", "../../x"], "path separator"),
+    ("study-name-control", lambda f, s, st: ["search", "--space", s, "--study", "a\nb"], "control characters"),
     ("seed-negative", lambda f, s, st: ["search", "--space", s, "--seed", "-1"], "--seed: must be in [0, 2**32 - 1]"),
     (
         "seed-too-large",

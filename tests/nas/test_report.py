@@ -193,3 +193,50 @@ def test_png_without_a_browser_says_so(study_with_report, capsys, monkeypatch):
     )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs Chrome or Chromium" in err
+    assert not (tmp / "r2.html").exists(), "a --png that cannot be written is refused before the HTML"
+
+
+def test_out_replaces_an_earlier_report_but_no_other_file_without_force(study_with_report, capsys):
+    """Re-running a report replaces it; a data file, space or note at --out is refused (one line,
+    exit 2, the file unchanged) unless --force; the study's journal never, even with --force."""
+    _, out, tmp = study_with_report
+    storage = str(tmp / "s.journal")
+    base = ["report", "--study", "r", "--storage", storage, "--out"]
+    assert main([*base, str(out)]) == 0 and "hybrid-nas report</title>" in out.read_text()
+    data = tmp / "user_data.npz"
+    data.write_bytes(b"PK\x03\x04 not a report")
+    capsys.readouterr()
+    assert main([*base, str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exists and is not a report" in err and "--force" in err
+    assert data.read_bytes() == b"PK\x03\x04 not a report"
+    assert main([*base, str(data), "--force"]) == 0 and "hybrid-nas report</title>" in data.read_text()
+    journal = (tmp / "s.journal").read_bytes()
+    assert main([*base, storage, "--force"]) == 2 and "is the study's" in capsys.readouterr().err
+    assert (tmp / "s.journal").read_bytes() == journal
+    empty = tmp / "empty.html"
+    empty.touch()
+    assert main([*base, str(empty)]) == 0  # an empty file holds nothing to lose
+
+
+def test_the_default_report_path_stays_under_runs(study_with_report, tmp_path, monkeypatch):
+    """A study whose name holds path characters (made through Optuna or an older version) still
+    reports to one file under runs/, never to where the name points."""
+    _, _, tmp = study_with_report
+    storage = str(tmp / "s.journal")
+    optuna.copy_study(
+        from_study_name="r",
+        from_storage=open_storage(storage),
+        to_storage=open_storage(storage),
+        to_study_name="../x/y",
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--study", "../x/y", "--storage", storage]) == 0
+    written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]
+    assert written == [Path("runs/.._x_y-report.html")], written
+
+
+def test_the_header_says_the_latency_is_predicted(study_with_report):
+    _, out, _ = study_with_report
+    text = out.read_text()
+    assert "predicted latency at 1x256 for h200" in text[text.index("<h1>") : text.index("</p>")]

@@ -355,6 +355,9 @@ def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.F
     return {name: fig for name, fig in figs.items() if fig is not None}
 
 
+_REPORT_TITLE = "hybrid-nas report</title>"  # in every report's <head>: what --out may replace
+
+
 def _check_file(path: Path, flag: str, storage: str | None) -> None:
     """ReportError unless ``path`` can be written as a file without touching the study's storage."""
     if storage is not None and (clash := output_clash(path, storage)) is not None:
@@ -365,13 +368,45 @@ def _check_file(path: Path, flag: str, storage: str | None) -> None:
         raise ReportError(f"{flag} {path}: {blocker} is a file, not a directory")
 
 
-def check_outputs(out: str | Path, png: str | Path | None = None, *, storage: str | None = None) -> None:
+def is_report(path: Path) -> bool:
+    """Whether ``path`` is a report this module wrote (its title is in the first 4 KB) or empty:
+    the only files ``--out`` replaces without ``--force``."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return not head or _REPORT_TITLE.encode() in head
+
+
+def png_renderer() -> str:
+    """The Chrome/Chromium kaleido will drive for ``--png``, or ReportError naming what is missing
+    (a browser, kaleido): checked with the other outputs, before the HTML is written."""
+    chrome = find_chrome()
+    if chrome is None:
+        raise ReportError("--png needs Chrome or Chromium on PATH (e.g. apt install chromium); none was found")
+    try:
+        import kaleido  # noqa: F401 — optional extra: pip install -e '.[png]'
+    except ImportError:
+        raise ReportError("--png needs kaleido: pip install -e '.[png]'") from None
+    return chrome
+
+
+def check_outputs(
+    out: str | Path, png: str | Path | None = None, *, storage: str | None = None, force: bool = False
+) -> None:
     """ReportError naming the flag when ``--out`` (the HTML file) or ``--png`` (a directory) cannot
-    be written, or would overwrite the study's journal, database or artifacts (``storage``):
+    be written, would overwrite the study's journal, database or artifacts (``storage``; never,
+    even with ``force``), or ``--out`` is an existing file other than an earlier report (a data
+    file, a space; ``force`` replaces it), or ``--png`` has no browser or kaleido to render with:
     checked before anything is written."""
-    _check_file(Path(out), "--out", storage)
+    out = Path(out)
+    _check_file(out, "--out", storage)
+    if not force and out.is_file() and not is_report(out):
+        raise ReportError(f"--out {out} exists and is not a report; give another path, or --force to replace it")
     if png is not None:
         _check_png_dir(Path(png), storage)
+        png_renderer()
 
 
 def _check_png_dir(png: Path, storage: str | None) -> None:
@@ -388,7 +423,7 @@ def write_html(
     the accuracy resolution of the front (``pareto.accuracy_epsilon``; None: the study's);
     ``storage``: the study's, which ``out`` must not overwrite."""
     out = Path(out)
-    check_outputs(out, storage=storage)
+    check_outputs(out, storage=storage, force=True)  # the CLI checked --force; the storage is never replaced
     figs = figures(study, epsilon)
     setup = study_setup(study)
     search = setup.to_dict() if setup is not None else {}
@@ -436,12 +471,14 @@ def write_html(
 
 
 def _costed(setup, search: dict) -> str:
-    """``latency at 1x256 for h200``; only ``costs for h200`` when no objective is the forward's
-    (a generation-only study: its costs are at the context, which ``_generation`` names)."""
+    """``latency at 1x256 for h200`` (``predicted latency …`` where the study predicted it, as
+    every row says); only ``costs for h200`` when no objective is the forward's (a generation-only
+    study: its costs are at the context, which ``_generation`` names)."""
     profile = html.escape(str(search.get("profile", "?")))
     if setup is not None and not {"latency", "memory"} & set(setup.objectives):
         return f"costs for {profile}"
-    return f"latency at {html.escape(str(search.get('latency_shape', '?')))} for {profile}"
+    how = "predicted latency" if setup is not None and not setup.measure else "latency"
+    return f"{how} at {html.escape(str(search.get('latency_shape', '?')))} for {profile}"
 
 
 def _generation(setup) -> str:
@@ -466,13 +503,7 @@ def write_pngs(
     """Each figure as ``<id>.png`` through kaleido and a system Chrome/Chromium (``storage``: the
     study's, which no PNG may overwrite)."""
     _check_png_dir(Path(out_dir), storage)
-    chrome = find_chrome()
-    if chrome is None:
-        raise ReportError("--png needs Chrome or Chromium on PATH (e.g. apt install chromium); none was found")
-    try:
-        import kaleido  # noqa: F401 — optional extra: pip install -e '.[png]'
-    except ImportError:
-        raise ReportError("--png needs kaleido: pip install -e '.[png]'") from None
+    chrome = png_renderer()
     import os
 
     os.environ.setdefault("BROWSER_PATH", chrome)  # choreographer (kaleido's browser driver) reads this

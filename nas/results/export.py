@@ -77,8 +77,24 @@ def trial_model(trial: TrialRecord, storage: str) -> HybridModel:
             )
         except Exception as e:  # the store raises its own not-found types per backend
             raise ExportError(f"weights of trial {trial.number} are missing from the artifact store ({e})") from None
-        model.load_state_dict(load_file(path))
+        _load_weights(model, path, f"the stored weights of trial {trial.number}")
     return model.eval()
+
+
+def _load_weights(model: torch.nn.Module, path: str | Path, what: str) -> None:
+    """``model``'s weights from the safetensors file ``path``, or ExportError naming ``what`` when
+    the file is not one (truncated, overwritten) or holds other tensors than the arch's."""
+    from safetensors import SafetensorError
+
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ExportError(f"{what} cannot be read ({path}: {e})") from None
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:  # missing, unexpected or misshaped tensors
+        first = str(e).strip().splitlines()
+        raise ExportError(f"{what} do not fit the architecture ({' '.join(first[:2])[:300]})") from None
 
 
 def _retrain(trial: TrialRecord, task: Task, steps: int, device: str) -> tuple[HybridModel, float, dict[str, Any]]:
@@ -393,9 +409,12 @@ def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonMod
     path = Path(path)
     try:
         record = json.loads((path / "arch.json").read_text())
+        arch = ArchSpec.from_dict(record["arch"])
     except (OSError, json.JSONDecodeError) as e:
         raise ExportError(f"{path}: not an export bundle ({e})") from None
-    model = build(ArchSpec.from_dict(record["arch"]))
-    model.load_state_dict(load_file(str(path / "model.safetensors")))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ExportError(f"{path}/arch.json: no valid architecture in it ({type(e).__name__}: {e})") from None
+    model = build(arch)
+    _load_weights(model, path / "model.safetensors", f"{path}/model.safetensors")
     model.eval()
     return to_triton(model.cuda()) if backend == "triton" else model

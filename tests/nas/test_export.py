@@ -220,6 +220,42 @@ def test_force_replaces_an_earlier_bundle_only(study, bundle, capsys):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_unreadable_weights_are_one_line_not_a_traceback(study, bundle, tmp_path, capsys):
+    """Stored weights overwritten with garbage (export: exit 2, one line naming the trial), a bundle
+    whose safetensors is garbage, holds another architecture's tensors, or whose arch.json has no
+    architecture (nas.load: ExportError naming the file)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from nas.results.export import ExportError
+    from nas.search.storage import artifact_dir
+
+    st, storage, tmp = study
+    copy = tmp_path / "s.journal"
+    shutil.copy(storage, copy)
+    shutil.copytree(artifact_dir(storage), artifact_dir(str(copy)))
+    chosen = _exported_trial(bundle)
+    artifact = next(r.weights_artifact for r in records(st) if r.number == chosen)
+    (artifact_dir(str(copy)) / artifact).write_bytes(b"\xff" * 64)
+    out = tmp_path / "x"
+    assert main(["export", "--study", "e", "--storage", str(copy), "--trial", str(chosen), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"stored weights of trial {chosen} cannot be read" in err, err
+    assert not out.exists()
+    broken = tmp_path / "b"
+    shutil.copytree(bundle, broken)
+    (broken / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ExportError, match="model.safetensors cannot be read"):
+        nas.load(broken)
+    save_file({"w": torch.zeros(2)}, str(broken / "model.safetensors"))
+    with pytest.raises(ExportError, match="do not fit the architecture"):
+        nas.load(broken)
+    (broken / "arch.json").write_text(json.dumps({"trial": 1}))
+    with pytest.raises(ExportError, match="no valid architecture"):
+        nas.load(broken)
+
+
 def test_load_backends(bundle):
     with pytest.raises(ValueError, match="backend 'onnx' is not one of"):
         nas.load(bundle, backend="onnx")

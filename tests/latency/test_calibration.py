@@ -444,3 +444,20 @@ def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():
             seen_cublas |= cublas
     assert seen_own and seen_fused and seen_cublas  # both sides of the rule are exercised
     assert not any(w.cls.startswith("norm.") for w in launches(arch, parse_shape("1x256"), SMS))
+
+
+def test_the_committed_rows_refit_to_the_shipped_h200_profile():
+    """benchmarks/results/predictor_rows_h200.json is the run the shipped H200 profile was fitted
+    on: same kernels fingerprint and date, and refitting it gives the profile's interval and check
+    scores (a recalibration that ships a profile without its rows fails here)."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/predictor_rows_h200.json").read_text())
+    shipped = load_profile("h200").calibrated
+    assert (rows["kernels_fingerprint"], rows["date"]) == (shipped.get("kernels_fingerprint"), shipped.get("date"))
+    _, report = fit(rows["kernel_rows"], rows["fit_rows"], rows["check_rows"], sm_count=rows["sm_count"])
+    assert report["interval"] == pytest.approx(shipped.interval, abs=5e-4)
+    assert report["check"]["all"]["within_10pct"] == pytest.approx(
+        shipped.check["check_set"]["all"]["within_10pct"], abs=1e-3
+    )

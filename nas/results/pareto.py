@@ -166,6 +166,11 @@ def pick(
         if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
         and (max_memory_mb is None or r.memory_mb <= max_memory_mb)
     ]
+    if not candidates and max_latency_ms is None and max_memory_mb is None:
+        raise PickError(
+            f"study {study.study_name!r} has no feasible trial on its front ({len(done)} completed: each "
+            "over a budget of the search or cut short by its time guard); export one with --trial N"
+        )
     if not candidates:
         fastest = min(done, key=lambda r: r.latency_ms)
         raise PickError(

@@ -7,6 +7,7 @@ with no network. ``write_pngs`` renders the same figures to PNG through kaleido.
 from __future__ import annotations
 
 import html
+import logging
 import math
 import shutil
 import warnings
@@ -254,10 +255,17 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
 def _hypervolume(study: optuna.Study) -> go.Figure:
     objectives = study_objectives(study)
     reference = reference_point(completed(study), objectives)
+    quiet = logging.getLogger("optuna.visualization._hypervolume_history")
+    level = quiet.level
     with warnings.catch_warnings():  # experimental since Optuna 3.3
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        # feasible trials only (Optuna's rule): truncated and over-budget trials add nothing
-        fig = optuna.visualization.plot_hypervolume_history(study, [reference[o.metric] for o in objectives])
+        # feasible trials only (Optuna's rule): truncated and over-budget trials add nothing. With
+        # none, Optuna logs a warning of its own; the report's header and front table say it.
+        quiet.setLevel(logging.ERROR)
+        try:
+            fig = optuna.visualization.plot_hypervolume_history(study, [reference[o.metric] for o in objectives])
+        finally:
+            quiet.setLevel(level)
     arrows = ", ".join(f"{o.name.replace('_', ' ')} {'↑' if o.maximize else '↓'}" for o in objectives)
     fig.update_layout(title=f"Hypervolume history ({arrows})", template="plotly_white")
     return fig

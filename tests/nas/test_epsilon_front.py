@@ -19,7 +19,13 @@ from nas.spec import ArchSpec, LayerSpec, TrainSpec
 ARCH = ArchSpec(16, [LayerSpec("attention", 1)], 16, 16)
 
 
-def _study(tmp_path, test_size: int | None, *trials: tuple[float, float, float], test_targets: int | None = None):
+def _study(
+    tmp_path,
+    test_size: int | None,
+    *trials: tuple[float, float, float],
+    test_targets: int | None = None,
+    over_budget: bool = False,
+):
     study = open_study("e", str(tmp_path / "e.journal"))
     setup = SearchSetup("s", "", "mqar", "auto", "h200", "1x256", test_size=test_size, test_targets=test_targets)
     record.write_study_setup(study, setup)
@@ -34,7 +40,9 @@ def _study(tmp_path, test_size: int | None, *trials: tuple[float, float, float],
             latency=latency,
             steps_done=10,
         )
-        study.add_trial(create_trial(values=[acc, lat, mem], user_attrs={**r.to_dict(), "memory": {"total_mb": mem}}))
+        attrs = {**r.to_dict(), "memory": {"total_mb": mem}}
+        over = {"constraints": [1.0]} if over_budget else {}  # a hard budget of the search broken
+        study.add_trial(create_trial(values=[acc, lat, mem], user_attrs=attrs, system_attrs=over))
     return study
 
 
@@ -85,6 +93,28 @@ def test_scored_targets_count_what_accuracy_is_computed_over():
     assert tok.scored_targets == 15
     cls = Task("c", {}, 4, 3, "last", x, y[:, 0], x, torch.tensor([0, 1, 2], dtype=torch.int32))
     assert cls.scored_targets == 3
+
+
+def test_a_front_with_no_feasible_trial_says_so_not_a_budget_of_none(tmp_path):
+    from nas.results.pareto import PickError
+
+    study = _study(tmp_path, 512, (1.0, 2.0, 1.0), (0.5, 1.0, 1.0), over_budget=True)
+    assert front(study) == []
+    with pytest.raises(PickError, match="no feasible trial on its front") as err:
+        pick(study, "knee")
+    assert "None" not in str(err.value) and "--trial N" in str(err.value)
+    with pytest.raises(PickError, match="no front trial meets the budget"):
+        pick(study, "knee", max_latency_ms=5.0)
+
+
+def test_a_report_of_no_feasible_trial_prints_no_optuna_warning(tmp_path, capfd):
+    _study(tmp_path, 512, (1.0, 2.0, 1.0), over_budget=True)
+    capfd.readouterr()
+    out = tmp_path / "r.html"
+    assert main(["report", "--study", "e", "--storage", str(tmp_path / "e.journal"), "--out", str(out)]) == 0
+    printed = capfd.readouterr()
+    assert "feasible" not in printed.err and "[W " not in printed.err, printed.err
+    assert out.exists()
 
 
 def test_a_study_that_recorded_no_test_size_keeps_the_plain_front(tmp_path):

@@ -175,6 +175,12 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
         raise TaskError(f"{path}: 'y' has value {y[bad].flat[0]}; targets must be >= 0 or {IGNORE_INDEX} (unscored)")
     if (y == IGNORE_INDEX).all():
         raise TaskError(f"{path}: 'y' has no scored targets (all {IGNORE_INDEX})")
+    scored = y[y != IGNORE_INDEX]
+    if scored.min() == scored.max():
+        raise TaskError(
+            f"{path}: every scored target in 'y' is {scored.flat[0]}; accuracy could not rank models "
+            "(need two classes or more)"
+        )
     needed = int(y.max()) + 1
     if n_out and n_out < needed:
         raise TaskError(f"{path}: n_out={n_out} is below max target + 1 = {needed}")

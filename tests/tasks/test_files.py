@@ -96,6 +96,7 @@ def test_text_is_a_char_lm(tmp_path):
 
 def _bad_npz(tmp_path, case):
     x, y = token_arrays(n=6, t=4)
+    x20, y20 = token_arrays(n=20, t=4)  # enough rows: only the targets are wrong
     p = tmp_path / f"{case}.npz"
     writers = {
         "missing-file": lambda: None,
@@ -121,6 +122,8 @@ def _bad_npz(tmp_path, case):
         "nothing-scored": lambda: save(p, x=x, y=np.full_like(y, IGNORE_INDEX)),
         "one-row": lambda: save(p, x=x[:1], y=y[:1]),
         "no-tokens": lambda: save(p, x=x[:, :0], y=y[:, :0]),
+        "one-class": lambda: save(p, x=x20, y=np.full(20, 2)),
+        "one-target-token": lambda: save(p, x=x20, y=np.where(y20 == IGNORE_INDEX, y20, 3)),
     }
     writers[case]()
     return str(p)
@@ -150,7 +153,15 @@ BAD = [
     "nothing-scored",
     "one-row",
     "no-tokens",
+    "one-class",
+    "one-target-token",
 ]
+
+
+@pytest.mark.parametrize("case", ["one-class", "one-target-token"])
+def test_a_single_class_is_refused_as_unrankable(tmp_path, case):
+    with pytest.raises(TaskError, match="every scored target in 'y' is"):
+        load_npz(path=_bad_npz(tmp_path, case))
 
 
 @pytest.mark.parametrize("case", BAD)

@@ -15,6 +15,12 @@ from nas.models.decode import LayerCache
 __all__ = ["FEATURE_MAP_FNS", "LinearAttention", "SelfAttention", "causal_depthwise_conv", "causal_linear_attention"]
 
 
+def _exporting() -> bool:
+    """Whether torch.export (or the ONNX exporter on top of it) is tracing: a traced graph must hold
+    for every sequence length, so no Python decision may depend on T there."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
 def causal_linear_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, normalize: bool, chunk: int = LINEAR_ATTENTION_CHUNK
 ) -> torch.Tensor:
@@ -24,13 +30,19 @@ def causal_linear_attention(
     o_t = φ(q_t)·S_t, S_t = Σ_{s≤t} φ(k_s) v_sᵀ; with ``normalize`` divided by φ(q_t)·Σ_{s≤t} φ(k_s)
     (Katharopoulos et al. 2020, eq. 5). Within a chunk the causal part is a masked matmul; across
     chunks a running state carries the prefix sums.
+
+    T is zero-padded up to N = ⌈T / C⌉ chunks; padded rows come after every real one, so the
+    causal mask keeps them out of the real rows' sums. Eagerly a sequence shorter than a chunk is
+    one chunk of T rows; an export keeps C rows, so the traced graph has no branch on T and its
+    shapes follow T's symbol at any length (the same sums plus zeros: fp32 round-off apart).
     """
     B, H, T, D = q.shape
-    chunk = min(chunk, T)  # a sequence shorter than a chunk is one chunk: no padding to compute
-    pad = (-T) % chunk
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-    n = (T + pad) // chunk
+    exporting = _exporting()  # first: evaluating a condition on T would freeze it in a trace
+    if not exporting:
+        chunk = min(chunk, T)  # a sequence shorter than a chunk is one chunk: no padding to compute
+    n = (T + chunk - 1) // chunk
+    if exporting or n * chunk != T:  # eagerly no copy when C divides T
+        q, k, v = (F.pad(t, (0, 0, 0, n * chunk - T)) for t in (q, k, v))
     q, k, v = (t.reshape(B, H, n, chunk, D) for t in (q, k, v))  # [B, H, N, C, D]
 
     mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
@@ -151,7 +163,7 @@ class SelfAttention(_HeadsMixer):
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _tables(self, T: int, D: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export():
+        if _exporting():
             return rope_tables(T, D, device=like.device, dtype=like.dtype)
         cached = self._rope_cache
         if cached is None or cached[0].shape[0] < T or cached[0].dtype != like.dtype or cached[0].device != like.device:

@@ -13,7 +13,6 @@ import logging
 import platform
 import shutil
 import tempfile
-import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from nas.latency import Latency
 from nas.models import HybridModel, TritonModel, build, to_triton
+from nas.results.onnx_model import ONNX_OPSET, check_onnx, write_onnx
 from nas.search.objectives import BY_METRIC
 from nas.search.record import TrialRecord, study_objectives, study_setup
 from nas.search.setup import SearchSetup
@@ -37,7 +37,6 @@ __all__ = ["ONNX_OPSET", "ExportError", "check_out", "export", "load", "trial_mo
 
 logger = logging.getLogger(__name__)
 
-ONNX_OPSET = 18
 BUNDLE_FILES = ("arch.json", "model.safetensors", "model.onnx", "card.md")
 
 
@@ -105,32 +104,6 @@ def _retrain(trial: TrialRecord, task: Task, steps: int, device: str) -> tuple[H
     model = build(trial.arch, task, seed=spec.seed)
     result = train(model, task, spec, device=device)
     return model.to("cpu").eval(), result.accuracy, {"steps": result.steps, "stopped": result.stopped}
-
-
-def _write_onnx(model: HybridModel, path: Path, seq_len: int) -> None:
-    """torch.export-based ONNX with dynamic ``batch`` and ``seq`` axes on ``tokens`` and ``logits``."""
-    example = torch.randint(0, model.arch.vocab_size, (2, max(2, seq_len)))
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
-    exporter_log = logging.getLogger("torch.onnx")
-    level = exporter_log.level
-    exporter_log.setLevel(logging.ERROR)  # it notes every optional op set it skips (e.g. torchvision)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # deprecations inside torch.export's pytree
-            torch.onnx.export(
-                model,
-                (example,),
-                str(path),
-                input_names=["tokens"],
-                output_names=["logits"],
-                dynamic_shapes={"tokens": {0: batch, 1: seq}},
-                opset_version=ONNX_OPSET,
-                dynamo=True,
-                external_data=False,
-                verbose=False,
-            )
-    finally:
-        exporter_log.setLevel(level)
 
 
 def _is_bundle(out: Path) -> bool:
@@ -239,8 +212,10 @@ def export(
         )
         # safetensors creates its file private (0600); the bundle is meant to be shared like its other files
         (staging / "model.safetensors").chmod((staging / "arch.json").stat().st_mode & 0o777)
-        seq_len = (task_config or {}).get("seq_len", 16)
-        _write_onnx(model, staging / "model.onnx", int(seq_len))
+        write_onnx(model, staging / "model.onnx")
+        seq_len = (task_config or {}).get("seq_len")  # an .npz task's config has none
+        if mismatch := check_onnx(model, staging / "model.onnx", None if seq_len is None else int(seq_len)):
+            raise ExportError(f"the exported ONNX graph is wrong, so no bundle was written: {mismatch}")
         (staging / "card.md").write_text(_card(record))
         check_out(out, storage, force=force)  # again: a retraining may have run for minutes since
         if out.exists():  # empty, or an earlier bundle

@@ -304,3 +304,28 @@ def test_short_conv_mixer_is_causal(cls):
         out = m(x2)
         torch.testing.assert_close(out[:, :t], base[:, :t], atol=1e-6, rtol=0)
         assert not torch.allclose(out[:, t], base[:, t])
+
+
+# ---------------------------------------------------------------- traced for export
+
+TRACED_LENGTHS = (1, 17, 64, 65, 100, 129)  # one token; below, at and past the chunk; odd non-multiples
+
+
+@pytest.mark.parametrize(
+    "feature_map,short_conv", [("identity", 0), ("elu+1", 4), ("relu", 3)], ids=["identity", "elu1-conv4", "relu-conv3"]
+)
+def test_linear_attention_traces_to_one_program_for_every_length(feature_map, short_conv):
+    """torch.export at the length ``nas export`` traces at gives a program that is the eager module
+    at every length: the export path (C rows per chunk, always padded) is the same function, and
+    the trace took no decision on T (one would be a guard, and the export a constraint violation).
+    Captured as torch.onnx captures a model: size-oblivious, no special case for a size of 1."""
+    from nas.results.onnx_model import TRACE_LEN
+
+    torch.manual_seed(0)
+    m = LinearAttention(30, 2, feature_map, short_conv).double().eval()  # head dim 15
+    shapes = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("seq", min=1)},)
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        program = torch.export.export(m, (torch.randn(2, TRACE_LEN, 30, dtype=torch.float64),), dynamic_shapes=shapes)
+    for T in TRACED_LENGTHS:
+        x = torch.randn(3, T, 30, dtype=torch.float64)
+        torch.testing.assert_close(program.module()(x), m(x), atol=1e-12, rtol=1e-12, msg=f"T={T}")

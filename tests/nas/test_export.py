@@ -1,4 +1,4 @@
-"""``nas export`` and ``nas.load``: exact weights, ONNX parity at two lengths, documented picks, errors."""
+"""``nas export`` and ``nas.load``: exact weights, ONNX parity at several lengths, documented picks, errors."""
 
 from __future__ import annotations
 
@@ -61,13 +61,36 @@ def test_export_load_bit_exact_and_onnx_matches(study, bundle):
     loaded = nas.load(out)
     session = ort.InferenceSession(str(out / "model.onnx"))
     gen = torch.Generator().manual_seed(0)
-    for seq in (16, 45):  # the training length and a longer one
+    for seq in (1, 16, 45, 65, 129):  # one token, the training length, longer, past one and two 64-token chunks
         tokens = torch.randint(0, loaded.arch.vocab_size, (3, seq), generator=gen)
         with torch.no_grad():
             expect, got = stored(tokens), loaded(tokens)
         assert torch.equal(expect, got)  # bit for bit
         onnx_logits = session.run(None, {"tokens": tokens.numpy()})[0]
         np.testing.assert_allclose(onnx_logits, expect.numpy(), rtol=0, atol=1e-4)
+
+
+def test_an_onnx_graph_that_is_not_the_model_fails_the_export(study, capsys, monkeypatch):
+    """The graph is run in onnxruntime before the bundle is kept: one that computes something
+    other than the torch model (here the model moves once its graph is written) fails the export
+    with one line and exit 2, and leaves neither the bundle nor its staging directory behind."""
+    st, storage, tmp = study
+    write = torch.onnx.export
+
+    def write_then_move(model, *args, **kwargs):
+        written = write(model, *args, **kwargs)
+        with torch.no_grad():
+            model.head.bias += 0.5
+        return written
+
+    monkeypatch.setattr(torch.onnx, "export", write_then_move)
+    before = sorted(tmp.iterdir())
+    argv = ["export", "--study", "e", "--storage", storage, "--trial", str(front(st)[0].number)]
+    assert main([*argv, "--out", str(tmp / "wrong-graph")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no bundle was written" in err, err
+    assert "model.onnx at tokens [1, 1] differs from the torch model by up to 0.5" in err, err
+    assert sorted(tmp.iterdir()) == before
 
 
 def _knee_by_hand(trials):

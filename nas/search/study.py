@@ -43,7 +43,7 @@ from nas.search.pruning import CostAwarePruner
 from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space_text
-from nas.tasks import Task, load_task
+from nas.tasks import Task, TaskError, load_task, task_from_config
 
 __all__ = [
     "DIRECTIONS",
@@ -394,7 +394,11 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     objectives = _check_objectives(config)
     space = _load_space(config)
     task_spec = config.task or space.task
-    task = load_task(task_spec, seed=config.seed)
+    name = study_name(config, space, task_spec)
+    check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
+    stored = _recorded_setup(name, config.storage)
+    task = _recorded_task(name, stored) if stored is not None else None
+    task = task or load_task(task_spec, seed=config.seed)
     if task.readout != "token" and {"decode_latency", "prefill_latency", "cache_memory"} & set(objectives):
         raise SearchError(
             f"--objectives {','.join(objectives)}: task {task.name} scores one label per sequence (readout "
@@ -403,9 +407,6 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     _note_batch_clipping(space, task)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
-    name = study_name(config, space, task_spec)
-    check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
-    stored = _recorded_setup(name, config.storage)
     requested = config.measure
     if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency
         requested = stored.measure
@@ -503,6 +504,22 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         context=config.context,
         decode_batch=config.decode_batch,
     ), study
+
+
+def _recorded_task(name: str, stored: SearchSetup) -> Task | None:
+    """The task study ``name`` was created with, rebuilt from its record (a data file by the path
+    resolved at creation, and only from the same bytes), or None for a study that recorded none.
+    A resume or a worker in another folder, or after the file was replaced, must not train on
+    other data than the trials already in the study."""
+    if not stored.task_config:
+        return None
+    try:
+        return task_from_config(dict(stored.task_config))
+    except TaskError as e:
+        raise SearchError(
+            f"study {name!r} must train on the data it was created with: {e}; restore that file, "
+            f"or start another study with --study NEW_NAME"
+        ) from None
 
 
 def _check_objectives(config: SearchConfig) -> tuple[str, ...]:

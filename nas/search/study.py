@@ -91,14 +91,14 @@ class SearchConfig:
     timeout: float | None = None
     study: str | None = None
     storage: str = DEFAULT_STORAGE
-    sampler: str = "tpe"
+    sampler: str | None = None  # None: what the study recorded ("tpe" for a new one)
     target: str = "auto"
     latency_shape: str = "1x256"
     max_latency_ms: float | None = None
     max_params: int | None = None
     max_memory_mb: float | None = None
     trial_timeout: float | None = None
-    seed: int = 0
+    seed: int | None = None  # None: what the study recorded (0 for a new one)
     device: str = "auto"
     space_yaml: str | None = None
     worker: int = 0
@@ -369,7 +369,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         raise SearchError(f"--trials must be between 1 and {MAX_TRIALS:,}, got {config.trials:,}")
     if config.study is not None and not config.study.strip():
         raise SearchError("--study must be a non-empty name (leave it out for <space>-<task>-<target>)")
-    if not 0 <= config.seed < 2**32:  # the samplers' and numpy's seed range
+    if config.seed is not None and not 0 <= config.seed < 2**32:  # the samplers' and numpy's seed range
         raise SearchError(f"--seed must be in [0, 2**32 - 1], got {config.seed}")
     for flag, value in (
         ("--timeout", config.timeout),
@@ -397,8 +397,11 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     name = study_name(config, space, task_spec)
     check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
     stored = _recorded_setup(name, config.storage)
+    sampler_name, seed = _sampler_and_seed(config, name, stored)
+    if stored is not None:
+        _check_recorded_space(name, stored, space)
     task = _recorded_task(name, stored) if stored is not None else None
-    task = task or load_task(task_spec, seed=config.seed)
+    task = task or load_task(task_spec, seed=seed)
     if task.readout != "token" and {"decode_latency", "prefill_latency", "cache_memory"} & set(objectives):
         raise SearchError(
             f"--objectives {','.join(objectives)}: task {task.name} scores one label per sequence (readout "
@@ -429,7 +432,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
             f"study {name!r} was created with early stopping {'on' if stored.prune else 'off'}; "
             f"drop --{'no-' if stored.prune else ''}prune to resume it, or use another --study name"
         )
-    sampler = make_sampler(config.sampler, config.seed)
+    sampler = make_sampler(sampler_name, seed)
 
     def enqueue_baselines(new: optuna.Study) -> None:
         for baseline in baselines(space) if config.baselines else ():
@@ -444,8 +447,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         target=config.target,
         profile=profile.name,
         latency_shape=str(shape),
-        sampler=config.sampler,
-        seed=config.seed,
+        sampler=sampler_name,
+        seed=seed,
         measure=measure,
         prune=prune,
         space_source=space.source,
@@ -504,6 +507,35 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         context=config.context,
         decode_batch=config.decode_batch,
     ), study
+
+
+def _sampler_and_seed(config: SearchConfig, name: str, stored: SearchSetup | None) -> tuple[str, int]:
+    """The sampler and seed this run uses: those a resumed study recorded (a flag asking for
+    others is refused: the study's trials continue one seeded sequence), else the flags'."""
+    if stored is None:
+        return config.sampler or "tpe", config.seed or 0
+    for flag, asked, recorded in (("sampler", config.sampler, stored.sampler), ("seed", config.seed, stored.seed)):
+        if asked is not None and asked != recorded:
+            raise SearchError(
+                f"study {name!r} was created with --{flag} {recorded}, not {asked}; drop --{flag} to resume it, "
+                f"or start another study with --study NEW_NAME"
+            )
+    return stored.sampler, stored.seed
+
+
+def _check_recorded_space(name: str, stored: SearchSetup, space: SearchSpace) -> None:
+    """SearchError unless ``space`` samples and trains as the one study ``name`` was created with
+    (another space of the same ``name:`` would mix two searches in one study, or crash Optuna on
+    a parameter whose choices changed)."""
+    if not stored.space_yaml or stored.space != space.name:  # another name: the identity check says so
+        return
+    recorded = parse_space_text(stored.space_yaml, f"{stored.space} (as recorded in study {name!r})", stored.space)
+    if changed := recorded.differences(space):
+        raise SearchError(
+            f"study {name!r} was created with another version of space {space.name!r} ({'; '.join(changed)}); "
+            f"resume it with the recorded space, or start another study with --study NEW_NAME (or another "
+            f"name: in the space file)"
+        )
 
 
 def _recorded_task(name: str, stored: SearchSetup) -> Task | None:

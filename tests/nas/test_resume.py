@@ -1,5 +1,5 @@
 """What a resume or a worker takes from the study's record rather than from its own command line:
-the data file (by resolved path and SHA-256)."""
+the data file (by resolved path and SHA-256), the space, the sampler and its seed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from optuna.trial import TrialState
 
-from nas.search.study import SearchConfig, SearchError, prepare, worker_config
-from tests.conftest import study_checksum
+from nas.cli import main
+from nas.search.record import study_setup
+from nas.search.study import SearchConfig, SearchError, open_study, prepare, worker_config
+from tests.conftest import study_checksum, write_space
 
 
 def _config(tmp_path: Path, space: Path, **kw) -> SearchConfig:
@@ -69,3 +72,81 @@ def test_a_worker_elsewhere_reads_the_data_file_the_study_was_created_with(tmp_p
     ctx, _ = prepare(worker_config("t", str(tmp_path / "s.journal"), device="cpu"))
     assert ctx.task.config["path"] == str(data.resolve())
     assert ctx.task.x_train.shape == rows.shape and bool((ctx.task.x_train == rows).all())
+
+
+SPACE_EDITS = [
+    # a searched field's choices: Optuna refused the old trials' distribution (a traceback, and a
+    # RUNNING trial the next run failed as "worker died")
+    ("choices", "d_model: [16, 32]", "d_model: [16, 48]", "d_model: [16, 32] -> [16, 48]"),
+    # a fixed field: accepted silently, new trials trained 9 steps and the study kept the old text
+    ("fixed", "steps: [5]", "steps: [9]", "train.steps: [5] -> [9]"),
+    ("range", "log: true}", "log: false}", "train.lr: {low: 0.001, high: 0.01, log: true} -> {low: 0.001, high: 0.01}"),
+    ("added", "batch_size: [8]", "batch_size: [8]\n  grad_clip: [1.0]", "train.grad_clip: (absent) -> [1.0]"),
+    ("guard", "max_train_seconds: 600", "max_train_seconds: 60", "max_train_seconds: 600 -> 60"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [pytest.param(*c[1:], id=c[0]) for c in SPACE_EDITS])
+def test_a_resume_with_an_edited_space_of_the_same_name_is_refused(tmp_path, capsys, old, new, said):
+    space = write_space(tmp_path)
+    space.write_text(space.read_text().replace("d_model: [16]", "d_model: [16, 32]"))
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(space), "--storage", storage, "--study", "t", "--device", "cpu"]
+    assert main([*argv, "--trials", "1", "--no-baselines"]) == 0
+    capsys.readouterr()
+    before = _journal(tmp_path)
+    assert old in space.read_text()
+    space.write_text(space.read_text().replace(old, new))
+    assert main([*argv, "--trials", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("nas: error: "), err
+    assert said in err and "--study NEW_NAME" in err and "name:" in err, err
+    assert _journal(tmp_path) == before
+    assert [t.state for t in open_study("t", storage, create=False).trials] == [TrialState.COMPLETE]
+
+
+def test_a_space_file_that_differs_only_in_layout_resumes(tmp_path):
+    """Comments, key order, number spelling and the description are not the space."""
+    space = write_space(tmp_path)
+    prepare(_config(tmp_path, space))
+    text = space.read_text()
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(
+        "# my copy\n"
+        + text.replace("description: test space", "description: mine")
+        .replace("1.0e-3", "0.001")
+        .replace("  steps: [5]\n  batch_size: [8]\n", "  batch_size: [8]  # clipped\n  steps: [5]\n")
+        .replace("d_model: [16]", "d_model: 16")
+    )
+    ctx, study = prepare(_config(tmp_path, edited, trials=2))
+    assert ctx.space.train["steps"].choices == (5,) and study_setup(study).space_yaml == text
+
+
+@pytest.mark.parametrize(("flag", "value"), [("seed", 5), ("sampler", "random")])
+def test_a_resume_asking_for_another_sampler_or_seed_is_refused(tmp_path, tiny_space, flag, value):
+    prepare(_config(tmp_path, tiny_space))
+    before = _journal(tmp_path)
+    with pytest.raises(SearchError, match=f"created with --{flag} (0|tpe), not {value}; drop --{flag}"):
+        prepare(_config(tmp_path, tiny_space, trials=2, **{flag: value}))
+    assert _journal(tmp_path) == before
+
+
+def _first_candidate(config: SearchConfig) -> dict:
+    ctx, study = prepare(config)
+    trial = study.ask()
+    ctx.space.sample(trial, ctx.task)
+    return trial.params
+
+
+def test_a_resume_without_sampler_or_seed_follows_the_study(tmp_path, tiny_space):
+    """A study created with --seed 7 --sampler random and resumed with neither flag keeps both:
+    it proposes what the same study resumed with both flags proposes, not what seed 0 would."""
+    recorded = dict(seed=7, sampler="random")
+    prepare(_config(tmp_path / "a", tiny_space, **recorded))
+    prepare(_config(tmp_path / "b", tiny_space, **recorded))
+    prepare(_config(tmp_path / "c", tiny_space))
+    resumed = _first_candidate(_config(tmp_path / "a", tiny_space, trials=2))
+    assert resumed == _first_candidate(_config(tmp_path / "b", tiny_space, trials=2, **recorded))
+    assert resumed != _first_candidate(_config(tmp_path / "c", tiny_space, trials=2))
+    setup = study_setup(open_study("t", str(tmp_path / "a" / "s.journal"), create=False))
+    assert (setup.seed, setup.sampler) == (7, "random")

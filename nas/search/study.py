@@ -41,7 +41,7 @@ from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, needs_context, parse_objectives
 from nas.search.pruning import CostAwarePruner
 from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, SAMPLERS, SearchSetup, StudyBudgets
-from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, open_artifact_store, open_storage
+from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, claim_lock, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space_text
 from nas.tasks import Task, TaskError, load_task, task_from_config
 
@@ -662,6 +662,14 @@ def _recover(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)  # RDB heartbeats; a no-op elsewhere
 
 
+def _finished_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether ``trial``, which this process is running, was finished by another one: on a
+    storage that handed it to two processes, or failed as stale by a worker that missed its
+    heartbeats. Writing to it then fails (``UpdateFinishedTrialError``, "Cannot tell a COMPLETE
+    trial"), and what the other process recorded stands."""
+    return study._storage.get_trial(trial._trial_id).state.is_finished()  # noqa: SLF001 - no public single-trial read
+
+
 def _surplus(study: optuna.Study, trial: optuna.Trial, trials: int) -> bool:
     """True when earlier-numbered trials already fill the budget (another worker got there first)."""
     ahead = [
@@ -690,7 +698,8 @@ def run_search(
     ctx, study = ctx_study or prepare(config)
     start, failures, untrained = time.monotonic(), 0, 0
     while True:
-        _recover(study)
+        with claim_lock(config.storage):
+            _recover(study)
         done = n_complete(study)
         if done >= config.trials:
             break
@@ -700,25 +709,34 @@ def run_search(
         if done + _n_running(study) >= config.trials:
             time.sleep(POLL_SECONDS)  # the rest of the budget is running elsewhere; it may still fail
             continue
-        with warnings.catch_warnings():  # Optuna warns that heartbeats are meant for optimize(); we beat by hand
+        # Optuna warns that heartbeats are meant for optimize(); we beat by hand
+        with claim_lock(config.storage), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             trial = study.ask()
-        if _surplus(study, trial, config.trials):
-            record.write_surplus(trial, "the budget was filled by other workers")
-            study.tell(trial, state=TrialState.PRUNED)
-            continue
         try:
-            with _heartbeat(study, trial):
-                state, values = evaluate(ctx, trial)
-        except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
-            if not interrupt.is_interrupt(exc):
+            if _surplus(study, trial, config.trials):
+                record.write_surplus(trial, "the budget was filled by other workers")
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            try:
+                with _heartbeat(study, trial):
+                    state, values = evaluate(ctx, trial)
+            except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
+                if not interrupt.is_interrupt(exc):
+                    raise
+                record.write_failure(trial, "interrupted")
+                study.tell(trial, state=TrialState.FAIL)
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
+            frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+            if not _finished_elsewhere(study, trial):
                 raise
-            record.write_failure(trial, "interrupted")
-            study.tell(trial, state=TrialState.FAIL)
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
-        frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
+            logger.warning("trial %d was finished by another process; its record there stands", trial.number)
+            if interrupt.requested():  # a Ctrl-C while writing it still stops the search
+                raise KeyboardInterrupt from exc
+            continue
         failures = failures + 1 if state == TrialState.FAIL else 0
         done = record.record(study, frozen)
         if done.trained:

@@ -152,7 +152,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
     s.add_argument("--study", default=None, help="study name (default: <space>-<task>-<target>)")
     s.add_argument("--storage", default=None, help=_STORAGE_HELP)
-    s.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
+    s.add_argument(
+        "--sampler", choices=SAMPLERS, default=None, help="Optuna sampler (default tpe; a resume: the study's)"
+    )
     s.add_argument("--target", default="auto", help="auto (this GPU, else h200) or a hardware profile name/path")
     s.add_argument(
         "--latency-shape",
@@ -190,7 +192,12 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="fail a trial that runs longer than this many seconds",
     )
-    s.add_argument("--seed", type=_seed, default=0, help="seed of the sampler and the task data (default 0)")
+    s.add_argument(
+        "--seed",
+        type=_seed,
+        default=None,
+        help="seed of the sampler and the task data (default 0; a resume: the study's)",
+    )
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     lat = s.add_mutually_exclusive_group()
     lat.add_argument(

@@ -65,6 +65,13 @@ class Choice:
         """Every value a categorical can take, or the range's ends."""
         return self.choices if self.choices is not None else (self.low, self.high)
 
+    def __str__(self) -> str:
+        """As a space file would write it: ``[16, 32]`` or ``{low: 0.001, high: 0.01, log: true}``."""
+        if self.choices is not None:
+            return f"[{', '.join(str(c).lower() if isinstance(c, bool) else str(c) for c in self.choices)}]"
+        extra = (", log: true" if self.log else "") + (f", step: {self.step:g}" if self.step is not None else "")
+        return f"{{low: {self.low:g}, high: {self.high:g}{extra}}}"
+
 
 # field -> (allowed values or expected python type, required)
 _LAYER_FIELDS: dict[str, tuple[Any, bool]] = {
@@ -307,6 +314,26 @@ class SearchSpace:
             fields[field] = choice.suggest(trial, f"train.{field}")
         return Candidate(arch, TrainSpec(**fields, seed=trial.number))
 
+    def differences(self, other: SearchSpace) -> list[str]:
+        """``field: ours -> theirs`` for each field on which ``other`` samples or trains candidates
+        differently. The parsed fields are compared, not the text: comments, layout, key order,
+        number spelling (``1e-3``, ``0.001``) and the description do not count."""
+        ours, theirs = self._searched(), other._searched()
+        return [
+            f"{key}: {_shown(ours.get(key))} -> {_shown(theirs.get(key))}"
+            for key in {**ours, **theirs}
+            if ours.get(key) != theirs.get(key)
+        ]
+
+    def _searched(self) -> dict[str, Choice | float | None]:
+        return {
+            "depth": self.depth,
+            "d_model": self.d_model,
+            **{f"layer.{k}": v for k, v in self.layer.items()},
+            **{f"train.{k}": v for k, v in self.train.items()},
+            "max_train_seconds": self.max_train_seconds,
+        }
+
     def check_measurable(self) -> None:
         """SpaceError unless every (d_model, heads) gives a head dim the GPU kernels run (the
         kernels' rule, ``padded_head_dim``): asked only where latency is measured, so a space (or a
@@ -342,6 +369,10 @@ class SearchSpace:
         if mixer == "linear_attention":
             fields["feature_map"] = pick("feature_map")
         return LayerSpec(**fields)
+
+
+def _shown(value: Choice | float | None) -> str:
+    return "(absent)" if value is None else str(value) if isinstance(value, Choice) else f"{value:g}"
 
 
 def parse_space(raw: Any, source: str, default_name: str | None = None) -> SearchSpace:

@@ -454,8 +454,11 @@ def fail_stale(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
     """Fail ``trial`` (RUNNING in a dead worker) with ``reason`` and enqueue its parameters again;
     False when another process changed its state first."""
     storage = study._storage  # noqa: SLF001 - Optuna exposes no public way to fail another process's trial
-    storage.set_trial_user_attr(trial._trial_id, "failure", reason)  # noqa: SLF001
-    if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):  # noqa: SLF001
+    try:
+        storage.set_trial_user_attr(trial._trial_id, "failure", reason)  # noqa: SLF001
+        if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):  # noqa: SLF001
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it first
         return False
     again = {"requeued_from": trial.number}
     if "baseline" in trial.user_attrs:

@@ -61,7 +61,8 @@ class SearchSetup:
     space_source: str = ""  # where the space was read from
     test_size: int | None = None  # test rows (what studies before test_targets kept as the resolution)
     test_targets: int | None = None  # scored test targets (Task.scored_targets): accuracy's step is 1 / this
-    task_config: Mapping[str, Any] | None = field(default=None, compare=False)  # rebuilds the task (export)
+    # rebuilds the task: resumes and workers train on it (a data file only from the same bytes), export retrains on it
+    task_config: Mapping[str, Any] | None = field(default=None, compare=False)
     # what the study optimises (nas.search.objectives names, in value order); studies before it: the default
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     context: int | None = None  # tokens a sequence holds for the generation objectives (--context)

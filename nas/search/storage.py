@@ -6,16 +6,19 @@ it unchanged (``--storage runs/studies.journal``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
+from sqlalchemy.exc import IntegrityError
 
 from nas import settings
 
@@ -25,6 +28,7 @@ __all__ = [
     "StorageError",
     "artifact_dir",
     "check_artifact_dir",
+    "claim_lock",
     "file_in_the_way",
     "open_artifact_store",
     "open_storage",
@@ -37,6 +41,10 @@ DEFAULT_STORAGE = "runs/studies.journal"
 HEARTBEAT_GRACE = 4  # a trial with no heartbeat for this many intervals belongs to a dead worker
 _RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
 _FIRST_LINE_LIMIT = 1 << 20  # a journal opens with a create-study record: a few hundred bytes
+# a server database's schema creation that lost a race to another process's (a table "already
+# exists", the schema version is stamped twice) is tried again this many times: it skips what
+# exists by then
+_SCHEMA_RETRIES = 3
 
 
 class StorageError(ValueError):
@@ -44,7 +52,8 @@ class StorageError(ValueError):
 
 
 class FlockLock:
-    """Journal-file lock held with ``fcntl.flock`` on ``<journal>.flock``.
+    """Journal-file lock held with ``fcntl.flock`` on ``<journal>.flock`` (a SQLite file's
+    ``claim_lock`` is one too).
 
     Optuna's default symlink lock retries with exponential sleeps up to a second and leaves a
     stale lock behind a killed writer (others then wait out a 30 s grace period); measured on an
@@ -157,20 +166,8 @@ def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
         if storage.startswith(("postgresql://", "postgres://")):
             # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; this project ships psycopg2
             storage = "postgresql+psycopg2://" + storage.split("://", 1)[1]
-        beat = _heartbeat_seconds()
-        try:
-            with warnings.catch_warnings():  # heartbeat arguments are marked experimental
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return RDBStorage(
-                    storage,
-                    engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None,
-                    heartbeat_interval=beat,
-                    grace_period=HEARTBEAT_GRACE * beat,
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3),
-                )
-        except Exception as e:  # sqlalchemy/driver errors vary by backend; report them as one line
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise StorageError(f"storage URL {storage!r}: cannot open it ({first})") from None
+        with claim_lock(storage) if write else contextlib.nullcontext():  # one process creates a new file's tables
+            return _open_rdb(storage, scheme)
     path = Path(storage)
     if path.is_dir():
         raise StorageError(f"storage {storage!r} is a directory; give a journal file path such as {DEFAULT_STORAGE}")
@@ -185,6 +182,47 @@ def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
     except Exception as e:  # JSON errors from a file that is not a journal
         raise StorageError(f"storage {storage!r}: not an Optuna journal file ({type(e).__name__})") from None
     return journal
+
+
+def _open_rdb(storage: str, scheme: str) -> RDBStorage:
+    beat, attempts = _heartbeat_seconds(), 0
+    while True:
+        try:
+            with warnings.catch_warnings():  # heartbeat arguments are marked experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    storage,
+                    engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None,
+                    heartbeat_interval=beat,
+                    grace_period=HEARTBEAT_GRACE * beat,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3),
+                )
+        except Exception as e:  # sqlalchemy/driver errors vary by backend; report them as one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if (isinstance(e, IntegrityError) or "already exists" in first) and attempts < _SCHEMA_RETRIES:
+                attempts += 1
+                continue  # another process created (some of) the tables, or stamped their version, meanwhile
+            raise StorageError(f"storage URL {storage!r}: cannot open it ({first})") from None
+
+
+@contextlib.contextmanager
+def claim_lock(storage: str) -> Iterator[None]:
+    """Held while a process creates a new SQLite file's tables, or takes a trial from a SQLite
+    study's queue (and fails the trials of dead workers): SQLite ignores the row lock
+    (``SELECT ... FOR UPDATE``) Optuna relies on to hand a queued trial to one process only
+    (optuna#4621), so two processes could both take the same baseline. A ``FlockLock`` on
+    ``<file>.flock``, as a journal's writers hold; a journal and a server database need none (a
+    journal's claims are decided in its append order, a server honours the row lock)."""
+    path = _sqlite_file(storage) if storage.startswith("sqlite:///") else None
+    if path is None or str(path) == ":memory:" or not path.parent.is_dir():
+        yield  # not a file other processes open (or one SQLite cannot create: it says so)
+        return
+    lock = FlockLock(str(path))
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _sqlite_file(storage: str) -> Path:
@@ -242,7 +280,7 @@ def stored_paths(storage: str) -> dict[str, Path]:
     lock, or the SQLite file, and the artifacts directory. Outputs must stay clear of them."""
     paths: dict[str, Path] = {}
     if storage.startswith("sqlite:///"):
-        paths["database"] = _sqlite_file(storage)
+        paths |= {"database": _sqlite_file(storage), "database lock": Path(str(_sqlite_file(storage)) + ".flock")}
     elif "://" not in storage:
         paths |= {"journal": Path(storage), "journal lock": Path(storage + ".flock")}
     return paths | {"artifacts directory": artifact_dir(storage)}

@@ -41,9 +41,9 @@ from nas.search.objective import Budgets, TrialContext, evaluate
 from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, needs_context, parse_objectives
 from nas.search.pruning import CostAwarePruner
 from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, SAMPLERS, SearchSetup, StudyBudgets
-from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, open_artifact_store, open_storage
+from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, claim_lock, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space_text
-from nas.tasks import Task, load_task
+from nas.tasks import Task, TaskError, load_task, task_from_config
 
 __all__ = [
     "DIRECTIONS",
@@ -91,14 +91,14 @@ class SearchConfig:
     timeout: float | None = None
     study: str | None = None
     storage: str = DEFAULT_STORAGE
-    sampler: str = "tpe"
+    sampler: str | None = None  # None: what the study recorded ("tpe" for a new one)
     target: str = "auto"
     latency_shape: str = "1x256"
     max_latency_ms: float | None = None
     max_params: int | None = None
     max_memory_mb: float | None = None
     trial_timeout: float | None = None
-    seed: int = 0
+    seed: int | None = None  # None: what the study recorded (0 for a new one)
     device: str = "auto"
     space_yaml: str | None = None
     worker: int = 0
@@ -376,7 +376,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
             f"--study {config.study!r}: a study name cannot hold a path separator or control characters "
             "(it names the report's and exports' default files)"
         )
-    if not 0 <= config.seed < 2**32:  # the samplers' and numpy's seed range
+    if config.seed is not None and not 0 <= config.seed < 2**32:  # the samplers' and numpy's seed range
         raise SearchError(f"--seed must be in [0, 2**32 - 1], got {config.seed}")
     for flag, value in (
         ("--timeout", config.timeout),
@@ -401,7 +401,14 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     objectives = _check_objectives(config)
     space = _load_space(config)
     task_spec = config.task or space.task
-    task = load_task(task_spec, seed=config.seed)
+    name = study_name(config, space, task_spec)
+    check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
+    stored = _recorded_setup(name, config.storage)
+    sampler_name, seed = _sampler_and_seed(config, name, stored)
+    if stored is not None:
+        _check_recorded_space(name, stored, space)
+    task = _recorded_task(name, stored) if stored is not None else None
+    task = task or load_task(task_spec, seed=seed)
     if task.readout != "token" and {"decode_latency", "prefill_latency", "cache_memory"} & set(objectives):
         raise SearchError(
             f"--objectives {','.join(objectives)}: task {task.name} scores one label per sequence (readout "
@@ -410,9 +417,6 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     _note_batch_clipping(space, task)
     profile = resolve_target(config.target)
     device = resolve_device(config.device)
-    name = study_name(config, space, task_spec)
-    check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
-    stored = _recorded_setup(name, config.storage)
     requested = config.measure
     if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency
         requested = stored.measure
@@ -435,7 +439,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
             f"study {name!r} was created with early stopping {'on' if stored.prune else 'off'}; "
             f"drop --{'no-' if stored.prune else ''}prune to resume it, or use another --study name"
         )
-    sampler = make_sampler(config.sampler, config.seed)
+    sampler = make_sampler(sampler_name, seed)
 
     def enqueue_baselines(new: optuna.Study) -> None:
         for baseline in baselines(space) if config.baselines else ():
@@ -450,8 +454,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         target=config.target,
         profile=profile.name,
         latency_shape=str(shape),
-        sampler=config.sampler,
-        seed=config.seed,
+        sampler=sampler_name,
+        seed=seed,
         measure=measure,
         prune=prune,
         space_source=space.source,
@@ -511,6 +515,51 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         context=config.context,
         decode_batch=config.decode_batch,
     ), study
+
+
+def _sampler_and_seed(config: SearchConfig, name: str, stored: SearchSetup | None) -> tuple[str, int]:
+    """The sampler and seed this run uses: those a resumed study recorded (a flag asking for
+    others is refused: the study's trials continue one seeded sequence), else the flags'."""
+    if stored is None:
+        return config.sampler or "tpe", config.seed or 0
+    for flag, asked, recorded in (("sampler", config.sampler, stored.sampler), ("seed", config.seed, stored.seed)):
+        if asked is not None and asked != recorded:
+            raise SearchError(
+                f"study {name!r} was created with --{flag} {recorded}, not {asked}; drop --{flag} to resume it, "
+                f"or start another study with --study NEW_NAME"
+            )
+    return stored.sampler, stored.seed
+
+
+def _check_recorded_space(name: str, stored: SearchSetup, space: SearchSpace) -> None:
+    """SearchError unless ``space`` samples and trains as the one study ``name`` was created with
+    (another space of the same ``name:`` would mix two searches in one study, or crash Optuna on
+    a parameter whose choices changed)."""
+    if not stored.space_yaml or stored.space != space.name:  # another name: the identity check says so
+        return
+    recorded = parse_space_text(stored.space_yaml, f"{stored.space} (as recorded in study {name!r})", stored.space)
+    if changed := recorded.differences(space):
+        raise SearchError(
+            f"study {name!r} was created with another version of space {space.name!r} ({'; '.join(changed)}); "
+            f"resume it with the recorded space, or start another study with --study NEW_NAME (or another "
+            f"name: in the space file)"
+        )
+
+
+def _recorded_task(name: str, stored: SearchSetup) -> Task | None:
+    """The task study ``name`` was created with, rebuilt from its record (a data file by the path
+    resolved at creation, and only from the same bytes), or None for a study that recorded none.
+    A resume or a worker in another folder, or after the file was replaced, must not train on
+    other data than the trials already in the study."""
+    if not stored.task_config:
+        return None
+    try:
+        return task_from_config(dict(stored.task_config))
+    except TaskError as e:
+        raise SearchError(
+            f"study {name!r} must train on the data it was created with: {e}; restore that file, "
+            f"or start another study with --study NEW_NAME"
+        ) from None
 
 
 def _check_objectives(config: SearchConfig) -> tuple[str, ...]:
@@ -621,6 +670,14 @@ def _recover(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)  # RDB heartbeats; a no-op elsewhere
 
 
+def _finished_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether ``trial``, which this process is running, was finished by another one: on a
+    storage that handed it to two processes, or failed as stale by a worker that missed its
+    heartbeats. Writing to it then fails (``UpdateFinishedTrialError``, "Cannot tell a COMPLETE
+    trial"), and what the other process recorded stands."""
+    return study._storage.get_trial(trial._trial_id).state.is_finished()  # noqa: SLF001 - no public single-trial read
+
+
 def _surplus(study: optuna.Study, trial: optuna.Trial, trials: int) -> bool:
     """True when earlier-numbered trials already fill the budget (another worker got there first)."""
     ahead = [
@@ -649,7 +706,8 @@ def run_search(
     ctx, study = ctx_study or prepare(config)
     start, failures, untrained = time.monotonic(), 0, 0
     while True:
-        _recover(study)
+        with claim_lock(config.storage):
+            _recover(study)
         done = n_complete(study)
         if done >= config.trials:
             break
@@ -659,25 +717,34 @@ def run_search(
         if done + _n_running(study) >= config.trials:
             time.sleep(POLL_SECONDS)  # the rest of the budget is running elsewhere; it may still fail
             continue
-        with warnings.catch_warnings():  # Optuna warns that heartbeats are meant for optimize(); we beat by hand
+        # Optuna warns that heartbeats are meant for optimize(); we beat by hand
+        with claim_lock(config.storage), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             trial = study.ask()
-        if _surplus(study, trial, config.trials):
-            record.write_surplus(trial, "the budget was filled by other workers")
-            study.tell(trial, state=TrialState.PRUNED)
-            continue
         try:
-            with _heartbeat(study, trial):
-                state, values = evaluate(ctx, trial)
-        except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
-            if not interrupt.is_interrupt(exc):
+            if _surplus(study, trial, config.trials):
+                record.write_surplus(trial, "the budget was filled by other workers")
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            try:
+                with _heartbeat(study, trial):
+                    state, values = evaluate(ctx, trial)
+            except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
+                if not interrupt.is_interrupt(exc):
+                    raise
+                record.write_failure(trial, "interrupted")
+                study.tell(trial, state=TrialState.FAIL)
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
+            frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+            if not _finished_elsewhere(study, trial):
                 raise
-            record.write_failure(trial, "interrupted")
-            study.tell(trial, state=TrialState.FAIL)
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
-        frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
+            logger.warning("trial %d was finished by another process; its record there stands", trial.number)
+            if interrupt.requested():  # a Ctrl-C while writing it still stops the search
+                raise KeyboardInterrupt from exc
+            continue
         failures = failures + 1 if state == TrialState.FAIL else 0
         done = record.record(study, frozen)
         if done.trained:

@@ -734,7 +734,7 @@ def test_two_processes_on_one_study_propose_distinct_configurations(tmp_path):
 
 @pytest.mark.slow
 def test_workers_accept_a_user_space_without_name(tmp_path):
-    """The README's space has no ``name:``; --workers 2 and a later nas worker both run it (they
+    """A space without ``name:`` (named after its file); --workers 2 and a later nas worker both run it (they
     used to refuse: "created with space='my_space', not 'my_space (as recorded in the study)'")."""
     space = tmp_path / "my_space.yaml"
     space.write_text(write_space(tmp_path, steps=2).read_text().replace("name: ci_tiny\n", ""))

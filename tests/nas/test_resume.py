@@ -1,0 +1,152 @@
+"""What a resume or a worker takes from the study's record rather than from its own command line:
+the data file (by resolved path and SHA-256), the space, the sampler and its seed."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from optuna.trial import TrialState
+
+from nas.cli import main
+from nas.search.record import study_setup
+from nas.search.study import SearchConfig, SearchError, open_study, prepare, worker_config
+from tests.conftest import study_checksum, write_space
+
+
+def _config(tmp_path: Path, space: Path, **kw) -> SearchConfig:
+    base = dict(
+        space=str(space), trials=1, storage=str(tmp_path / "s.journal"), study="t", device="cpu", baselines=False
+    )
+    return SearchConfig(**{**base, **kw})
+
+
+def _npz(path: Path, rows: int, seq_len: int, seed: int) -> Path:
+    """A token-LM data file of ``rows`` x ``seq_len`` tokens below 16."""
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:  # np.savez would append .npz to a name without it
+        np.savez(f, x=rng.integers(0, 16, (rows, seq_len)), y=rng.integers(0, 16, (rows, seq_len)))
+    return path
+
+
+def _journal(tmp_path: Path) -> tuple[str, str]:
+    storage = str(tmp_path / "s.journal")
+    return study_checksum(storage, "t"), hashlib.sha256(Path(storage).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("how", ["resume", "worker"])
+def test_a_data_file_changed_since_the_study_was_created_is_refused(tmp_path, tiny_space, how):
+    """The study records the file's SHA-256; a resume or a worker used to read whatever the path
+    held now (trial 0 on 40 rows of 8 tokens, the next ones on 30 rows of 12)."""
+    data = _npz(tmp_path / "d.npz", rows=40, seq_len=8, seed=0)
+    prepare(_config(tmp_path, tiny_space, task=str(data)))
+    recorded = hashlib.sha256(data.read_bytes()).hexdigest()
+    before = _journal(tmp_path)
+    _npz(data, rows=30, seq_len=12, seed=1)
+    now = hashlib.sha256(data.read_bytes()).hexdigest()
+    if how == "resume":
+        config = _config(tmp_path, tiny_space, task=str(data), trials=2)
+    else:
+        config = worker_config("t", str(tmp_path / "s.journal"), device="cpu", trials=2)
+    with pytest.raises(SearchError) as refused:
+        prepare(config)
+    message = str(refused.value)
+    assert "\n" not in message and str(data) in message, message
+    assert recorded[:12] in message and now[:12] in message, message
+    assert _journal(tmp_path) == before
+
+
+def test_a_worker_elsewhere_reads_the_data_file_the_study_was_created_with(tmp_path, tiny_space, monkeypatch):
+    """``--task data/d.npz`` is resolved where the study is created: a worker started in another
+    folder, which holds a data/d.npz of its own, trains on the first one."""
+    first, other = tmp_path / "a", tmp_path / "b"
+    data = _npz(first / "data" / "d.npz", rows=40, seq_len=8, seed=0)
+    _npz(other / "data" / "d.npz", rows=30, seq_len=12, seed=1)
+    monkeypatch.chdir(first)
+    ctx, _ = prepare(_config(tmp_path, tiny_space, task="data/d.npz"))
+    rows = ctx.task.x_train.clone()
+    monkeypatch.chdir(other)
+    ctx, _ = prepare(worker_config("t", str(tmp_path / "s.journal"), device="cpu"))
+    assert ctx.task.config["path"] == str(data.resolve())
+    assert ctx.task.x_train.shape == rows.shape and bool((ctx.task.x_train == rows).all())
+
+
+SPACE_EDITS = [
+    # a searched field's choices: Optuna refused the old trials' distribution (a traceback, and a
+    # RUNNING trial the next run failed as "worker died")
+    ("choices", "d_model: [16, 32]", "d_model: [16, 48]", "d_model: [16, 32] -> [16, 48]"),
+    # a fixed field: accepted silently, new trials trained 9 steps and the study kept the old text
+    ("fixed", "steps: [5]", "steps: [9]", "train.steps: [5] -> [9]"),
+    ("range", "log: true}", "log: false}", "train.lr: {low: 0.001, high: 0.01, log: true} -> {low: 0.001, high: 0.01}"),
+    ("added", "batch_size: [8]", "batch_size: [8]\n  grad_clip: [1.0]", "train.grad_clip: (absent) -> [1.0]"),
+    ("guard", "max_train_seconds: 600", "max_train_seconds: 60", "max_train_seconds: 600 -> 60"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [pytest.param(*c[1:], id=c[0]) for c in SPACE_EDITS])
+def test_a_resume_with_an_edited_space_of_the_same_name_is_refused(tmp_path, capsys, old, new, said):
+    space = write_space(tmp_path)
+    space.write_text(space.read_text().replace("d_model: [16]", "d_model: [16, 32]"))
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(space), "--storage", storage, "--study", "t", "--device", "cpu"]
+    assert main([*argv, "--trials", "1", "--no-baselines"]) == 0
+    capsys.readouterr()
+    before = _journal(tmp_path)
+    assert old in space.read_text()
+    space.write_text(space.read_text().replace(old, new))
+    assert main([*argv, "--trials", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("nas: error: "), err
+    assert said in err and "--study NEW_NAME" in err and "name:" in err, err
+    assert _journal(tmp_path) == before
+    assert [t.state for t in open_study("t", storage, create=False).trials] == [TrialState.COMPLETE]
+
+
+def test_a_space_file_that_differs_only_in_layout_resumes(tmp_path):
+    """Comments, key order, number spelling and the description are not the space."""
+    space = write_space(tmp_path)
+    prepare(_config(tmp_path, space))
+    text = space.read_text()
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(
+        "# my copy\n"
+        + text.replace("description: test space", "description: mine")
+        .replace("1.0e-3", "0.001")
+        .replace("  steps: [5]\n  batch_size: [8]\n", "  batch_size: [8]  # clipped\n  steps: [5]\n")
+        .replace("d_model: [16]", "d_model: 16")
+    )
+    ctx, study = prepare(_config(tmp_path, edited, trials=2))
+    assert ctx.space.train["steps"].choices == (5,) and study_setup(study).space_yaml == text
+
+
+@pytest.mark.parametrize(("flag", "value"), [("seed", 5), ("sampler", "random")])
+def test_a_resume_asking_for_another_sampler_or_seed_is_refused(tmp_path, tiny_space, flag, value):
+    prepare(_config(tmp_path, tiny_space))
+    before = _journal(tmp_path)
+    with pytest.raises(SearchError, match=f"created with --{flag} (0|tpe), not {value}; drop --{flag}"):
+        prepare(_config(tmp_path, tiny_space, trials=2, **{flag: value}))
+    assert _journal(tmp_path) == before
+
+
+def _first_candidate(config: SearchConfig) -> dict:
+    ctx, study = prepare(config)
+    trial = study.ask()
+    ctx.space.sample(trial, ctx.task)
+    return trial.params
+
+
+def test_a_resume_without_sampler_or_seed_follows_the_study(tmp_path, tiny_space):
+    """A study created with --seed 7 --sampler random and resumed with neither flag keeps both:
+    it proposes what the same study resumed with both flags proposes, not what seed 0 would."""
+    recorded = dict(seed=7, sampler="random")
+    prepare(_config(tmp_path / "a", tiny_space, **recorded))
+    prepare(_config(tmp_path / "b", tiny_space, **recorded))
+    prepare(_config(tmp_path / "c", tiny_space))
+    resumed = _first_candidate(_config(tmp_path / "a", tiny_space, trials=2))
+    assert resumed == _first_candidate(_config(tmp_path / "b", tiny_space, trials=2, **recorded))
+    assert resumed != _first_candidate(_config(tmp_path / "c", tiny_space, trials=2))
+    setup = study_setup(open_study("t", str(tmp_path / "a" / "s.journal"), create=False))
+    assert (setup.seed, setup.sampler) == (7, "random")

@@ -13,6 +13,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
@@ -156,13 +157,19 @@ def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
         raise StorageError(f"storage must be a journal file path or an RDB URL, got {storage!r}")
     if "://" in storage:
         scheme = storage.split("://", 1)[0].split("+", 1)[0]
+        shown = redacted(storage)
         if scheme not in _RDB_SCHEMES:
             raise StorageError(
-                f"storage URL {storage!r}: unsupported scheme {scheme!r}; use a journal file path "
+                f"storage URL {shown!r}: unsupported scheme {scheme!r}; use a journal file path "
                 f"or one of {[s + '://' for s in _RDB_SCHEMES]}"
             )
+        if scheme == "sqlite" and storage.split("://", 1)[1].split("?", 1)[0] in ("", "/", "/:memory:"):
+            raise StorageError(
+                f"storage URL {shown!r} is an in-memory database, lost when this process exits; "
+                "give a file (sqlite:///runs/studies.db) or a journal path"
+            )
         if not write and scheme == "sqlite" and not _sqlite_file(storage).is_file():
-            raise StorageError(f"storage URL {storage!r}: no such database file (nas search creates one)")
+            raise StorageError(f"storage URL {shown!r}: no such database file (nas search creates one)")
         if storage.startswith(("postgresql://", "postgres://")):
             # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; this project ships psycopg2
             storage = "postgresql+psycopg2://" + storage.split("://", 1)[1]
@@ -202,7 +209,10 @@ def _open_rdb(storage: str, scheme: str) -> RDBStorage:
             if (isinstance(e, IntegrityError) or "already exists" in first) and attempts < _SCHEMA_RETRIES:
                 attempts += 1
                 continue  # another process created (some of) the tables, or stamped their version, meanwhile
-            raise StorageError(f"storage URL {storage!r}: cannot open it ({first})") from None
+            shown, password = redacted(storage), urlsplit(storage).password
+            if password:
+                first = first.replace(password, "***")
+            raise StorageError(f"storage URL {shown!r}: cannot open it ({first})") from None
 
 
 @contextlib.contextmanager
@@ -223,6 +233,20 @@ def claim_lock(storage: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def redacted(storage: str) -> str:
+    """``storage`` with a URL's password replaced by ``***`` (``postgresql://nas:***@host/db``):
+    what error messages and logs may show."""
+    try:
+        parts = urlsplit(storage)
+        password = parts.password
+    except ValueError:  # a malformed netloc (an unclosed IPv6 bracket): nothing to take apart
+        return storage
+    if not password:
+        return storage
+    user, host = parts.netloc.rsplit("@", 1)
+    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
 
 
 def _sqlite_file(storage: str) -> Path:

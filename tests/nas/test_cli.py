@@ -152,6 +152,12 @@ BAD = [
     ("misshaped-npz", lambda f, s, st: ["search", "--space", s, "--task", str(f["npz_shape"])], "flat.npz"),
     ("unknown-task", lambda f, s, st: ["search", "--space", s, "--task", "sudoku"], "sudoku"),
     ("bad-storage-url", lambda f, s, st: ["search", "--space", s, "--storage", "foo://bar"], "unsupported scheme"),
+    (
+        "sqlite-in-memory",
+        lambda f, s, st: ["search", "--space", s, "--storage", "sqlite:///:memory:"],
+        "in-memory database, lost when this process exits",
+    ),
+    ("sqlite-bare", lambda f, s, st: ["report", "--study", "keep", "--storage", "sqlite://"], "in-memory database"),
     ("storage-is-dir", lambda f, s, st: ["search", "--space", s, "--storage", str(f["dir"])], "is a directory"),
     ("trials-zero", lambda f, s, st: ["search", "--space", s, "--trials", "0"], "--trials"),
     ("trials-negative", lambda f, s, st: ["search", "--space", s, "--trials", "-4"], "--trials"),
@@ -387,6 +393,14 @@ def test_bad_input_one_line_exit_2_study_untouched(existing, capsys, case):
     assert _digests(Path(storage).with_suffix(".artifacts")) == weights
     assert (tmp / "full" / "mine.txt").read_text() == "keep me" and not (tmp / "adir" / "x").exists()
     assert files["file"].read_text() == "a regular file"
+
+
+def test_a_database_password_never_reaches_the_message(capsys):
+    """A server URL that cannot be opened is named with its password masked, in the message and
+    in the driver's own words (nothing listens on port 1)."""
+    assert main(["studies", "--storage", "postgresql://nas:S3CRET@127.0.0.1:1/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nas:***@127.0.0.1:1" in err and "S3CRET" not in err, err
 
 
 def _digests(folder: Path) -> dict[str, str]:

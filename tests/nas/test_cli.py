@@ -403,6 +403,18 @@ def test_a_database_password_never_reaches_the_message(capsys):
     assert len(err.splitlines()) == 1 and "nas:***@127.0.0.1:1" in err and "S3CRET" not in err, err
 
 
+def test_a_driver_error_that_echoes_the_url_is_masked_too(monkeypatch):
+    import nas.search.storage as storage_mod
+
+    def echoing(url, **_):
+        raise ValueError(f"could not connect with {url}")
+
+    monkeypatch.setattr(storage_mod, "RDBStorage", echoing)
+    with pytest.raises(storage_mod.StorageError) as err:
+        storage_mod.open_storage("postgresql://nas:S3CRET@db:5432/x")
+    assert "S3CRET" not in str(err.value) and "could not connect with" in str(err.value)
+
+
 def _digests(folder: Path) -> dict[str, str]:
     """Every file below ``folder`` by relative path, with its content's digest."""
     return {

@@ -16,6 +16,7 @@ from scratch proposes the same first trials.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import logging
 import os
@@ -313,15 +314,36 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# A worker records its pid and host right after it takes a trial (``record.write_start``): a
+# RUNNING trial still without them this long after its start lost its process in between (a kill
+# in that window), and nothing else would ever fail it (a resume then waited on it for good).
+UNCLAIMED_GRACE_S = 60.0
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now()  # naive local time, as Optuna stamps datetime_start
+
+
 def recover_stale_trials(study: optuna.Study) -> list[int]:
     """Fail RUNNING trials whose worker process on this host is gone and re-queue their params.
 
     Returns the numbers of the trials that were failed. Trials of live processes, or of other
-    hosts (covered by RDB heartbeats), are left alone.
+    hosts (covered by RDB heartbeats), are left alone; so is a trial not yet claimed (no pid),
+    until ``UNCLAIMED_GRACE_S`` after its start (a guard: it is logged when it fires).
     """
     host, recovered = socket.gethostname(), []
+    now = _now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         r = record.record(study, t)
+        if r.pid is None and r.host is None:
+            started = t.datetime_start
+            if started is None or (now - started).total_seconds() < UNCLAIMED_GRACE_S:
+                continue
+            reason = f"no worker claimed it within {UNCLAIMED_GRACE_S:.0f} s of its start (its process died first)"
+            if record.fail_stale(study, t, f"{reason}; parameters re-queued"):
+                logger.warning("trial %d: %s", t.number, reason)
+                recovered.append(t.number)
+            continue
         if r.host != host or r.pid is None or _pid_alive(int(r.pid)):
             continue
         if record.fail_stale(study, t, f"worker died (pid {r.pid}); parameters re-queued"):
@@ -721,6 +743,7 @@ def run_search(
         with claim_lock(config.storage), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             trial = study.ask()
+            record.write_start(trial)  # at once: a trial without its pid is recovered only after a grace
         try:
             if _surplus(study, trial, config.trials):
                 record.write_surplus(trial, "the budget was filled by other workers")

@@ -135,6 +135,49 @@ def test_stale_running_trial_is_failed_and_requeued(tmp_path, tiny_space):
     assert len(requeued) == 1 and requeued[0].params == params and requeued[0].state == TrialState.COMPLETE
 
 
+def test_a_trial_whose_process_died_before_claiming_it_is_failed_after_the_grace(tmp_path, tiny_space, monkeypatch):
+    """A trial taken from the study whose process was killed before it recorded its pid (nothing
+    says whose it is): left alone within UNCLAIMED_GRACE_S of its start (a live worker is about to
+    claim it), failed and re-queued after; the search then trains its parameters instead of waiting
+    on it for good (a resume after kill -9 hung on one)."""
+    import datetime
+
+    import nas.search.study as study_mod
+
+    config = _config(tmp_path, tiny_space, trials=1)
+    ctx, study = prepare(config)
+    orphan = study.ask()
+    ctx.space.sample(orphan, ctx.task)
+    params = orphan.params
+    assert study_mod.recover_stale_trials(study) == []
+    later = datetime.datetime.now() + datetime.timedelta(seconds=study_mod.UNCLAIMED_GRACE_S + 1)
+    monkeypatch.setattr(study_mod, "_now", lambda: later)
+    assert study_mod.recover_stale_trials(study) == [orphan.number]
+    failed = study.get_trials()[orphan.number]
+    assert failed.state == TrialState.FAIL and "no worker claimed it" in failed.user_attrs["failure"]
+    run_search(config, ctx_study=(ctx, study))
+    requeued = [t for t in study.get_trials() if t.user_attrs.get("requeued_from") == orphan.number]
+    assert len(requeued) == 1 and requeued[0].params == params and requeued[0].state == TrialState.COMPLETE
+
+
+def test_a_trial_is_claimed_before_anything_else_runs(tmp_path, tiny_space, monkeypatch):
+    """The search records its pid and host on a trial right after taking it: a process killed at
+    any later point leaves a trial that stale-trial recovery can attribute."""
+    import nas.search.study as study_mod
+
+    config = _config(tmp_path, tiny_space, trials=1)
+    ctx, study = prepare(config)
+
+    def killed(*_):
+        raise RuntimeError("killed here")
+
+    monkeypatch.setattr(study_mod, "_surplus", killed)
+    with pytest.raises(RuntimeError, match="killed here"):
+        run_search(config, ctx_study=(ctx, study))
+    (running,) = study.get_trials(states=(TrialState.RUNNING,))
+    assert running.user_attrs["pid"] == os.getpid() and running.user_attrs["host"] == socket.gethostname()
+
+
 def test_running_trial_of_a_live_process_is_left_alone(tmp_path, tiny_space):
     # a live worker's trial counts against the budget: with trials=1 this run only waits for it
     config = _config(tmp_path, tiny_space, trials=1, timeout=2.0)

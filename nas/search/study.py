@@ -743,8 +743,8 @@ def run_search(
         with claim_lock(config.storage), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             trial = study.ask()
-            record.write_start(trial)  # at once: a trial without its pid is recovered only after a grace
         try:
+            record.write_start(trial)  # at once: a trial without its pid is recovered only after a grace
             if _surplus(study, trial, config.trials):
                 record.write_surplus(trial, "the budget was filled by other workers")
                 study.tell(trial, state=TrialState.PRUNED)

@@ -15,6 +15,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from nas.search import record
 from nas.search import storage as storage_module
 from nas.search.storage import open_storage
 from nas.search.study import SearchConfig, open_study, run_search
@@ -63,7 +64,7 @@ def test_a_queued_trial_is_claimed_under_the_database_lock(tmp_path, monkeypatch
     assert claims == [True, True]
 
 
-@pytest.mark.parametrize("when", ["before its first write", "before its tell"])
+@pytest.mark.parametrize("when", ["before its claim", "before its evaluation", "before its tell"])
 def test_a_trial_another_process_finished_is_left_as_that_process_recorded_it(tmp_path, monkeypatch, caplog, when):
     """Had a second process taken the same trial anyway (a database without the lock, a stale
     trial failed by another worker), this one drops it with a warning and goes on: no traceback,
@@ -80,20 +81,32 @@ def test_a_trial_another_process_finished_is_left_as_that_process_recorded_it(tm
     def racing(ctx, trial):
         if trial.number != 0:
             return real(ctx, trial)
-        if when == "before its first write":
+        if when == "before its evaluation":
             other_process_finishes(trial.number)
             return real(ctx, trial)
         result = real(ctx, trial)
-        other_process_finishes(trial.number)
+        if when == "before its tell":
+            other_process_finishes(trial.number)
         return result
 
+    real_start, raced = record.write_start, []
+
+    def claimed_late(trial):  # the other process gets there between this one's ask and its claim
+        if trial.number == 0 and when == "before its claim" and not raced:
+            raced.append(True)
+            other_process_finishes(trial.number)
+        return real_start(trial)
+
     monkeypatch.setattr("nas.search.study.evaluate", racing)
+    monkeypatch.setattr(record, "write_start", claimed_late)
     with caplog.at_level("WARNING", logger="nas.search.study"):
         study = run_search(_config(tmp_path, baselines=False))
     trials = study.get_trials()
     assert trials[0].state == TrialState.COMPLETE and trials[0].values == theirs
-    if when == "before its first write":
+    if when == "before its claim":
         assert trials[0].user_attrs == {}
+    if when == "before its evaluation":  # only the claim made it: nothing of this process's evaluation
+        assert set(trials[0].user_attrs) == {"pid", "host", "record_version"}
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2  # the other process's trial 0 counts
     assert any("trial 0 was finished by another process" in r.getMessage() for r in caplog.records), caplog.text
 

@@ -65,6 +65,16 @@ class Choice:
         """Every value a categorical can take, or the range's ends."""
         return self.choices if self.choices is not None else (self.low, self.high)
 
+    def count(self) -> int | None:
+        """How many values it can take: the choices, an integer range's or a stepped range's
+        grid points; None for a continuous range."""
+        if self.choices is not None:
+            return len(self.choices)
+        if self.is_int or self.step is not None:
+            step = self.step or 1
+            return int(math.floor((self.high - self.low) / step + 1e-9)) + 1
+        return None
+
     def __str__(self) -> str:
         """As a space file would write it: ``[16, 32]`` or ``{low: 0.001, high: 0.01, log: true}``."""
         if self.choices is not None:
@@ -313,6 +323,42 @@ class SearchSpace:
                 continue
             fields[field] = choice.suggest(trial, f"train.{field}")
         return Candidate(arch, TrainSpec(**fields, seed=trial.number))
+
+    def configurations(self) -> int | None:
+        """How many distinct candidates (architecture and recipe) ``sample`` can draw, or None when
+        a field is a continuous range. Fields a draw skips (heads and conv for MLP-only blocks, the
+        feature map outside linear attention, SGD's momentum for the other optimizers) count only
+        where they are drawn."""
+
+        def n(choice: Choice | None) -> int | None:
+            return 1 if choice is None else choice.count()
+
+        def product(*counts: int | None) -> int | None:
+            return None if None in counts else math.prod(counts)
+
+        layer = self.layer
+        shared = product(n(layer.get("mlp_ratio")), n(layer.get("activation")), n(layer.get("norm")))
+        per_layer = 0
+        for mixer in layer["mixer"].values():
+            own = product(n(layer.get("heads")), n(layer.get("short_conv"))) if mixer != "none" else 1
+            if mixer == "linear_attention":
+                own = product(own, n(layer.get("feature_map")))
+            if (count := product(shared, own)) is None:
+                return None
+            per_layer += count
+        widths, depth = self.d_model.count(), self.depth
+        if widths is None or depth.count() is None:
+            return None
+        depths = depth.choices or range(int(depth.low), int(depth.high) + 1, int(depth.step or 1))
+        stacks = sum(per_layer ** int(d) for d in depths)
+        recipes = 0
+        for optimizer in self.train["optimizer"].values():
+            skipped = ("optimizer",) if optimizer == "sgd" else ("optimizer", "momentum", "nesterov")
+            count = product(*(n(c) for k, c in self.train.items() if k not in skipped))
+            if count is None:
+                return None
+            recipes += count
+        return widths * stacks * recipes
 
     def differences(self, other: SearchSpace) -> list[str]:
         """``field: ours -> theirs`` for each field on which ``other`` samples or trains candidates

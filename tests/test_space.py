@@ -503,3 +503,66 @@ def test_the_readme_space_example_runs_as_written(tmp_path):
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     assert isinstance(space.sample(study.ask(), stub_task()), Candidate)
     assert "`max_train_seconds`" in section.split("```")[2]  # and the text after the example explains it
+
+
+SMALL_FINITE = """\
+name: finite
+task: mqar
+depth: [1, 2]
+d_model: [16]
+layer:
+  mixer: [attention, linear_attention, none]
+  heads: [2]
+  feature_map: [identity, relu]
+  short_conv: [0, 3]
+  mlp_ratio: [1.0]
+train:
+  optimizer: [sgd, adamw]
+  lr: [0.01]
+  momentum: [0.9, 0.5]
+  steps: {low: 2, high: 6, step: 2}
+  batch_size: [4]
+"""
+
+
+def test_configurations_counts_what_sampling_can_draw():
+    """Every candidate ``sample`` can draw, enumerated by Optuna's brute-force sampler (which
+    follows the conditional fields: heads and conv only for mixers, the feature map only for linear
+    attention, momentum only for SGD): as many distinct ones as ``configurations`` says."""
+    import optuna
+
+    from nas.space import parse_space_text
+    from nas.tasks import load_task
+
+    space = parse_space_text(SMALL_FINITE, "finite.yaml")
+    # per layer: attention 2 (conv), linear attention 4 (conv x map), none 1 = 7; depth 1 or 2: 7 + 49;
+    # recipes: sgd 2 momenta x 3 step counts, adamw 3 = 9
+    assert space.configurations() == 56 * 9
+    task = load_task("mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=16,n_test=8")
+    seen = set()
+    study = optuna.create_study(sampler=optuna.samplers.BruteForceSampler(seed=0))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a line per trial otherwise
+    try:
+        study.optimize(lambda t: seen.add(repr(space.sample(t, task))) or 0.0, n_trials=2000)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    assert len(seen) == len(study.trials) == space.configurations()
+    wider = parse_space_text(SMALL_FINITE.replace("lr: [0.01]", "lr: {low: 0.001, high: 0.01}"), "w.yaml")
+    assert wider.configurations() is None  # a continuous range: unbounded
+
+
+def test_a_search_asking_for_more_trials_than_the_space_holds_is_refused(tmp_path, capsys):
+    from nas.cli import main
+
+    one = tmp_path / "one.yaml"
+    one.write_text(
+        "name: one\ntask: mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=16,n_test=8\ndepth: [1]\n"
+        "d_model: [16]\nlayer:\n  mixer: [attention]\n  heads: [2]\n  mlp_ratio: [1]\n"
+        "train:\n  optimizer: [adamw]\n  lr: 0.01\n  steps: [2]\n  batch_size: [4]\n"
+    )
+    storage = tmp_path / "s.journal"
+    assert main(["search", "--space", str(one), "--trials", "2", "--storage", str(storage)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds 1 distinct configuration(s)" in err, err
+    assert not storage.exists()

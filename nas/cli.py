@@ -234,14 +234,14 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--trials-per-gpu",
         type=_at_most(MAX_WORKERS, "processes"),
-        default=1,
-        help=f"worker processes per GPU (default 1; at most {MAX_WORKERS} processes in all)",
+        default=None,
+        help=f"worker processes per GPU, with --gpus (default 1; at most {MAX_WORKERS} processes in all)",
     )
     s.add_argument(
         "--workers",
         type=_at_most(MAX_WORKERS, "processes"),
-        default=1,
-        help=f"CPU worker processes (without --gpus; at most {MAX_WORKERS})",
+        default=None,
+        help=f"CPU worker processes (without --gpus; default 1, at most {MAX_WORKERS})",
     )
 
     w = sub.add_parser("worker", help="join a study started by nas search (from any shell or host)")
@@ -348,7 +348,7 @@ def _search(args: argparse.Namespace) -> None:
     from nas.search.workers import parse_gpus, plan_slots, run_workers
 
     gpus = parse_gpus(args.gpus) if args.gpus else None
-    slots = plan_slots(gpus, args.trials_per_gpu, args.workers)
+    slots = plan_slots(gpus, args.trials_per_gpu, args.workers)  # a flag the other one makes moot is refused
     config = SearchConfig(
         space=args.space,
         task=args.task,

@@ -53,7 +53,16 @@ def parse_gpus(text: str) -> list[str]:
     return gpus
 
 
-def plan_slots(gpus: list[str] | None, per_gpu: int, workers: int) -> list[Slot]:
+def plan_slots(gpus: list[str] | None, per_gpu: int | None, workers: int | None) -> list[Slot]:
+    """The worker processes to start: ``per_gpu`` on each of ``gpus``, else ``workers`` on the CPU
+    (None: the flag was not given, 1). A flag the other choice makes moot is refused rather than
+    ignored."""
+    if gpus and workers is not None:
+        raise WorkerError("--workers counts CPU processes; with --gpus, set processes per GPU with --trials-per-gpu")
+    if not gpus and per_gpu is not None:
+        raise WorkerError("--trials-per-gpu needs --gpus (on the CPU, start processes with --workers)")
+    per_gpu = 1 if per_gpu is None else per_gpu
+    workers = 1 if workers is None else workers
     if per_gpu < 1 or workers < 1:
         raise WorkerError("--trials-per-gpu and --workers must be >= 1")
     total, what = (

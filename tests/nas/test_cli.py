@@ -151,6 +151,11 @@ BAD = [
     ("missing-npz", lambda f, s, st: ["search", "--space", s, "--task", "missing.npz"], "missing.npz"),
     ("misshaped-npz", lambda f, s, st: ["search", "--space", s, "--task", str(f["npz_shape"])], "flat.npz"),
     ("unknown-task", lambda f, s, st: ["search", "--space", s, "--task", "sudoku"], "sudoku"),
+    (
+        "trials-per-gpu-without-gpus",
+        lambda f, s, st: ["search", "--space", s, "--trials-per-gpu", "2"],
+        "--trials-per-gpu needs --gpus",
+    ),
     ("bad-storage-url", lambda f, s, st: ["search", "--space", s, "--storage", "foo://bar"], "unsupported scheme"),
     (
         "sqlite-in-memory",

@@ -257,18 +257,18 @@ def test_a_transferred_interval_is_the_sources_widened(calibrated):
     assert l4.interval > _predict.TRANSFER_MIN_INTERVAL
 
 
+def _stale(profile):
+    """``profile`` as if calibrated on other kernels (fingerprint 0123456789ab)."""
+    provenance = tuple(
+        (k, "0123456789ab" if k == "kernels_fingerprint" else v) for k, v in profile.calibrated.provenance
+    )
+    return dataclasses.replace(profile, calibrated=dataclasses.replace(profile.calibrated, provenance=provenance))
+
+
 def test_stale_kernels_past_the_checked_shapes_widen_twice(calibrated):
     """Both widenings at once multiply: a calibration of other kernels used past its checked
     shapes says both in its notes and label."""
-    stale = dataclasses.replace(
-        calibrated,
-        calibrated=dataclasses.replace(
-            calibrated.calibrated,
-            provenance=tuple(
-                (k, "0123456789ab" if k == "kernels_fingerprint" else v) for k, v in calibrated.calibrated.provenance
-            ),
-        ),
-    )
+    stale = _stale(calibrated)
     arch = random_archs(5, 1)[0]
     fresh = predict(arch, SHAPES[0], calibrated)
     far = parse_shape("1x4097")
@@ -302,15 +302,7 @@ def test_shipped_profiles_carry_their_basis():
 
 
 def test_fingerprint_mismatch_warns_and_widens(calibrated):
-    stale = dataclasses.replace(
-        calibrated,
-        calibrated=dataclasses.replace(
-            calibrated.calibrated,
-            provenance=tuple(
-                (k, "0123456789ab" if k == "kernels_fingerprint" else v) for k, v in calibrated.calibrated.provenance
-            ),
-        ),
-    )
+    stale = _stale(calibrated)
     arch = random_archs(5, 1)[0]
     fresh = predict(arch, SHAPES[0], calibrated)
     _predict._warn_fingerprint.cache_clear()

@@ -422,15 +422,16 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         )
     objectives = _check_objectives(config)
     space = _load_space(config)
-    if (distinct := space.configurations()) is not None and config.trials > distinct:
-        raise SearchError(
-            f"--trials {config.trials:,}: space {space.name} holds {distinct:,} distinct configuration(s), and a "
-            f"configuration is trained once; use --trials {distinct:,} or less, or widen the space"
-        )
     task_spec = config.task or space.task
     name = study_name(config, space, task_spec)
     check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
     stored = _recorded_setup(name, config.storage)
+    if stored is None and (distinct := space.configurations()) is not None and config.trials > distinct:
+        # a new study only: a resumed one may hold repeats enqueued on purpose, which do train
+        raise SearchError(
+            f"--trials {config.trials:,}: space {space.name} holds {distinct:,} distinct configuration(s), and a "
+            f"configuration is trained once; use --trials {distinct:,} or less, or widen the space"
+        )
     sampler_name, seed = _sampler_and_seed(config, name, stored)
     if stored is not None:
         _check_recorded_space(name, stored, space)

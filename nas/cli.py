@@ -393,8 +393,13 @@ def _search(args: argparse.Namespace) -> None:
     # a terminal gets a live bar; a log (CI, nohup, a pipe) one line per finished trial
     lines = _TrialLines(study, config.trials, show_all=not console.is_terminal)
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
+        shown = front(study)  # a resume starts from the study's front, not from nothing
         bar = progress.add_task(
-            "search", total=config.trials, completed=min(done, config.trials), front=len(front(study)), best="-"
+            "search",
+            total=config.trials,
+            completed=min(done, config.trials),
+            front=len(shown),
+            best=f"{shown[0].accuracy:.3f}" if shown else "-",
         )
 
         def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
@@ -471,23 +476,32 @@ def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
 
 
 class _TrialLines:
-    """One line per trial that finished since the last call (failures only, unless ``show_all``)."""
+    """One line per trial that finished since the last call (failures only, unless ``show_all``),
+    in the order they finished, each with the trained count as of its own end: with worker
+    processes several finish between two polls, and each line used to show the count at the poll."""
 
     def __init__(self, study: optuna.Study, trials: int, *, show_all: bool) -> None:
-        self._trials, self._show_all = trials, show_all
-        self._seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
-
-    def new(self, study: optuna.Study) -> list[str]:
-        from nas.search.record import records, study_objectives
         from nas.search.study import n_complete
 
+        self._trials, self._show_all = trials, show_all
+        self._seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+        self._trained = n_complete(study)
+
+    def new(self, study: optuna.Study) -> list[str]:
+        import datetime
+
+        from nas.search.record import records, study_objectives
+
+        ended = {t.number: t.datetime_complete or datetime.datetime.max for t in study.get_trials(deepcopy=False)}
+        fresh = [
+            r for r in records(study) if r.state.is_finished() and r.number not in self._seen and r.surplus is None
+        ]
         out = []
-        for r in records(study):
-            if not r.state.is_finished() or r.number in self._seen or r.surplus is not None:
-                continue
+        for r in sorted(fresh, key=lambda r: (ended[r.number], r.number)):
             self._seen.add(r.number)
+            self._trained += r.trained
             if r.state.name == "FAIL" or r.truncated or self._show_all:
-                out.append(_trial_line(r, n_complete(study), self._trials, study_objectives(study)))
+                out.append(_trial_line(r, self._trained, self._trials, study_objectives(study)))
         return out
 
 

@@ -916,6 +916,43 @@ def test_prune_is_recorded_with_the_study_and_a_resume_asking_otherwise_is_refus
     assert not study_setup(open_study("q", storage, create=False)).prune
 
 
+def test_trials_that_finish_between_two_polls_each_show_their_own_count(tmp_path):
+    """Worker processes finish several trials between two polls of the search's progress: each line
+    gives the trained count as of that trial's end, in the order they ended, not the count at the poll."""
+    import datetime
+
+    from optuna.trial import TrialState, create_trial
+
+    from nas.cli import _TrialLines
+    from nas.search.record import TrialRecord
+    from nas.search.study import open_study
+    from nas.spec import ArchSpec, LayerSpec, TrainSpec
+
+    study = open_study("lines", str(tmp_path / "s.journal"))
+    arch = ArchSpec(16, [LayerSpec("attention", 1)], 16, 16)
+    lines = _TrialLines(study, 5, show_all=True)
+    start = datetime.datetime(2026, 12, 4, 12, 0, 0)
+    for number, ended_s in ((0, 30), (1, 10), (2, 20)):  # trial 1 ended first, then 2, then 0
+        r = TrialRecord(
+            number,
+            TrialState.COMPLETE,
+            arch=arch,
+            train=TrainSpec("adamw", 1e-3, 0.0, 0.0, 10, 8),
+            arch_summary=f"A{number}",
+            steps_done=10,
+        )
+        frozen = create_trial(values=[0.5, 1.0, 1.0], user_attrs={**r.to_dict(), "memory": {"total_mb": 1.0}})
+        frozen.datetime_start, frozen.datetime_complete = start, start + datetime.timedelta(seconds=ended_s)
+        study.add_trial(frozen)
+    got = lines.new(study)
+    assert [line.split(":")[0] for line in got] == [
+        "trial 1 (1/5 trained)",
+        "trial 2 (2/5 trained)",
+        "trial 0 (3/5 trained)",
+    ]
+    assert lines.new(study) == []
+
+
 def test_a_pruned_trial_gets_a_line_with_its_rung_and_reason():
     from optuna.trial import TrialState
 

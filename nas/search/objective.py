@@ -131,9 +131,9 @@ def _score_latency(ctx: TrialContext, arch: ArchSpec, fault: str | None) -> tupl
 
 def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[float] | None]:
     """Run one trial; returns the state and values to ``tell``. A failure reason goes to the
-    ``failure`` user attr; KeyboardInterrupt propagates (the caller records it)."""
+    ``failure`` user attr; KeyboardInterrupt propagates (the caller records it). The caller has
+    claimed the trial already (``record.write_start``, right after it took it)."""
     start = time.monotonic()
-    record.write_start(trial)
     fault = faults.planned(trial.number)
     cand = ctx.space.sample(trial, ctx.task)
     rows = ctx.task.x_train.shape[0]

@@ -24,8 +24,9 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -44,7 +45,7 @@ from nas.search.pruning import CostAwarePruner
 from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, claim_lock, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space_text
-from nas.tasks import Task, TaskError, load_task, task_from_config
+from nas.tasks import Task, TaskError, load_task, task_file, task_from_config
 
 __all__ = [
     "DIRECTIONS",
@@ -103,6 +104,7 @@ class SearchConfig:
     device: str = "auto"
     space_yaml: str | None = None
     worker: int = 0
+    joins: bool = False  # a worker: the task is the study's as recorded, whatever its path names here
     # Latency: True = measure the candidates' kernels on this GPU, False = predict from the profile,
     # None = measure when the search runs on a CUDA device and targets it (--target auto, or the
     # profile of the local GPU), otherwise predict.
@@ -436,6 +438,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     if stored is not None:
         _check_recorded_space(name, stored, space)
     task = _recorded_task(name, stored) if stored is not None else None
+    if task is not None and not config.joins:
+        task_spec = _resumed_task_spec(name, stored, task, task_spec, seed)
     task = task or load_task(task_spec, seed=seed)
     if task.readout != "token" and {"decode_latency", "prefill_latency", "cache_memory"} & set(objectives):
         raise SearchError(
@@ -590,6 +594,52 @@ def _recorded_task(name: str, stored: SearchSetup) -> Task | None:
         ) from None
 
 
+def _resumed_task_spec(name: str, stored: SearchSetup, recorded: Task, task_spec: str, seed: int) -> str:
+    """The task spec a resume of study ``name`` compares with the recorded one: the recorded spec
+    when ``task_spec`` names the same task in other words (``./d.npz`` for ``d.npz``, an absolute
+    path, the same parameters in another order or at their defaults), else ``task_spec`` itself
+    (the identity check then refuses it). SearchError when ``task_spec`` is spelled as recorded
+    but names another data file here (a ``d.npz`` in another folder, with other bytes): the
+    study trains on its own file, and training on it silently would not be what was asked for."""
+    same_words = task_spec == stored.task
+    if same_words and not _names_another_file(task_spec, recorded):
+        return task_spec
+    try:
+        asked = load_task(task_spec, seed=seed)
+    except TaskError as e:
+        if same_words:  # a file here by the recorded name, which is not a data file
+            raise SearchError(f"study {name!r} trains on {_data_text(recorded.config)}; --task {task_spec} here: {e}") from None
+        raise SearchError(f"--task {task_spec}: {e}") from None
+    if _without_path(asked.config) == _without_path(recorded.config):  # a data file: the same bytes, anywhere
+        return stored.task
+    if "sha256" in asked.config and asked.config["sha256"] != recorded.config.get("sha256"):  # other data
+        raise SearchError(
+            f"study {name!r} trains on {_data_text(recorded.config)}; --task {task_spec} here is "
+            f"{_data_text(asked.config)}: pass the study's file, or start another study with --study NEW_NAME"
+        )
+    return task_spec
+
+
+def _names_another_file(task_spec: str, recorded: Task) -> bool:
+    """Whether ``task_spec`` names a data file that exists here and is not ``recorded``'s."""
+    path, named = recorded.config.get("path"), task_file(task_spec)
+    if not isinstance(path, str) or named is None:
+        return False
+    here = Path(named).expanduser()
+    return here.is_file() and str(here.resolve()) != path
+
+
+def _without_path(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != "path"}
+
+
+def _data_text(config: Mapping[str, Any]) -> str:
+    """``/data/d.npz (sha256 0123456789ab…)``: a data file task's file, for one line."""
+    if "sha256" not in config:
+        return f"task {config.get('name')!r}"
+    return f"{config.get('path')} (sha256 {str(config['sha256'])[:12]}…)"
+
+
 def _check_objectives(config: SearchConfig) -> tuple[str, ...]:
     """The objectives asked for, with the context they need (SearchError naming the flag)."""
     try:
@@ -644,6 +694,7 @@ def worker_config(
         space=setup.space,
         space_yaml=setup.space_yaml,
         task=setup.task,
+        joins=True,
         trials=trials or budgets.trials,
         timeout=timeout,
         study=study,

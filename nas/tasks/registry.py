@@ -19,7 +19,7 @@ from nas.tasks.files import load_npz, load_text
 from nas.tasks.mad import in_context_recall, noisy_in_context_recall, selective_copying
 from nas.tasks.mqar import mqar, mqar_long
 
-__all__ = ["list_tasks", "load_task", "task_from_config"]
+__all__ = ["list_tasks", "load_task", "task_file", "task_from_config"]
 
 _TASKS: dict[str, Callable[..., Task]] = {
     "mqar": mqar,
@@ -112,6 +112,16 @@ def _parse(spec: str) -> tuple[str, dict[str, str]]:
     if "path" in raw:
         raise TaskError(f"task spec {spec!r}: the path is given twice")
     return _SUFFIXES[suffix], {"path": head, **raw}
+
+
+def task_file(spec: str) -> str | None:
+    """The data file path a spec names (``d.npz:test_frac=0.2`` → ``d.npz``, ``npz:path=d.npz`` too),
+    as written; None for a synthetic task or a spec that does not parse."""
+    try:
+        name, params = _parse(spec)
+    except TaskError:
+        return None
+    return params.get("path") if name in ("npz", "text") else None
 
 
 def load_task(spec: str, *, seed: int = 0) -> Task:

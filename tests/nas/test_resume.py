@@ -74,6 +74,75 @@ def test_a_worker_elsewhere_reads_the_data_file_the_study_was_created_with(tmp_p
     assert ctx.task.x_train.shape == rows.shape and bool((ctx.task.x_train == rows).all())
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        pytest.param(lambda d: str(d.resolve()), id="absolute"),
+        pytest.param(lambda d: "./d.npz", id="dot-slash"),
+        pytest.param(lambda d: "npz:path=d.npz", id="npz-path"),
+        pytest.param(lambda d: "d.npz:test_frac=0.1", id="default-written-out"),
+        pytest.param(lambda d: "sub/../d.npz", id="dot-dot"),
+    ],
+)
+def test_a_resume_may_name_the_data_file_in_other_words(tmp_path, tiny_space, monkeypatch, spelling):
+    """``--task`` is compared as the task it names: a resume spelling the study's file another way
+    was refused ("created with task='d.npz', not '/abs/d.npz'")."""
+    data = _npz(tmp_path / "d.npz", rows=40, seq_len=8, seed=0)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    _, study = prepare(_config(tmp_path, tiny_space, task="d.npz"))
+    ctx, study = prepare(_config(tmp_path, tiny_space, task=spelling(data), trials=2))
+    assert study_setup(study).task == "d.npz" and ctx.task.config["path"] == str(data.resolve())
+
+
+def test_a_resume_may_name_the_synthetic_task_in_other_words(tmp_path, tiny_space):
+    spec = "mqar:seq_len=16,num_kv_pairs=2,n_train=64,n_test=16"
+    prepare(_config(tmp_path, tiny_space, task=spec))
+    reordered = "mqar:n_test=16, num_kv_pairs=2,seq_len=16,n_train=64,vocab_size=128"  # 128: the default
+    _, study = prepare(_config(tmp_path, tiny_space, task=reordered, trials=2))
+    assert study_setup(study).task == spec
+    before = _journal(tmp_path)
+    with pytest.raises(SearchError, match=r"created with task='mqar:.*', not 'mqar:seq_len=16,num_kv_pairs=3"):
+        prepare(_config(tmp_path, tiny_space, task="mqar:seq_len=16,num_kv_pairs=3,n_train=64,n_test=16", trials=2))
+    assert _journal(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["d.npz", "e.npz"])
+def test_a_resume_naming_another_data_file_here_is_refused(tmp_path, tiny_space, monkeypatch, name):
+    """Run from another folder, ``--task d.npz`` names that folder's d.npz: when it holds other
+    bytes the resume is refused (it trained on the study's file without a word), naming both files;
+    when it holds the same bytes it is the same data and resumes."""
+    first, other = tmp_path / "a", tmp_path / "b"
+    data = _npz(first / "d.npz", rows=40, seq_len=8, seed=0)
+    there = _npz(other / name, rows=30, seq_len=12, seed=1)
+    monkeypatch.chdir(first)
+    prepare(_config(tmp_path, tiny_space, task="d.npz"))
+    before = _journal(tmp_path)
+    monkeypatch.chdir(other)
+    with pytest.raises(SearchError) as refused:
+        prepare(_config(tmp_path, tiny_space, task=name, trials=2))
+    message = str(refused.value)
+    assert "\n" not in message and str(data.resolve()) in message and str(there.resolve()) in message, message
+    for file in (data, there):
+        assert hashlib.sha256(file.read_bytes()).hexdigest()[:12] in message, message
+    assert _journal(tmp_path) == before
+    there.write_bytes(data.read_bytes())  # the same bytes in another place: the same data
+    ctx, _ = prepare(_config(tmp_path, tiny_space, task=name, trials=2))
+    assert ctx.task.config["path"] == str(data.resolve())
+
+
+def test_a_resume_naming_an_unreadable_file_here_by_the_recorded_name_is_refused(tmp_path, tiny_space, monkeypatch):
+    first, other = tmp_path / "a", tmp_path / "b"
+    _npz(first / "d.npz", rows=40, seq_len=8, seed=0)
+    other.mkdir()
+    (other / "d.npz").write_text("not an archive")
+    monkeypatch.chdir(first)
+    prepare(_config(tmp_path, tiny_space, task="d.npz"))
+    monkeypatch.chdir(other)
+    with pytest.raises(SearchError, match=r"trains on .*a/d\.npz \(sha256 .*; --task d\.npz here: .*not a readable"):
+        prepare(_config(tmp_path, tiny_space, task="d.npz", trials=2))
+
+
 SPACE_EDITS = [
     # a searched field's choices: Optuna refused the old trials' distribution (a traceback, and a
     # RUNNING trial the next run failed as "worker died")

@@ -253,6 +253,12 @@ def _build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--worker-index", type=int, default=None, help="label of this worker's progress lines (default: pid)"
     )
+    w.add_argument(
+        "--data",
+        default=None,
+        metavar="PATH",
+        help="the study's data file, where this host has it when not at the recorded path (its SHA-256 must match)",
+    )
 
     st = sub.add_parser("studies", help="list studies in a storage, or show one")
     st.add_argument("--storage", default=None, help=_STORAGE_HELP)
@@ -316,6 +322,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
     e.add_argument("--device", default="auto", help="device for --retrain-steps")
+    e.add_argument(
+        "--data",
+        default=None,
+        metavar="PATH",
+        help="with --retrain-steps: the study's data file, where it is now if it moved (its SHA-256 must match)",
+    )
 
     sp = sub.add_parser("spaces", help="list shipped search spaces")
     sp.add_argument("name", nargs="?", help="show this space's file")
@@ -426,6 +438,7 @@ def _search(args: argparse.Namespace) -> None:
                     timeout=config.timeout,
                     on_poll=on_trial,
                     verbose=args.verbose,
+                    data=ctx.task.config.get("path") if "sha256" in ctx.task.config else None,
                 )
             except BaseException:
                 _remove_if_empty(study, config.storage, fresh)
@@ -544,6 +557,7 @@ def _worker(args: argparse.Namespace) -> None:
         device=args.device,
         worker=args.worker_index,
         timeout=args.timeout,
+        data=args.data,
     )
     label = f"worker {config.worker}: "
 
@@ -710,6 +724,8 @@ def _export(args: argparse.Namespace) -> None:
     from nas.search.record import study_objectives
     from nas.search.study import resolve_device
 
+    if args.data is not None and args.retrain_steps is None:
+        raise UsageError("--data names the data to retrain on: it needs --retrain-steps")
     study, storage = _open_existing(args)
     chosen = pick(
         study,
@@ -721,7 +737,14 @@ def _export(args: argparse.Namespace) -> None:
     )
     device = str(resolve_device(args.device))
     out = export(
-        study, chosen, args.out, storage=storage, retrain_steps=args.retrain_steps, force=args.force, device=device
+        study,
+        chosen,
+        args.out,
+        storage=storage,
+        retrain_steps=args.retrain_steps,
+        force=args.force,
+        device=device,
+        data=args.data,
     )
     how = f"trial {args.trial}" if args.trial is not None else f"--pick {args.pick}"
     accuracy = json.loads((out / "arch.json").read_text())["metrics"]["accuracy"]  # the bundle's, retrained or not

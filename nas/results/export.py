@@ -31,7 +31,7 @@ from nas.search.record import TrialRecord, study_objectives, study_setup
 from nas.search.setup import SearchSetup
 from nas.search.storage import file_in_the_way, open_artifact_store, output_clash
 from nas.spec import ArchSpec, TrainSpec, arch_hash
-from nas.tasks import Task, task_from_config
+from nas.tasks import Task, TaskError, task_moved
 
 __all__ = ["ONNX_OPSET", "ExportError", "check_out", "export", "load", "trial_model"]
 
@@ -149,9 +149,11 @@ def export(
     retrain_steps: int | None = None,
     force: bool = False,
     device: str = "cpu",
+    data: str | None = None,
 ) -> Path:
     """Write the bundle of ``trial`` into ``out``: absent or an empty directory, or with ``force``
-    an earlier bundle, which is replaced (``check_out``)."""
+    an earlier bundle, which is replaced (``check_out``). ``data``: where the study's data file is
+    now, for a retraining when it is no longer at the recorded path (the same bytes only)."""
     out = Path(out)
     check_out(out, storage, force=force)
     if retrain_steps is not None and retrain_steps <= 0:
@@ -165,7 +167,14 @@ def export(
     else:
         if task_config is None:
             raise ExportError(f"study {study.study_name!r} does not record its task; cannot retrain")
-        model, accuracy, trained = _retrain(trial, task_from_config(task_config), retrain_steps, device)
+        try:
+            task, _ = task_moved(task_config, data)
+        except TaskError as e:
+            raise ExportError(
+                f"study {study.study_name!r} retrains on the data it was created with: {e}; restore that file, "
+                f"or name where it is now with --data PATH"
+            ) from None
+        model, accuracy, trained = _retrain(trial, task, retrain_steps, device)
     arch = model.arch
     train = trial.train
     if retrain_steps is not None:

@@ -45,7 +45,7 @@ from nas.search.pruning import CostAwarePruner
 from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, SAMPLERS, SearchSetup, StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE, check_artifact_dir, claim_lock, open_artifact_store, open_storage
 from nas.space import SearchSpace, load_space, parse_space_text
-from nas.tasks import Task, TaskError, load_task, task_file, task_from_config
+from nas.tasks import Task, TaskError, load_task, task_file, task_moved
 
 __all__ = [
     "DIRECTIONS",
@@ -105,6 +105,7 @@ class SearchConfig:
     space_yaml: str | None = None
     worker: int = 0
     joins: bool = False  # a worker: the task is the study's as recorded, whatever its path names here
+    data: str | None = None  # a worker: the study's data file at another path here (the same bytes)
     # Latency: True = measure the candidates' kernels on this GPU, False = predict from the profile,
     # None = measure when the search runs on a CUDA device and targets it (--target auto, or the
     # profile of the local GPU), otherwise predict.
@@ -437,7 +438,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     sampler_name, seed = _sampler_and_seed(config, name, stored)
     if stored is not None:
         _check_recorded_space(name, stored, space)
-    task = _recorded_task(name, stored) if stored is not None else None
+    elsewhere = config.data if config.joins else task_file(task_spec)
+    task = _recorded_task(name, stored, elsewhere) if stored is not None else None
     if task is not None and not config.joins:
         task_spec = _resumed_task_spec(name, stored, task, task_spec, seed)
     task = task or load_task(task_spec, seed=seed)
@@ -578,20 +580,27 @@ def _check_recorded_space(name: str, stored: SearchSetup, space: SearchSpace) ->
         )
 
 
-def _recorded_task(name: str, stored: SearchSetup) -> Task | None:
+def _recorded_task(name: str, stored: SearchSetup, elsewhere: str | None = None) -> Task | None:
     """The task study ``name`` was created with, rebuilt from its record (a data file by the path
     resolved at creation, and only from the same bytes), or None for a study that recorded none.
     A resume or a worker in another folder, or after the file was replaced, must not train on
-    other data than the trials already in the study."""
+    other data than the trials already in the study.
+
+    ``elsewhere`` (a resume's ``--task`` path, a worker's ``--data``): where the file is on this
+    host when the recorded path does not hold it (moved, or mounted elsewhere); it is used only
+    if it holds the recorded bytes."""
     if not stored.task_config:
         return None
     try:
-        return task_from_config(dict(stored.task_config))
+        task, moved = task_moved(dict(stored.task_config), elsewhere)
     except TaskError as e:
         raise SearchError(
-            f"study {name!r} must train on the data it was created with: {e}; restore that file, "
-            f"or start another study with --study NEW_NAME"
+            f"study {name!r} must train on the data it was created with: {e}; restore that file (or name "
+            f"where it is now: a resume's --task, nas worker --data), or start another study with --study NEW_NAME"
         ) from None
+    if moved is not None:
+        logger.warning("study %r: %s; training on %s, which holds the same bytes", name, moved, task.config["path"])
+    return task
 
 
 def _resumed_task_spec(name: str, stored: SearchSetup, recorded: Task, task_spec: str, seed: int) -> str:
@@ -608,7 +617,9 @@ def _resumed_task_spec(name: str, stored: SearchSetup, recorded: Task, task_spec
         asked = load_task(task_spec, seed=seed)
     except TaskError as e:
         if same_words:  # a file here by the recorded name, which is not a data file
-            raise SearchError(f"study {name!r} trains on {_data_text(recorded.config)}; --task {task_spec} here: {e}") from None
+            raise SearchError(
+                f"study {name!r} trains on {_data_text(recorded.config)}; --task {task_spec} here: {e}"
+            ) from None
         raise SearchError(f"--task {task_spec}: {e}") from None
     if _without_path(asked.config) == _without_path(recorded.config):  # a data file: the same bytes, anywhere
         return stored.task
@@ -684,8 +695,10 @@ def worker_config(
     device: str = "auto",
     worker: int | None = None,
     timeout: float | None = None,
+    data: str | None = None,
 ) -> SearchConfig:
-    """The SearchConfig a worker joining ``study`` runs with, read back from what the study recorded."""
+    """The SearchConfig a worker joining ``study`` runs with, read back from what the study recorded
+    (``data``: the study's data file at another path on this host)."""
     existing = open_study(study, storage, create=False)
     setup, budgets = record.study_setup(existing), record.study_budgets(existing) or StudyBudgets()
     if setup is None:
@@ -695,6 +708,7 @@ def worker_config(
         space_yaml=setup.space_yaml,
         task=setup.task,
         joins=True,
+        data=data,
         trials=trials or budgets.trials,
         timeout=timeout,
         study=study,

@@ -75,7 +75,9 @@ def plan_slots(gpus: list[str] | None, per_gpu: int | None, workers: int | None)
     return [Slot(None, i) for i in range(workers)]
 
 
-def _command(study: str, storage: str, trials: int, slot: Slot, timeout: float | None, verbose: int) -> list[str]:
+def _command(
+    study: str, storage: str, trials: int, slot: Slot, timeout: float | None, verbose: int, data: str | None = None
+) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -93,7 +95,7 @@ def _command(study: str, storage: str, trials: int, slot: Slot, timeout: float |
         "--device",
         worker_device(slot.gpu),
     ]
-    return cmd + (["--timeout", str(timeout)] if timeout else [])
+    return cmd + (["--timeout", str(timeout)] if timeout else []) + (["--data", data] if data else [])
 
 
 def run_workers(
@@ -106,10 +108,12 @@ def run_workers(
     on_poll: Callable[[optuna.Study], None] | None = None,
     poll_seconds: float = 1.0,
     verbose: int = 0,
+    data: str | None = None,
 ) -> list[int]:
     """Run one ``nas worker`` per slot until all exit; returns their exit codes. Their stdout
     (a line per trial) is dropped: ``on_poll`` reports progress from storage; errors and ``-v``
-    logs (``verbose``) go to stderr.
+    logs (``verbose``) go to stderr. ``data``: the data file this run found the study's bytes at
+    (``nas worker --data``: it may have moved since the study recorded its path).
 
     Ctrl-C (SIGINT) is passed on to the workers, which record their running trial as interrupted.
     """
@@ -127,7 +131,9 @@ def run_workers(
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(slots))))
         procs.append(
             subprocess.Popen(
-                _command(study.study_name, storage, trials, slot, timeout, verbose), env=env, stdout=subprocess.DEVNULL
+                _command(study.study_name, storage, trials, slot, timeout, verbose, data),
+                env=env,
+                stdout=subprocess.DEVNULL,
             )
         )
         logger.info("worker %d started (pid %d, gpu %s)", slot.index, procs[-1].pid, slot.gpu)

@@ -8,7 +8,7 @@ from nas.tasks.base import IGNORE_INDEX, MAX_SEQ_LEN, MAX_TASK_TOKENS, MAX_VOCAB
 from nas.tasks.files import load_npz, load_text
 from nas.tasks.mad import in_context_recall, noisy_in_context_recall, selective_copying
 from nas.tasks.mqar import mqar, mqar_long
-from nas.tasks.registry import list_tasks, load_task, task_file, task_from_config
+from nas.tasks.registry import list_tasks, load_task, task_file, task_from_config, task_moved
 
 __all__ = [
     "IGNORE_INDEX",
@@ -28,4 +28,5 @@ __all__ = [
     "selective_copying",
     "task_file",
     "task_from_config",
+    "task_moved",
 ]

@@ -12,6 +12,7 @@ import inspect
 import re
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nas.tasks.base import Task, TaskError
@@ -19,7 +20,7 @@ from nas.tasks.files import load_npz, load_text
 from nas.tasks.mad import in_context_recall, noisy_in_context_recall, selective_copying
 from nas.tasks.mqar import mqar, mqar_long
 
-__all__ = ["list_tasks", "load_task", "task_file", "task_from_config"]
+__all__ = ["list_tasks", "load_task", "task_file", "task_from_config", "task_moved"]
 
 _TASKS: dict[str, Callable[..., Task]] = {
     "mqar": mqar,
@@ -138,3 +139,22 @@ def task_from_config(config: dict[str, Any]) -> Task:
     if not isinstance(config, dict) or not isinstance(config.get("name"), str):
         raise TaskError(f"task config must be a dict with a 'name', got {config!r}")
     return _build(config["name"], {k: v for k, v in config.items() if k != "name"})
+
+
+def task_moved(config: dict[str, Any], elsewhere: str | None) -> tuple[Task, str | None]:
+    """``task_from_config(config)``, or for a data file the recorded path no longer holds (moved,
+    replaced, mounted elsewhere on this host) the same task read from ``elsewhere``, accepted only
+    with the recorded SHA-256. Returns (task, the error the recorded path gave when ``elsewhere``
+    served instead, else None); TaskError naming both paths when neither serves."""
+    try:
+        return task_from_config(config), None
+    except TaskError as e:
+        if elsewhere is None or "sha256" not in config:
+            raise
+        here = str(Path(elsewhere).expanduser().resolve())
+        if here == config.get("path"):
+            raise
+        try:
+            return task_from_config({**config, "path": here}), str(e)
+        except TaskError as other:
+            raise TaskError(f"{e}, and {other}") from None

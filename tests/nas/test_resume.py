@@ -4,6 +4,7 @@ the data file (by resolved path and SHA-256), the space, the sampler and its see
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,49 @@ def test_a_resume_naming_an_unreadable_file_here_by_the_recorded_name_is_refused
         prepare(_config(tmp_path, tiny_space, task="d.npz", trials=2))
 
 
+def test_a_moved_data_file_is_used_where_it_is_now_if_it_holds_the_same_bytes(tmp_path, tiny_space, caplog):
+    """A file moved (or mounted elsewhere on a worker's host) after the study was created: a
+    resume's --task or a worker's --data names where it is now, and only the recorded bytes are
+    accepted there. Without it, the refusal says how to name it."""
+    data = _npz(tmp_path / "d.npz", rows=40, seq_len=8, seed=0)
+    prepare(_config(tmp_path, tiny_space, task=str(data)))
+    rows = data.read_bytes()
+    moved = tmp_path / "elsewhere" / "moved.npz"
+    moved.parent.mkdir()
+    data.rename(moved)
+    before = _journal(tmp_path)
+    with pytest.raises(
+        SearchError,
+        match=r"d\.npz: no such file; restore that file \(or name where it is now: a resume's --task, nas worker",
+    ):
+        prepare(worker_config("t", str(tmp_path / "s.journal"), device="cpu", trials=2))
+    other = _npz(tmp_path / "other.npz", rows=40, seq_len=8, seed=1)
+    with pytest.raises(SearchError, match=r"d\.npz: no such file, and .*other\.npz: contents changed"):
+        prepare(_config(tmp_path, tiny_space, task=str(other), trials=2))
+    with pytest.raises(SearchError, match=r"other\.npz: contents changed"):
+        prepare(worker_config("t", str(tmp_path / "s.journal"), device="cpu", trials=2, data=str(other)))
+    assert _journal(tmp_path) == before
+    ctx, study = prepare(_config(tmp_path, tiny_space, task=str(moved), trials=2))
+    assert ctx.task.config["path"] == str(moved) and study_setup(study).task == str(data)
+    assert "training on " + str(moved) in caplog.text
+    ctx, _ = prepare(worker_config("t", str(tmp_path / "s.journal"), device="cpu", trials=2, data=str(moved)))
+    assert ctx.task.config["path"] == str(moved) and moved.read_bytes() == rows
+
+
+@pytest.mark.slow
+def test_workers_started_by_a_search_train_on_the_file_where_it_is_now(tmp_path, tiny_space):
+    """``nas search --workers 2 --task NEW_PATH`` on a study whose file moved: the workers it starts
+    read the recorded path, so they are told where the file is (``nas worker --data``)."""
+    data = _npz(tmp_path / "d.npz", rows=40, seq_len=8, seed=0)
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(tiny_space), "--storage", storage, "--study", "t", "--device", "cpu"]
+    assert main([*argv, "--task", str(data), "--trials", "1", "--no-baselines"]) == 0
+    moved = data.rename(tmp_path / "moved.npz")
+    assert main([*argv, "--task", str(moved), "--trials", "3", "--workers", "2"]) == 0
+    trials = open_study("t", storage, create=False).trials
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3, [t.state for t in trials]
+
+
 SPACE_EDITS = [
     # a searched field's choices: Optuna refused the old trials' distribution (a traceback, and a
     # RUNNING trial the next run failed as "worker died")
@@ -219,3 +263,30 @@ def test_a_resume_without_sampler_or_seed_follows_the_study(tmp_path, tiny_space
     assert resumed != _first_candidate(_config(tmp_path / "c", tiny_space, trials=2))
     setup = study_setup(open_study("t", str(tmp_path / "a" / "s.journal"), create=False))
     assert (setup.seed, setup.sampler) == (7, "random")
+
+
+def test_export_retrains_on_a_moved_data_file_named_with_data(tmp_path, tiny_space, capsys):
+    """``nas export --retrain-steps`` rebuilds the study's task from its record: a file that moved is
+    refused in one line saying how to name it, and ``--data NEW_PATH`` (only with the recorded
+    bytes) retrains on it. ``--data`` without ``--retrain-steps`` would be moot: refused."""
+    data = _npz(tmp_path / "d.npz", rows=40, seq_len=8, seed=0)
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(tiny_space), "--storage", storage, "--study", "t", "--device", "cpu"]
+    assert main([*argv, "--task", str(data), "--trials", "1", "--no-baselines"]) == 0
+    moved = data.rename(tmp_path / "moved.npz")
+    other = _npz(tmp_path / "other.npz", rows=40, seq_len=8, seed=1)
+    export = ["export", "--study", "t", "--storage", storage, "--device", "cpu", "--out"]
+    capsys.readouterr()
+    for extra, said in (
+        ([], "d.npz: no such file; restore that file, or name where it is now with --data PATH"),
+        (["--data", str(other)], "d.npz: no such file, and " + str(other) + ": contents changed"),
+    ):
+        assert main([*export, str(tmp_path / "x"), "--retrain-steps", "3", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, err
+        assert not (tmp_path / "x").exists()
+    assert main([*export, str(tmp_path / "x"), "--data", str(moved)]) == 2
+    assert "--data names the data to retrain on: it needs --retrain-steps" in capsys.readouterr().err
+    assert main([*export, str(tmp_path / "x"), "--retrain-steps", "3", "--data", str(moved)]) == 0
+    record = json.loads((tmp_path / "x" / "arch.json").read_text())
+    assert record["retrained_steps"] == 3 and record["task"]["sha256"] == hashlib.sha256(moved.read_bytes()).hexdigest()

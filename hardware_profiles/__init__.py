@@ -33,6 +33,7 @@ __all__ = [
     "detect_profile",
     "list_profiles",
     "load_profile",
+    "parse_profile",
 ]
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")  # tf32: fp32 storage, TF32 tensor-core matmuls
@@ -112,6 +113,7 @@ class HardwareProfile:
     sources: tuple[tuple[str, str], ...] = ()
     calibrated: Calibration = Calibration()
     path: str = dataclasses.field(default="", compare=False)
+    text: str = dataclasses.field(default="", compare=False, repr=False)  # the YAML it was parsed from
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -122,6 +124,11 @@ class HardwareProfile:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {list(DTYPES)}")
         return getattr(self.peak_tflops, dtype) * 1e12
+
+    def lists(self, device_name: str) -> bool:
+        """Whether ``device_name`` (as ``torch.cuda.get_device_name()`` gives it) is this GPU;
+        case and spacing ignored."""
+        return _normalize(device_name) in {_normalize(n) for n in self.device_names}
 
     def source(self, field: str) -> str | None:
         """The datasheet / whitepaper note for ``field``, if the file gave one."""
@@ -395,7 +402,7 @@ def _parse(where: str, data: Any) -> HardwareProfile:
         if dtype not in peaks:
             raise ProfileError(f"{where}: field 'peak_tflops' is missing dtype {dtype!r}; required: {list(DTYPES)}")
     sources = _mapping(where, "source", data.get("source") or {}, _NUMBERS)
-    return HardwareProfile(
+    profile = HardwareProfile(
         name=data["name"].strip(),
         description=str(data.get("description") or ""),
         device_names=tuple(n.strip() for n in names),
@@ -409,6 +416,34 @@ def _parse(where: str, data: Any) -> HardwareProfile:
         calibrated=_calibration(where, data.get("calibrated")),
         path=where,
     )
+    _check_measured_here(where, profile.device_names, profile.sm_count, profile.calibrated)
+    return profile
+
+
+def _check_measured_here(where: str, names: tuple[str, ...], sm_count: int, calibrated: Calibration) -> None:
+    """ProfileError when the ``calibrated:`` section was measured on a GPU this profile does not
+    describe (a copy of a shipped profile edited for another GPU): the predictor would use it as
+    this GPU's own calibration, with its interval, and predict the other GPU's latency.
+    ``nas profiles calibrate`` only runs on a GPU the profile lists, so its own sections pass."""
+    listed = {_normalize(n) for n in names}
+    measured = [("calibrated.gpu", calibrated.get("gpu"))]
+    if calibrated.decode_model is not None:
+        measured.append(("calibrated.decode_model.gpu", calibrated.decode_model.get("gpu")))
+    fix = (
+        "it describes another GPU: delete the calibrated: section (predictions are then transferred from "
+        "the shipped calibration, with a wider interval), or run `nas profiles calibrate` on this GPU"
+    )
+    for field, gpu in measured:
+        if gpu is not None and _normalize(str(gpu)) not in listed:
+            raise ProfileError(
+                f"{where}: field {field!r} says the calibration was measured on {gpu!r}, which device_names "
+                f"{list(names)} does not list; {fix}"
+            )
+    if calibrated.sm_count is not None and calibrated.sm_count != sm_count:
+        raise ProfileError(
+            f"{where}: field 'calibrated.sm_count' is {calibrated.sm_count}, the GPU it was measured on, not "
+            f"sm_count {sm_count}; {fix}"
+        )
 
 
 def _shipped() -> dict[str, Traversable]:
@@ -420,6 +455,48 @@ def _shipped() -> dict[str, Traversable]:
 def list_profiles() -> list[str]:
     """Names of the shipped profiles, sorted."""
     return sorted(_shipped())
+
+
+_MAX_FILE_BYTES = 1 << 20  # a profile is a few KB of YAML
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` refusing a key given twice in one mapping (PyYAML keeps the last one:
+    a second ``memory_bandwidth_gb_s:`` further down would silently replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_profile(text: str, where: str) -> HardwareProfile:
+    """A profile from its YAML ``text``; ``where`` (a path, or what recorded the text) names it in
+    errors. ``ProfileError`` for YAML that does not parse, a key given twice, or a field that is
+    wrong (see ``load_profile``)."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as dup:
+        raise ProfileError(
+            f"{where}: field {dup.key!r} is given twice (lines {dup.first} and {dup.second}); keep one"
+        ) from None
+    except yaml.YAMLError as err:
+        detail = " ".join(str(err).split())
+        raise ProfileError(f"{where}: not valid YAML: {detail}") from None
+    return dataclasses.replace(_parse(where, data), text=text)
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
@@ -441,11 +518,17 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
             f"unknown hardware profile {text!r}; available: {list_profiles()} (or the path of a .yaml file)"
         )
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        raise ProfileError(f"{path}: not valid YAML: {detail}") from None
-    return _parse(str(path), data)
+        with path.open("rb") as f:
+            data = f.read(_MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read the file ({e.strerror or e})") from None
+    if len(data) > _MAX_FILE_BYTES:
+        raise ProfileError(f"{path}: larger than {_MAX_FILE_BYTES >> 20} MiB; a hardware profile is a few KB of YAML")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    return parse_profile(text, str(path))
 
 
 def _normalize(device_name: str) -> str:

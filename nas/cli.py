@@ -9,6 +9,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -838,7 +839,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGINT, _interrupt_once) if in_main_thread else None
     interrupted = False
     try:
-        return _main(argv)
+        with warnings.catch_warnings():
+            # nas.latency logs it as well: the log line is the one a terminal shows, once
+            warnings.filterwarnings("ignore", message=r"the .* latency calibration was fitted on kernels")
+            return _main(argv)
     except BaseException as exc:  # noqa: BLE001 - Ctrl-C, possibly wrapped; anything else re-raised
         if not interrupt.is_interrupt(exc):
             raise

@@ -382,8 +382,10 @@ class SearchSpace:
 
     def check_measurable(self) -> None:
         """SpaceError unless every (d_model, heads) gives a head dim the GPU kernels run (the
-        kernels' rule, ``padded_head_dim``): asked only where latency is measured, so a space (or a
-        study recorded with one) that predicts latency stays usable on any machine."""
+        kernels' rule, ``padded_head_dim``). A search asks it whether latency is measured or
+        predicted: a prediction is of those kernels too, and a candidate none of them runs could
+        only get a roofline guess, about 2x below the calibrated model on the H200, which put it
+        first on a front of calibrated predictions (and ``--pick latency`` exported it)."""
         from kernels.attention import SUPPORTED_HEAD_DIMS, padded_head_dim  # loads torch: only when measuring
 
         if set(self.layer["mixer"].values()) == {"none"}:
@@ -394,9 +396,8 @@ class SearchSpace:
                 if padded_head_dim(head_dim) is None:
                     raise SpaceError(
                         f"{self.source}: layer.heads: {heads} heads on d_model={d} give head dim "
-                        f"{head_dim}; the Triton kernels that measure latency on a GPU run even head "
-                        f"dims up to {max(SUPPORTED_HEAD_DIMS)}: use more heads or narrower widths, "
-                        f"or --predict"
+                        f"{head_dim}; the Triton kernels whose latency is measured or predicted run even "
+                        f"head dims up to {max(SUPPORTED_HEAD_DIMS)}: use more heads or other widths"
                     )
 
     def _sample_layer(self, trial: optuna.Trial, i: int) -> LayerSpec:

@@ -452,7 +452,7 @@ def test_unknown_shipped_name_lists_the_shipped_spaces():
     ("widths", "names"), [([24, 384], ["d_model=384", "head dim 384", "128"]), ([24, 18], ["d_model=18", "head dim 9"])]
 )
 def test_measuring_needs_even_head_dims_up_to_128(tmp_path, widths, names):
-    """Such a space loads (latency can be predicted for it) but cannot be measured on a GPU."""
+    """Such a space loads (``nas spaces`` shows it) but no search runs it: ``check_measurable``."""
     path = tmp_path / "wide.yaml"
     path.write_text(yaml.safe_dump(mutate(put(None, "d_model", widths))))
     space = load_space(path)

@@ -152,11 +152,31 @@ def pick(
     if not done:
         raise PickError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
     if trial is not None:
+        if moot := [
+            flag
+            for flag, value in (
+                ("--max-latency-ms", max_latency_ms),
+                ("--max-memory-mb", max_memory_mb),
+                ("--accuracy-epsilon", epsilon),
+            )
+            if value is not None
+        ]:  # they choose among the front; a named trial was exported whatever they said
+            raise PickError(
+                f"--trial {trial} exports that trial; {', '.join(moot)} choose{'s' if len(moot) == 1 else ''} "
+                f"among the front's trials: drop {'it' if len(moot) == 1 else 'them'}, or --trial"
+            )
         by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
         if trial not in by_number:
             raise PickError(f"study {study.study_name!r} has no trial {trial} (trials are 0-{max(by_number)})")
         if by_number[trial].state != TrialState.COMPLETE:
-            raise PickError(f"trial {trial} of {study.study_name!r} is {by_number[trial].state.name}, not COMPLETE")
+            state = by_number[trial].state.name
+            repeat = record(study, by_number[trial]).duplicate_of
+            if repeat is not None:
+                raise PickError(
+                    f"trial {trial} of {study.study_name!r} is {state}: the same configuration as trial {repeat}, "
+                    f"not trained again; export --trial {repeat}"
+                )
+            raise PickError(f"trial {trial} of {study.study_name!r} is {state}, not COMPLETE")
         return record(study, by_number[trial])
     if how not in PICKS:
         raise PickError(f"--pick {how!r} is not one of {list(PICKS)}")
@@ -173,10 +193,11 @@ def pick(
         )
     if not candidates:
         fastest = min(done, key=lambda r: r.latency_ms)
+        limits = [f"max latency {max_latency_ms:g} ms"] if max_latency_ms is not None else []
+        limits += [f"max memory {max_memory_mb:g} MB"] if max_memory_mb is not None else []
         raise PickError(
-            f"no front trial meets the budget (max latency {max_latency_ms} ms, max memory "
-            f"{max_memory_mb} MB); the fastest completed trial takes {fastest.latency_ms:.4g} ms "
-            f"and {fastest.memory_mb:.4g} MB"
+            f"no front trial meets the budget ({', '.join(limits)}); the fastest completed trial takes "
+            f"{fastest.latency_ms:.4g} ms and {fastest.memory_mb:.4g} MB"
         )
     cost = primary_cost(study_objectives(study))
     if how == "accuracy":

@@ -30,7 +30,7 @@ __all__ = [
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random")  # --sampler
 PICKS = ("knee", "accuracy", "latency")  # nas export --pick
-SETUP_VERSION = 2  # 2: objectives, context, decode_batch
+SETUP_VERSION = 3  # 2: objectives, context, decode_batch; 3: profile_yaml
 # Upper bounds on a run's sizes (the CLI's argument types and ``prepare`` check them; the README
 # lists them): past them a number is a typo, not a request, and would only cost hours or memory.
 MAX_BATCH = 4096  # sequences: --latency-shape BATCH, --decode-batch
@@ -67,6 +67,8 @@ class SearchSetup:
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     context: int | None = None  # tokens a sequence holds for the generation objectives (--context)
     decode_batch: int = 1  # sequences decoded together (--decode-batch)
+    # the profile's YAML text: resumes and workers predict with it, whatever --target means where they run
+    profile_yaml: str = ""
     version: int = SETUP_VERSION
 
     IDENTITY = ("space", "task", "target", "latency_shape", "objectives", "context", "decode_batch")

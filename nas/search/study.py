@@ -16,6 +16,7 @@ from scratch proposes the same first trials.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import logging
@@ -35,7 +36,7 @@ from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from hardware_profiles import HardwareProfile, load_profile
+from hardware_profiles import HardwareProfile, ProfileError, list_profiles, load_profile, parse_profile
 from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import faults, interrupt, record
 from nas.search.baselines import baselines
@@ -425,10 +426,20 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         )
     objectives = _check_objectives(config)
     space = _load_space(config)
+    space.check_measurable()  # measured or predicted, latency is of the kernels: they must run every candidate
     task_spec = config.task or space.task
     name = study_name(config, space, task_spec)
     check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
     stored = _recorded_setup(name, config.storage)
+    flags = (("--context", config.context is not None), ("--decode-batch", config.decode_batch != 1))
+    given = [flag for flag, on in flags if on]
+    if stored is None and given and not needs_context(objectives):  # a resume of a study recorded so keeps working
+        flags = " and ".join(given)
+        raise SearchError(
+            f"{flags}: only the generation objectives (prefill_latency, decode_latency, cache_memory) use "
+            f"{'them' if len(given) > 1 else 'it'}, and --objectives {','.join(objectives)} has none: add one "
+            f"(e.g. --objectives accuracy,latency,decode_latency), or drop {flags}"
+        )
     if stored is None and (distinct := space.configurations()) is not None and config.trials > distinct:
         # a new study only: a resumed one may hold repeats enqueued on purpose, which do train
         raise SearchError(
@@ -442,14 +453,23 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     task = _recorded_task(name, stored, elsewhere) if stored is not None else None
     if task is not None and not config.joins:
         task_spec = _resumed_task_spec(name, stored, task, task_spec, seed)
-    task = task or load_task(task_spec, seed=seed)
+    try:
+        task = task or load_task(task_spec, seed=seed)
+    except TaskError as e:
+        if config.task is not None:
+            raise
+        raise SearchError(f"{space.source}: task: {e}") from None  # the space's default task: name its file
     if task.readout != "token" and {"decode_latency", "prefill_latency", "cache_memory"} & set(objectives):
         raise SearchError(
             f"--objectives {','.join(objectives)}: task {task.name} scores one label per sequence (readout "
             f"{task.readout!r}); its models do not generate tokens, so they have no decoding costs"
         )
     _note_batch_clipping(space, task)
-    profile = resolve_target(config.target)
+    recorded_profile = _recorded_profile(name, stored) if stored is not None else None
+    # a worker predicts with the study's profile: its --target may be a path that means another
+    # file (or none) where it runs, and "auto" another GPU's profile
+    joined = recorded_profile is not None and config.joins
+    profile = recorded_profile if joined else resolve_target(config.target)
     device = resolve_device(config.device)
     requested = config.measure
     if requested is None and stored is not None:  # no flag: a resumed study keeps its kind of latency
@@ -461,12 +481,14 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
             )
     measure = resolve_measure(requested, config.target, profile, device)
     if measure:
-        space.check_measurable()
-        if stored is not None and stored.measure and stored.profile != profile.name:
+        here = gpu_name(device) if joined else profile.name  # joined: the profile is the recorded one
+        if stored is not None and stored.measure and not (profile.lists(here) if joined else here == stored.profile):
             raise SearchError(
                 f"study {name!r} holds latencies measured on {stored.profile}; this GPU is "
-                f"{profile.name}: join it from that kind of GPU, or use another --study name"
+                f"{here}: join it from that kind of GPU, or use another --study name"
             )
+    if recorded_profile is not None and not joined:
+        profile = _resumed_profile(name, config.target, recorded_profile, profile)
     prune = bool(stored.prune if config.prune is None and stored is not None else config.prune)
     if stored is not None and stored.prune != prune:
         raise SearchError(
@@ -487,6 +509,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         task=task_spec,
         target=config.target,
         profile=profile.name,
+        profile_yaml=profile.text,
         latency_shape=str(shape),
         sampler=sampler_name,
         seed=seed,
@@ -601,6 +624,53 @@ def _recorded_task(name: str, stored: SearchSetup, elsewhere: str | None = None)
     if moved is not None:
         logger.warning("study %r: %s; training on %s, which holds the same bytes", name, moved, task.config["path"])
     return task
+
+
+def _recorded_profile(name: str, stored: SearchSetup) -> HardwareProfile | None:
+    """The hardware profile study ``name`` was created with, from the text it recorded (None for
+    a study from before profiles were recorded)."""
+    if not stored.profile_yaml:
+        return None
+    try:
+        return parse_profile(stored.profile_yaml, f"profile {stored.profile} (as recorded in study {name!r})")
+    except ProfileError as e:  # a profile this version refuses (e.g. a copied calibration)
+        raise SearchError(f"{e}; start another study with --study NEW_NAME") from None
+
+
+def _resumed_profile(name: str, target: str, recorded: HardwareProfile, asked: HardwareProfile) -> HardwareProfile:
+    """The profile a resume of study ``name`` predicts with: the one it was created with, so one
+    study's latencies rest on one profile. SearchError when ``--target`` names a profile file
+    whose fields now differ (an edit the user would expect to take effect, and which would mix
+    two profiles' numbers on one front) or another profile; a shipped profile that changed since
+    (a newer calibration) or ``auto`` resolving to another GPU here is only noted."""
+    if asked == recorded:
+        return recorded
+    changed = [
+        f.name
+        for f in dataclasses.fields(HardwareProfile)
+        if f.compare and getattr(asked, f.name) != getattr(recorded, f.name)
+    ]
+    if asked.name != recorded.name and target != "auto":
+        raise SearchError(
+            f"study {name!r} was created with hardware profile {recorded.name!r}; --target {target} is "
+            f"{asked.name!r}: use the same profile, or start another study with --study NEW_NAME"
+        )
+    if target != "auto" and target not in list_profiles():
+        raise SearchError(
+            f"study {name!r} was created with another version of profile {recorded.name!r} ({target} now "
+            f"differs in {', '.join(changed)}): its latencies rest on the recorded one; restore the file, or start "
+            f"another study with --study NEW_NAME"
+        )
+    logger.warning(
+        "study %r predicts latency with the profile it was created with (%s); --target %s here is %s, which "
+        "differs in %s: start another study to use it",
+        name,
+        recorded.name,
+        target,
+        asked.name,
+        ", ".join(changed),
+    )
+    return recorded
 
 
 def _resumed_task_spec(name: str, stored: SearchSetup, recorded: Task, task_spec: str, seed: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -387,3 +388,68 @@ def test_hand_written_dates_and_numeric_keys_load_and_predict(tmp_path: Path) ->
     )
     arch = ArchSpec(vocab_size=64, d_model=64, layers=(LayerSpec(mixer="attention", heads=2),), n_out=64)
     assert predict_decode(arch, 1, 1024, profile).median_ms > 0
+
+
+def _h200_copy_for(tmp_path: Path, edit: dict[str, Any]) -> Path:
+    """The shipped h200.yaml as a user copies it, with top-level fields edited (text kept)."""
+    text = (Path(load_profile("h200").path)).read_text()
+    for key, value in edit.items():
+        lines = text.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
+        lines[at] = f"{key}: {json.dumps(value)}"  # JSON is YAML
+        text = "\n".join(lines) + "\n"
+    path = tmp_path / "my_gpu.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # the audit's copy: another GPU's name and SMs, the H200's calibration left in place, which
+        # predicted the H200's latency for it, labelled "rtx6000ada, calibrated, ±13 %"
+        (
+            {"name": "rtx6000ada", "device_names": ["NVIDIA RTX 6000 Ada Generation"], "sm_count": 142},
+            r"'calibrated.gpu' says the calibration was measured on 'NVIDIA H200', which device_names "
+            r"\['NVIDIA RTX 6000 Ada Generation'\] does not list; it describes another GPU: delete the calibrated:",
+        ),
+        ({"sm_count": 114}, r"'calibrated.sm_count' is 132, the GPU it was measured on, not sm_count 114"),
+    ],
+    ids=["another-gpu", "another-sm-count"],
+)
+def test_a_calibration_measured_on_another_gpu_is_refused(tmp_path: Path, edit: dict, message: str) -> None:
+    path = _h200_copy_for(tmp_path, edit)
+    with pytest.raises(ProfileError, match=message) as info:
+        load_profile(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    data = yaml.safe_load(path.read_text())
+    del data["calibrated"]  # what the message says to do: then it loads, uncalibrated
+    assert load_profile(_write(tmp_path, data)).calibrated == Calibration()
+
+
+def test_a_decode_calibration_from_another_gpu_is_refused(tmp_path: Path) -> None:
+    data = yaml.safe_load(Path(load_profile("h200").path).read_text())
+    data["device_names"] = ["NVIDIA H200", "NVIDIA H200 NVL"]  # listing more GPUs is fine
+    assert load_profile(_write(tmp_path, data)).lists("nvidia  h200 nvl")
+    data["calibrated"]["decode_model"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    with pytest.raises(ProfileError, match=r"'calibrated.decode_model.gpu' says .* 'NVIDIA H100 80GB HBM3'"):
+        load_profile(_write(tmp_path, data))
+
+
+def test_a_profile_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    text = Path(load_profile("l4").path).read_text().replace("description: ", "description: générique ", 1)
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ProfileError, match=r"latin1.yaml: not UTF-8 text \(byte 0xe9 at offset \d+\)"):
+        load_profile(path)
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """PyYAML keeps the last one: the second bandwidth silently replaced the first."""
+    path = tmp_path / "dup.yaml"
+    text = Path(load_profile("l4").path).read_text()
+    path.write_text(text + "memory_bandwidth_gb_s: 3000\n")
+    line = 1 + next(i for i, s in enumerate(text.splitlines()) if s.startswith("memory_bandwidth_gb_s:"))
+    said = rf"dup.yaml: field 'memory_bandwidth_gb_s' is given twice \(lines {line} and"
+    with pytest.raises(ProfileError, match=said):
+        load_profile(path)

@@ -71,6 +71,7 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
         "heads": ("heads: [1, 2]", "heads: [3]"),
         "unknown_field": ("mlp_ratio: [0, 2]", "mlp_ratio: [0, 2]\n  dropout: [0.1]"),
         "empty_list": ("d_model: [16]", "d_model: []"),
+        "space_bad_task": ("task: mqar:", "task: mqar:foo=1,"),
     }.items():
         files[key] = tmp / f"{key}.yaml"
         files[key].write_text(text.replace(old, new))
@@ -229,6 +230,26 @@ BAD = [
         "decode-without-context",
         lambda f, s, st: ["search", "--space", s, "--objectives", "accuracy,decode_latency"],
         "pass --context N",
+    ),
+    (  # the space's own task: the line names the space file and its field (it named neither)
+        "space-task-unknown-parameter",
+        lambda f, s, st: ["search", "--space", str(f["space_bad_task"]), "--study", "new"],
+        "space_bad_task.yaml: task: mqar: unknown parameter(s) foo",
+    ),
+    (  # it only added a caption and a card row (found by a new-user audit)
+        "context-without-a-generation-objective",
+        lambda f, s, st: ["search", "--space", s, "--study", "new", "--context", "64"],
+        "--context: only the generation objectives (prefill_latency, decode_latency, cache_memory) use it",
+    ),
+    (  # it was ignored without a word
+        "decode-batch-without-a-generation-objective",
+        lambda f, s, st: ["search", "--space", s, "--study", "new", "--decode-batch", "8"],
+        "--decode-batch: only the generation objectives",
+    ),
+    (
+        "context-of-a-classifier",
+        lambda f, s, st: ["search", "--space", s, "--study", "new", "--task", str(f["labels"]), "--context", "64"],
+        "--objectives accuracy,latency,memory has none: add one",
     ),
     (
         "decode-of-a-classifier",
@@ -961,3 +982,33 @@ def test_a_pruned_trial_gets_a_line_with_its_rung_and_reason():
 
     r = TrialRecord(4, TrialState.PRUNED, arch_summary="A", pruned_at=2, prune_reason="rung at step 2/16: …")
     assert _trial_line(r, 1, 3) == "trial 4: A stopped early — rung at step 2/16: …; not counted"
+
+
+@pytest.mark.parametrize(("width", "heads", "head_dim"), [(256, "[1, 2, 4]", 256), (120, "[2, 8]", 15)])
+def test_a_predicted_search_refuses_head_dims_no_kernel_runs(tmp_path, capsys, width, heads, head_dim):
+    """Predicted latency is of the library's kernels too. A layer whose head dim none of them runs
+    (above 128, or odd) got a roofline guess about 2x below the calibrated model, so it led the
+    front and ``--pick latency`` exported it (found by a new-user audit: d_model 256, heads 1)."""
+    space = tmp_path / "hd.yaml"
+    space.write_text(
+        "name: hd\ntask: mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=256,n_test=64\n"
+        f"depth: 2\nd_model: [{width}]\nlayer: {{mixer: [attention], heads: {heads}, mlp_ratio: [2]}}\n"
+        "train: {optimizer: [adamw], lr: 0.003, steps: [20], batch_size: [16]}\n"
+    )
+    storage = tmp_path / "s.journal"
+    assert main(["search", "--space", str(space), "--storage", str(storage), "--predict", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"give head dim {head_dim};" in err and "layer.heads" in err, err
+    assert not storage.exists()
+
+
+def test_a_stale_calibration_is_reported_once(tmp_path):
+    """It was printed twice: as a Python warning (with a source line) and as a log line."""
+    profile = yaml.safe_load((Path(__file__).parents[2] / "hardware_profiles" / "h200.yaml").read_text())
+    profile["calibrated"]["kernels_fingerprint"] = "0123456789ab"
+    path = tmp_path / "stale.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    argv = ["search", "--space", str(write_space(tmp_path)), "--storage", str(tmp_path / "s.journal")]
+    out = _nas(*argv, "--trials", "1", "--target", str(path), "--device", "cpu", "--no-baselines")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("latency calibration was fitted on kernels 0123456789ab") == 1, out.stderr

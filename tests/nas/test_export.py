@@ -193,7 +193,18 @@ def test_retrain_steps_retrains(study, capsys):
     [
         (["--study", "none-done", "--out", "X"], "no completed trial"),
         (["--study", "e", "--trial", "999", "--out", "X"], "has no trial 999"),
-        (["--study", "e", "--max-latency-ms", "0.000001", "--out", "X"], "no front trial meets the budget"),
+        (  # only the budget asked for is named (it said "max memory None MB")
+            ["--study", "e", "--max-latency-ms", "0.000001", "--out", "X"],
+            "no front trial meets the budget (max latency 1e-06 ms); the fastest",
+        ),
+        (  # a named trial was exported over the budget without a word
+            ["--study", "e", "--trial", "1", "--max-latency-ms", "0.01", "--out", "X"],
+            "--trial 1 exports that trial; --max-latency-ms chooses among the front's trials: drop it, or --trial",
+        ),
+        (
+            ["--study", "e", "--trial", "1", "--max-memory-mb", "9", "--accuracy-epsilon", "0", "--out", "X"],
+            "--max-memory-mb, --accuracy-epsilon choose among",
+        ),
         (["--study", "e", "--out", "NONEMPTY"], "exists and is not empty"),
         (["--study", "ghost", "--out", "X"], "no study named 'ghost'"),
         (["--study", "e", "--trial", "1", "--pick", "latency", "--out", "X"], "not allowed with argument"),
@@ -202,6 +213,8 @@ def test_retrain_steps_retrains(study, capsys):
         "no-completed-trial",
         "unknown-trial",
         "infeasible-budget",
+        "trial-and-a-budget",
+        "trial-and-epsilon",
         "non-empty-out",
         "unknown-study",
         "trial-and-pick",

@@ -147,8 +147,9 @@ def test_search_setup_and_budgets_round_trip_and_name_what_differs():
         seed=3,
         measure=True,
         task_config={"name": "mqar", "seq_len": 32},
+        profile_yaml="name: h200\n",
     )
-    assert SearchSetup.from_dict(setup.to_dict()) == setup and setup.version == 2
+    assert SearchSetup.from_dict(setup.to_dict()) == setup and setup.version == 3
     assert setup.objectives == ("accuracy", "latency", "memory") and setup.context is None
     decode = dataclasses.replace(setup, objectives=("accuracy", "decode_latency"), context=4096, decode_batch=8)
     back = SearchSetup.from_dict(json.loads(json.dumps(decode.to_dict())))  # as a study stores it

@@ -3,12 +3,14 @@ the data file (by resolved path and SHA-256), the space, the sampler and its see
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from optuna.trial import TrialState
 
 from nas.cli import main
@@ -290,3 +292,75 @@ def test_export_retrains_on_a_moved_data_file_named_with_data(tmp_path, tiny_spa
     assert main([*export, str(tmp_path / "x"), "--retrain-steps", "3", "--data", str(moved)]) == 0
     record = json.loads((tmp_path / "x" / "arch.json").read_text())
     assert record["retrained_steps"] == 3 and record["task"]["sha256"] == hashlib.sha256(moved.read_bytes()).hexdigest()
+
+
+def _profile_file(path: Path, name: str = "mygpu", bandwidth: float = 864.0) -> Path:
+    """A user's profile (the shipped l4.yaml, renamed, with another bandwidth)."""
+    from hardware_profiles import load_profile
+
+    data = yaml.safe_load(Path(load_profile("l4").path).read_text())
+    data.update(name=name, memory_bandwidth_gb_s=bandwidth)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_worker_elsewhere_predicts_with_the_profile_the_study_was_created_with(tmp_path, tiny_space, monkeypatch):
+    """``--target my.yaml`` is a path: a worker in another folder loaded that folder's my.yaml (or
+    failed without one) and recorded its trials under another GPU's latencies."""
+    first, other = tmp_path / "a", tmp_path / "b"
+    _profile_file(first / "my.yaml", "mygpu", 864.0)
+    _profile_file(other / "my.yaml", "othergpu", 86.0)
+    monkeypatch.chdir(first)
+    ctx, study = prepare(_config(tmp_path, tiny_space, target="my.yaml"))
+    recorded = ctx.profile
+    assert study_setup(study).profile_yaml == (first / "my.yaml").read_text()
+    for folder in (other, tmp_path):  # another my.yaml there; none at all
+        monkeypatch.chdir(folder)
+        ctx, _ = prepare(worker_config("t", str(tmp_path / "s.journal"), device="cpu"))
+        assert ctx.profile == recorded and ctx.profile.memory_bandwidth_gb_s == 864.0
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (
+            lambda p: _profile_file(p, "mygpu", 86.0),
+            r"another version of profile 'mygpu' \(my.yaml now differs in "
+            r"memory_bandwidth_gb_s\): its latencies rest on the recorded one; restore the file",
+        ),
+        (
+            lambda p: _profile_file(p, "othergpu", 864.0),
+            r"created with hardware profile 'mygpu'; --target my.yaml "
+            r"is 'othergpu'",
+        ),
+    ],
+    ids=["edited", "renamed"],
+)
+def test_a_resume_with_an_edited_profile_file_is_refused(tmp_path, tiny_space, monkeypatch, edit, said):
+    """Trials 0-1 were predicted with 864 GB/s, then 2-3 with 86 GB/s, on one front, under one label."""
+    monkeypatch.chdir(tmp_path)
+    _profile_file(tmp_path / "my.yaml")
+    prepare(_config(tmp_path, tiny_space, target="my.yaml"))
+    before = _journal(tmp_path)
+    edit(tmp_path / "my.yaml")
+    with pytest.raises(SearchError, match=said) as refused:
+        prepare(_config(tmp_path, tiny_space, target="my.yaml", trials=2))
+    assert "\n" not in str(refused.value) and _journal(tmp_path) == before
+    _profile_file(tmp_path / "my.yaml")  # restored (the YAML's layout is not the profile): it resumes
+    prepare(_config(tmp_path, tiny_space, target="my.yaml", trials=2))
+
+
+def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, tiny_space, monkeypatch, caplog):
+    """A newer package's recalibrated h200.yaml (or --target auto on another GPU): the study keeps
+    predicting with the profile it was created with, and says so."""
+    import nas.search.study as study_module
+
+    ctx, _ = prepare(_config(tmp_path, tiny_space, target="h200"))
+    recorded = ctx.profile
+    newer = dataclasses.replace(recorded, launch_overhead_us=recorded.launch_overhead_us * 2)
+    monkeypatch.setattr(study_module, "resolve_target", lambda target: newer)
+    ctx, _ = prepare(_config(tmp_path, tiny_space, target="h200", trials=2))
+    assert ctx.profile == recorded != newer
+    assert "predicts latency with the profile it was created with (h200)" in caplog.text
+    assert "differs in launch_overhead_us" in caplog.text

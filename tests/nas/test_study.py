@@ -290,8 +290,8 @@ def test_a_measured_study_resumes_measured_or_not_at_all(tmp_path, tiny_space):
 
 
 def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
-    """A space with head dim 256 predicts fine, but is refused (one line naming the field) when
-    latency would be measured."""
+    """A space with head dim 256 is refused (one line naming the field) whether latency would be
+    measured or predicted: predicted, it got a roofline guess beside calibrated predictions."""
     from nas.space import SpaceError
     from tests.conftest import TINY_SPACE
 
@@ -301,10 +301,12 @@ def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
         .replace("d_model: [16]", "d_model: [512]")
         .replace("heads: [1, 2]", "heads: [2]")
     )
-    run_search(_config(tmp_path, space, trials=1, study="wide"))
-    monkeypatch.setattr("nas.search.study.resolve_measure", lambda *a: True)
-    with pytest.raises(SpaceError, match="layer.heads: 2 heads on d_model=512 give head dim 256"):
-        prepare(_config(tmp_path, space, trials=1, study="wide2"))
+    for measure in (False, True):
+        monkeypatch.setattr("nas.search.study.resolve_measure", lambda *a, m=measure: m)
+        with pytest.raises(SpaceError, match="layer.heads: 2 heads on d_model=512 give head dim 256"):
+            prepare(_config(tmp_path, space, trials=1, study="wide"))
+    monkeypatch.undo()
+    run_search(_config(tmp_path, write_space(tmp_path), trials=1, study="wide"))  # head dims 8, 16: fine
 
 
 def _wrapped_interrupt(*_args, **_kwargs):
@@ -404,6 +406,15 @@ def test_a_completed_configuration_is_not_trained_again(tmp_path, monkeypatch):
         and "curve" not in t.user_attrs
         for t in repeats
     )
+    from nas.results.pareto import PickError, pick
+
+    repeat = repeats[0]
+    with pytest.raises(
+        PickError,
+        match=rf"trial {repeat.number} of .* is PRUNED: the same configuration as trial "
+        rf"{repeat.user_attrs['duplicate_of']}, not trained again; export --trial ",
+    ):
+        pick(study, trial=repeat.number)  # nas export --trial N: it said only "PRUNED, not COMPLETE"
     study.enqueue_trial(configs[0])
     run_search(config)
     assert _configs(study)[2] == configs[0]

@@ -186,7 +186,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--max-latency-ms", type=_positive_float, default=None, help="hard latency budget")
     s.add_argument("--max-params", type=_positive_int, default=None, help="hard parameter budget")
-    s.add_argument("--max-memory-mb", type=_positive_float, default=None, help="hard memory budget")
+    s.add_argument(
+        "--max-memory-mb", type=_positive_float, default=None, help="hard memory budget, in MiB (2**20 bytes)"
+    )
     s.add_argument(
         "--trial-timeout",
         type=_positive_float,
@@ -311,7 +313,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--max-memory-mb",
         type=_positive_float,
         default=None,
-        help="pick only among front trials at or below this memory",
+        help="pick only among front trials at or below this memory, in MiB (2**20 bytes)",
     )
     e.add_argument("--accuracy-epsilon", type=_epsilon, default=None, help=_EPSILON_HELP)
     e.add_argument("--out", required=True, help="bundle directory (must be absent or empty, or see --force)")
@@ -520,7 +522,7 @@ class _TrialLines:
 
 
 def _trial_line(r: TrialRecord, trained: int, trials: int, objectives: Sequence[Objective] | None = None) -> str:
-    """``trial 4 (3/8 trained): L A | d=32, acc 0.912, latency 0.0213 ms, memory 0.41 MB, 20 steps``
+    """``trial 4 (3/8 trained): L A | d=32, acc 0.912, latency 0.0213 ms, memory 0.41 MiB, 20 steps``
     (the costs are the study's ``objectives``; None: the default ones)."""
     from nas.search.objectives import CATALOGUE, DEFAULT_OBJECTIVES
 
@@ -633,7 +635,7 @@ def _front_table(study: optuna.Study) -> Table:
         table.add_row(
             str(r.number),
             label,
-            f"{r.params / 1e6:.2f}M",
+            r.params_text(),
             *values,
             r.recipe(),
             style="dim" if r.number not in on_front else None,
@@ -643,8 +645,8 @@ def _front_table(study: optuna.Study) -> Table:
 
 
 def _column(o: Objective) -> str:
-    """``acc``, ``latency ms``, ``cache memory MB``: a front table column."""
-    return {"accuracy": "acc", "memory_mb": "mem MB"}.get(o.metric, f"{o.name.replace('_', ' ')} {o.unit}")
+    """``acc``, ``latency ms``, ``cache memory MiB``: a front table column."""
+    return {"accuracy": "acc", "memory_mb": "mem MiB"}.get(o.metric, f"{o.name.replace('_', ' ')} {o.unit}")
 
 
 def _cell(r: TrialRecord, o: Objective) -> str:

@@ -284,7 +284,7 @@ def _generation_rows(r: dict[str, Any]) -> str:
         rows += _latency_row("prefill latency", g["prefill_latency"], f"forward over {at}")
     if c := g.get("cache"):
         rows += (
-            f"| cache memory | {c['total_mb']:.4g} MB at context {at}: KV cache {c['kv_cache_bytes']:,} B + "
+            f"| cache memory | {c['total_mb']:.4g} MiB at context {at}: KV cache {c['kv_cache_bytes']:,} B + "
             f"recurrent state {c['state_bytes']:,} B + conv windows {c['conv_bytes']:,} B + weights "
             f"{c['weight_bytes']:,} B |\n"
         )
@@ -320,7 +320,7 @@ def _card(r: dict[str, Any]) -> str:
 | --- | --- |
 | accuracy{retrained} | {m["accuracy"]:.4f} |
 | latency | {m["latency_ms"]:.4g} ms{spread}, **{label}** ({lat.get("dtype", "?")}, shape {lat.get("shape", "?")}) |
-| memory | {m["memory_mb"]:.4g} MB (weights + peak activations + KV cache / state) |
+| memory | {m["memory_mb"]:.4g} MiB (weights + peak activations + KV cache / state) |
 {_generation_rows(r)}| parameters | {r["params"]:,} |
 
 Searched for: {", ".join(r.get("objectives") or ["accuracy", "latency", "memory"])}.
@@ -379,7 +379,8 @@ def _layer_text(layer: Any) -> str:
         return mlp or "empty block"
     mixer = "attention" if layer.mixer == "attention" else f"linear attention ({layer.feature_map})"
     conv = f" + conv{layer.short_conv}" if layer.short_conv else ""
-    return f"{mixer}, {layer.heads} heads{conv}" + (f" + {mlp}" if mlp else "")
+    heads = f"{layer.heads} head" + ("s" if layer.heads != 1 else "")
+    return f"{mixer}, {heads}{conv}" + (f" + {mlp}" if mlp else "")
 
 
 def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonModel:

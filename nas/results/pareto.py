@@ -194,10 +194,10 @@ def pick(
     if not candidates:
         fastest = min(done, key=lambda r: r.latency_ms)
         limits = [f"max latency {max_latency_ms:g} ms"] if max_latency_ms is not None else []
-        limits += [f"max memory {max_memory_mb:g} MB"] if max_memory_mb is not None else []
+        limits += [f"max memory {max_memory_mb:g} MiB"] if max_memory_mb is not None else []
         raise PickError(
             f"no front trial meets the budget ({', '.join(limits)}); the fastest completed trial takes "
-            f"{fastest.latency_ms:.4g} ms and {fastest.memory_mb:.4g} MB"
+            f"{fastest.latency_ms:.4g} ms and {fastest.memory_mb:.4g} MiB"
         )
     cost = primary_cost(study_objectives(study))
     if how == "accuracy":

@@ -44,8 +44,8 @@ class ReportError(ValueError):
 
 
 def one_line(r: TrialRecord) -> str:
-    """``A L L M | d=128 | 0.41M params | adamw lr=2e-03``"""
-    return f"{r.arch_summary} | {r.params / 1e6:.2f}M params | {r.recipe()}"
+    """``A L L M | d=128 | 412K params | adamw lr=2e-03``"""
+    return f"{r.arch_summary} | {r.params_text()} params | {r.recipe()}"
 
 
 def _spread(lat) -> str:
@@ -72,7 +72,7 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
     return "<br>".join(
         [
             html.escape(one_line(r)),
-            f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MB",
+            f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MiB",
             f"latency {r.latency_ms:.4g}{_spread(r.latency)} ms, {html.escape(r.latency_label())}",
             *extra,
             *([f"baseline: {html.escape(r.baseline)}"] if r.baseline else []),

@@ -245,7 +245,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         accuracy=result.accuracy,
     )
     logger.info(
-        "trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MB",
+        "trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MiB",
         trial.number,
         result.accuracy,
         result.steps,

@@ -10,7 +10,7 @@ optuna-dashboard and the optuna CLI label them too. Three are the forward's cost
 - ``decode_latency``: one generated token for each of B sequences that already hold N tokens:
   attention reads its KV cache of N rows, linear attention updates its D×D state (ms per step);
 - ``cache_memory``: what decoding keeps resident at context N: KV cache + recurrent state (and
-  short-convolution windows) for B sequences, plus the weights (MB).
+  short-convolution windows) for B sequences, plus the weights (MiB).
 
 Importable without torch or optuna: the CLI's parser uses it.
 """
@@ -50,7 +50,7 @@ class Objective:
         return self.direction == "maximize"
 
     def format(self, value: float) -> str:
-        """``0.991``, ``1.234 ms``, ``56.1 MB``."""
+        """``0.991``, ``1.234 ms``, ``56.1 MiB``."""
         if self.unit == "":
             return f"{value:.3f}"
         return f"{value:.4g} {self.unit}"
@@ -61,10 +61,10 @@ CATALOGUE: dict[str, Objective] = {
     for o in (
         Objective("accuracy", "accuracy", "maximize", "accuracy"),
         Objective("latency", "latency_ms", "minimize", "latency (ms)", "ms", time=True),
-        Objective("memory", "memory_mb", "minimize", "memory (MB)", "MB"),
+        Objective("memory", "memory_mb", "minimize", "memory (MiB)", "MiB"),
         Objective("prefill_latency", "prefill_latency_ms", "minimize", "prefill latency (ms)", "ms", True, True),
         Objective("decode_latency", "decode_latency_ms", "minimize", "decode latency (ms/token)", "ms", True, True),
-        Objective("cache_memory", "cache_memory_mb", "minimize", "cache memory (MB)", "MB", True),
+        Objective("cache_memory", "cache_memory_mb", "minimize", "cache memory (MiB)", "MiB", True),
     )
 }
 BY_METRIC: dict[str, Objective] = {o.metric: o for o in CATALOGUE.values()}

@@ -151,7 +151,7 @@ class TrialRecord:
         }.get(metric)
 
     def objective_text(self, objective: Objective, *, interval: bool = True) -> str:
-        """``0.912``, ``0.0213 ms ±9%``, ``276 MB``: the value of ``objective`` with its unit (and a
+        """``0.912``, ``0.0213 ms ±9%``, ``276 MiB``: the value of ``objective`` with its unit (and a
         prediction's interval); ``?`` when the trial has none."""
         value = self.value(objective.metric)
         if value is None:
@@ -161,7 +161,7 @@ class TrialRecord:
         return objective.format(value) + spread
 
     def costs_text(self, objectives: Sequence[Objective]) -> str:
-        """``latency 0.0213 ms, memory 0.41 MB``: the study's objectives other than accuracy."""
+        """``latency 0.0213 ms, memory 0.41 MiB``: the study's objectives other than accuracy."""
         return ", ".join(
             f"{o.name.replace('_', ' ')} {self.objective_text(o, interval=False)}"
             for o in objectives
@@ -212,6 +212,16 @@ class TrialRecord:
     def truncation_text(self) -> str | None:
         """``time budget: 8/150 steps`` for a truncated trial, else None."""
         return f"{self.stopped or 'stopped'}: {self.steps_done}/{self.planned_steps} steps" if self.truncated else None
+
+    def params_text(self) -> str:
+        """The parameter count to three significant digits: ``812``, ``6.14K``, ``1.25M``, ``2.1B``
+        (tables showed ``0.00M`` for any model under 5,000 parameters)."""
+        value, unit = float(self.params), ""
+        for larger in ("K", "M", "B"):
+            if float(f"{value:.3g}") < 1000:  # as printed: 999,999 is 1M, not 1e+03K
+                break
+            value, unit = value / 1000, larger
+        return f"{value:.3g}{unit}" if unit else str(self.params)
 
     def recipe(self) -> str:
         """``lion lr=1e-02 x150`` (the steps actually trained when cut short)."""

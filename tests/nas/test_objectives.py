@@ -86,9 +86,9 @@ def test_report_axes_and_table_follow_the_objectives(decode_study):
     assert figs["front2d"].layout.xaxis.title.text.startswith(f"decode latency (ms/token) at {CONTEXT:,} tokens × 2")
     assert "predicted" in figs["front2d"].layout.xaxis.title.text
     scene = figs["front3d"].layout.scene
-    assert (scene.xaxis.title.text, scene.yaxis.title.text) == ("decode latency (ms/token)", "cache memory (MB)")
+    assert (scene.xaxis.title.text, scene.yaxis.title.text) == ("decode latency (ms/token)", "cache memory (MiB)")
     table = front_table_html(study)
-    assert "decode latency (ms/token)" in table and "cache memory (MB)" in table and "latency (ms)" not in table
+    assert "decode latency (ms/token)" in table and "cache memory (MiB)" in table and "latency (ms)" not in table
 
 
 def test_report_header_names_the_context_not_the_forward_shape(decode_study, tmp_path):
@@ -107,7 +107,7 @@ def test_table_and_export_card_show_decode_latency_and_cache_bytes(decode_study,
 
     table = _front_table(study)
     headers = [str(c.header) for c in table.columns]
-    assert headers[3:6] == ["acc", "decode latency ms", "cache memory MB"]
+    assert headers[3:6] == ["acc", "decode latency ms", "cache memory MiB"]
     assert "generation costs at context 4,096 tokens, batch 2" in str(table.caption)
     assert main(["export", "--study", "gen", "--storage", storage, "--out", str(tmp / "bundle")]) == 0
     assert "decode latency " in capsys.readouterr().out
@@ -117,7 +117,7 @@ def test_table_and_export_card_show_decode_latency_and_cache_bytes(decode_study,
     assert (g["context"], g["decode_batch"]) == (CONTEXT, 2) and g["decode_latency"]["kind"] == "decode"
     assert f"| decode latency (per token) | {g['decode_latency']['median_ms']:.4g} ms" in card
     assert "predicted (" in card.split("decode latency (per token)")[1].splitlines()[0]
-    assert f"| cache memory | {g['cache']['total_mb']:.4g} MB at context {CONTEXT:,} tokens × 2" in card
+    assert f"| cache memory | {g['cache']['total_mb']:.4g} MiB at context {CONTEXT:,} tokens × 2" in card
     assert "Searched for: accuracy, decode_latency, cache_memory." in card
 
 

@@ -162,3 +162,12 @@ def test_search_setup_and_budgets_round_trip_and_name_what_differs():
     budgets = StudyBudgets(max_latency_ms=0.5, trials=10)
     assert StudyBudgets.from_dict(budgets.to_dict()) == budgets
     assert budgets.changes(StudyBudgets(max_latency_ms=0.5, trials=12)) == ["trials 10 -> 12"]
+
+
+@pytest.mark.parametrize(
+    ("params", "text"),
+    [(812, "812"), (1234, "1.23K"), (4999, "5K"), (999_999, "1M"), (412_345, "412K"), (2_100_000_000, "2.1B")],
+)
+def test_parameter_counts_read_at_every_size(params, text):
+    """Tables and the report showed ``0.00M`` for every model under 5,000 parameters."""
+    assert _record(params=params).params_text() == text

@@ -723,7 +723,7 @@ def _report(args: argparse.Namespace) -> None:
 
 def _export(args: argparse.Namespace) -> None:
     from nas.results.export import export
-    from nas.results.pareto import pick
+    from nas.results.pareto import accuracy_epsilon, more_accurate_within_epsilon, pick
     from nas.search.record import study_objectives
     from nas.search.study import resolve_device
 
@@ -759,6 +759,17 @@ def _export(args: argparse.Namespace) -> None:
         f"{accuracy:.3f}{retrained}, {chosen.costs_text(study_objectives(study))} → {out}",
         soft_wrap=True,
     )
+    if args.trial is None and args.pick == "accuracy":
+        other = more_accurate_within_epsilon(
+            study, chosen, max_latency_ms=args.max_latency_ms, max_memory_mb=args.max_memory_mb
+        )
+        if other is not None:
+            eps = accuracy_epsilon(study, args.accuracy_epsilon)
+            console.print(
+                f"note: trial {other.number} is more accurate ({other.accuracy:.3f}) by no more than the study's "
+                f"resolution (ε = {eps:.3g}), so it counts as level and costs more; --accuracy-epsilon 0 picks it",
+                soft_wrap=True,
+            )
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)
 
 

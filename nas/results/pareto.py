@@ -32,6 +32,7 @@ __all__ = [
     "epsilon_dominates",
     "front",
     "knee",
+    "more_accurate_within_epsilon",
     "pick",
     "primary_cost",
     "reference_point",
@@ -132,6 +133,26 @@ def knee(trials: list[TrialRecord], cost: Objective | None = None) -> TrialRecor
         return math.hypot(a, la), -r.accuracy
 
     return min(trials, key=distance)
+
+
+def more_accurate_within_epsilon(
+    study: optuna.Study,
+    chosen: TrialRecord,
+    *,
+    max_latency_ms: float | None = None,
+    max_memory_mb: float | None = None,
+) -> TrialRecord | None:
+    """The most accurate front trial within the budgets when it beats ``chosen`` by no more than the
+    study's resolution (``accuracy_epsilon``): ``--pick accuracy`` counted it as level and took the
+    cheaper one; a user should hear of it (``--accuracy-epsilon 0`` picks it). None otherwise."""
+    within = [
+        r
+        for r in front(study, 0.0)
+        if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
+        and (max_memory_mb is None or r.memory_mb <= max_memory_mb)
+    ]
+    best = max(within, key=lambda r: r.accuracy, default=None)
+    return best if best is not None and best.accuracy > chosen.accuracy else None
 
 
 def pick(

@@ -4,6 +4,9 @@ studies recorded before them; or the user's), the stored study and its hypervolu
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from optuna.trial import TrialState, create_trial
 
@@ -159,3 +162,27 @@ def test_report_and_export_accept_an_epsilon_and_refuse_a_bad_one(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 6 and all("accuracy-epsilon" in line for line in err)
     assert len(study.get_trials()) == 2
+
+
+def test_export_says_when_a_more_accurate_trial_was_counted_level(tmp_path, capsys, monkeypatch):
+    """20 scored targets: ε = 0.05. ``--pick accuracy`` takes the 0.600 trial over the 0.650 one
+    (level within ε, cheaper), as documented, but said nothing of it (found by a new-user audit)."""
+
+    def bundle(study, chosen, out, **_):  # these trials hold no weights: the choice is what is tested
+        Path(out).mkdir()
+        (Path(out) / "arch.json").write_text(json.dumps({"metrics": {"accuracy": chosen.accuracy}}))
+        return Path(out)
+
+    monkeypatch.setattr("nas.results.export.export", bundle)
+    _study(tmp_path, 20, (0.60, 0.010, 1.0), (0.65, 0.020, 1.0), test_targets=20)
+    storage = str(tmp_path / "e.journal")
+    argv = ["export", "--study", "e", "--storage", storage, "--pick", "accuracy", "--out"]
+    assert main([*argv, str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "exported trial 0 " in out, out
+    assert "note: trial 1 is more accurate (0.650) by no more than the study's resolution (ε = 0.05)" in out, out
+    assert main([*argv, str(tmp_path / "b"), "--accuracy-epsilon", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "exported trial 1 " in out and "note:" not in out, out
+    assert main([*argv, str(tmp_path / "c"), "--max-latency-ms", "0.015"]) == 0  # the other is over the budget
+    assert "note:" not in capsys.readouterr().out

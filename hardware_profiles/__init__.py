@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from hardware_profiles.yaml_files import DuplicateKey, YamlFileError, load_unique, read_text
+
 __all__ = [
     "DTYPES",
     "Calibration",
@@ -457,39 +459,13 @@ def list_profiles() -> list[str]:
     return sorted(_shipped())
 
 
-_MAX_FILE_BYTES = 1 << 20  # a profile is a few KB of YAML
-
-
-class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: Any, first: int, second: int) -> None:
-        super().__init__(key)
-        self.key, self.first, self.second = key, first, second
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` refusing a key given twice in one mapping (PyYAML keeps the last one:
-    a second ``memory_bandwidth_gb_s:`` further down would silently replace the first)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise _DuplicateKey(key, seen[key], line)
-            seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
 def parse_profile(text: str, where: str) -> HardwareProfile:
     """A profile from its YAML ``text``; ``where`` (a path, or what recorded the text) names it in
     errors. ``ProfileError`` for YAML that does not parse, a key given twice, or a field that is
     wrong (see ``load_profile``)."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except _DuplicateKey as dup:
+        data = load_unique(text)
+    except DuplicateKey as dup:
         raise ProfileError(
             f"{where}: field {dup.key!r} is given twice (lines {dup.first} and {dup.second}); keep one"
         ) from None
@@ -518,16 +494,9 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
             f"unknown hardware profile {text!r}; available: {list_profiles()} (or the path of a .yaml file)"
         )
     try:
-        with path.open("rb") as f:
-            data = f.read(_MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise ProfileError(f"{path}: cannot read the file ({e.strerror or e})") from None
-    if len(data) > _MAX_FILE_BYTES:
-        raise ProfileError(f"{path}: larger than {_MAX_FILE_BYTES >> 20} MiB; a hardware profile is a few KB of YAML")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ProfileError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        text = read_text(path, "a hardware profile")
+    except YamlFileError as e:
+        raise ProfileError(f"{path}: {e}") from None
     return parse_profile(text, str(path))
 
 

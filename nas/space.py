@@ -21,6 +21,7 @@ from typing import Any
 import optuna
 import yaml
 
+from hardware_profiles.yaml_files import DuplicateKey, YamlFileError, load_unique, read_text
 from nas.spec import ACTIVATIONS, FEATURE_MAPS, MIXERS, NORMS, OPTIMIZERS, ArchSpec, Candidate, LayerSpec, TrainSpec
 from nas.tasks.base import Task
 
@@ -152,30 +153,6 @@ LIMITS: dict[str, _Bound] = {
 # a space's name becomes part of the default study name, which is printed in shell commands
 # (`nas report --study NAME`) and used in file names (runs/NAME-report.html)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
-_MAX_FILE_BYTES = 1 << 20  # a space file is a few KB; a bigger one is the wrong file (a data set?)
-
-
-class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: Any, first: int, second: int) -> None:
-        super().__init__(key)
-        self.key, self.first, self.second = key, first, second
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last one, so a
-    second ``depth:`` further down would silently replace the first)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # '<<' merges may be overridden (YAML's rule); other key kinds fail below
-            key = self.construct_object(key_node)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise _DuplicateKey(key, seen[key], line)
-            seen[key] = line
-        return super().construct_mapping(node, deep)
 
 
 class _Reader:
@@ -477,12 +454,8 @@ def parse_space_text(text: str, source: str, default_name: str | None = None) ->
     Python objects from user files), and a key given twice is an error, not "the last one wins".
     ``default_name`` is the name of a space whose text has no ``name:``."""
     try:
-        loader = _UniqueKeyLoader(text)  # reading starts here: a control character fails already
-        try:
-            raw = loader.get_single_data()
-        finally:
-            loader.dispose()
-    except _DuplicateKey as e:
+        raw = load_unique(text)
+    except DuplicateKey as e:
         raise SpaceError(f"{source}: {e.key}: given twice (lines {e.first} and {e.second}); write it once") from None
     except yaml.reader.ReaderError as e:  # a control character; its str() spans two lines
         line = text.count("\n", 0, e.position) + 1
@@ -502,16 +475,9 @@ def parse_space_text(text: str, source: str, default_name: str | None = None) ->
 def read_space_file(path: Path) -> SearchSpace:
     """Load and validate one YAML file: UTF-8 text of at most 1 MiB."""
     try:
-        with path.open("rb") as f:
-            data = f.read(_MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise SpaceError(f"{path}: cannot read the file ({e.strerror})") from None
-    if len(data) > _MAX_FILE_BYTES:
-        raise SpaceError(f"{path}: larger than {_MAX_FILE_BYTES >> 20} MiB; a search-space file is a few KB of YAML")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SpaceError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        text = read_text(path, "a search-space file")
+    except YamlFileError as e:
+        raise SpaceError(f"{path}: {e}") from None
     return parse_space_text(text, str(path))
 
 

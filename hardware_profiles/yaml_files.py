@@ -1,0 +1,72 @@
+"""Reading the small YAML files users write (hardware profiles here, search spaces in ``nas.space``):
+UTF-8 text of bounded size, safe loading only, and a key given twice is an error rather than
+"the last one wins" (PyYAML's rule, under which a second ``depth:`` or ``memory_bandwidth_gb_s:``
+further down silently replaces the first).
+
+Errors are ``YamlFileError`` whose message leaves the file's name to the caller, which names it in
+its own error type (``ProfileError``, ``SpaceError``).
+"""
+
+from __future__ import annotations
+
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["MAX_FILE_BYTES", "DuplicateKey", "YamlFileError", "load_unique", "read_text"]
+
+MAX_FILE_BYTES = 1 << 20  # such a file is a few KB; a bigger one is the wrong file (a data set?)
+
+
+class YamlFileError(ValueError):
+    """The file cannot be read as such a YAML file; the message says why, without the file's name."""
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A mapping key given twice: ``key``, and the lines of its ``first`` and ``second`` appearance."""
+
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<' merges may be overridden (YAML's rule); other key kinds fail below
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_unique(text: str) -> Any:
+    """``yaml.safe_load(text)``, but ``DuplicateKey`` for a key given twice in one mapping; other
+    problems raise PyYAML's own errors, for the caller to word."""
+    loader = _UniqueKeyLoader(text)  # reading starts here: a control character fails already
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def read_text(path: Path | Traversable, what: str) -> str:
+    """The UTF-8 text of ``path``, at most ``MAX_FILE_BYTES``; ``what`` names the kind of file in
+    the message of a too-large one (``a search-space file``)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise YamlFileError(f"cannot read the file ({e.strerror or e})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise YamlFileError(f"larger than {MAX_FILE_BYTES >> 20} MiB; {what} is a few KB of YAML")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise YamlFileError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None

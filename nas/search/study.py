@@ -251,11 +251,15 @@ def _recorded_setup(name: str, storage: str) -> SearchSetup | None:
     return record.study_setup(existing)
 
 
-def study_name(config: SearchConfig, space: SearchSpace, task_spec: str) -> str:
+def study_name(config: SearchConfig, space: SearchSpace, task_spec: str, *, legacy: bool = False) -> str:
+    """``--study``, else ``<space>-<task>-<target>``: the task's and a profile path's file names
+    only (a name holds no path separator: it names files, and ``--study`` refuses one).
+    ``legacy``: the target as given, as studies were named before."""
     if config.study:
         return config.study
     task_part = task_spec.split(":", 1)[0].rsplit("/", 1)[-1]
-    return f"{space.name}-{task_part}-{config.target}"
+    target = config.target if legacy else config.target.replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{space.name}-{task_part}-{target}"
 
 
 def open_study(
@@ -429,6 +433,10 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     space.check_measurable()  # measured or predicted, latency is of the kernels: they must run every candidate
     task_spec = config.task or space.task
     name = study_name(config, space, task_spec)
+    if (legacy := study_name(config, space, task_spec, legacy=True)) != name:
+        # a study named before target paths were cut to their file name keeps resuming under its name
+        if _recorded_setup(name, config.storage) is None and _recorded_setup(legacy, config.storage) is not None:
+            name = legacy
     check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
     stored = _recorded_setup(name, config.storage)
     flags = (("--context", config.context is not None), ("--decode-batch", config.decode_batch != 1))

@@ -364,3 +364,23 @@ def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, t
     assert ctx.profile == recorded != newer
     assert "predicts latency with the profile it was created with (h200)" in caplog.text
     assert "differs in launch_overhead_us" in caplog.text
+
+
+def test_a_profile_path_names_the_study_by_its_file_name(tmp_path, tiny_space, monkeypatch):
+    """``--target profiles/my.yaml`` named the study ``tiny-mqar-profiles/my.yaml``, a name
+    ``nas search --study`` refuses; a study named so before keeps resuming under its name."""
+    import nas.search.study as study_module
+
+    monkeypatch.chdir(tmp_path)
+    _profile_file(tmp_path / "profiles" / "my.yaml")
+    config = _config(tmp_path, tiny_space, study=None, target="profiles/my.yaml")
+    _, study = prepare(config)
+    assert study.study_name.endswith("-mqar-my.yaml") and "/" not in study.study_name
+    old = dataclasses.replace(config, storage=str(tmp_path / "old.journal"))
+    named = study_module.study_name
+    monkeypatch.setattr(study_module, "study_name", lambda *a, **k: named(*a, **{**k, "legacy": True}))
+    _, study = prepare(old)
+    assert study.study_name.endswith("-mqar-profiles/my.yaml")
+    monkeypatch.setattr(study_module, "study_name", named)
+    _, resumed = prepare(dataclasses.replace(old, trials=2))
+    assert resumed.study_name == study.study_name

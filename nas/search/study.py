@@ -651,13 +651,15 @@ def _resumed_profile(name: str, target: str, recorded: HardwareProfile, asked: H
     whose fields now differ (an edit the user would expect to take effect, and which would mix
     two profiles' numbers on one front) or another profile; a shipped profile that changed since
     (a newer calibration) or ``auto`` resolving to another GPU here is only noted."""
-    if asked == recorded:
-        return recorded
     changed = [
         f.name
         for f in dataclasses.fields(HardwareProfile)
-        if f.compare and getattr(asked, f.name) != getattr(recorded, f.name)
+        if f.compare
+        and f.name not in ("description", "sources")  # text, not numbers a prediction reads
+        and getattr(asked, f.name) != getattr(recorded, f.name)
     ]
+    if not changed:
+        return recorded
     if asked.name != recorded.name and target != "auto":
         raise SearchError(
             f"study {name!r} was created with hardware profile {recorded.name!r}; --target {target} is "

@@ -348,7 +348,9 @@ def test_a_resume_with_an_edited_profile_file_is_refused(tmp_path, tiny_space, m
         prepare(_config(tmp_path, tiny_space, target="my.yaml", trials=2))
     assert "\n" not in str(refused.value) and _journal(tmp_path) == before
     _profile_file(tmp_path / "my.yaml")  # restored (the YAML's layout is not the profile): it resumes
-    prepare(_config(tmp_path, tiny_space, target="my.yaml", trials=2))
+    text = (tmp_path / "my.yaml").read_text()
+    (tmp_path / "my.yaml").write_text("# my card\n" + text.replace("description: ", "description: mine, "))
+    prepare(_config(tmp_path, tiny_space, target="my.yaml", trials=2))  # nor its comments and description
 
 
 def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, tiny_space, monkeypatch, caplog):

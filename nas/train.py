@@ -39,6 +39,10 @@ CHECK_EVERY = 16  # steps between non-finite checks: one host sync per window, n
 EVAL_BATCH = 256
 RUNGS = (1 / 8, 1 / 4, 1 / 2)  # fractions of the planned steps where ``on_rung`` is asked whether to go on
 RUNG_ROWS = 256  # test rows scored at a rung: a cheap estimate (±3 % at 256 rows), not the final score
+# A loss this many times a uniform guess's (ln of the outputs) is a diverged run, though finite: at
+# lr 1e5 RAdam's and SGD's losses climbed from 2.8 to 1e9-1e11 without reaching inf, and such a
+# trial was recorded as completed and led the front. A working model never comes near it.
+DIVERGED_LOSS_FACTOR = 100.0
 
 
 class TrainingDiverged(RuntimeError):
@@ -197,6 +201,8 @@ def train(
         share.release_shared()  # after an exception too: queued steps must not overlap a measurement
     if not math.isfinite(test_loss):
         raise TrainingDiverged("test loss is not finite", step)
+    if test_loss > (ceiling := _loss_ceiling(task)):
+        raise TrainingDiverged(f"test loss {test_loss:.3g} is over {_over(ceiling)}", step)
     seconds = clock.elapsed()
     logger.debug("trained %d steps in %.1fs: acc=%.3f (%s)", step, seconds, accuracy, stopped)
     return TrainResult(accuracy, test_loss, step, seconds, stopped, tuple(curve))
@@ -229,6 +235,7 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, on_run
     curve: list[tuple[int, float]] = []
     stopped, step = "completed", 0
     rungs = set(rung_steps(spec.steps, stage1)) if on_rung is not None else set()
+    ceiling = _loss_ceiling(task)
     while step < spec.steps:
         clock.paused += share.acquire_shared()
         try:
@@ -255,13 +262,13 @@ def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, on_run
             raise TrialTimeout(f"stopped at step {step} of {spec.steps}")
         out_of_time = budget.max_seconds is not None and clock.elapsed() > budget.max_seconds
         if step in rungs:  # still holding the share: the rung's evaluation is GPU work
-            _check_finite(losses, norms, step)
+            _check_finite(losses, norms, step, ceiling)
             _extend_curve(curve, losses, window, step)
             accuracy, _ = evaluate(model, task, device, rows=RUNG_ROWS)
             if on_rung(step, accuracy):
                 raise TrainingStopped(step, accuracy, tuple(curve), clock.elapsed())
         if step % CHECK_EVERY == 0 or step == spec.steps or out_of_time:
-            _check_finite(losses, norms, step)
+            _check_finite(losses, norms, step, ceiling)
             _extend_curve(curve, losses, window, step)
             share.release_shared()  # a waiting latency measurement on this GPU goes now
         if out_of_time and step < spec.steps:
@@ -278,8 +285,26 @@ def _extend_curve(curve: list[tuple[int, float]], losses: torch.Tensor, window: 
         curve.append((lo + window, losses[lo : lo + window].mean().item()))
 
 
-def _check_finite(losses: torch.Tensor, norms: torch.Tensor, step: int) -> None:
+def _over(ceiling: float) -> str:
+    return f"{DIVERGED_LOSS_FACTOR:g}x a uniform guess's loss ({ceiling:.3g}): diverged"
+
+
+def _loss_ceiling(task: Task) -> float:
+    """The loss past which a run has diverged: ``DIVERGED_LOSS_FACTOR`` x ln(outputs) (at least ln 2)."""
+    return DIVERGED_LOSS_FACTOR * math.log(max(task.n_out, 2))
+
+
+def _check_finite(losses: torch.Tensor, norms: torch.Tensor, step: int, ceiling: float = math.inf) -> None:
+    """TrainingDiverged when the last window's losses or gradient norms are NaN/inf, or a loss is
+    over ``ceiling``; one host sync when they are not."""
     seen = slice(max(0, step - CHECK_EVERY), step)
-    if not bool(torch.isfinite(losses[seen]).all() & torch.isfinite(norms[seen]).all()):
-        what = "loss" if not bool(torch.isfinite(losses[seen]).all()) else "gradient norm"
+    window = losses[seen]
+    if bool(torch.isfinite(window).all() & torch.isfinite(norms[seen]).all() & (window <= ceiling).all()):
+        return
+    if not bool(torch.isfinite(window).all() & torch.isfinite(norms[seen]).all()):
+        what = "loss" if not bool(torch.isfinite(window).all()) else "gradient norm"
         raise TrainingDiverged(f"{what} became NaN/inf within steps {seen.start + 1}-{step}", step)
+    worst = window.max().item()
+    raise TrainingDiverged(
+        f"loss reached {worst:.3g} within steps {seen.start + 1}-{step}, over {_over(ceiling)}", step
+    )

@@ -151,6 +151,40 @@ def test_huge_learning_rate_diverges():
         train(build(ARCH, seed=0), task, spec, device="cpu")
 
 
+class Overconfident(nn.Module):
+    """From training forward ``at`` on (or, with ``at`` 0, in eval mode only) every position puts a
+    logit of 1e5 on class 0: a finite loss of about 1e5 wherever the target is another class."""
+
+    def __init__(self, classes: int, at: int) -> None:
+        super().__init__()
+        self.classes, self.at, self.calls = classes, at, 0
+        self.p = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        logits = torch.zeros(*x.shape, self.classes) + self.p
+        wild = (self.at and self.training and self.calls >= self.at) or (not self.at and not self.training)
+        if wild:
+            logits[..., 0] = logits[..., 0] + 1e5
+        return logits
+
+
+def test_a_finite_loss_far_above_a_uniform_guess_is_a_divergence():
+    """At lr 1e5 RAdam's loss climbed to 1e9 without reaching inf: the trial was recorded as
+    completed and led the front (found by a new-user audit)."""
+    task = previous_token_task(n_train=64, n_test=16)
+    ceiling = 100 * math.log(V)
+    said = rf"^loss reached [0-9.]+e\+0[45] within steps 17-32, over 100x a uniform guess's loss \({ceiling:.3g}\)"
+    with pytest.raises(TrainingDiverged, match=said) as err:
+        train(Overconfident(V, at=20), task, TrainSpec(steps=40, batch_size=4), device="cpu")
+    assert err.value.step == 32
+    with pytest.raises(TrainingDiverged, match=r"^test loss 9\.\d+e\+04 is over 100x a uniform guess's loss"):
+        train(Overconfident(V, at=0), task, TrainSpec(steps=8, batch_size=4), device="cpu")
+    spec = TrainSpec(optimizer="radam", lr=1e5, grad_clip=1.0, steps=20, batch_size=8)
+    with pytest.raises(TrainingDiverged, match=r"loss reached .* within steps 1-16, over 100x|became NaN/inf"):
+        train(build(ARCH, seed=0), task, spec, device="cpu")
+
+
 # ---------------------------------------------------------------- budget and curve
 
 

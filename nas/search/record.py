@@ -46,6 +46,7 @@ __all__ = [
     "study_objectives",
     "record",
     "records",
+    "requeue",
     "study_budgets",
     "study_setup",
     "values_in_order",
@@ -470,11 +471,20 @@ def fail_stale(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
             return False
     except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it first
         return False
+    requeue(study, trial)
+    return True
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue ``trial``'s parameters again (a baseline keeps its label), for a trial that did not
+    finish through no fault of its candidate: its worker died, or Ctrl-C stopped it. Nothing is
+    queued for a trial stopped before it drew any parameter."""
+    if not trial.params:
+        return
     again = {"requeued_from": trial.number}
     if "baseline" in trial.user_attrs:
         again["baseline"] = trial.user_attrs["baseline"]
     study.enqueue_trial(trial.params, user_attrs=again)
-    return True
 
 
 def baseline_of(trial: optuna.Trial | FrozenTrial) -> str | None:

@@ -906,8 +906,9 @@ def run_search(
             except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
                 if not interrupt.is_interrupt(exc):
                     raise
-                record.write_failure(trial, "interrupted")
-                study.tell(trial, state=TrialState.FAIL)
+                # a resume trains it again, as it does a dead worker's trial (a baseline was lost for good)
+                record.write_failure(trial, "interrupted; parameters re-queued" if trial.params else "interrupted")
+                record.requeue(study, study.tell(trial, state=TrialState.FAIL))
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)

@@ -163,8 +163,9 @@ def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
     assert code == 130, stderr
     assert "interrupted" in stderr
     after = trials()
-    assert [t.state for t in after] == [TrialState.FAIL]
-    assert after[0].user_attrs["failure"] == "interrupted"
+    assert [t.state for t in after] == [TrialState.FAIL, TrialState.WAITING]  # its parameters, queued again
+    assert after[0].user_attrs["failure"] == "interrupted; parameters re-queued"
     rerun = subprocess.run([*cmd[:7], "1", *cmd[8:]], capture_output=True, timeout=300)  # --trials 1
     assert rerun.returncode == 0, rerun.stderr.decode()
     assert [t.state for t in trials()] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials()[1].params == after[0].params and trials()[1].user_attrs["requeued_from"] == 0

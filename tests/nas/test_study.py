@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -339,6 +340,31 @@ def test_ctrl_c_in_any_form_records_the_trial_interrupted(tmp_path, tiny_space, 
     trials = open_study(config.study, config.storage).get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL]
     assert trials[0].user_attrs["failure"] == "interrupted"
+
+
+def test_ctrl_c_re_queues_the_trial_it_stopped_and_a_resume_trains_it(tmp_path, tiny_space, monkeypatch):
+    """A Ctrl-C during a baseline lost it for good (kill -9 re-queued it): the interrupted trial's
+    parameters, and its baseline label, are queued again, and the resume trains them first."""
+    from nas.search import study as study_module
+
+    real = study_module.evaluate
+
+    def stopped(ctx, trial):
+        ctx.space.sample(trial, ctx.task)  # the candidate is drawn, then Ctrl-C lands in its training
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_module, "evaluate", stopped)
+    config = _config(tmp_path, tiny_space, trials=1, baselines=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(config)
+    first = open_study(config.study, config.storage).get_trials()[0]
+    assert first.state == TrialState.FAIL and first.user_attrs["failure"] == "interrupted; parameters re-queued"
+    label = first.user_attrs["baseline"]
+    monkeypatch.setattr(study_module, "evaluate", real)
+    run_search(dataclasses.replace(config, trials=4))  # the other baselines were queued first
+    trained = open_study(config.study, config.storage).get_trials(states=(TrialState.COMPLETE,))
+    again = [t for t in trained if t.user_attrs.get("requeued_from") == first.number]
+    assert len(again) == 1 and again[0].params == first.params and again[0].user_attrs["baseline"] == label
 
 
 def test_an_error_without_ctrl_c_is_not_an_interrupt(tmp_path, tiny_space, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import re
@@ -454,6 +455,13 @@ def _search(args: argparse.Namespace) -> None:
                 )
                 raise UsageError(f"workers exited with codes {codes}; {kept}")
     skipped, truncated, pruned = n_infeasible(study), n_truncated(study), n_pruned(study)
+    if failed := study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        reasons = collections.Counter(record.record(study, t).failure_kind() for t in failed)
+        console.print(
+            f"{len(failed)} trial(s) failed ({', '.join(f'{n} {why}' for why, n in reasons.most_common())}): "
+            f"recorded with their reason, not counted toward --trials",
+            soft_wrap=True,
+        )
     if skipped:
         console.print(
             f"{skipped} candidate(s) broke a hard budget: recorded without training, not counted toward --trials",
@@ -666,6 +674,7 @@ def _studies(args: argparse.Namespace) -> None:
     from optuna.trial import TrialState
 
     from nas.search.storage import open_storage, resolve_storage
+    from nas.search.study import n_complete, n_infeasible
 
     storage = resolve_storage(args.storage)
     store = open_storage(storage, write=False)
@@ -674,17 +683,18 @@ def _studies(args: argparse.Namespace) -> None:
         summaries = [s for s in summaries if s.study_name == args.study]
         if not summaries:
             raise UsageError(f"no study named {args.study!r} in {storage}")
-    columns = ("study", "complete", "pruned", "failed", "running", "total", "started")
+    # "trained": what --trials counts; a COMPLETE trial that broke a hard budget was never trained
+    columns = ("study", "trained", "over_budget", "pruned", "failed", "running", "total", "started")
     rows = []
     for s in summaries:
-        states = [t.state for t in optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)]
+        study = optuna.load_study(study_name=s.study_name, storage=store)
+        states = [t.state for t in study.get_trials(deepcopy=False)]
         rows.append(
             (
                 s.study_name,
-                *(
-                    str(states.count(x))
-                    for x in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-                ),
+                str(n_complete(study)),
+                str(n_infeasible(study)),
+                *(str(states.count(x)) for x in (TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)),
                 str(len(states)),
                 f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-",
             )

@@ -6,6 +6,7 @@ with no network. ``write_pngs`` renders the same figures to PNG through kaleido.
 
 from __future__ import annotations
 
+import collections
 import html
 import logging
 import math
@@ -37,6 +38,19 @@ __all__ = [
 PLOT_CONFIG = {"displaylogo": False, "showSendToCloud": False}  # offline: no plotly logo link, no cloud button
 _FRONT, _DOMINATED, _INFEASIBLE = "#d62728", "#b8b8b8", "#7f7f7f"
 _PNG_NAMES = ("front2d", "front3d", "hypervolume", "parallel")  # every figure a PNG may be written for
+
+
+def _counts(study: optuna.Study) -> str:
+    """``12 trained trials (2 over a budget, not trained; 3 failed: 2 diverged, 1 interrupted)``:
+    "completed" counted the budget breakers, which never trained, and failures went unmentioned."""
+    done = completed(study)
+    trained = sum(r.trained for r in done)
+    failed = records(study, (TrialState.FAIL,))
+    notes = [f"{len(done) - trained} over a budget, not trained"] if len(done) > trained else []
+    if failed:
+        kinds = collections.Counter(r.failure_kind() for r in failed)
+        notes.append(f"{len(failed)} failed: " + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()))
+    return f"{trained} trained trials" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 class ReportError(ValueError):
@@ -459,7 +473,7 @@ def write_html(
         f"<h1>{html.escape(study.study_name)}</h1><p>space <b>{html.escape(str(search.get('space', '?')))}</b>, "
         f"task <b>{html.escape(str(search.get('task', '?')))}</b>, {_costed(setup, search)}"
         f"{_generation(setup)}; "
-        f"{len(completed(study))} completed trials, {len(front(study, epsilon))} on the front"
+        f"{_counts(study)}, {len(front(study, epsilon))} on the front"
         f"{truncated_note}.</p>"
     )
     page = (

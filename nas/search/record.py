@@ -22,6 +22,7 @@ Optuna's intermediate values, so they live in storage and survive a killed worke
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -213,6 +214,12 @@ class TrialRecord:
     def truncation_text(self) -> str | None:
         """``time budget: 8/150 steps`` for a truncated trial, else None."""
         return f"{self.stopped or 'stopped'}: {self.steps_done}/{self.planned_steps} steps" if self.truncated else None
+
+    def failure_kind(self) -> str:
+        """What kind of failure: the recorded reason up to its first ``:``, ``;`` or ``(``
+        (``diverged``, ``interrupted``, ``worker died``), for counting them."""
+        text = self.failure or "no reason recorded"
+        return re.split(r"[:;(]", text, maxsplit=1)[0].strip() or text
 
     def params_text(self) -> str:
         """The parameter count to three significant digits: ``812``, ``6.14K``, ``1.25M``, ``2.1B``
@@ -477,14 +484,16 @@ def fail_stale(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue ``trial``'s parameters again (a baseline keeps its label), for a trial that did not
-    finish through no fault of its candidate: its worker died, or Ctrl-C stopped it. Nothing is
-    queued for a trial stopped before it drew any parameter."""
-    if not trial.params:
+    finish through no fault of its candidate: its worker died, or Ctrl-C stopped it. A trial
+    stopped before it drew its parameters is queued with those it was enqueued with (a
+    baseline's), and a sampled one is not queued at all (a new sample is as good)."""
+    params = dict(trial.params) or dict(trial.system_attrs.get("fixed_params") or {})
+    if not params:
         return
     again = {"requeued_from": trial.number}
     if "baseline" in trial.user_attrs:
         again["baseline"] = trial.user_attrs["baseline"]
-    study.enqueue_trial(trial.params, user_attrs=again)
+    study.enqueue_trial(params, user_attrs=again)
 
 
 def baseline_of(trial: optuna.Trial | FrozenTrial) -> str | None:

@@ -157,3 +157,7 @@ def test_a_requeued_baseline_keeps_its_label(tmp_path):
     assert _baseline_trials(study).count(record.baseline_of(frozen)) == 2  # the failed one and its re-queue
     waiting = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
     assert record.baseline_of(frozen) in [record.baseline_of(t) for t in waiting]
+    again = next(t for t in waiting if t.user_attrs.get("requeued_from") == frozen.number)
+    # killed before it drew anything: queued with the baseline's own parameters, not an empty set
+    # (which would have sampled a random candidate under the baseline's label)
+    assert again.system_attrs["fixed_params"] == frozen.system_attrs["fixed_params"] != {}

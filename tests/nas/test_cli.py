@@ -860,8 +860,17 @@ def test_studies_piped_lists_whole_names(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert long_name in out  # whole, not "my_space-delay_cop…"
     lines = out.splitlines()
-    assert lines[0].split("\t") == ["study", "complete", "pruned", "failed", "running", "total", "started"]
-    assert lines[1].split("\t")[:5] == [long_name, "0", "0", "0", "0"]
+    assert lines[0].split("\t") == [
+        "study",
+        "trained",
+        "over_budget",
+        "pruned",
+        "failed",
+        "running",
+        "total",
+        "started",
+    ]
+    assert lines[1].split("\t")[:6] == [long_name, "0", "0", "0", "0", "0"]
 
 
 def test_every_flag_has_help_text():

@@ -186,3 +186,31 @@ def test_export_says_when_a_more_accurate_trial_was_counted_level(tmp_path, caps
     assert "exported trial 1 " in out and "note:" not in out, out
     assert main([*argv, str(tmp_path / "c"), "--max-latency-ms", "0.015"]) == 0  # the other is over the budget
     assert "note:" not in capsys.readouterr().out
+
+
+def test_counts_say_trained_not_completed_and_name_the_failures(tmp_path, capsys):
+    """``nas studies`` and the report counted budget breakers (COMPLETE, never trained) as
+    "complete", and the report never mentioned that most trials had diverged (a new-user audit)."""
+    from nas.results.report import write_html
+
+    study = _study(tmp_path, 20, (0.60, 0.010, 1.0), (0.65, 0.020, 1.0), test_targets=20)
+    skipped = TrialRecord(0, TrialState.COMPLETE, arch=ARCH, arch_summary=ARCH.summary(), skipped_training="params")
+    over = {"constraints": [1.0]}  # broke --max-params: recorded, never trained
+    study.add_trial(create_trial(values=[0.0, 0.5, 9.0], user_attrs=skipped.to_dict(), system_attrs=over))
+    for why in ("diverged: loss became NaN/inf within steps 1-16", "diverged: loss reached 1e+09", "interrupted"):
+        study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={"failure": why}))
+    storage = str(tmp_path / "e.journal")
+    assert main(["studies", "--storage", storage]) == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    assert dict(zip(header.split("\t"), row.split("\t"), strict=True)) | {"started": "-"} == {
+        "study": "e",
+        "trained": "2",
+        "over_budget": "1",
+        "pruned": "0",
+        "failed": "3",
+        "running": "0",
+        "total": "6",
+        "started": "-",
+    }
+    text = write_html(study, tmp_path / "r.html").read_text()
+    assert "2 trained trials (1 over a budget, not trained; 3 failed: 2 diverged, 1 interrupted)" in text

@@ -48,6 +48,17 @@ def test_injected_fault_fails_one_trial_and_the_study_continues(tmp_path, monkey
     assert all(t.state == TrialState.COMPLETE for t in trials if t.number != 1)
 
 
+def test_the_search_summary_counts_failed_trials_by_kind(tmp_path, monkeypatch, capsys):
+    """It listed budget breakers and truncated trials but no failure (a new-user audit)."""
+    from nas.cli import main
+
+    monkeypatch.setenv("NAS_FAULT", "nan@0,2")
+    argv = ["search", "--space", str(write_space(tmp_path, steps=8)), "--storage", str(tmp_path / "s.journal")]
+    assert main([*argv, "--trials", "2", "--device", "cpu", "--no-baselines"]) == 0
+    out = capsys.readouterr().out
+    assert "2 trial(s) failed (2 diverged): recorded with their reason, not counted toward --trials" in out, out
+
+
 def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp_path, monkeypatch):
     """The ``slow`` fault spends trial 1's wall-clock guard after its first step, as a busy machine
     would: the trial completes, records 1 of 8 steps, carries the ``truncated`` constraint, counts

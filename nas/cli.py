@@ -764,9 +764,10 @@ def _export(args: argparse.Namespace) -> None:
     retrained = (
         f" after {args.retrain_steps} retraining steps (study: {chosen.accuracy:.3f})" if args.retrain_steps else ""
     )
+    cut = f" — stopped by its {chosen.truncation_text()}" if chosen.truncated and not args.retrain_steps else ""
     console.print(
         f"exported trial {chosen.number} ({how}): {chosen.arch_summary}, accuracy "
-        f"{accuracy:.3f}{retrained}, {chosen.costs_text(study_objectives(study))} → {out}",
+        f"{accuracy:.3f}{retrained}, {chosen.costs_text(study_objectives(study))}{cut} → {out}",
         soft_wrap=True,
     )
     if args.trial is None and args.pick == "accuracy":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import logging
 import platform
@@ -399,6 +400,17 @@ def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonMod
         raise ExportError(f"{path}: not an export bundle ({e})") from None
     except (KeyError, TypeError, ValueError) as e:
         raise ExportError(f"{path}/arch.json: no valid architecture in it ({type(e).__name__}: {e})") from None
+    as_written = json.dumps(record["arch"], sort_keys=True, separators=(",", ":"))  # an older version's form too
+    if "arch_hash" in record and record["arch_hash"] not in (
+        arch_hash(arch),
+        hashlib.sha256(as_written.encode()).hexdigest()[:16],
+    ):
+        # an edit that keeps every weight's shape (a feature map, an activation, a norm) loads the
+        # weights into another model without a word: its outputs are not the exported model's
+        raise ExportError(
+            f"{path}/arch.json: its architecture does not match its arch_hash {record['arch_hash']!r} (edited "
+            f"since export?); re-export the trial, or set arch_hash to {arch_hash(arch)!r} to load the edit"
+        )
     model = build(arch)
     _load_weights(model, path / "model.safetensors", f"{path}/model.safetensors")
     model.eval()

@@ -197,7 +197,10 @@ def pick(
                     f"trial {trial} of {study.study_name!r} is {state}: the same configuration as trial {repeat}, "
                     f"not trained again; export --trial {repeat}"
                 )
-            raise PickError(f"trial {trial} of {study.study_name!r} is {state}, not COMPLETE")
+            why = record(study, by_number[trial]).failure
+            raise PickError(
+                f"trial {trial} of {study.study_name!r} is {state}" + (f" ({why})" if why else "") + ", not COMPLETE"
+            )
         return record(study, by_number[trial])
     if how not in PICKS:
         raise PickError(f"--pick {how!r} is not one of {list(PICKS)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -371,3 +372,33 @@ def test_readme_states_the_onnx_output_shape_of_both_readouts():
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert "`[batch, seq, n_out]` for per-token targets, `[batch, n_out]` for class labels" in " ".join(readme.split())
+
+
+def test_a_hand_edited_architecture_is_refused_by_its_hash(bundle, tmp_path):
+    """An edit keeping every weight's shape (here the norm kind, or an activation) loaded the
+    weights into another model silently: outputs differed by up to 0.035 (a new-user audit)."""
+    import shutil
+
+    from nas.results.export import ExportError
+    from nas.spec import ArchSpec, arch_hash
+
+    edited = tmp_path / "e"
+    shutil.copytree(bundle, edited)
+    record = json.loads((edited / "arch.json").read_text())
+    layer = record["arch"]["layers"][0]
+    layer["activation"] = "relu" if layer.get("activation") != "relu" else "silu"
+    (edited / "arch.json").write_text(json.dumps(record))
+    with pytest.raises(ExportError, match=r"arch.json: its architecture does not match its arch_hash '[0-9a-f]+'"):
+        nas.load(edited)
+    record["arch_hash"] = arch_hash(ArchSpec.from_dict(record["arch"]))  # what the message says to do
+    (edited / "arch.json").write_text(json.dumps(record))
+    assert nas.load(edited).arch == ArchSpec.from_dict(record["arch"])
+    # a bundle of a version whose arch dict lacked a field now defaulted: its hash is of that dict
+    older = json.loads((bundle / "arch.json").read_text())
+    del older["arch"]["layers"][0]["norm"]
+    blob = json.dumps(older["arch"], sort_keys=True, separators=(",", ":"))
+    older["arch_hash"] = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    shutil.rmtree(edited)
+    shutil.copytree(bundle, edited)
+    (edited / "arch.json").write_text(json.dumps(older))
+    assert nas.load(edited).arch == ArchSpec.from_dict(older["arch"])

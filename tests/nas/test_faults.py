@@ -59,7 +59,7 @@ def test_the_search_summary_counts_failed_trials_by_kind(tmp_path, monkeypatch, 
     assert "2 trial(s) failed (2 diverged): recorded with their reason, not counted toward --trials" in out, out
 
 
-def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp_path, monkeypatch):
+def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp_path, monkeypatch, capsys):
     """The ``slow`` fault spends trial 1's wall-clock guard after its first step, as a busy machine
     would: the trial completes, records 1 of 8 steps, carries the ``truncated`` constraint, counts
     as trained (the budget is not re-spent on it) and is neither on the front nor in the
@@ -85,6 +85,23 @@ def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp
     assert all(not by_number[n].truncated and by_number[n].feasible for n in (0, 2))
     assert n_complete(study) == 3 and n_truncated(study) == 1
     assert 1 not in {r.number for r in front(study)}
+    from nas.cli import main  # exported by number, it says so on the terminal (the card said it only)
+
+    monkeypatch.delenv("NAS_FAULT")
+    argv = ["export", "--study", "slow", "--storage", config.storage, "--trial", "1", "--out", str(tmp_path / "x")]
+    assert main(argv) == 0
+    assert "— stopped by its time budget: 1/8 steps → " in capsys.readouterr().out
+
+
+def test_exporting_a_failed_trial_names_its_failure(tmp_path, monkeypatch, capsys):
+    from nas.cli import main
+
+    monkeypatch.setenv("NAS_FAULT", "nan@0")
+    storage = str(tmp_path / "s.journal")
+    run_search(SearchConfig(space=str(write_space(tmp_path)), trials=1, storage=storage, study="f", device="cpu"))
+    assert main(["export", "--study", "f", "--storage", storage, "--trial", "0", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "trial 0 of 'f' is FAIL (diverged: loss became NaN/inf within steps" in err and "), not COMPLETE" in err
 
 
 def test_fault_spec_is_parsed(monkeypatch):

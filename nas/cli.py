@@ -333,7 +333,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --retrain-steps: the study's data file, where it is now if it moved (its SHA-256 must match)",
     )
 
-    sp = sub.add_parser("spaces", help="list shipped search spaces")
+    sp = sub.add_parser("spaces", help="list shipped search spaces, or print one (nas spaces NAME > my.yaml)")
     sp.add_argument("name", nargs="?", help="show this space's file")
     return parser
 

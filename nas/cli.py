@@ -128,6 +128,11 @@ def _seed(text: str) -> int:
 _STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/studies.journal)"
 
 
+def _data_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--data PATH``: where the study's data file is on this host (``nas.tasks.task_moved``)."""
+    parser.add_argument("--data", default=None, metavar="PATH", help=f"{what} (its SHA-256 must match)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, MAX_WORKERS, PICKS, SAMPLERS
 
@@ -257,12 +262,7 @@ def _build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--worker-index", type=int, default=None, help="label of this worker's progress lines (default: pid)"
     )
-    w.add_argument(
-        "--data",
-        default=None,
-        metavar="PATH",
-        help="the study's data file, where this host has it when not at the recorded path (its SHA-256 must match)",
-    )
+    _data_flag(w, "the study's data file, where this host has it when not at the recorded path")
 
     st = sub.add_parser("studies", help="list studies in a storage, or show one")
     st.add_argument("--storage", default=None, help=_STORAGE_HELP)
@@ -326,12 +326,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
     e.add_argument("--device", default="auto", help="device for --retrain-steps")
-    e.add_argument(
-        "--data",
-        default=None,
-        metavar="PATH",
-        help="with --retrain-steps: the study's data file, where it is now if it moved (its SHA-256 must match)",
-    )
+    _data_flag(e, "with --retrain-steps: the study's data file, where it is now if it moved")
 
     sp = sub.add_parser("spaces", help="list shipped search spaces, or print one (nas spaces NAME > my.yaml)")
     sp.add_argument("name", nargs="?", help="show this space's file")

@@ -538,12 +538,12 @@ def _trial_line(r: TrialRecord, trained: int, trials: int, objectives: Sequence[
         return f"trial {r.number}: {r.arch_summary} stopped early — {r.prune_reason}; not counted"
     if r.state.name != "COMPLETE":
         return f"trial {r.number}: {r.state.name.lower()}"
-    if r.skipped_training is not None:
+    ref = f" baseline {r.baseline}:" if r.baseline else ""
+    if r.skipped_training is not None:  # a baseline is named here too (it was only where trained)
         return (
-            f"trial {r.number}: {r.arch_summary} {r.skipped_training}; not trained, "
+            f"trial {r.number}:{ref} {r.arch_summary} {r.skipped_training}; not trained, "
             f"not counted ({trained}/{trials} trained)"
         )
-    ref = f" baseline {r.baseline}:" if r.baseline else ""
     line = (
         f"trial {r.number} ({trained}/{trials} trained):{ref} {r.arch_summary}, acc {r.accuracy:.3f}, "
         f"{r.costs_text(objectives)}, {r.steps_text()} steps"

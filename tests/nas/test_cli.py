@@ -993,6 +993,21 @@ def test_a_pruned_trial_gets_a_line_with_its_rung_and_reason():
     assert _trial_line(r, 1, 3) == "trial 4: A stopped early — rung at step 2/16: …; not counted"
 
 
+def test_an_over_budget_baseline_is_named_in_its_line():
+    """Trained baselines were named in their line, ones over a budget were not (a new-user audit)."""
+    from optuna.trial import TrialState
+
+    from nas.cli import _trial_line
+    from nas.search.record import TrialRecord
+
+    why = "breaks the hard budget on params (1.2e+05 > 2e+03)"
+    r = TrialRecord(0, TrialState.COMPLETE, arch_summary="A A | d=32", skipped_training=why, baseline="all-attention")
+    assert (
+        _trial_line(r, 0, 3)
+        == f"trial 0: baseline all-attention: A A | d=32 {why}; not trained, not counted (0/3 trained)"
+    )
+
+
 @pytest.mark.parametrize(("width", "heads", "head_dim"), [(256, "[1, 2, 4]", 256), (120, "[2, 8]", 15)])
 def test_a_predicted_search_refuses_head_dims_no_kernel_runs(tmp_path, capsys, width, heads, head_dim):
     """Predicted latency is of the library's kernels too. A layer whose head dim none of them runs

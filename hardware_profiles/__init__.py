@@ -295,6 +295,21 @@ def _mapping(where: str, field: str, value: Any, allowed: tuple[str, ...]) -> di
     return value
 
 
+def _fingerprint_text(where: str, field: str, value: Any) -> None:
+    """ProfileError for a kernels fingerprint YAML read as a number.
+
+    A fingerprint is 12 hex digits. Written unquoted, one of only decimal digits is read as an int,
+    and as an octal one when it starts with 0 and has no 8 or 9: its text (the leading zeros, the
+    digits themselves) cannot be recovered, and a wrong one would compare unequal to the kernels'
+    and double the interval for no reason.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise ProfileError(
+            f"{where}: field {field!r} was read as the number {value}: quote it (kernels_fingerprint: "
+            f"'0123...'), since YAML drops the leading zeros of an unquoted all-digit value"
+        )
+
+
 def _calibration(where: str, raw: Any) -> Calibration:
     if raw is None:
         return Calibration()
@@ -350,6 +365,8 @@ def _calibration(where: str, raw: Any) -> Calibration:
                     raise ProfileError(
                         f"{where}: field 'calibrated.decode_model.{key}' must be text, got {decode[key]!r}"
                     )
+                if key == "kernels_fingerprint":
+                    _fingerprint_text(where, "calibrated.decode_model.kernels_fingerprint", decode[key])
                 decode = {**decode, key: str(decode[key])}
     check = data.get("check")
     if check is not None and not isinstance(check, dict):
@@ -363,6 +380,7 @@ def _calibration(where: str, raw: Any) -> Calibration:
             )
     sm_count = data.get("sm_count")
     interval = data.get("interval")
+    _fingerprint_text(where, "calibrated.kernels_fingerprint", data.get("kernels_fingerprint"))
     return Calibration(
         bandwidth_fraction=None if bandwidth is None else _fraction(where, "calibrated.bandwidth_fraction", bandwidth),
         flops_fractions=tuple(

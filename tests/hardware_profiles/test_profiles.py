@@ -314,6 +314,16 @@ MALFORMED = [
         id="decode-fingerprint-list",
     ),
     pytest.param(
+        _calibrated("kernels_fingerprint", value=123456789012),
+        r"'calibrated.kernels_fingerprint' was read as the number 123456789012: quote it",
+        id="fingerprint-number",
+    ),
+    pytest.param(
+        _calibrated("decode_model", "kernels_fingerprint", value=0o1234567),
+        r"'calibrated.decode_model.kernels_fingerprint' was read as the number 342391: quote it",
+        id="decode-fingerprint-octal",
+    ),
+    pytest.param(
         _calibrated("check", "cross_validation", value=None),
         r"'calibrated.check.cross_validation' must be a mapping \(shape -> summary\), got NoneType",
         id="check-section-null",

@@ -102,7 +102,8 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
 
 def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[TrialRecord]]:
     """Completed trials by how they are drawn: front, dominated, truncated (training cut short by
-    the wall-clock guard) and infeasible (a hard budget broken)."""
+    the wall-clock guard), over budget (a hard budget broken, so never trained: no accuracy) and
+    infeasible (trained, yet a constraint broken)."""
     best = front(study, epsilon)
     ids = {r.number for r in best}
     done = completed(study)
@@ -110,8 +111,14 @@ def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[
         "front": best,
         "dominated": [r for r in done if r.feasible and not r.truncated and r.number not in ids],
         "truncated": [r for r in done if r.truncated],
-        "infeasible": [r for r in done if not r.feasible and not r.truncated],
+        "over_budget": [r for r in done if not r.trained],
+        "infeasible": [r for r in done if r.trained and not r.feasible and not r.truncated],
     }
+
+
+# A candidate over a hard budget is never trained, so it has no accuracy: it is drawn at its cost
+# on the accuracy-0 line, as a tick, under a name that says so (the hover names the budget)
+_OVER_BUDGET = "over budget (not trained: no accuracy, drawn at 0)"
 
 
 def _error(trials: list[TrialRecord], metric: str) -> dict | None:
@@ -153,12 +160,13 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
     best = groups["front"]
     fig = go.Figure()
     for name, trials, style in (
+        (_OVER_BUDGET, groups["over_budget"], dict(color=_INFEASIBLE, symbol="line-ns-open", size=9)),
         ("infeasible", groups["infeasible"], dict(color=_INFEASIBLE, symbol="x", size=7)),
         ("truncated (not on the front)", groups["truncated"], dict(color=_INFEASIBLE, symbol="triangle-down", size=7)),
         ("dominated", groups["dominated"], dict(color=_DOMINATED, size=7)),
     ):
-        if not trials and name.startswith("truncated"):
-            continue  # drawn only when some training was cut short
+        if not trials and name != "dominated":
+            continue  # drawn only when some trial is of that kind
         fig.add_trace(
             go.Scatter(
                 x=[_cost(r, cost) for r in trials],
@@ -241,10 +249,13 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
     groups = _split(study, epsilon)
     fig = go.Figure()
     for name, trials, color, size in (
-        ("infeasible", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
+        (_OVER_BUDGET, groups["over_budget"], _INFEASIBLE, 2),
+        ("infeasible or truncated", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
         ("dominated", groups["dominated"], _DOMINATED, 4),
         ("Pareto front", groups["front"], _FRONT, 6),
     ):
+        if not trials and name != "Pareto front":
+            continue
         fig.add_trace(
             go.Scatter3d(
                 x=[_cost(r, x) for r in trials],
@@ -286,7 +297,11 @@ def _hypervolume(study: optuna.Study) -> go.Figure:
 
 
 def _parallel(study: optuna.Study) -> go.Figure:
-    trials = [r for r in completed(study) if r.arch is not None and r.train is not None]
+    """The trained trials' parameters and objectives, coloured by accuracy. Candidates over a hard
+    budget were never trained and have no accuracy: they are left out (the title counts them)."""
+    done = [r for r in completed(study) if r.arch is not None and r.train is not None]
+    trials = [r for r in done if r.trained]
+    untrained = len(done) - len(trials)
     mixers = [[layer.mixer for layer in r.arch.layers] for r in trials]
 
     def dim(label: str, values: list[float]) -> dict:
@@ -315,7 +330,10 @@ def _parallel(study: optuna.Study) -> go.Figure:
             dimensions=dims,
         )
     )
-    fig.update_layout(title="Architecture parameters, coloured by accuracy", template="plotly_white", height=480)
+    left_out = f" ({untrained} over budget, never trained, left out)" if untrained else ""
+    fig.update_layout(
+        title=f"Architecture parameters, coloured by accuracy{left_out}", template="plotly_white", height=480
+    )
     return fig
 
 

@@ -134,7 +134,7 @@ def test_report_renders_offline_with_front_points(study_with_report):
     front2d = divs["front2d"]
     assert any(n["tag"] == "svg" and "main-svg" in _classes(n) for n in _walk(front2d)), "no plotly SVG rendered"
     traces = [n for n in _walk(front2d) if n["tag"] == "g" and {"trace", "scatter"} <= _classes(n)]
-    assert len(traces) == 4  # infeasible, dominated, Pareto front markers, 2D staircase line (in that order)
+    assert len(traces) == 4  # over budget, dominated, Pareto front markers, 2D staircase line (in that order)
     front_points = [n for n in _walk(traces[2]) if n["tag"] == "path" and "point" in _classes(n)]
     feasible_best = {t.number for t in study.best_trials if all(v <= 0 for v in t.constraints.values())}
     shown = front(study)  # Optuna's best trials less those ε-dominated (accuracy within 1 / test rows)
@@ -150,6 +150,27 @@ def test_report_renders_offline_with_front_points(study_with_report):
     table = next(n for n in _walk(root) if n["tag"] == "table" and n["attrs"].get("id") == "front-table")
     rows = [n for n in _walk(table) if n["tag"] == "tr"]
     assert len(rows) == len(front(study)) + 1  # every front trial has its row under the header
+
+
+def test_over_budget_trials_are_drawn_as_untrained(study_with_report):
+    """A candidate over a hard budget was never trained: its trace says it has no accuracy (it is
+    drawn at its cost on the 0 line), it is not an "infeasible" point with a score of 0, and the
+    parallel-coordinates plot, coloured by accuracy, leaves it out and says how many it left."""
+    from nas.results.report import figures
+
+    study, _, _ = study_with_report
+    records = [record(study, t) for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
+    untrained = sorted(r.number for r in records if r.skipped_training is not None)
+    assert untrained and len(untrained) < len(records)  # the fixture's budget keeps some, skips some
+    figs = figures(study)
+    names = [trace.name for trace in figs["front2d"].data]
+    over = figs["front2d"].data[0]
+    assert over.name.startswith("over budget (not trained") and "infeasible" not in names
+    assert len(over.x) == len(untrained) and set(over.y) == {0.0}
+    assert figs["front3d"].data[0].name == over.name and len(figs["front3d"].data[0].x) == len(untrained)
+    parallel = figs["parallel"]
+    assert len(parallel.data[0].line.color) == len(records) - len(untrained)
+    assert f"({len(untrained)} over budget, never trained, left out)" in parallel.layout.title.text
 
 
 def test_hover_names_architecture_latency_source(study_with_report):

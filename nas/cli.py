@@ -612,7 +612,8 @@ def _front_table(study: optuna.Study) -> Table:
     objectives = study_objectives(study)
     trials = front(study)
     on_front = {r.number for r in trials}
-    refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in on_front]
+    # the baselines off the front, trained or over a hard budget (never trained: no accuracy)
+    refs = [r for r in completed(study) if r.baseline is not None and r.number not in on_front]
     caption = []
     for o in objectives:
         shown = trials or [r for r in completed(study) if r.trained]  # an empty front still says how
@@ -623,7 +624,8 @@ def _front_table(study: optuna.Study) -> Table:
     if setup is not None and setup.context:
         caption.append(f"generation costs at context {setup.context:,} tokens, batch {setup.decode_batch}")
     if refs:
-        caption.append("below the line: baselines not on the front")
+        over = " (over budget: never trained, no accuracy)" if any(not r.trained for r in refs) else ""
+        caption.append(f"below the line: baselines not on the front{over}")
     table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials", caption="\n".join(caption) or None)
     columns = ["trial", "architecture", "params", *(_column(o) for o in objectives), "recipe"]
     if "accuracy" not in [o.metric for o in objectives]:
@@ -631,10 +633,10 @@ def _front_table(study: optuna.Study) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right", overflow="fold")
     for r in trials + refs:  # the baselines that missed the front follow it, dimmed
-        label = r.arch_summary + (f" ({r.baseline})" if r.baseline else "")
+        label = r.arch_summary + (f" ({r.baseline}{'' if r.trained else ', over budget'})" if r.baseline else "")
         values = [_cell(r, o) for o in objectives]
         if "accuracy" not in [o.metric for o in objectives]:
-            values.insert(0, f"{r.accuracy:.3f}")
+            values.insert(0, f"{r.accuracy:.3f}" if r.trained else "-")
         table.add_row(
             str(r.number),
             label,
@@ -658,7 +660,7 @@ def _cell(r: TrialRecord, o: Objective) -> str:
     if value is None:
         return "?"
     if o.metric == "accuracy":
-        return f"{value:.3f}"
+        return f"{value:.3f}" if r.trained else "-"
     lat = r.latency_of(o.metric)
     interval = f" ±{lat.interval * 100:.0f}%" if lat is not None and lat.interval else ""
     return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval

@@ -343,7 +343,7 @@ def _cell(r: TrialRecord, o: Objective) -> str:
     if value is None:
         return "?"
     if o.metric == "accuracy":
-        return f"{value:.3f}"
+        return f"{value:.3f}" if r.trained else "not trained"
     lat = r.latency_of(o.metric)
     if lat is None:
         return f"{value:.4g}"
@@ -360,7 +360,7 @@ def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
         objectives = (Objective("accuracy", "accuracy", "maximize", "accuracy"), *objectives)
     best = front(study, epsilon)
     ids = {r.number for r in best}
-    refs = [r for r in completed(study) if r.baseline is not None and r.trained and r.number not in ids]
+    refs = [r for r in completed(study) if r.baseline is not None and r.number not in ids]  # over budget too
     header = ("trial", "architecture", *(o.label for o in objectives), "note")
     rows = [
         (str(r.number), one_line(r), *(_cell(r, o) for o in objectives), _note(r, r.number in ids)) for r in best + refs
@@ -378,6 +378,8 @@ def _note(r: TrialRecord, on_front: bool) -> str:
     """``baseline: all-attention`` (``…, not on the front``) for a reference trial, else empty."""
     if r.baseline is None:
         return ""
+    if not r.trained:
+        return f"baseline: {r.baseline}, over budget ({r.skipped_training}), never trained"
     return f"baseline: {r.baseline}" + ("" if on_front else ", not on the front")
 
 

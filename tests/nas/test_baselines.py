@@ -161,3 +161,27 @@ def test_a_requeued_baseline_keeps_its_label(tmp_path):
     # killed before it drew anything: queued with the baseline's own parameters, not an empty set
     # (which would have sampled a random candidate under the baseline's label)
     assert again.system_attrs["fixed_params"] == frozen.system_attrs["fixed_params"] != {}
+
+
+def test_over_budget_baselines_are_listed_as_never_trained(tmp_path):
+    """A baseline over a hard budget is never trained: the final table and the report still list
+    it below the front, saying it was over budget, with no accuracy (not a score of 0)."""
+    from nas.cli import _front_table
+    from nas.search.storage import open_storage
+
+    space = write_space(tmp_path)
+    storage = str(tmp_path / "s.journal")
+    args = ["search", "--space", str(space), "--trials", "1", "--study", "o", "--storage", storage]
+    # the tiny space's all-attention baseline (trial 0) needs 0.14 MiB, its all-linear one 0.11
+    assert main([*args, "--max-memory-mb", "0.12"]) == 0
+    study = optuna.load_study(study_name="o", storage=open_storage(storage))
+    table = _front_table(study)
+    column = {str(c.header): list(c._cells) for c in table.columns}  # noqa: SLF001
+    row = column["trial"].index("0")
+    assert column["architecture"][row].endswith("(all-attention, over budget)")
+    assert column["acc"][row] == "-" and column["acc"][0] != "-"  # the trained front row has its score
+    assert "baselines not on the front (over budget: never trained, no accuracy)" in str(table.caption)
+    html_path = tmp_path / "r.html"
+    assert main(["report", "--study", "o", "--storage", storage, "--out", str(html_path)]) == 0
+    page = html_path.read_text()
+    assert "<td>baseline: all-attention, over budget (" in page and page.count("<td>not trained</td>") == 1

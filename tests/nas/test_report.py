@@ -149,7 +149,11 @@ def test_report_renders_offline_with_front_points(study_with_report):
     assert any(n["tag"] == "g" and "parcoords" in _classes(n) for n in _walk(divs["parallel"]))
     table = next(n for n in _walk(root) if n["tag"] == "table" and n["attrs"].get("id") == "front-table")
     rows = [n for n in _walk(table) if n["tag"] == "tr"]
-    assert len(rows) == len(front(study)) + 1  # every front trial has its row under the header
+    on_front = {r.number for r in front(study)}
+    # every front trial has its row under the header, then the baselines off it (over budget too)
+    off = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)) if t.number not in on_front]
+    refs = [t for t in off if record(study, t).baseline is not None]
+    assert len(rows) == len(on_front) + len(refs) + 1
 
 
 def test_over_budget_trials_are_drawn_as_untrained(study_with_report):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import logging
 import re
@@ -202,6 +203,18 @@ def _build_parser() -> argparse.ArgumentParser:
         help="fail a trial that runs longer than this many seconds",
     )
     s.add_argument(
+        "--max-train-seconds",
+        type=_positive_float,
+        default=None,
+        help="the wall-clock guard on each training, instead of the space's max_train_seconds (a trial it "
+        "stops is recorded truncated, off the front); for a machine slower or busier than the space assumed",
+    )
+    s.add_argument(
+        "--retrain-truncated",
+        action="store_true",
+        help="a resume queues the study's truncated trials again, to train them in full on top of --trials",
+    )
+    s.add_argument(
         "--seed",
         type=_seed,
         default=None,
@@ -353,6 +366,7 @@ def _search(args: argparse.Namespace) -> None:
         n_infeasible,
         n_pruned,
         n_truncated,
+        not_retrained,
         prepare,
         run_search,
     )
@@ -374,6 +388,8 @@ def _search(args: argparse.Namespace) -> None:
         max_params=args.max_params,
         max_memory_mb=args.max_memory_mb,
         trial_timeout=args.trial_timeout,
+        max_train_seconds=args.max_train_seconds,
+        retrain_truncated=args.retrain_truncated,
         seed=args.seed,
         measure=args.measure,
         prune=args.prune,
@@ -393,6 +409,15 @@ def _search(args: argparse.Namespace) -> None:
         f"device {ctx.device}; {done} trial(s) already trained",
         soft_wrap=True,
     )
+    if args.retrain_truncated:
+        config = dataclasses.replace(config, trials=config.trials + len(ctx.retrained))
+        console.print(
+            f"re-queued {len(ctx.retrained)} truncated trial(s) ({', '.join(map(str, ctx.retrained))}) to train in "
+            f"full, on top of --trials: {config.trials} trained trials to reach"
+            if ctx.retrained
+            else "no truncated trial to retrain",
+            soft_wrap=True,
+        )
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -463,9 +488,15 @@ def _search(args: argparse.Namespace) -> None:
             soft_wrap=True,
         )
     if truncated:
+        hint = (
+            "; to train them in full, resume with --retrain-truncated (and --max-train-seconds if the guard is "
+            "too tight for this machine)"
+            if not_retrained(study)
+            else ""
+        )
         console.print(
             f"{truncated} trial(s) stopped early by the time budget (max_train_seconds): recorded with "
-            f"their steps, kept off the front and the hypervolume",
+            f"their steps, kept off the front and the hypervolume{hint}",
             soft_wrap=True,
         )
     if pruned:
@@ -539,6 +570,8 @@ def _trial_line(r: TrialRecord, trained: int, trials: int, objectives: Sequence[
     if r.state.name != "COMPLETE":
         return f"trial {r.number}: {r.state.name.lower()}"
     ref = f" baseline {r.baseline}:" if r.baseline else ""
+    if r.requeued_from is not None:  # a dead worker's, an interrupted or a truncated trial, trained again
+        ref = f" retrains trial {r.requeued_from}:{ref}"
     if r.skipped_training is not None:  # a baseline is named here too (it was only where trained)
         return (
             f"trial {r.number}:{ref} {r.arch_summary} {r.skipped_training}; not trained, "

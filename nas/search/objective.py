@@ -53,6 +53,8 @@ class Budgets:
     max_params: int | None = None
     max_memory_mb: float | None = None
     trial_timeout: float | None = None  # seconds for the whole trial; past it the trial fails
+    # the training's wall-clock guard instead of the space's max_train_seconds (None: the space's)
+    max_train_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class TrialContext:
     pruner: pruning.CostAwarePruner | None = None  # early stopping at rungs (None: train every trial to the end)
     context: int | None = None  # tokens per sequence for the generation costs (--context)
     decode_batch: int = 1  # sequences decoded together (--decode-batch)
+    retrained: tuple[int, ...] = ()  # truncated trials this run re-queued (--retrain-truncated)
 
 
 @dataclass(frozen=True)
@@ -189,8 +192,9 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
 
     model = build(arch, ctx.task, seed=cand.train.seed)
     timeout = ctx.budgets.trial_timeout
+    guard = ctx.budgets.max_train_seconds or ctx.space.max_train_seconds
     max_seconds, deadline = faults.training_budget(
-        fault, ctx.space.max_train_seconds, None if timeout is None else start + timeout, time.monotonic()
+        fault, guard, None if timeout is None else start + timeout, time.monotonic()
     )
     budget = Budget(max_seconds=max_seconds, deadline=deadline)
     reason = None

@@ -102,6 +102,9 @@ class StudyBudgets:
     max_memory_mb: float | None = None
     trial_timeout: float | None = None
     trials: int = 20
+    # the wall-clock guard on each training, in seconds, instead of the space's max_train_seconds
+    # (--max-train-seconds; None: the space's)
+    max_train_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

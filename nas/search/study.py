@@ -120,6 +120,11 @@ class SearchConfig:
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     context: int | None = None
     decode_batch: int = 1
+    # the training's wall-clock guard in seconds instead of the space's max_train_seconds (the
+    # study records it for its workers, as it does the budgets)
+    max_train_seconds: float | None = None
+    # a resume re-queues the study's truncated trials, to train them in full on top of ``trials``
+    retrain_truncated: bool = False
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -411,6 +416,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     for flag, value in (
         ("--timeout", config.timeout),
         ("--trial-timeout", config.trial_timeout),
+        ("--max-train-seconds", config.max_train_seconds),
         ("--max-latency-ms", config.max_latency_ms),
         ("--max-params", config.max_params),
         ("--max-memory-mb", config.max_memory_mb),
@@ -547,13 +553,18 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
             )
     else:
         record.write_study_setup(study, setup)
-    budgets = Budgets(config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout)
+    budgets = Budgets(
+        config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout, config.max_train_seconds
+    )
+    # re-queued truncated trials are trained on top of --trials: each was counted once already
+    retrained = requeue_truncated(study) if config.retrain_truncated and stored is not None else ()
     recorded = StudyBudgets(
-        trials=config.trials,
+        trials=config.trials + len(retrained),
         max_latency_ms=budgets.max_latency_ms,
         max_params=budgets.max_params,
         max_memory_mb=budgets.max_memory_mb,
         trial_timeout=budgets.trial_timeout,
+        max_train_seconds=budgets.max_train_seconds,
     )
     before = record.study_budgets(study)
     if before != recorded:
@@ -579,7 +590,26 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         pruner=pruner,
         context=config.context,
         decode_batch=config.decode_batch,
+        retrained=retrained,
     ), study
+
+
+def not_retrained(study: optuna.Study) -> list[int]:
+    """The truncated trials no trial re-queued from them (``requeued_from``, and did not fail) retrains."""
+    trials = study.get_trials(deepcopy=False)
+    again = [t for t in trials if t.state != TrialState.FAIL and "requeued_from" in t.user_attrs]
+    taken = {t.user_attrs["requeued_from"] for t in again}
+    return [r.number for r in record.records(study, (TrialState.COMPLETE,)) if r.truncated and r.number not in taken]
+
+
+def requeue_truncated(study: optuna.Study) -> tuple[int, ...]:
+    """Queue the parameters of every truncated trial not yet re-queued (``not_retrained``) again, to
+    be trained in full (``--retrain-truncated``; a baseline keeps its label); returns their numbers."""
+    numbers = not_retrained(study)
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    for number in numbers:
+        record.requeue(study, by_number[number])
+    return tuple(numbers)
 
 
 def _sampler_and_seed(config: SearchConfig, name: str, stored: SearchSetup | None) -> tuple[str, int]:
@@ -800,6 +830,7 @@ def worker_config(
         max_params=budgets.max_params,
         max_memory_mb=budgets.max_memory_mb,
         trial_timeout=budgets.trial_timeout,
+        max_train_seconds=budgets.max_train_seconds,
         seed=setup.seed,
         device=device,
         measure=setup.measure,

@@ -93,6 +93,59 @@ def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp
     assert "— stopped by its time budget: 1/8 steps → " in capsys.readouterr().out
 
 
+def test_retrain_truncated_trains_the_truncated_trials_again_in_full(tmp_path, monkeypatch, capsys):
+    """A resume with --retrain-truncated queues each truncated trial's parameters again (a baseline
+    keeps its label) on top of --trials: they train in full, the cut ones stay on record, and a
+    second resume finds nothing left to retrain. The summary's hint to do so goes once they are."""
+    from nas.cli import main
+    from nas.search.record import records
+    from nas.search.study import n_complete
+
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(write_space(tmp_path, steps=8)), "--storage", storage, "--study", "cut"]
+    argv += ["--trials", "3", "--device", "cpu"]
+    monkeypatch.setenv("NAS_FAULT", "slow@1")  # trial 1, the all-linear baseline, loses its guard
+    assert main(argv) == 0
+    assert "resume with --retrain-truncated" in capsys.readouterr().out
+    monkeypatch.delenv("NAS_FAULT")
+    assert main([*argv, "--retrain-truncated"]) == 0
+    out = capsys.readouterr().out
+    assert "re-queued 1 truncated trial(s) (1) to train in full, on top of --trials: 4 trained trials to reach" in out
+    assert "trial 3 (4/4 trained): retrains trial 1: baseline all-linear: " in out
+    assert "resume with --retrain-truncated" not in out  # trial 1 is retrained: nothing left to do
+    study = optuna.load_study(study_name="cut", storage=open_storage(storage))
+    by_number = {r.number: r for r in records(study)}
+    cut, again = by_number[1], by_number[3]
+    assert cut.truncated and not again.truncated and again.steps_done == again.planned_steps == 8
+    assert again.requeued_from == 1 and again.baseline == cut.baseline == "all-linear"
+    assert study.trials[3].params == study.trials[1].params and n_complete(study) == 4
+    assert main([*argv, "--trials", "4", "--retrain-truncated"]) == 0
+    assert "no truncated trial to retrain" in capsys.readouterr().out
+    assert len(study.get_trials(deepcopy=False)) == 4  # nothing queued, nothing trained
+
+
+def test_max_train_seconds_replaces_the_spaces_guard_in_workers_too(tmp_path, monkeypatch):
+    """--max-train-seconds is the guard every training of this run gets (the space says 600 s), and
+    the study records it for the workers that join it, as it does the budgets."""
+    from nas.search import faults
+    from nas.search.study import worker_config
+
+    guards = []
+    real = faults.training_budget
+    spy = lambda kind, guard, *rest: guards.append(guard) or real(kind, guard, *rest)  # noqa: E731
+    monkeypatch.setattr(faults, "training_budget", spy)
+    storage = str(tmp_path / "s.journal")
+    space = str(write_space(tmp_path))
+    run_search(SearchConfig(space=space, trials=1, storage=storage, study="g", device="cpu", baselines=False))
+    run_search(
+        SearchConfig(
+            space=space, trials=2, storage=storage, study="g", device="cpu", baselines=False, max_train_seconds=7.5
+        )
+    )
+    assert guards == [600.0, 7.5]
+    assert worker_config("g", storage, device="cpu").max_train_seconds == 7.5
+
+
 def test_exporting_a_failed_trial_names_its_failure(tmp_path, monkeypatch, capsys):
     from nas.cli import main
 

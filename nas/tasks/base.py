@@ -98,8 +98,15 @@ class Task:
         return x[rows].long(), y[rows].long()
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over scored positions. logits ``[N, T, C]`` or ``[N, C]``."""
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE_INDEX)
+        """Mean cross-entropy over scored positions. logits ``[N, T, C]`` or ``[N, C]``. A batch
+        with no scored position has loss 0 and no gradient (torch's mean would be 0/0 = NaN, read
+        as a diverged trial); with some, it equals torch's mean bit for bit (the same sum, divided
+        by the same count)."""
+        y = y.reshape(-1)
+        total = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), y, ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        return total / (y != IGNORE_INDEX).sum().clamp(min=1)
 
     @staticmethod
     def correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

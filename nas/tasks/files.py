@@ -190,6 +190,12 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
             f"{path}: with seed={seed}, test_frac={test_frac} one split has no scored targets; "
             "score more rows or change test_frac"
         )
+    # A training row with no scored target teaches nothing, and a batch drawn only from such rows
+    # has no loss to average: they are left out of training (the test split keeps its rows; the
+    # accuracy counts targets, not rows).
+    unscored = (y[train] == IGNORE_INDEX).all(axis=1) if readout == "token" else np.zeros(len(train), bool)
+    train = train[~unscored]
+    left_out = f" ({int(unscored.sum()):,} training rows with no scored target left out)" if unscored.any() else ""
     config = dict(name="npz", seed=seed, path=str(file), test_frac=test_frac, n_out=n_out, sha256=digest)
     return pack(
         "npz",
@@ -199,7 +205,7 @@ def load_npz(*, path: str, seed: int = 0, test_frac: float = 0.1, n_out: int = 0
         readout,
         (x[train], y[train]),
         (x[test], y[test]),
-        f"{file.name}: {x.shape[0]}×{x.shape[1]} readout={readout}",
+        f"{file.name}: {x.shape[0]}×{x.shape[1]} readout={readout}{left_out}",
     )
 
 

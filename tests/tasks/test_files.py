@@ -50,6 +50,65 @@ def test_token_targets_round_trip(tmp_path):
     assert got == sorted(tuple(r) for r in pairs)
 
 
+def test_training_rows_with_no_scored_target_are_left_out(tmp_path):
+    """Only a tenth of the rows are scored (a legal file): the others would teach nothing, and a
+    batch of them alone has no loss to average (it read as NaN, so every trial "diverged"). They
+    are left out of training, and the description says how many; the test split keeps its rows."""
+    x, y = token_arrays(n=400)
+    scored = np.zeros(400, bool)
+    scored[np.random.default_rng(1).choice(400, 40, replace=False)] = True
+    y[~scored] = IGNORE_INDEX
+    task = load_npz(path=save(tmp_path / "sparse.npz", x=x, y=y), seed=3)
+    assert len(task.x_train) == len(task.y_train) and bool((task.y_train != IGNORE_INDEX).any(1).all())
+    assert len(task.x_test) == 40  # 10 % of all rows, scored or not
+    train_scored = 40 - int((task.y_test != IGNORE_INDEX).any(1).sum())
+    assert len(task.x_train) == train_scored
+    assert f"({360 - train_scored:,} training rows with no scored target left out)" in task.description
+    dense_x, dense_y = token_arrays(n=400)
+    full = load_npz(path=save(tmp_path / "dense.npz", x=dense_x, y=dense_y))
+    assert "left out" not in full.description and len(full.x_train) == 360
+
+
+def test_a_search_on_sparsely_scored_rows_trains(tmp_path):
+    """The auditor's file end to end (batch 8, a tenth of the rows scored): trials complete,
+    none "diverged"."""
+    from nas.search.record import records
+    from nas.search.study import SearchConfig, run_search
+    from tests.conftest import write_space
+
+    rng = np.random.default_rng(1)
+    x, y = rng.integers(0, 10, (400, 8)), np.full((400, 8), IGNORE_INDEX)
+    rows = rng.choice(400, 40, replace=False)
+    y[rows] = rng.integers(0, 10, (40, 8))
+    data = save(tmp_path / "rows10pct.npz", x=x, y=y)
+    config = SearchConfig(
+        space=str(write_space(tmp_path)), task=data, trials=2, storage=str(tmp_path / "s.journal"), baselines=False
+    )
+    trained = records(run_search(config))
+    assert len(trained) == 2 and all(r.trained and r.failure is None for r in trained)
+
+
+def test_a_batch_with_no_scored_position_has_loss_zero_and_no_gradient():
+    """Task.loss is torch's mean cross-entropy bit for bit when a position is scored, and 0 with a
+    zero gradient (not 0/0 = NaN) when none is."""
+    import torch.nn.functional as F
+
+    from nas.tasks.base import Task
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 7, 11, requires_grad=True)
+    y = torch.randint(0, 11, (6, 7))
+    y[torch.rand(6, 7) < 0.6] = IGNORE_INDEX
+    (ours,) = torch.autograd.grad(Task.loss(None, logits, y), logits)
+    (theirs,) = torch.autograd.grad(F.cross_entropy(logits.reshape(-1, 11), y.reshape(-1)), logits)
+    assert torch.equal(Task.loss(None, logits, y), F.cross_entropy(logits.reshape(-1, 11), y.reshape(-1)))
+    assert torch.equal(ours, theirs)
+    none = torch.full((6, 7), IGNORE_INDEX)
+    loss = Task.loss(None, logits, none)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+
+
 def test_class_labels(tmp_path):
     x, _ = token_arrays(n=12)
     labels = np.arange(12) % 3

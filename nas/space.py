@@ -140,7 +140,9 @@ LIMITS: dict[str, _Bound] = {
     "layer.heads": _Bound(1, 1024),
     "layer.short_conv": _Bound(0, 16),  # the kernels' widest causal conv (LayerSpec's rule)
     "layer.mlp_ratio": _Bound(0, 16),  # 0 = no MLP
-    "train.lr": _Bound(0, math.inf, low_open=True),  # too high diverges: a failed trial, recorded
+    # too high diverges: a failed trial, recorded. Past 1e6 (far past any lr that trains) the
+    # optimizers' fp32 step scalars (lr over Adam's bias correction) overflow before they diverge.
+    "train.lr": _Bound(0, 1e6, low_open=True),
     "train.weight_decay": _Bound(0, 10),
     "train.warmup_frac": _Bound(0, 1, high_open=True),  # a fraction of the steps; some must train
     "train.steps": _Bound(1, 1_000_000),

@@ -934,8 +934,13 @@ def run_search(
             try:
                 with _heartbeat(study, trial):
                     state, values = evaluate(ctx, trial)
-            except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised as is
+            except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised
                 if not interrupt.is_interrupt(exc):
+                    # an error no trial outcome covers (a bug): the trial is recorded as failed with
+                    # it, not left RUNNING for a resume to re-queue into the same error, then raised
+                    with contextlib.suppress(Exception):  # storage gone too: the error itself still surfaces
+                        record.write_failure(trial, f"error: {type(exc).__name__}: {exc}"[:500])
+                        study.tell(trial, state=TrialState.FAIL)
                     raise
                 # a resume trains it again, as it does a dead worker's trial (a baseline was lost for good)
                 record.write_failure(trial, "interrupted; parameters re-queued" if trial.params else "interrupted")

@@ -250,3 +250,33 @@ def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
     assert rerun.returncode == 0, rerun.stderr.decode()
     assert [t.state for t in trials()] == [TrialState.FAIL, TrialState.COMPLETE]
     assert trials()[1].params == after[0].params and trials()[1].user_attrs["requeued_from"] == 0
+
+
+def test_an_unexpected_error_fails_its_trial_before_it_surfaces(tmp_path, monkeypatch):
+    """An error no trial outcome covers (a bug; Adam's fp32 step overflowing at lr 1e38 was one)
+    still surfaces, but its trial is recorded as failed with it: left RUNNING, every resume
+    re-queued it into the same error. The resume then trains other candidates."""
+    from nas.search import objective
+    from nas.search.record import records
+
+    real = objective.train
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("value cannot be converted to type float without overflow")
+
+    monkeypatch.setattr(objective, "train", broken)
+    config = SearchConfig(
+        space=str(write_space(tmp_path)), trials=2, storage=str(tmp_path / "s.journal"), device="cpu", baselines=False
+    )
+    with pytest.raises(RuntimeError, match="without overflow"):
+        run_search(config)
+    study = optuna.load_study(study_name=None, storage=open_storage(config.storage))
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.state == TrialState.FAIL
+    assert (
+        trial.user_attrs["failure"] == "error: RuntimeError: value cannot be converted to type float without overflow"
+    )
+    monkeypatch.setattr(objective, "train", real)
+    resumed = records(run_search(config))
+    assert [r.number for r in resumed if r.trained] == [1, 2]  # nothing re-queued trial 0's parameters
+    assert not any(r.requeued_from is not None for r in resumed)

@@ -15,9 +15,13 @@ from typing import Any
 
 import yaml
 
-__all__ = ["MAX_FILE_BYTES", "DuplicateKey", "YamlFileError", "load_unique", "read_text"]
+__all__ = ["MAX_FILE_BYTES", "MAX_NODES", "DuplicateKey", "TooLarge", "YamlFileError", "load_unique", "read_text"]
 
 MAX_FILE_BYTES = 1 << 20  # such a file is a few KB; a bigger one is the wrong file (a data set?)
+# Values in the document once its aliases are expanded. A 533-byte "billion laughs" (nine levels
+# of an anchor listing the previous one nine times) expands to 9^8 = 43 million values: the message
+# quoting one took 2.4 GB and 8 s, a level more about 20 GB. The largest shipped file holds ~600.
+MAX_NODES = 100_000
 
 
 class YamlFileError(ValueError):
@@ -30,6 +34,44 @@ class DuplicateKey(yaml.YAMLError):
     def __init__(self, key: Any, first: int, second: int) -> None:
         super().__init__(key)
         self.key, self.first, self.second = key, first, second
+
+
+class TooLarge(yaml.YAMLError):
+    """The document expands (through its aliases) to more than ``MAX_NODES`` values, or an alias
+    holds itself."""
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """``TooLarge`` unless ``root`` expands to at most ``MAX_NODES`` values, counted without
+    expanding anything (an alias is the same node object each time it is used: its size is
+    computed once and added at each use)."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.ScalarNode):
+            size[key] = 1
+            continue
+        items = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
+        if children_done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(n)] for n in items)
+            if size[key] > MAX_NODES:
+                raise TooLarge(f"its aliases expand to more than {MAX_NODES:,} values; such a file is a few KB")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise TooLarge("an alias is used inside its own anchor")
+        on_path.add(key)
+        stack.append((node, True))
+        for child in items:
+            if id(child) in on_path:
+                raise TooLarge("an alias is used inside its own anchor")
+            if id(child) not in size:
+                stack.append((child, False))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -48,10 +90,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def load_unique(text: str) -> Any:
     """``yaml.safe_load(text)``, but ``DuplicateKey`` for a key given twice in one mapping; other
-    problems raise PyYAML's own errors, for the caller to word."""
+    problems raise PyYAML's own errors (``TooLarge`` is one), for the caller to word."""
     loader = _UniqueKeyLoader(text)  # reading starts here: a control character fails already
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded_size(node)  # before anything is built from it
+        return loader.construct_document(node)
     finally:
         loader.dispose()
 

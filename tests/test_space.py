@@ -169,6 +169,13 @@ train:
   nesterov: [false, true]
 """
 
+# nine levels of an anchor listing the previous one nine times: 9^8 values once expanded
+LAUGHS = (
+    "[&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"
+    + "".join(f", &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9))
+    + "]"
+)
+
 
 def test_user_yaml_with_ranges_samples_inside_them(tmp_path):
     path = tmp_path / "ranges.yml"
@@ -282,6 +289,13 @@ MISTAKES = [
     ("not-utf8", b"\xff\xfe\x00bad", ["not UTF-8", "0xff", "offset 0"]),
     ("control-character", "depth: [1]\x00\n", ["invalid YAML", "line 1", "#x0000"]),
     ("nested-too-deeply", "[" * 20000, ["invalid YAML", "nested too deeply"]),
+    # a "billion laughs" in a field the space checks: 533 bytes took 2.4 GB to quote in the message
+    (
+        "aliases-expanding-past-the-limit",
+        RANGES.replace("  mixer: [", "  mixer: [" + LAUGHS + ", "),
+        ["invalid YAML", "aliases expand to more than 100,000 values"],
+    ),
+    ("alias-inside-itself", RANGES.replace("  mixer: [", "  mixer: [&me [*me], "), ["invalid YAML", "its own anchor"]),
     ("larger-than-1mib", "# " + "x" * (1 << 20) + "\n" + RANGES, ["larger than 1 MiB"]),
     ("duplicate-top-key", RANGES + "depth: [2]\n", ["depth", "given twice", "lines 2 and 19"]),
     ("duplicate-nested-key", edit(RANGES, "  batch_size: [8]\n", "  batch_size: [8]\n  lr: [0.1]\n"), ["lr", "twice"]),

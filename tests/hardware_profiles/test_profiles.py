@@ -463,3 +463,20 @@ def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
     said = rf"dup.yaml: field 'memory_bandwidth_gb_s' is given twice \(lines {line} and"
     with pytest.raises(ProfileError, match=said):
         load_profile(path)
+
+
+def test_aliases_expanding_past_the_limit_are_refused_before_anything_is_built(tmp_path: Path) -> None:
+    """A "billion laughs" under a field: nine levels of an anchor listing the previous one nine
+    times is 9^8 values once expanded. The loader counts them on the parsed nodes, without
+    expanding, and refuses the file in one line."""
+    path = tmp_path / "laughs.yaml"
+    levels = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    text = Path(load_profile("l4").path).read_text()
+    path.write_text(
+        text + "laughs:\n" + "".join(f"  {x}\n" for x in levels)
+    )
+    with pytest.raises(
+        ProfileError, match=r"laughs.yaml: not valid YAML: its aliases expand to more than 100,000 values"
+    ):
+        load_profile(path)

@@ -473,9 +473,7 @@ def test_aliases_expanding_past_the_limit_are_refused_before_anything_is_built(t
     levels = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
     text = Path(load_profile("l4").path).read_text()
-    path.write_text(
-        text + "laughs:\n" + "".join(f"  {x}\n" for x in levels)
-    )
+    path.write_text(text + "laughs:\n" + "".join(f"  {x}\n" for x in levels))
     with pytest.raises(
         ProfileError, match=r"laughs.yaml: not valid YAML: its aliases expand to more than 100,000 values"
     ):

@@ -596,10 +596,9 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
 
 def not_retrained(study: optuna.Study) -> list[int]:
     """The truncated trials no trial re-queued from them (``requeued_from``, and did not fail) retrains."""
-    trials = study.get_trials(deepcopy=False)
-    again = [t for t in trials if t.state != TrialState.FAIL and "requeued_from" in t.user_attrs]
-    taken = {t.user_attrs["requeued_from"] for t in again}
-    return [r.number for r in record.records(study, (TrialState.COMPLETE,)) if r.truncated and r.number not in taken]
+    every = record.records(study)
+    taken = {r.requeued_from for r in every if r.requeued_from is not None and r.state != TrialState.FAIL}
+    return [r.number for r in every if r.complete and r.truncated and r.number not in taken]
 
 
 def requeue_truncated(study: optuna.Study) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -30,8 +31,10 @@ if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them
 
 __all__ = ["main"]
 
-console = Console()
-err = Console(stderr=True)
+# No console markup: what is printed holds user text (study names, file names, paths) in which
+# rich would read "[red]" as a style and drop it, printing a study name that does not exist.
+console = Console(markup=False)
+err = Console(stderr=True, markup=False)
 
 
 class UsageError(Exception):
@@ -40,7 +43,9 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line instead of usage + message
-        raise UsageError(f"{self.prog}: {message}")
+        # printed after "nas: error: ": a subcommand's parser names itself ("nas search: ..."), the
+        # top one would only repeat "nas: "
+        raise UsageError(message if self.prog == "nas" else f"{self.prog}: {message}")
 
 
 _EPSILON_HELP = (
@@ -404,7 +409,7 @@ def _search(args: argparse.Namespace) -> None:
     fresh = all(t.state == TrialState.WAITING and record.baseline_of(t) for t in study.get_trials(deepcopy=False))
     done = n_complete(study)
     console.print(
-        f"study [bold]{study.study_name}[/] in {config.storage}: space {ctx.space.name}, "
+        f"study {study.study_name} in {config.storage}: space {ctx.space.name}, "
         f"task {ctx.task.description or ctx.task.name}, {_costing_text(ctx)}, "
         f"device {ctx.device}; {done} trial(s) already trained",
         soft_wrap=True,
@@ -506,9 +511,11 @@ def _search(args: argparse.Namespace) -> None:
             soft_wrap=True,
         )
     _print_front(study)
-    storage_flag = f" --storage {config.storage}" if args.storage else ""
-    console.print(f"next: nas report --study {study.study_name}{storage_flag}", soft_wrap=True)
-    console.print(f"      nas export --study {study.study_name}{storage_flag} --out export/", soft_wrap=True)
+    # commands to paste into a shell: a name or path with a space or a quote is quoted
+    storage_flag = f" --storage {shlex.quote(config.storage)}" if args.storage else ""
+    name = shlex.quote(study.study_name)
+    console.print(f"next: nas report --study {name}{storage_flag}", soft_wrap=True)
+    console.print(f"      nas export --study {name}{storage_flag} --out export/", soft_wrap=True)
 
 
 def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
@@ -870,7 +877,7 @@ def _spaces(args: argparse.Namespace) -> None:
         return
     for name in list_spaces():
         space = load_space(name)
-        console.print(f"[bold]{name}[/]: {space.description}  (default task {space.task})")
+        console.print(f"{name}: {space.description}  (default task {space.task})")
 
 
 def _write_raw(text: str) -> None:

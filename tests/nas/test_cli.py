@@ -59,6 +59,32 @@ def test_search_prints_front_and_next_steps(existing, capsys):
     assert "keep" in listing and "other" in listing
 
 
+def test_names_print_as_they_are_and_next_steps_paste_into_a_shell(tmp_path, capsys, monkeypatch):
+    """A study name or storage path with brackets and spaces: rich read "[red]" as a style and
+    printed "xy", a name no command finds; the next: lines were not shell-quoted. Each printed
+    command, split as a shell would, runs."""
+    import shlex
+
+    monkeypatch.setenv("COLUMNS", "300")
+    storage = str(tmp_path / "my runs [red].journal")
+    argv = ["search", "--space", str(write_space(tmp_path)), "--trials", "1", "--no-baselines"]
+    assert main([*argv, "--storage", storage, "--study", "x[red] y's"]) == 0
+    out = capsys.readouterr().out
+    assert "study x[red] y's in " in out and "Pareto front of x[red] y's" in out
+    commands = [line.split(":", 1)[1] if line.startswith("next:") else line for line in out.splitlines()]
+    commands = [c.strip() for c in commands if c.strip().startswith("nas ")]
+    assert len(commands) == 2
+    report, export = (shlex.split(c)[1:] for c in commands)
+    assert report == ["report", "--study", "x[red] y's", "--storage", storage]
+    assert main([*report, "--out", str(tmp_path / "r.html")]) == 0
+    assert main([*export[:-1], str(tmp_path / "bundle")]) == 0  # its --out export/, placed in tmp_path
+
+
+def test_an_unknown_flag_is_one_line_without_a_repeated_prefix(capsys):
+    assert main(["search", "--bogus"]) == 2
+    assert capsys.readouterr().err.strip() == "nas: error: unrecognized arguments: --bogus"
+
+
 def _bad_files(tmp: Path) -> dict[str, Path]:
     files = {}
     files["yaml_syntax"] = tmp / "syntax.yaml"

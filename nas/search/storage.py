@@ -10,16 +10,19 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import sqlite3
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError
 
 from nas import settings
 
@@ -46,6 +49,9 @@ _FIRST_LINE_LIMIT = 1 << 20  # a journal opens with a create-study record: a few
 # exists", the schema version is stamped twice) is tried again this many times: it skips what
 # exists by then
 _SCHEMA_RETRIES = 3
+# a SQLite file a reading command opens must hold these, with their rows: Optuna creates or stamps
+# what it misses on opening, and a reader must write nothing (``_check_sqlite``)
+_OPTUNA_SCHEMA = ("studies", "version_info", "alembic_version")
 
 
 class StorageError(ValueError):
@@ -152,29 +158,20 @@ def _ends_whole(path: Path, *, locked: bool) -> bool:
 def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
     """An Optuna storage for a path (journal file) or an RDB URL. ``write``: the caller may write
     (a journal file is created on first use, one ending in a partial record is refused); else
-    the storage must exist already, and nothing is created."""
+    the storage must exist already, and nothing is created or written (a SQLite file must hold
+    Optuna's schema: ``_check_sqlite``)."""
     if not storage.strip():
         raise StorageError(f"storage must be a journal file path or an RDB URL, got {storage!r}")
     if "://" in storage:
-        scheme = storage.split("://", 1)[0].split("+", 1)[0]
-        shown = redacted(storage)
-        if scheme not in _RDB_SCHEMES:
-            raise StorageError(
-                f"storage URL {shown!r}: unsupported scheme {scheme!r}; use a journal file path "
-                f"or one of {[s + '://' for s in _RDB_SCHEMES]}"
-            )
-        if scheme == "sqlite" and storage.split("://", 1)[1].split("?", 1)[0] in ("", "/", "/:memory:"):
-            raise StorageError(
-                f"storage URL {shown!r} is an in-memory database, lost when this process exits; "
-                "give a file (sqlite:///runs/studies.db) or a journal path"
-            )
-        if not write and scheme == "sqlite" and not _sqlite_file(storage).is_file():
-            raise StorageError(f"storage URL {shown!r}: no such database file (nas search creates one)")
+        scheme, shown = _scheme(storage), redacted(storage)
+        _rdb_url(storage)  # refuses a malformed URL, or a SQLite one naming no file, before a driver sees it
+        if (database := _sqlite_file(storage)) is not None:
+            _check_sqlite(database, shown, write=write)  # a file holding something else is refused
         if storage.startswith(("postgresql://", "postgres://")):
             # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; this project ships psycopg2
             storage = "postgresql+psycopg2://" + storage.split("://", 1)[1]
         with claim_lock(storage) if write else contextlib.nullcontext():  # one process creates a new file's tables
-            return _open_rdb(storage, scheme)
+            return _open_rdb(storage, scheme, shown, write=write)
     path = Path(storage)
     if path.is_dir():
         raise StorageError(f"storage {storage!r} is a directory; give a journal file path such as {DEFAULT_STORAGE}")
@@ -191,7 +188,9 @@ def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
     return journal
 
 
-def _open_rdb(storage: str, scheme: str) -> RDBStorage:
+def _open_rdb(storage: str, scheme: str, shown: str, *, write: bool) -> RDBStorage:
+    """Optuna's RDBStorage for ``storage`` (``shown``: the URL as given, password masked). Without
+    ``write`` Optuna creates no table: a reader finds the schema there, or fails saying so."""
     beat, attempts = _heartbeat_seconds(), 0
     while True:
         try:
@@ -203,16 +202,17 @@ def _open_rdb(storage: str, scheme: str) -> RDBStorage:
                     heartbeat_interval=beat,
                     grace_period=HEARTBEAT_GRACE * beat,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3),
+                    skip_table_creation=not write,
                 )
         except Exception as e:  # sqlalchemy/driver errors vary by backend; report them as one line
+            if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ is not None:
+                # a reader's first query (no table creation before it) wraps the driver's error in a vague one
+                e = e.__cause__
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if (isinstance(e, IntegrityError) or "already exists" in first) and attempts < _SCHEMA_RETRIES:
                 attempts += 1
                 continue  # another process created (some of) the tables, or stamped their version, meanwhile
-            shown, password = redacted(storage), urlsplit(storage).password
-            if password:
-                first = first.replace(password, "***")
-            raise StorageError(f"storage URL {shown!r}: cannot open it ({first})") from None
+            raise StorageError(f"storage URL {shown!r}: cannot open it ({_masked(first, storage)})") from None
 
 
 @contextlib.contextmanager
@@ -223,8 +223,8 @@ def claim_lock(storage: str) -> Iterator[None]:
     (optuna#4621), so two processes could both take the same baseline. A ``FlockLock`` on
     ``<file>.flock``, as a journal's writers hold; a journal and a server database need none (a
     journal's claims are decided in its append order, a server honours the row lock)."""
-    path = _sqlite_file(storage) if storage.startswith("sqlite:///") else None
-    if path is None or str(path) == ":memory:" or not path.parent.is_dir():
+    path = _sqlite_file(storage)
+    if path is None or not path.parent.is_dir():
         yield  # not a file other processes open (or one SQLite cannot create: it says so)
         return
     lock = FlockLock(str(path))
@@ -238,20 +238,119 @@ def claim_lock(storage: str) -> Iterator[None]:
 def redacted(storage: str) -> str:
     """``storage`` with a URL's password replaced by ``***`` (``postgresql://nas:***@host/db``):
     what error messages and logs may show."""
+    return _masked(storage, storage)
+
+
+def _masked(text: str, storage: str) -> str:
+    """``text`` with the user information of URL ``storage`` (``nas:secret@``) shown as
+    ``nas:***@`` wherever the URL appears in it. Only that: the password's characters elsewhere
+    (a port, a driver's name) are left as they are, or the message would garble them."""
+    netloc = re.split(r"[/?#]", storage.split("://", 1)[1], maxsplit=1)[0] if "://" in storage else ""
+    if "@" not in netloc:
+        return text
+    userinfo = netloc.rsplit("@", 1)[0]  # a password may hold an "@"; the host cannot
+    if ":" not in userinfo or not userinfo.split(":", 1)[1]:
+        return text
+    return text.replace(f"{userinfo}@", f"{userinfo.split(':', 1)[0]}:***@")
+
+
+def _scheme(storage: str) -> str:
+    """A URL's scheme without its driver: ``postgresql+psycopg2://...`` → ``postgresql``."""
+    return storage.split("://", 1)[0].split("+", 1)[0]
+
+
+def _rdb_url(storage: str) -> URL:
+    """URL ``storage`` as SQLAlchemy reads it; StorageError, naming what is wrong, for one that
+    cannot hold studies: another scheme, a malformed URL (an unclosed IPv6 bracket ended in a
+    ``ValueError`` traceback), a SQLite URL naming no file (``sqlite:///`` did, in the artifacts
+    directory's name), or a host (SQLAlchemy's refusal spans lines)."""
+    scheme, shown = _scheme(storage), redacted(storage)
+    if scheme not in _RDB_SCHEMES:
+        raise StorageError(
+            f"storage URL {shown!r}: unsupported scheme {scheme!r}; use a journal file path "
+            f"or one of {[s + '://' for s in _RDB_SCHEMES]}"
+        )
     try:
-        parts = urlsplit(storage)
-        password = parts.password
-    except ValueError:  # a malformed netloc (an unclosed IPv6 bracket): nothing to take apart
-        return storage
-    if not password:
-        return storage
-    user, host = parts.netloc.rsplit("@", 1)
-    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
+        urlsplit(storage)  # an unclosed IPv6 bracket, which make_url reports as a bad port number
+        url = make_url(storage)
+    except (ValueError, ArgumentError) as e:
+        raise StorageError(f"storage URL {shown!r} is malformed ({_masked(str(e), storage)})") from None
+    if scheme != "sqlite":
+        return url
+    if url.host or url.port or url.username or url.password:
+        raise StorageError(
+            f"storage URL {shown!r}: a SQLite URL names no host; give sqlite:///relative/path.db "
+            "(three slashes) or sqlite:////absolute/path.db (four)"
+        )
+    if url.database in (None, "", ":memory:"):
+        raise StorageError(
+            f"storage URL {shown!r} is an in-memory database, lost when this process exits; "
+            "give a file (sqlite:///runs/studies.db) or a journal path"
+        )
+    if url.database.endswith("/") or Path(url.database).is_dir():
+        raise StorageError(
+            f"storage URL {shown!r} names a directory; give a database file such as sqlite:///runs/studies.db"
+        )
+    return url
 
 
-def _sqlite_file(storage: str) -> Path:
-    """The database file of a ``sqlite:///`` URL."""
-    return Path(storage.removeprefix("sqlite:///"))
+def _sqlite_file(storage: str) -> Path | None:
+    """The database file of a SQLite URL (``sqlite:///runs/studies.db``, with a driver or a
+    query too), as SQLAlchemy reads it (``%20`` is a space); None for another storage.
+    StorageError for a SQLite URL that names no file (``_rdb_url``)."""
+    if "://" not in storage or _scheme(storage) != "sqlite":
+        return None
+    return Path(_rdb_url(storage).database)
+
+
+def _check_sqlite(path: Path, shown: str, *, write: bool) -> None:
+    """StorageError unless ``path`` is a SQLite file Optuna may open, before Optuna touches it.
+
+    Optuna creates its tables in any file it opens: a reading command wrote its schema into an
+    empty file, or another application's database, and then failed for want of the study. A
+    reader needs Optuna's whole schema, stamped with its version. A writer also takes a new or
+    empty file, or one a killed ``nas search`` left half made (Optuna creates ``studies`` first,
+    and completes the rest); another application's tables are refused, as a journal path that
+    holds something else is (``_check_journal``).
+    """
+    if not path.exists():
+        if write:
+            return  # SQLite creates it (or says why it cannot)
+        raise StorageError(f"storage URL {shown!r}: no such database file (nas search creates one)")
+    if not path.is_file():
+        raise StorageError(f"storage URL {shown!r}: {str(path)!r} is not a regular file; give a database file")
+    tables, stamped = _sqlite_schema(path, shown)
+    if write and (not tables or "studies" in tables):
+        return
+    if "studies" not in tables:
+        held = f"it holds other tables: {', '.join(sorted(tables))}" if tables else "it holds no table"
+        raise StorageError(
+            f"storage URL {shown!r} is not an Optuna study database ({held}); nothing was written"
+            + (": give another file" if tables else " (nas search creates one)")
+        )
+    if not stamped:
+        raise StorageError(
+            f"storage URL {shown!r}: its Optuna schema is incomplete (a nas search creating it was cut "
+            "short); nothing was written: nas search on it completes it"
+        )
+
+
+def _sqlite_schema(path: Path, shown: str) -> tuple[set[str], bool]:
+    """The tables of SQLite file ``path``, and whether Optuna's schema there is whole and stamped
+    with its version (``_OPTUNA_SCHEMA``, each with a row). Read through a read-only connection:
+    nothing is created, not even a rollback journal beside the file."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            stamped = all(
+                name in tables and db.execute(f"SELECT EXISTS (SELECT 1 FROM {name})").fetchone()[0]
+                for name in _OPTUNA_SCHEMA
+            )
+    except sqlite3.DatabaseError as e:
+        if e.sqlite_errorname == "SQLITE_NOTADB":
+            raise StorageError(f"storage URL {shown!r} is not a SQLite database file; nothing was written") from None
+        raise StorageError(f"storage URL {shown!r}: cannot read it ({e})") from None
+    return tables, stamped
 
 
 def artifact_dir(storage: str) -> Path:
@@ -260,10 +359,12 @@ def artifact_dir(storage: str) -> Path:
     for a server database, ``runs/artifacts/`` (point every worker at a shared path with $NAS_ARTIFACTS)."""
     if (artifacts := settings.get().artifacts) is not None:
         return Path(artifacts)
-    if storage.startswith("sqlite:///"):
-        return _sqlite_file(storage).with_suffix(".artifacts")
+    if (database := _sqlite_file(storage)) is not None:
+        return database.with_suffix(".artifacts")
     if "://" in storage:
         return Path("runs/artifacts")
+    if Path(storage).is_dir():  # "." or "/" has no name to give a suffix (a ValueError traceback)
+        raise StorageError(f"storage {storage!r} is a directory; give a journal file path such as {DEFAULT_STORAGE}")
     return Path(storage).with_suffix(".artifacts")
 
 
@@ -303,8 +404,8 @@ def stored_paths(storage: str) -> dict[str, Path]:
     """What holds ``storage``'s studies on this machine, by what it is: the journal file and its
     lock, or the SQLite file, and the artifacts directory. Outputs must stay clear of them."""
     paths: dict[str, Path] = {}
-    if storage.startswith("sqlite:///"):
-        paths |= {"database": _sqlite_file(storage), "database lock": Path(str(_sqlite_file(storage)) + ".flock")}
+    if (database := _sqlite_file(storage)) is not None:
+        paths |= {"database": database, "database lock": Path(str(database) + ".flock")}
     elif "://" not in storage:
         paths |= {"journal": Path(storage), "journal lock": Path(storage + ".flock")}
     return paths | {"artifacts directory": artifact_dir(storage)}

@@ -340,9 +340,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="replace an earlier export bundle at --out (a directory holding only arch.json, model.safetensors, "
-        "model.onnx, card.md); any other non-empty --out is refused",
+        "model.onnx, card.md and a large model's model.onnx.data); any other non-empty --out is refused",
     )
-    e.add_argument("--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing")
+    e.add_argument(
+        "--retrain-steps", type=_positive_int, default=None, help="retrain this many steps before writing (<= 1000000)"
+    )
     e.add_argument("--device", default="auto", help="device for --retrain-steps")
     _data_flag(e, "with --retrain-steps: the study's data file, where it is now if it moved")
 
@@ -796,14 +798,14 @@ def _export(args: argparse.Namespace) -> None:
         device=device,
         data=args.data,
     )
-    how = f"trial {args.trial}" if args.trial is not None else f"--pick {args.pick}"
+    how = "" if args.trial is not None else f" (--pick {args.pick})"  # --trial N: the number is already said
     accuracy = json.loads((out / "arch.json").read_text())["metrics"]["accuracy"]  # the bundle's, retrained or not
     retrained = (
         f" after {args.retrain_steps} retraining steps (study: {chosen.accuracy:.3f})" if args.retrain_steps else ""
     )
     cut = f" — stopped by its {chosen.truncation_text()}" if chosen.truncated and not args.retrain_steps else ""
     console.print(
-        f"exported trial {chosen.number} ({how}): {chosen.arch_summary}, accuracy "
+        f"exported trial {chosen.number}{how}: {chosen.arch_summary}, accuracy "
         f"{accuracy:.3f}{retrained}, {chosen.costs_text(study_objectives(study))}{cut} → {out}",
         soft_wrap=True,
     )

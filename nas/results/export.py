@@ -2,6 +2,8 @@
 
 ``export(study, trial, out)`` writes the bundle of one trial (its stored weights, or weights
 retrained for longer); ``load(path)`` rebuilds the torch model from a bundle with one call.
+A model whose ONNX weights are too large for one protobuf file also gets ``model.onnx.data``
+(the graph's external data, which torch's exporter writes beside ``model.onnx``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
+import os
 import platform
 import shutil
 import tempfile
@@ -30,15 +34,20 @@ from nas.results.onnx_model import ONNX_OPSET, check_onnx, write_onnx
 from nas.search.objectives import BY_METRIC
 from nas.search.record import TrialRecord, study_objectives, study_setup
 from nas.search.setup import SearchSetup
-from nas.search.storage import file_in_the_way, open_artifact_store, output_clash
-from nas.spec import ArchSpec, TrainSpec, arch_hash
-from nas.tasks import Task, TaskError, task_moved
+from nas.search.storage import artifact_dir, file_in_the_way, open_artifact_store, output_clash
+from nas.space import LIMITS
+from nas.spec import ArchSpec, LayerSpec, TrainSpec, arch_hash
+from nas.tasks import MAX_VOCAB, Task, TaskError, task_moved
 
 __all__ = ["ONNX_OPSET", "ExportError", "check_out", "export", "load", "trial_model"]
 
 logger = logging.getLogger(__name__)
 
 BUNDLE_FILES = ("arch.json", "model.safetensors", "model.onnx", "card.md")
+# torch's ONNX exporter moves the weights of a large graph (over 1.5 GiB of initializers; protobuf
+# cannot hold 2 GiB) into this file beside model.onnx, whatever external_data says: part of the bundle
+ONNX_DATA = "model.onnx.data"
+BUNDLE_FORMAT = "hybrid-nas-bundle/1"  # every version so far has written this one
 
 
 class ExportError(ValueError):
@@ -68,7 +77,7 @@ def trial_model(trial: TrialRecord, storage: str) -> HybridModel:
             f"trial {trial.number} has no stored weights (it was not trained: "
             f"{trial.skipped_training or 'no weights artifact'}); use --retrain-steps"
         )
-    model = build(trial.arch)
+    what = f"the stored weights of trial {trial.number}"
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "w.safetensors")
         try:
@@ -77,24 +86,60 @@ def trial_model(trial: TrialRecord, storage: str) -> HybridModel:
             )
         except Exception as e:  # the store raises its own not-found types per backend
             raise ExportError(f"weights of trial {trial.number} are missing from the artifact store ({e})") from None
-        _load_weights(model, path, f"the stored weights of trial {trial.number}")
+        # named by where the artifact lives: the temporary copy is gone by the time the user reads it
+        model = _load_weights(
+            trial.arch,
+            path,
+            what,
+            where=str(artifact_dir(storage) / artifact),
+            hashes={arch_hash(trial.arch)},
+            ours=f"the trial's {arch_hash(trial.arch)!r}",
+            fix="use --retrain-steps to train the trial's architecture afresh",
+        )
     return model.eval()
 
 
-def _load_weights(model: torch.nn.Module, path: str | Path, what: str) -> None:
-    """``model``'s weights from the safetensors file ``path``, or ExportError naming ``what`` when
-    the file is not one (truncated, overwritten) or holds other tensors than the arch's."""
-    from safetensors import SafetensorError
+def _load_weights(
+    arch: ArchSpec, path: str | Path, what: str, *, where: str, hashes: set[str], ours: str, fix: str
+) -> HybridModel:
+    """``arch``'s model holding the weights of the safetensors file ``path`` (shown as ``where``),
+    or ExportError naming ``what`` when the file is not one (truncated, overwritten), was written
+    for another architecture (its ``arch_hash`` metadata is none of ``hashes``, the arch's, shown
+    as ``ours``; a file without one predates it), or holds other tensors than the arch's. The
+    header is read first and the model allocated only once its tensors fit: a size edited into
+    arch.json (d_model 64 → 16384) cannot fill the memory."""
+    from safetensors import SafetensorError, safe_open
 
     try:
-        state = load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            stored_hash = (f.metadata() or {}).get("arch_hash")
+            shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError) as e:
-        raise ExportError(f"{what} cannot be read ({path}: {e})") from None
+        raise ExportError(f"{what} cannot be read ({'' if where == what else f'{where}: '}{e})") from None
+    if stored_hash is not None and stored_hash not in hashes:
+        # an edit of the arch that keeps every weight's shape (a feature map, an activation, a
+        # norm), or another export's weights copied in, would load into a model they were not trained in
+        raise ExportError(
+            f"{what} were trained for another architecture (their arch_hash {stored_hash!r}, {ours}); {fix}"
+        )
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        expected = {k: list(v.shape) for k, v in HybridModel(arch).state_dict().items()}
+    if shapes != expected:
+        missing, unexpected = sorted(expected.keys() - shapes.keys()), sorted(shapes.keys() - expected.keys())
+        misshaped = [
+            f"{k} is {shapes[k]}, the architecture's {v}" for k, v in expected.items() if shapes.get(k, v) != v
+        ]
+        found = [f"missing {', '.join(missing)}"] if missing else []
+        found += [f"unexpected {', '.join(unexpected)}"] if unexpected else []
+        raise ExportError(f"{what} do not fit the architecture ({'; '.join(found + misshaped)[:300]})")
+    model = build(arch)
     try:
-        model.load_state_dict(state)
-    except RuntimeError as e:  # missing, unexpected or misshaped tensors
+        model.load_state_dict(load_file(str(path)))
+    except (SafetensorError, OSError, RuntimeError) as e:  # the data past a sound header is cut off
         first = str(e).strip().splitlines()
-        raise ExportError(f"{what} do not fit the architecture ({' '.join(first[:2])[:300]})") from None
+        at = "" if where == what else f"{where}: "
+        raise ExportError(f"{what} cannot be read ({at}{' '.join(first[:2])[:300]})") from None
+    return model
 
 
 def _retrain(trial: TrialRecord, task: Task, steps: int, device: str) -> tuple[HybridModel, float, dict[str, Any]]:
@@ -109,9 +154,11 @@ def _retrain(trial: TrialRecord, task: Task, steps: int, device: str) -> tuple[H
 
 def _is_bundle(out: Path) -> bool:
     """Whether directory ``out`` holds what an earlier export wrote and nothing else: bundle files
-    only, and an ``arch.json`` of the bundle format. Only such a directory may be replaced."""
+    only (``model.onnx.data`` too: a large model's), and an ``arch.json`` of the bundle format.
+    Only such a directory may be replaced."""
     entries = list(out.iterdir())
-    if not entries or any(e.name not in BUNDLE_FILES or e.is_symlink() or not e.is_file() for e in entries):
+    names = (*BUNDLE_FILES, ONNX_DATA)
+    if not entries or any(e.name not in names or e.is_symlink() or not e.is_file() for e in entries):
         return False
     try:
         record = json.loads((out / "arch.json").read_text())
@@ -124,6 +171,13 @@ def check_out(out: Path, storage: str, *, force: bool) -> None:
     """ExportError unless the bundle may be written to ``out``: apart from the study's journal,
     database and artifacts (``storage``), below directories only, and absent, an empty directory,
     or (with ``force``) an earlier bundle. Checked before anything is written or removed."""
+    try:
+        _check_out(out, storage, force=force)
+    except OSError as e:  # a name too long for the file system, a directory it may not read
+        raise ExportError(f"--out {out}: cannot use it ({e.strerror or e})") from None
+
+
+def _check_out(out: Path, storage: str, *, force: bool) -> None:
     if (clash := output_clash(out, storage)) is not None:
         raise ExportError(f"--out {out} {clash}; export to another directory")
     if (blocker := file_in_the_way(out)) is not None:
@@ -136,9 +190,27 @@ def check_out(out: Path, storage: str, *, force: bool) -> None:
         raise ExportError(f"--out {out} exists and is not empty; pass --force to replace an earlier export bundle")
     if not _is_bundle(out):
         raise ExportError(
-            f"--out {out} is not an export bundle (it holds files other than {', '.join(BUNDLE_FILES)}); "
-            f"--force replaces only a bundle nas export wrote"
+            f"--out {out} is not an export bundle (it holds files other than {', '.join(BUNDLE_FILES)} and "
+            f"{ONNX_DATA}); --force replaces only a bundle nas export wrote"
         )
+
+
+def _move_in(staging: Path, out: Path) -> None:
+    """Put the bundle written in ``staging`` at ``out``: absent, an empty directory or an earlier
+    bundle (``check_out``). An existing directory is kept and filled, not replaced: it may be the
+    folder the user's shell is in (``--out .``), and its owner and mode are theirs. Each new file
+    replaces its old one in one rename; old files the new bundle lacks (``model.onnx.data`` of a
+    larger model) are removed after."""
+    if not out.exists():
+        staging.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
+        staging.rename(out)
+        return
+    written = {p.name for p in staging.iterdir()}
+    for name in sorted(written):
+        os.replace(staging / name, out / name)
+    for old in out.iterdir():
+        if old.name not in written:  # check_out allowed bundle files only
+            old.unlink()
 
 
 def export(
@@ -155,12 +227,21 @@ def export(
     """Write the bundle of ``trial`` into ``out``: absent or an empty directory, or with ``force``
     an earlier bundle, which is replaced (``check_out``). ``data``: where the study's data file is
     now, for a retraining when it is no longer at the recorded path (the same bytes only)."""
+    if str(out) == "":  # Path("") is ".": an empty --out (an unset shell variable) is not the current folder
+        raise ExportError("--out is empty; give a directory path for the bundle (--out . for this folder)")
     out = Path(out)
     check_out(out, storage, force=force)
-    if retrain_steps is not None and retrain_steps <= 0:
-        raise ExportError(f"--retrain-steps must be >= 1, got {retrain_steps}")
+    steps_limit = LIMITS["train.steps"]
+    if retrain_steps is not None and not steps_limit.holds(retrain_steps):
+        # the bound a space's train.steps has: past it a typo would only allocate or run for days
+        raise ExportError(f"--retrain-steps must be {steps_limit}, got {retrain_steps:,}")
     setup = study_setup(study)
     task_config = dict(setup.task_config) if setup is not None and setup.task_config else None
+    if data is not None and task_config is not None and "sha256" not in task_config:
+        raise ExportError(
+            f"--data names where the study's data file is now, but study {study.study_name!r} trains on the "
+            f"generated task {task_config.get('name', '?')!r}, which has no data file; drop --data"
+        )
     if retrain_steps is None:
         model, accuracy = trial_model(trial, storage), trial.accuracy
         # the steps the search actually trained: a time budget may have stopped it before train.steps
@@ -181,9 +262,12 @@ def export(
     if retrain_steps is not None:
         train = dataclasses.replace(train, steps=retrain_steps)
 
-    try:  # staged beside out, so the final rename stays on one file system
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out.parent))
+    # staged beside out, so the final rename stays on one file system; beside it once resolved:
+    # Path(".").parent is "." itself, and the staging folder would land inside the output folder
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=parent))
     except OSError as e:
         raise ExportError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     try:
@@ -212,8 +296,18 @@ def export(
                 "outputs": {
                     "logits": "float32 [batch, seq, n_out]" if arch.readout == "token" else "float32 [batch, n_out]"
                 },
+                "external_data": None,
             },
         }
+        write_onnx(model, staging / "model.onnx")
+        seq_len = (task_config or {}).get("seq_len")  # an .npz task's config has none
+        if mismatch := check_onnx(model, staging / "model.onnx", None if seq_len is None else int(seq_len)):
+            raise ExportError(f"the exported ONNX graph is wrong, so no bundle was written: {mismatch}")
+        written = {p.name for p in staging.iterdir()}
+        if extra := written - {"model.onnx", ONNX_DATA}:  # a bundle --force could not replace later
+            raise ExportError(f"the ONNX exporter wrote {', '.join(sorted(extra))} too, so no bundle was written")
+        if ONNX_DATA in written:
+            record["onnx"]["external_data"] = ONNX_DATA
         (staging / "arch.json").write_text(json.dumps(record, indent=2) + "\n")
         save_file(
             {k: v.contiguous() for k, v in model.state_dict().items()},
@@ -222,16 +316,9 @@ def export(
         )
         # safetensors creates its file private (0600); the bundle is meant to be shared like its other files
         (staging / "model.safetensors").chmod((staging / "arch.json").stat().st_mode & 0o777)
-        write_onnx(model, staging / "model.onnx")
-        seq_len = (task_config or {}).get("seq_len")  # an .npz task's config has none
-        if mismatch := check_onnx(model, staging / "model.onnx", None if seq_len is None else int(seq_len)):
-            raise ExportError(f"the exported ONNX graph is wrong, so no bundle was written: {mismatch}")
         (staging / "card.md").write_text(_card(record))
         check_out(out, storage, force=force)  # again: a retraining may have run for minutes since
-        if out.exists():  # empty, or an earlier bundle
-            shutil.rmtree(out)
-        staging.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
-        staging.rename(out)
+        _move_in(staging, out)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
@@ -344,7 +431,7 @@ logits = model(tokens)                        # tokens: int64 [batch, seq]
 ```
 
 ONNX (opset {r["onnx"]["opset"]}): input `tokens` int64 `[batch, seq]`, output `logits`
-{r["onnx"]["outputs"]["logits"]}; `batch` and `seq` are dynamic axes.
+{r["onnx"]["outputs"]["logits"]}; `batch` and `seq` are dynamic axes.{_external_data_text(r)}
 
 Versions: {", ".join(f"{k} {v}" for k, v in r["versions"].items())}. Exported {r["exported"]}.
 """
@@ -374,44 +461,159 @@ def _card_metadata(r: dict[str, Any]) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n"
 
 
+def _external_data_text(r: dict[str, Any]) -> str:
+    """The card's note on ``model.onnx.data``, for a bundle that has one."""
+    name = (r["onnx"] or {}).get("external_data")
+    if not name:
+        return ""
+    return (
+        f"\nThe graph's weights are in `{name}` (ONNX external data: they are too large for one protobuf "
+        f"file); keep it beside `model.onnx`, which loads it by that name."
+    )
+
+
 def _layer_text(layer: Any) -> str:
+    """One block on the card: its mixer, heads, conv and MLP, then its norm (layernorm or rmsnorm)."""
     mlp = f"MLP×{layer.mlp_ratio:g} {layer.activation}" if layer.mlp_ratio else ""
     if layer.mixer == "none":
-        return mlp or "empty block"
+        return f"{mlp} ({layer.norm})" if mlp else "empty block"
     mixer = "attention" if layer.mixer == "attention" else f"linear attention ({layer.feature_map})"
     conv = f" + conv{layer.short_conv}" if layer.short_conv else ""
     heads = f"{layer.heads} head" + ("s" if layer.heads != 1 else "")
-    return f"{mixer}, {heads}{conv}" + (f" + {mlp}" if mlp else "")
+    return f"{mixer}, {heads}{conv}" + (f" + {mlp}" if mlp else "") + f" ({layer.norm})"
+
+
+# what a bundle's arch dict may hold (ArchSpec, LayerSpec), by field: (kind, low, high) for the
+# numbers, checked before anything is built from them; the sizes are the search space's LIMITS
+# (vocab_size and n_out the tasks' MAX_VOCAB), so an edited size is refused, not allocated
+_ARCH_FIELDS: dict[str, tuple[str, float, float]] = {
+    "d_model": ("int", LIMITS["d_model"].low, LIMITS["d_model"].high),
+    "layers": ("layers", LIMITS["depth"].low, LIMITS["depth"].high),
+    "vocab_size": ("int", 1, MAX_VOCAB),
+    "n_out": ("int", 1, MAX_VOCAB),
+    "readout": ("str", 0, 0),
+}
+_LAYER_FIELDS: dict[str, tuple[str, float, float]] = {
+    "mixer": ("str", 0, 0),
+    "heads": ("int", 0, LIMITS["layer.heads"].high),  # 0: mixer none (LayerSpec checks which)
+    "feature_map": ("str?", 0, 0),
+    "short_conv": ("int", LIMITS["layer.short_conv"].low, LIMITS["layer.short_conv"].high),
+    "mlp_ratio": ("number", LIMITS["layer.mlp_ratio"].low, LIMITS["layer.mlp_ratio"].high),
+    "activation": ("str", 0, 0),
+    "norm": ("str", 0, 0),
+}
+_REQUIRED = {f.name for f in dataclasses.fields(ArchSpec) if f.default is dataclasses.MISSING}
+_LAYER_REQUIRED = {f.name for f in dataclasses.fields(LayerSpec) if f.default is dataclasses.MISSING}
+
+
+def _field_error(field: str, value: Any, kind: str, low: float, high: float) -> str | None:
+    """What is wrong with ``value`` for a field of ``kind`` within ``[low, high]``, or None."""
+    if kind in ("str", "str?"):
+        return None if isinstance(value, str) or (kind == "str?" and value is None) else "is not a string"
+    if kind == "layers":
+        if not isinstance(value, list) or not all(isinstance(la, dict) for la in value):
+            return "is not a list of layers"
+        value = len(value)
+    elif isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
+        # JSON's 72.0 is a float: torch sizes and head counts need whole numbers
+        return "is not a whole number" if kind == "int" else "is not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not finite"
+    if not low <= value <= high:
+        what = "its length" if kind == "layers" else "it"
+        return f"is out of range: {what} must be in [{low:,.0f}, {high:,.0f}]"  # whole-number bounds all
+    return None
+
+
+def _bundle_arch(raw: Any, where: str) -> ArchSpec:
+    """The ArchSpec of a bundle's ``arch`` dict, or ExportError naming the field: every field
+    known, of its type, finite and within its bounds (``_ARCH_FIELDS``), then ArchSpec's own rules."""
+    if not isinstance(raw, dict):
+        raise ExportError(f"{where}: its arch is not an architecture (a {type(raw).__name__}, not a mapping)")
+    checks: list[tuple[str, dict[str, Any], dict[str, tuple[str, float, float]], set[str]]] = [
+        ("arch", raw, _ARCH_FIELDS, _REQUIRED)
+    ]
+    if _field_error("layers", raw.get("layers"), *_ARCH_FIELDS["layers"]) is None:
+        checks += [(f"arch.layers[{i}]", la, _LAYER_FIELDS, _LAYER_REQUIRED) for i, la in enumerate(raw["layers"])]
+    for name, fields, allowed, required in checks:
+        if unknown := sorted(set(fields) - set(allowed)):
+            raise ExportError(
+                f"{where}: {name} has fields this version does not know ({', '.join(map(str, unknown))}): "
+                f"written by a newer version of hybrid-nas, or edited; upgrade hybrid-nas or re-export the trial"
+            )
+        if missing := sorted(required - set(fields)):
+            raise ExportError(f"{where}: {name} lacks {', '.join(missing)}; re-export the trial")
+        for field, value in fields.items():
+            if (problem := _field_error(field, value, *allowed[field])) is not None:
+                raise ExportError(f"{where}: {name}.{field} {value!r} {problem}")
+    try:
+        return ArchSpec.from_dict(raw)
+    except (TypeError, ValueError) as e:  # a choice not in its list, heads that do not divide d_model
+        raise ExportError(f"{where}: no valid architecture in it ({e})") from None
+
+
+def _bundle_record(path: Path) -> dict[str, Any]:
+    """The bundle's ``arch.json`` as a dict of a format this version reads, or ExportError."""
+    try:
+        record = json.loads((path / "arch.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path}: not an export bundle ({e})") from None
+    if not isinstance(record, dict):
+        raise ExportError(f"{path}/arch.json: not an export bundle's (a JSON {type(record).__name__}, not an object)")
+    fmt = record.get("format")
+    if fmt == BUNDLE_FORMAT:
+        return record
+    if fmt is None:  # every version of nas export has written it (git log nas/results/export.py)
+        raise ExportError(
+            f"{path}/arch.json has no format field, which nas export always writes ({BUNDLE_FORMAT!r}): "
+            f"not an export bundle, or edited; re-export the trial"
+        )
+    prefix, _, version = str(fmt).partition("/")
+    if prefix == BUNDLE_FORMAT.partition("/")[0] and version.isdigit() and int(version) > 1:
+        raise ExportError(
+            f"{path}: written by a newer version of hybrid-nas (format {fmt!r}; this one reads {BUNDLE_FORMAT!r}); "
+            f"upgrade hybrid-nas to load it"
+        )
+    raise ExportError(f"{path}/arch.json: unknown format {fmt!r} (nas export writes {BUNDLE_FORMAT!r})")
 
 
 def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonModel:
     """Rebuild the model of an export bundle: ``backend="torch"`` → ``HybridModel`` (eval, CPU);
     ``backend="triton"`` → its ``TritonModel`` (bf16 kernels on the current CUDA device; capture
-    it with ``.capture(tokens)`` for graph replay)."""
+    it with ``.capture(tokens)`` for graph replay).
+
+    ExportError (one line) for anything that is not a bundle this version can rebuild as exported:
+    a newer or unknown ``format``; an arch dict with unknown fields, wrong types or sizes past the
+    search space's limits; an architecture that does not match ``arch_hash``, or weights stored
+    for another one (the safetensors' ``arch_hash``); tensors that do not fit the architecture."""
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend {backend!r} is not one of ['torch', 'triton']")
     if backend == "triton" and not torch.cuda.is_available():
         raise ValueError("backend 'triton' needs a CUDA device; use backend='torch' here")
     path = Path(path)
-    try:
-        record = json.loads((path / "arch.json").read_text())
-        arch = ArchSpec.from_dict(record["arch"])
-    except (OSError, json.JSONDecodeError) as e:
-        raise ExportError(f"{path}: not an export bundle ({e})") from None
-    except (KeyError, TypeError, ValueError) as e:
-        raise ExportError(f"{path}/arch.json: no valid architecture in it ({type(e).__name__}: {e})") from None
+    record = _bundle_record(path)
+    if "arch" not in record:
+        raise ExportError(f"{path}/arch.json: no valid architecture in it (no arch field)")
+    arch = _bundle_arch(record["arch"], f"{path}/arch.json")
     as_written = json.dumps(record["arch"], sort_keys=True, separators=(",", ":"))  # an older version's form too
-    if "arch_hash" in record and record["arch_hash"] not in (
-        arch_hash(arch),
-        hashlib.sha256(as_written.encode()).hexdigest()[:16],
-    ):
+    hashes = {arch_hash(arch), hashlib.sha256(as_written.encode()).hexdigest()[:16]}
+    if "arch_hash" in record and (not isinstance(record["arch_hash"], str) or record["arch_hash"] not in hashes):
         # an edit that keeps every weight's shape (a feature map, an activation, a norm) loads the
         # weights into another model without a word: its outputs are not the exported model's
         raise ExportError(
             f"{path}/arch.json: its architecture does not match its arch_hash {record['arch_hash']!r} (edited "
-            f"since export?); re-export the trial, or set arch_hash to {arch_hash(arch)!r} to load the edit"
+            f"since export?); re-export the trial"
         )
-    model = build(arch)
-    _load_weights(model, path / "model.safetensors", f"{path}/model.safetensors")
+    # the weights' own arch_hash (written by every version) is checked too: arch.json's can be
+    # edited along with its arch, or dropped, and weights of another export can be copied in
+    model = _load_weights(
+        arch,
+        path / "model.safetensors",
+        f"{path}/model.safetensors",
+        where=str(path / "model.safetensors"),
+        hashes=hashes,
+        ours=f"arch.json's {record.get('arch_hash', arch_hash(arch))!r}",
+        fix="the files are of different exports (or arch.json was edited); re-export the trial",
+    )
     model.eval()
     return to_triton(model.cuda()) if backend == "triton" else model

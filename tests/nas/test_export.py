@@ -44,6 +44,17 @@ def bundle(study):
     return out
 
 
+@pytest.fixture(scope="module")
+def linear_bundle(study):
+    """A trained trial with a linear-attention layer (the all-linear baseline at least), exported:
+    for edits that need a feature map and heads (the front's pick may be an empty block)."""
+    st, storage, tmp = study
+    trial = next(r for r in records(st) if r.trained and any(la.mixer == "linear_attention" for la in r.arch.layers))
+    out = tmp / "linear-bundle"
+    assert main(["export", "--study", "e", "--storage", storage, "--trial", str(trial.number), "--out", str(out)]) == 0
+    return out
+
+
 def _exported_trial(out) -> int:
     return json.loads((out / "arch.json").read_text())["trial"]
 
@@ -280,6 +291,13 @@ def test_unreadable_weights_are_one_line_not_a_traceback(study, bundle, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"stored weights of trial {chosen} cannot be read" in err, err
     assert not out.exists()
+    # named by the artifact's path: the temporary copy it was read from is deleted by then
+    whole = (artifact_dir(storage) / artifact).read_bytes()
+    (artifact_dir(str(copy)) / artifact).write_bytes(whole[: len(whole) - 100])  # truncated: header sound
+    assert main(["export", "--study", "e", "--storage", str(copy), "--trial", str(chosen), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"stored weights of trial {chosen} cannot be read" in err, err
+    assert str(artifact_dir(str(copy)) / artifact) in err and "w.safetensors" not in err, err
     broken = tmp_path / "b"
     shutil.copytree(bundle, broken)
     (broken / "model.safetensors").write_bytes(b"\xff" * 64)
@@ -288,7 +306,7 @@ def test_unreadable_weights_are_one_line_not_a_traceback(study, bundle, tmp_path
     save_file({"w": torch.zeros(2)}, str(broken / "model.safetensors"))
     with pytest.raises(ExportError, match="do not fit the architecture"):
         nas.load(broken)
-    (broken / "arch.json").write_text(json.dumps({"trial": 1}))
+    (broken / "arch.json").write_text(json.dumps({"format": "hybrid-nas-bundle/1", "trial": 1}))
     with pytest.raises(ExportError, match="no valid architecture"):
         nas.load(broken)
 
@@ -390,9 +408,11 @@ def test_a_hand_edited_architecture_is_refused_by_its_hash(bundle, tmp_path):
     (edited / "arch.json").write_text(json.dumps(record))
     with pytest.raises(ExportError, match=r"arch.json: its architecture does not match its arch_hash '[0-9a-f]+'"):
         nas.load(edited)
-    record["arch_hash"] = arch_hash(ArchSpec.from_dict(record["arch"]))  # what the message says to do
+    # re-hashed to match the edit: the weights' own arch_hash still names the exported architecture
+    record["arch_hash"] = arch_hash(ArchSpec.from_dict(record["arch"]))
     (edited / "arch.json").write_text(json.dumps(record))
-    assert nas.load(edited).arch == ArchSpec.from_dict(record["arch"])
+    with pytest.raises(ExportError, match=r"model.safetensors were trained for another architecture"):
+        nas.load(edited)
     # a bundle of a version whose arch dict lacked a field now defaulted: its hash is of that dict
     older = json.loads((bundle / "arch.json").read_text())
     del older["arch"]["layers"][0]["norm"]
@@ -402,3 +422,206 @@ def test_a_hand_edited_architecture_is_refused_by_its_hash(bundle, tmp_path):
     shutil.copytree(bundle, edited)
     (edited / "arch.json").write_text(json.dumps(older))
     assert nas.load(edited).arch == ArchSpec.from_dict(older["arch"])
+
+
+def _rewrite(bundle, tmp_path, edit, *, rehash: bool = True):
+    """A copy of ``bundle`` whose arch.json ``edit`` changed (in place), re-hashed as asked."""
+    import shutil
+
+    from nas.spec import ArchSpec, arch_hash
+
+    copy = tmp_path / "edited"
+    shutil.copytree(bundle, copy)
+    record = json.loads((copy / "arch.json").read_text())
+    edit(record)
+    if rehash:
+        record["arch_hash"] = arch_hash(ArchSpec.from_dict(record["arch"]))
+    (copy / "arch.json").write_text(json.dumps(record))
+    return copy
+
+
+def _relu(record) -> None:
+    """An edit of the architecture that keeps every weight's shape: a linear layer's feature map."""
+    layer = _linear_layer(record)
+    layer["feature_map"] = "relu" if layer["feature_map"] != "relu" else "elu+1"
+
+
+def _linear_layer(record) -> dict:
+    return next(la for la in record["arch"]["layers"] if la["mixer"] == "linear_attention")
+
+
+def test_weights_of_another_architecture_are_refused_by_their_own_hash(study, linear_bundle, tmp_path):
+    """model.safetensors carries the arch_hash it was trained for: a feature map (or activation)
+    edited in arch.json with the arch_hash dropped (or re-hashed), or weights of another trial of the same
+    shapes copied in, loaded silently into another model; weights without one (older) still load."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from nas.results.export import ExportError
+    from nas.search.storage import artifact_dir
+
+    dropped = _rewrite(linear_bundle, tmp_path, lambda r: (_relu(r), r.pop("arch_hash")), rehash=False)
+    with pytest.raises(ExportError, match=r"model.safetensors were trained for another architecture \(their arch_hash"):
+        nas.load(dropped)
+    shutil.rmtree(dropped)
+    with pytest.raises(ExportError, match="trained for another architecture"):
+        nas.load(_rewrite(linear_bundle, tmp_path, _relu))
+    # the weights without metadata (no version wrote them so, but a hand-made bundle may): load
+    shutil.rmtree(tmp_path / "edited")
+    plain = _rewrite(linear_bundle, tmp_path, lambda r: None, rehash=False)
+    save_file(load_file(str(plain / "model.safetensors")), str(plain / "model.safetensors"))
+    assert nas.load(plain).arch == nas.load(linear_bundle).arch
+    # the search's stored weights: an artifact holding another architecture's is refused, naming the trial
+    st, storage, _ = study
+    copy = tmp_path / "s.journal"
+    shutil.copy(storage, copy)
+    shutil.copytree(artifact_dir(storage), artifact_dir(str(copy)))
+    chosen = next(r for r in records(st) if r.number == _exported_trial(linear_bundle))
+    stored = artifact_dir(str(copy)) / chosen.weights_artifact
+    save_file(load_file(str(stored)), str(stored), metadata={"arch_hash": "0123456789abcdef"})
+    with pytest.raises(ExportError, match=rf"stored weights of trial {chosen.number} were trained for another"):
+        trial_model(chosen, str(copy))
+
+
+def test_a_large_model_s_onnx_external_data_is_part_of_the_bundle(study, bundle, tmp_path, monkeypatch):
+    """Past torch's size threshold (1.5 GiB of weights) the ONNX exporter writes model.onnx.data
+    beside model.onnx whatever external_data says: a 5th file the card did not name and --force
+    refused to replace. The threshold is lowered so a tiny model takes that path."""
+    from torch.onnx._internal.exporter import _onnx_program
+
+    st, storage, _ = study
+    trial = str(_exported_trial(bundle))
+    out = tmp_path / "big"
+    argv = ["export", "--study", "e", "--storage", storage, "--trial", trial, "--out", str(out)]
+    with monkeypatch.context() as m:
+        m.setattr(_onnx_program, "_LARGE_MODEL_THRESHOLD", 0)
+        assert main(argv) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["arch.json", "card.md", "model.onnx", "model.onnx.data", "model.safetensors"], names
+    assert json.loads((out / "arch.json").read_text())["onnx"]["external_data"] == "model.onnx.data"
+    assert "`model.onnx.data`" in (out / "card.md").read_text()
+    assert nas.load(out).arch == nas.load(bundle).arch
+    # --force replaces it with a small model's bundle, which has no model.onnx.data
+    assert main([*argv, "--force"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["arch.json", "card.md", "model.onnx", "model.safetensors"]
+    assert json.loads((out / "arch.json").read_text())["onnx"]["external_data"] is None
+    assert "model.onnx.data" not in (out / "card.md").read_text()
+
+
+def test_out_dot_exports_into_the_current_folder(study, bundle, tmp_path, monkeypatch, capsys):
+    """--out . staged inside itself (Path(".").parent is ".") and then failed after the whole
+    export as "exists and is not empty"; the folder is filled in place, so a shell in it stays in it."""
+    st, storage, _ = study
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = here.stat().st_ino
+    argv = ["export", "--study", "e", "--storage", storage, "--trial", str(_exported_trial(bundle)), "--out"]
+    assert main([*argv, "."]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in here.iterdir()) == ["arch.json", "card.md", "model.onnx", "model.safetensors"]
+    assert here.stat().st_ino == inode and nas.load(".").arch == nas.load(bundle).arch
+    assert main([*argv, ".", "--force"]) == 0  # and replaced there
+    assert sorted(p.name for p in here.iterdir()) == ["arch.json", "card.md", "model.onnx", "model.safetensors"]
+    capsys.readouterr()
+    assert main([*argv, ""]) == 2  # Path("") is "."; an empty --out is a mistake (an unset variable)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out is empty" in err, err
+
+
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        (["--retrain-steps", "99999999999"], "--retrain-steps must be in [1, 1000000], got 99,999,999,999"),
+        (["--retrain-steps", "2", "--data", "/nonexist"], "trains on the generated task 'mqar', which has no data"),
+        (["--out", "x" * 300], "cannot use it (File name too long)"),
+    ],
+    ids=["retrain-steps-past-the-space-limit", "data-for-a-generated-task", "out-name-too-long"],
+)
+def test_more_export_errors_one_line_exit_2(study, bundle, tmp_path, monkeypatch, capsys, extra, words):
+    st, storage, _ = study
+    monkeypatch.chdir(tmp_path)
+    argv = ["export", "--study", "e", "--storage", storage, "--trial", str(_exported_trial(bundle)), "--out", "o"]
+    assert main([*argv, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_success_line_names_the_trial_once_and_the_card_each_norm(study, linear_bundle, tmp_path, capsys):
+    st, storage, _ = study
+    trial = _exported_trial(linear_bundle)
+    out = tmp_path / "o"
+    assert main(["export", "--study", "e", "--storage", storage, "--trial", str(trial), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"exported trial {trial}: " in printed and f"(trial {trial})" not in printed, printed
+    arch = json.loads((out / "arch.json").read_text())["arch"]
+    architecture = " ".join((out / "card.md").read_text().split("Architecture:")[1].split("Task:")[0].split())
+    assert architecture.count("norm)") == sum(1 for la in arch["layers"] if la["mixer"] != "none" or la["mlp_ratio"])
+    assert f"({arch['layers'][0]['norm']})" in architecture
+
+
+@pytest.mark.parametrize(
+    "edit,words",
+    [
+        (lambda r: r.__setitem__("format", "hybrid-nas-bundle/99"), "written by a newer version of hybrid-nas"),
+        (lambda r: r.pop("format"), "has no format field, which nas export always writes"),
+        (lambda r: r.__setitem__("format", "something-else/1"), "unknown format 'something-else/1'"),
+        (lambda r: r["arch"].__setitem__("tie_embeddings", True), "arch has fields this version does not know"),
+        (lambda r: r["arch"]["layers"][0].__setitem__("qk_norm", True), "arch.layers[0] has fields this version"),
+        (lambda r: r["arch"]["layers"][0].__setitem__("mlp_ratio", math.inf), "mlp_ratio inf is not finite"),
+        (lambda r: r["arch"].__setitem__("d_model", float(r["arch"]["d_model"])), ".0 is not a whole number"),
+        (lambda r: _linear_layer(r).__setitem__("heads", float(_linear_layer(r)["heads"])), "is not a whole number"),
+        (lambda r: r["arch"].__setitem__("vocab_size", 10**15), "vocab_size 1000000000000000 is out of range"),
+        (lambda r: r["arch"].__setitem__("layers", None), "arch.layers None is not a list of layers"),
+        (lambda r: r.__setitem__("arch_hash", [1]), "does not match its arch_hash [1]"),
+    ],
+    ids=[
+        "newer-format",
+        "no-format",
+        "unknown-format",
+        "future-field",
+        "future-layer-field",
+        "infinite-mlp-ratio",
+        "float-d-model",
+        "float-heads",
+        "huge-vocab",
+        "null-layers",
+        "hash-not-a-string",
+    ],
+)
+def test_a_tampered_arch_json_is_one_export_error(linear_bundle, tmp_path, edit, words):
+    """Hand-edited values (re-hashed, so only the value is wrong) gave OverflowError, TypeError,
+    an allocator error, or loaded and failed in forward; a newer or missing format loaded."""
+    from nas.results.export import ExportError
+
+    def edit_and_rehash(record):
+        before = record["arch_hash"]
+        edit(record)
+        if record.get("arch_hash") == before:  # re-hashed as the loader hashes it: only the edited value is wrong
+            blob = json.dumps(record["arch"], sort_keys=True, separators=(",", ":"))
+            record["arch_hash"] = hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    edited = _rewrite(linear_bundle, tmp_path, edit_and_rehash, rehash=False)
+    with pytest.raises(ExportError) as caught:
+        nas.load(edited)
+    assert words in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+def test_an_edited_size_is_checked_against_the_weights_before_anything_is_built(bundle, tmp_path, monkeypatch):
+    """A size edited within the bounds (vocab_size near the limit) is read against the weights'
+    header first: the model is not allocated for tensors the file does not hold. The weights here
+    carry no arch_hash (a hand-made file), so the shapes are what catches it."""
+    from safetensors.torch import load_file, save_file
+
+    import nas.results.export as export_module
+    from nas.results.export import ExportError
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before its weights' shapes were checked")
+
+    edited = _rewrite(bundle, tmp_path, lambda r: r["arch"].__setitem__("vocab_size", 1_000_000))
+    save_file(load_file(str(edited / "model.safetensors")), str(edited / "model.safetensors"))
+    monkeypatch.setattr(export_module, "build", no_build)
+    with pytest.raises(ExportError, match=r"do not fit the architecture \(embed.weight is \[\d+, \d+\]"):
+        nas.load(edited)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nas.tasks.base import Task, TaskError
+from nas.tasks.files import _read as read_file
 from nas.tasks.files import load_npz, load_text
 from nas.tasks.mad import in_context_recall, noisy_in_context_recall, selective_copying
 from nas.tasks.mqar import mqar, mqar_long
@@ -142,19 +143,26 @@ def task_from_config(config: dict[str, Any]) -> Task:
 
 
 def task_moved(config: dict[str, Any], elsewhere: str | None) -> tuple[Task, str | None]:
-    """``task_from_config(config)``, or for a data file the recorded path no longer holds (moved,
-    replaced, mounted elsewhere on this host) the same task read from ``elsewhere``, accepted only
-    with the recorded SHA-256. Returns (task, the error the recorded path gave when ``elsewhere``
-    served instead, else None); TaskError naming both paths when neither serves."""
-    try:
+    """``task_from_config(config)``, or for a data file the same task read from ``elsewhere`` (where
+    the file is on this host: moved, mounted elsewhere), accepted only with the recorded SHA-256.
+    A path given is the one used: one that does not hold the recorded bytes is a TaskError even
+    while the recorded path still does (it was not silently ignored for it). Returns (task, the
+    error the recorded path gives when ``elsewhere`` served instead, else None)."""
+    if elsewhere is None or "sha256" not in config:
         return task_from_config(config), None
+    here = str(Path(elsewhere).expanduser().resolve())
+    if here == config.get("path"):
+        return task_from_config(config), None
+    recorded = str(config.get("path"))
+    try:  # only hashed: for the note, or the message (the task is never built from both)
+        read_file(recorded, str(config["sha256"]))
+        gone = None
     except TaskError as e:
-        if elsewhere is None or "sha256" not in config:
-            raise
-        here = str(Path(elsewhere).expanduser().resolve())
-        if here == config.get("path"):
-            raise
-        try:
-            return task_from_config({**config, "path": here}), str(e)
-        except TaskError as other:
-            raise TaskError(f"{e}, and {other}") from None
+        gone = str(e)
+    try:
+        task = task_from_config({**config, "path": here})
+    except TaskError as other:
+        if gone is not None:
+            raise TaskError(f"{gone}, and {other}") from None
+        raise TaskError(f"{other} (the recorded {recorded} holds the data: leave the path out)") from None
+    return task, gone

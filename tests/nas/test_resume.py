@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -129,9 +130,12 @@ def test_a_resume_naming_another_data_file_here_is_refused(tmp_path, tiny_space,
     for file in (data, there):
         assert hashlib.sha256(file.read_bytes()).hexdigest()[:12] in message, message
     assert _journal(tmp_path) == before
-    there.write_bytes(data.read_bytes())  # the same bytes in another place: the same data
+    there.write_bytes(data.read_bytes())  # the same bytes in another place: the same data, read where named
     ctx, _ = prepare(_config(tmp_path, tiny_space, task=name, trials=2))
-    assert ctx.task.config["path"] == str(data.resolve())
+    assert (
+        ctx.task.config["path"] == str(there.resolve())
+        and ctx.task.config["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    )
 
 
 def test_a_resume_naming_an_unreadable_file_here_by_the_recorded_name_is_refused(tmp_path, tiny_space, monkeypatch):
@@ -173,6 +177,30 @@ def test_a_moved_data_file_is_used_where_it_is_now_if_it_holds_the_same_bytes(tm
     assert "training on " + str(moved) in caplog.text
     ctx, _ = prepare(worker_config("t", str(tmp_path / "s.journal"), device="cpu", trials=2, data=str(moved)))
     assert ctx.task.config["path"] == str(moved) and moved.read_bytes() == rows
+
+
+def test_a_data_path_given_is_the_one_used_even_while_the_recorded_one_holds_the_data(tmp_path, tiny_space, capsys):
+    """``nas worker --data`` and ``nas export --data`` naming a file with other bytes, or none, while
+    the recorded file is still in place: they were silently ignored (the recorded file served), so
+    a user who meant other data never learned it was not used. Refused in one line now."""
+    data = _npz(tmp_path / "d.npz", rows=40, seq_len=8, seed=0)
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(tiny_space), "--storage", storage, "--study", "t", "--device", "cpu"]
+    assert main([*argv, "--task", str(data), "--trials", "1", "--no-baselines"]) == 0
+    other = _npz(tmp_path / "other.npz", rows=40, seq_len=8, seed=1)
+    before = _journal(tmp_path)
+    said = f"{other}: contents changed"
+    with pytest.raises(SearchError, match=re.escape(said) + r".*\(the recorded .*d\.npz holds the data: leave"):
+        prepare(worker_config("t", storage, device="cpu", trials=2, data=str(other)))
+    with pytest.raises(SearchError, match=r"missing\.npz: no such file \(the recorded"):
+        prepare(worker_config("t", storage, device="cpu", trials=2, data=str(tmp_path / "missing.npz")))
+    assert _journal(tmp_path) == before
+    capsys.readouterr()
+    export = ["export", "--study", "t", "--storage", storage, "--device", "cpu", "--out", str(tmp_path / "x")]
+    assert main([*export, "--retrain-steps", "2", "--data", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err and "holds the data: leave the path out" in err, err
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.slow

@@ -79,7 +79,9 @@ def _int_array(arrays: dict[str, np.ndarray], key: str, path: str) -> np.ndarray
 def _header(zipped: zipfile.ZipFile, key: str, path: str) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) of array ``key`` from its ``.npy`` header, without reading its data."""
     names = zipped.namelist()
-    member = f"{key}.npy" if f"{key}.npy" in names else key
+    # the member numpy's NpzFile reads for ``archive[key]``: one named exactly ``key`` before
+    # ``key.npy`` (checking the other let a crafted archive pass a float or raw-bytes 'x')
+    member = key if key in names else f"{key}.npy"
     try:
         with zipped.open(member) as fp:
             if fp.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:

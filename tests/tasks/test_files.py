@@ -153,6 +153,20 @@ def test_text_is_a_char_lm(tmp_path):
     assert torch.equal(task_from_config(task.config).x_test, task.x_test)
 
 
+def _shadowed(p, x, y, raw: bytes) -> None:
+    """A valid x.npy and y.npy, and beside them a member named plain ``x`` holding ``raw``: numpy's
+    NpzFile reads that one for ``archive['x']`` (the header checks read x.npy)."""
+    save(p, x=x, y=y)
+    with zipfile.ZipFile(p, "a") as z:
+        z.writestr("x", raw)
+
+
+def _npy_bytes(array) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
 def _bad_npz(tmp_path, case):
     x, y = token_arrays(n=6, t=4)
     x20, y20 = token_arrays(n=20, t=4)  # enough rows: only the targets are wrong
@@ -183,6 +197,8 @@ def _bad_npz(tmp_path, case):
         "no-tokens": lambda: save(p, x=x[:, :0], y=y[:, :0]),
         "one-class": lambda: save(p, x=x20, y=np.full(20, 2)),
         "one-target-token": lambda: save(p, x=x20, y=np.where(y20 == IGNORE_INDEX, y20, 3)),
+        "x-member-raw-bytes": lambda: _shadowed(p, x20, y20, b"not an array"),
+        "x-member-float": lambda: _shadowed(p, x20, y20, _npy_bytes(np.random.default_rng(0).random((7, 3)) * 5)),
     }
     writers[case]()
     return str(p)
@@ -214,6 +230,8 @@ BAD = [
     "no-tokens",
     "one-class",
     "one-target-token",
+    "x-member-raw-bytes",
+    "x-member-float",
 ]
 
 

@@ -66,14 +66,21 @@ def _split(n: int, seed: int, test_frac: float, path: str) -> tuple[np.ndarray, 
 
 
 def _int_array(arrays: dict[str, np.ndarray], key: str, path: str) -> np.ndarray:
-    """``arrays[key]`` as int64, after checking its largest value on the raw dtype (a uint64 above
-    2^63 would wrap when widened): a token or target id must be below ``MAX_VOCAB``."""
+    """``arrays[key]`` as int32 (the Task's storage), after checking its range on the raw dtype (a
+    uint64 above 2^63, or an int64 below -2^31, would wrap when converted): a token or target id
+    must be below ``MAX_VOCAB``, and nothing below ``IGNORE_INDEX`` (a token below 0, a target
+    below 0 other than ``IGNORE_INDEX``, is refused by the caller). int32 rather than int64 from
+    here on: the copies the split makes are half the size (a 2^30-token file peaked near 50 GB)."""
     arr = arrays[key]
     if arr.size and (top := arr.max()) >= MAX_VOCAB:
         what = "token" if key == "x" else "target"
         size = "vocabulary (max token + 1)" if key == "x" else "outputs (max target + 1)"
         raise TaskError(f"{path}: array '{key}' has {what} {top}; the {size} may be at most {MAX_VOCAB:,}")
-    return arr.astype(np.int64)
+    if arr.size and (low := arr.min()) < IGNORE_INDEX:
+        if key == "x":
+            raise TaskError(f"{path}: 'x' has negative tokens (min {low}); tokens must be >= 0")
+        raise TaskError(f"{path}: 'y' has value {low}; targets must be >= 0 or {IGNORE_INDEX} (unscored)")
+    return arr.astype(np.int32, copy=arr.dtype != np.int32)
 
 
 def _header(zipped: zipfile.ZipFile, key: str, path: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -197,6 +197,9 @@ def _bad_npz(tmp_path, case):
         "no-tokens": lambda: save(p, x=x[:, :0], y=y[:, :0]),
         "one-class": lambda: save(p, x=x20, y=np.full(20, 2)),
         "one-target-token": lambda: save(p, x=x20, y=np.where(y20 == IGNORE_INDEX, y20, 3)),
+        # below int32's range: converted without the check, -2^40 wrapped to 0, a valid token
+        "x-int64-far-negative": lambda: save(p, x=np.where(x20 == 0, -(2**40), x20.astype(np.int64)), y=y20),
+        "y-int64-far-negative": lambda: save(p, x=x20, y=np.where(y20 == 4, -(2**40), y20.astype(np.int64))),
         "x-member-raw-bytes": lambda: _shadowed(p, x20, y20, b"not an array"),
         "x-member-float": lambda: _shadowed(p, x20, y20, _npy_bytes(np.random.default_rng(0).random((7, 3)) * 5)),
     }
@@ -232,6 +235,8 @@ BAD = [
     "one-target-token",
     "x-member-raw-bytes",
     "x-member-float",
+    "x-int64-far-negative",
+    "y-int64-far-negative",
 ]
 
 

@@ -9,6 +9,7 @@ its own error type (``ProfileError``, ``SpaceError``).
 
 from __future__ import annotations
 
+import re
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise DuplicateKey(key, seen[key], line)
             seen[key] = line
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1's base-60 numbers are not read as numbers: `steps: [1:30]` was silently 90 steps (and
+# `1:30.5` the float 90.5). Such a value stays text, which the field's check then refuses.
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    _INT,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_UniqueKeyLoader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def load_unique(text: str) -> Any:

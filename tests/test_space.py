@@ -278,6 +278,12 @@ MISTAKES = [
     # past 1e6 Adam's fp32 step scalar overflowed: a traceback, and a trial left RUNNING
     ("lr-overflowing", mutate(put("train", "lr", [1.0e-3, 1.0e38])), ["train.lr", "1e+38", "(0, 1000000]"]),
     ("steps-not-int", mutate(put("train", "steps", [1.5])), ["train.steps", "integer"]),
+    # YAML 1.1 read 1:30 as the base-60 number 90: 90 steps, silently
+    (
+        "steps-base-60",
+        edit(RANGES, "steps: {low: 10, high: 1000, log: true}", "steps: [1:30]"),
+        ["train.steps", "'1:30'"],
+    ),
     ("nesterov-not-bool", mutate(put("train", "nesterov", ["yes please"])), ["train.nesterov", "true/false"]),
     ("duplicate-choice", mutate(put("layer", "norm", ["rmsnorm", "rmsnorm"])), ["layer.norm", "duplicate"]),
     ("short-conv-too-wide", mutate(put("layer", "short_conv", [4, 17])), ["layer.short_conv", "16"]),

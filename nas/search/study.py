@@ -259,10 +259,12 @@ def _recorded_setup(name: str, storage: str) -> SearchSetup | None:
 def study_name(config: SearchConfig, space: SearchSpace, task_spec: str, *, legacy: bool = False) -> str:
     """``--study``, else ``<space>-<task>-<target>``: the task's and a profile path's file names
     only (a name holds no path separator: it names files, and ``--study`` refuses one).
-    ``legacy``: the target as given, as studies were named before."""
+    ``legacy``: the target as given, and a ``npz:path=FILE`` task as ``npz``, as studies were named
+    before (every file given that way shared one name)."""
     if config.study:
         return config.study
-    task_part = task_spec.split(":", 1)[0].rsplit("/", 1)[-1]
+    named = None if legacy else task_file(task_spec)
+    task_part = (named or task_spec.split(":", 1)[0]).replace("\\", "/").rsplit("/", 1)[-1]
     target = config.target if legacy else config.target.replace("\\", "/").rsplit("/", 1)[-1]
     return f"{space.name}-{task_part}-{target}"
 

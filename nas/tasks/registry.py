@@ -101,13 +101,21 @@ def _parse(spec: str) -> tuple[str, dict[str, str]]:
     cut = spec.find(":", 2 if _DRIVE.match(spec) else 0)
     head, params = (spec, "") if cut < 0 else (spec[:cut].strip(), spec[cut + 1 :])
     raw: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in params.split(","))):
+    last = None
+    for piece in params.split(","):
+        item = piece.strip()
         key, eq, value = (part.strip() for part in item.partition("="))
+        if not item:
+            continue
+        if last == "path" and not eq:  # a comma inside the path (``npz:path=a,b.npz``): part of it
+            raw["path"] = f"{raw['path']},{piece}".rstrip()
+            continue
         if not eq or not key:
             raise TaskError(f"task spec {spec!r}: expected key=value, got {item!r}")
         if key in raw:
             raise TaskError(f"task spec {spec!r}: {key!r} given twice")
         raw[key] = value
+        last = key
     suffix = next((s for s in _SUFFIXES if head.lower().endswith(s)), None)
     if suffix is None:
         return head, raw

@@ -278,8 +278,10 @@ def test_bad_npz_parameters(tmp_path, params, needle):
         (b"\xff\xfe bad bytes", dict(seq_len=2), "not UTF-8"),
         (b"short", dict(seq_len=4), "5 characters"),
         (b"long enough text", dict(seq_len=0), "seq_len"),
+        # every model scored 1.000 on it (a one-class .npz is refused)
+        (b"a" * 3000, dict(seq_len=8), "every character is 'a'; accuracy could not rank models"),
     ],
-    ids=["not-utf8", "too-short", "seq_len-0"],
+    ids=["not-utf8", "too-short", "seq_len-0", "one-character"],
 )
 def test_bad_text_files(tmp_path, content, params, needle):
     path = tmp_path / "t.txt"

@@ -15,6 +15,7 @@ from nas.tasks import (
     load_task,
     mqar,
     selective_copying,
+    task_file,
     task_from_config,
 )
 
@@ -83,6 +84,28 @@ def test_path_specs(files, tmp_path):
     assert load_task(f"{tmp_path / 'corpus.txt'}:seq_len=8").seq_len == 8
     with pytest.raises(TaskError, match="path is given twice"):
         load_task(f"{npz}:path=other.npz")
+
+
+def test_a_path_with_commas_and_colons_is_given_as_path(files, tmp_path):
+    """``npz:path=`` is how a path holding ':' is given; a ',' inside it was read as the next
+    parameter ("expected key=value, got 'name.npz'"), so no such file could be named."""
+    import shutil
+
+    from nas.search.study import SearchConfig, study_name
+    from nas.space import load_space
+
+    odd = tmp_path / "a:b" / "comma,name.npz"
+    odd.parent.mkdir()
+    shutil.copy(files["npz"].removeprefix("path="), odd)
+    for spec in (f"npz:path={odd}", f"npz:path={odd},test_frac=0.5", f"npz:test_frac=0.5,path={odd},"):
+        task = load_task(spec)
+        assert task.config["path"] == str(odd), spec
+    assert task_file(f"npz:path={odd},seed=3") == str(odd)
+    assert len(load_task(f"npz:test_frac=0.5,path={odd}").x_test) == 15
+    # the default study name takes the file's name: every file given this way was "…-npz-…"
+    space = load_space("hybrid_tiny")
+    assert study_name(SearchConfig(), space, f"npz:path={odd}") == "hybrid_tiny-comma,name.npz-auto"
+    assert study_name(SearchConfig(), space, f"npz:path={odd}", legacy=True) == "hybrid_tiny-npz-auto"
 
 
 @pytest.mark.parametrize(

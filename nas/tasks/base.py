@@ -100,8 +100,8 @@ class Task:
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over scored positions. logits ``[N, T, C]`` or ``[N, C]``. A batch
         with no scored position has loss 0 and no gradient (torch's mean would be 0/0 = NaN, read
-        as a diverged trial); with some, it equals torch's mean bit for bit (the same sum, divided
-        by the same count)."""
+        as a diverged trial); with some, it is torch's mean: the same sum divided by the same count
+        (bit for bit on the CPU, tests/tasks; a CUDA reduction may round its last bit otherwise)."""
         y = y.reshape(-1)
         total = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), y, ignore_index=IGNORE_INDEX, reduction="sum"

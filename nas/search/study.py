@@ -466,7 +466,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     if stored is not None:
         _check_recorded_space(name, stored, space)
     elsewhere = config.data if config.joins else task_file(task_spec)
-    task = _recorded_task(name, stored, elsewhere) if stored is not None else None
+    task = _recorded_task(name, stored, elsewhere, config_joins=config.joins) if stored is not None else None
     if task is not None and not config.joins:
         task_spec = _resumed_task_spec(name, stored, task, task_spec, seed)
     try:
@@ -642,7 +642,9 @@ def _check_recorded_space(name: str, stored: SearchSetup, space: SearchSpace) ->
         )
 
 
-def _recorded_task(name: str, stored: SearchSetup, elsewhere: str | None = None) -> Task | None:
+def _recorded_task(
+    name: str, stored: SearchSetup, elsewhere: str | None = None, *, config_joins: bool = False
+) -> Task | None:
     """The task study ``name`` was created with, rebuilt from its record (a data file by the path
     resolved at creation, and only from the same bytes), or None for a study that recorded none.
     A resume or a worker in another folder, or after the file was replaced, must not train on
@@ -650,11 +652,12 @@ def _recorded_task(name: str, stored: SearchSetup, elsewhere: str | None = None)
 
     ``elsewhere`` (a resume's ``--task`` path, a worker's ``--data``): where the file is on this
     host when the recorded path does not hold it (moved, or mounted elsewhere); it is used only
-    if it holds the recorded bytes."""
+    if it holds the recorded bytes. A worker's ``--data`` (``config_joins``) is read first and
+    refused without them; a resume's ``--task`` is compared as a task by ``_resumed_task_spec``."""
     if not stored.task_config:
         return None
     try:
-        task, moved = task_moved(dict(stored.task_config), elsewhere)
+        task, moved = task_moved(dict(stored.task_config), elsewhere, explicit=config_joins)
     except TaskError as e:
         raise SearchError(
             f"study {name!r} must train on the data it was created with: {e}; restore that file (or name "
@@ -936,6 +939,9 @@ def run_search(
                 with _heartbeat(study, trial):
                     state, values = evaluate(ctx, trial)
             except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here; the rest re-raised
+                finished = isinstance(exc, optuna.exceptions.UpdateFinishedTrialError | ValueError)
+                if finished and _finished_elsewhere(study, trial):
+                    raise  # another process finished it while this one evaluated: handled below
                 if not interrupt.is_interrupt(exc):
                     # an error no trial outcome covers (a bug): the trial is recorded as failed with
                     # it, not left RUNNING for a resume to re-queue into the same error, then raised

@@ -150,17 +150,28 @@ def task_from_config(config: dict[str, Any]) -> Task:
     return _build(config["name"], {k: v for k, v in config.items() if k != "name"})
 
 
-def task_moved(config: dict[str, Any], elsewhere: str | None) -> tuple[Task, str | None]:
+def task_moved(config: dict[str, Any], elsewhere: str | None, *, explicit: bool = True) -> tuple[Task, str | None]:
     """``task_from_config(config)``, or for a data file the same task read from ``elsewhere`` (where
     the file is on this host: moved, mounted elsewhere), accepted only with the recorded SHA-256.
-    A path given is the one used: one that does not hold the recorded bytes is a TaskError even
-    while the recorded path still does (it was not silently ignored for it). Returns (task, the
-    error the recorded path gives when ``elsewhere`` served instead, else None)."""
+    Returns (task, the error the recorded path gives when ``elsewhere`` served instead, else None).
+
+    ``explicit`` (``--data``): the path given is the one read, and one that does not hold the
+    recorded bytes is a TaskError even while the recorded path still does (it was silently passed
+    over). Otherwise (a resume's ``--task``, which its caller compares as a task itself) the
+    recorded path is read first and ``elsewhere`` only when it fails."""
     if elsewhere is None or "sha256" not in config:
         return task_from_config(config), None
     here = str(Path(elsewhere).expanduser().resolve())
     if here == config.get("path"):
         return task_from_config(config), None
+    if not explicit:
+        try:
+            return task_from_config(config), None
+        except TaskError as e:
+            try:
+                return task_from_config({**config, "path": here}), str(e)
+            except TaskError as other:
+                raise TaskError(f"{e}, and {other}") from None
     recorded = str(config.get("path"))
     try:  # only hashed: for the note, or the message (the task is never built from both)
         read_file(recorded, str(config["sha256"]))

@@ -256,16 +256,19 @@ def _recorded_setup(name: str, storage: str) -> SearchSetup | None:
     return record.study_setup(existing)
 
 
-def study_name(config: SearchConfig, space: SearchSpace, task_spec: str, *, legacy: bool = False) -> str:
+def study_name(
+    config: SearchConfig, space: SearchSpace, task_spec: str, *, legacy_target: bool = False, legacy_task: bool = False
+) -> str:
     """``--study``, else ``<space>-<task>-<target>``: the task's and a profile path's file names
-    only (a name holds no path separator: it names files, and ``--study`` refuses one).
-    ``legacy``: the target as given, and a ``npz:path=FILE`` task as ``npz``, as studies were named
-    before (every file given that way shared one name)."""
+    only (a name holds no path separator: it names files, and ``--study`` refuses one). How older
+    versions named studies: ``legacy_target``, the target as given (before target paths were cut
+    to their file name); ``legacy_task``, a ``npz:path=FILE`` task as ``npz`` (before path= files
+    were named: every file given that way shared one name)."""
     if config.study:
         return config.study
-    named = None if legacy else task_file(task_spec)
+    named = None if legacy_task else task_file(task_spec)
     task_part = (named or task_spec.split(":", 1)[0]).replace("\\", "/").rsplit("/", 1)[-1]
-    target = config.target if legacy else config.target.replace("\\", "/").rsplit("/", 1)[-1]
+    target = config.target if legacy_target else config.target.replace("\\", "/").rsplit("/", 1)[-1]
     return f"{space.name}-{task_part}-{target}"
 
 
@@ -441,10 +444,14 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     space.check_measurable()  # measured or predicted, latency is of the kernels: they must run every candidate
     task_spec = config.task or space.task
     name = study_name(config, space, task_spec)
-    if (legacy := study_name(config, space, task_spec, legacy=True)) != name:
-        # a study named before target paths were cut to their file name keeps resuming under its name
-        if _recorded_setup(name, config.storage) is None and _recorded_setup(legacy, config.storage) is not None:
-            name = legacy
+    if _recorded_setup(name, config.storage) is None:
+        # a study an older version named (its target path whole, its path= file as "npz", or both)
+        # keeps resuming under its name
+        for old_target, old_task in ((False, True), (True, False), (True, True)):
+            legacy = study_name(config, space, task_spec, legacy_target=old_target, legacy_task=old_task)
+            if legacy != name and _recorded_setup(legacy, config.storage) is not None:
+                name = legacy
+                break
     check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written
     stored = _recorded_setup(name, config.storage)
     flags = (("--context", config.context is not None), ("--decode-batch", config.decode_batch != 1))
@@ -596,21 +603,45 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     ), study
 
 
-def not_retrained(study: optuna.Study) -> list[int]:
-    """The truncated trials no trial re-queued from them (``requeued_from``, and did not fail) retrains."""
+def _retraining(study: optuna.Study) -> tuple[list[record.TrialRecord], list[record.TrialRecord]]:
+    """(truncated trials no trial retrains, truncated trials whose retrain waits or runs).
+
+    A retrain is the truncated trial's parameters queued again (``requeued_from``), and may itself
+    be interrupted and queued again, or cut short again: trials are grouped by the trial their
+    chain of ``requeued_from`` starts at. A group is done when one of its trials trained in full,
+    and pending while one waits or runs; otherwise its latest truncated trial needs a retrain."""
     every = record.records(study)
-    taken = {r.requeued_from for r in every if r.requeued_from is not None and r.state != TrialState.FAIL}
-    return [r.number for r in every if r.complete and r.truncated and r.number not in taken]
+    by_number = {r.number: r for r in every}
+
+    def root(r: record.TrialRecord) -> int:
+        seen = set()
+        while r.requeued_from is not None and r.requeued_from in by_number and r.number not in seen:
+            seen.add(r.number)
+            r = by_number[r.requeued_from]
+        return r.number
+
+    cut = {root(r): r for r in every if r.complete and r.truncated}  # the latest per group (trial order)
+    running = (TrialState.WAITING, TrialState.RUNNING)
+    done = {root(r) for r in every if r.trained and not r.truncated}
+    waiting = {root(r) for r in every if r.state in running} & (cut.keys() - done)
+    return [r for key, r in cut.items() if key not in done | waiting], [cut[key] for key in sorted(waiting)]
+
+
+def not_retrained(study: optuna.Study) -> list[int]:
+    """The truncated trials nothing retrains: none of their retrains trained in full, none waits."""
+    return [r.number for r in _retraining(study)[0]]
 
 
 def requeue_truncated(study: optuna.Study) -> tuple[int, ...]:
-    """Queue the parameters of every truncated trial not yet re-queued (``not_retrained``) again, to
-    be trained in full (``--retrain-truncated``; a baseline keeps its label); returns their numbers."""
-    numbers = not_retrained(study)
-    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    for number in numbers:
-        record.requeue(study, by_number[number])
-    return tuple(numbers)
+    """Queue the parameters of every truncated trial nothing retrains (``not_retrained``) again, to
+    be trained in full (``--retrain-truncated``; a baseline keeps its label). Returns the truncated
+    trials whose retrain is queued now: those queued here, and those an earlier run queued that
+    have not run (the caller adds them all to the trials to reach, so that they do)."""
+    needed, pending = _retraining(study)
+    frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
+    for r in needed:
+        record.requeue(study, frozen[r.number])
+    return tuple(sorted(r.number for r in needed + pending))
 
 
 def _sampler_and_seed(config: SearchConfig, name: str, stored: SearchSetup | None) -> tuple[str, int]:

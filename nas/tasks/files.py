@@ -236,14 +236,15 @@ def load_text(*, path: str, seed: int = 0, seq_len: int = 128, test_frac: float 
     chars, tokens = np.unique(codepoints, return_inverse=True)
     if len(chars) > MAX_VOCAB:
         raise TaskError(f"{path}: {len(chars):,} distinct characters; the vocabulary may be at most {MAX_VOCAB:,}")
-    if len(chars) < 2:  # every target the same: every model scores 1.000 (a .npz of one class is refused too)
-        raise TaskError(
-            f"{path}: every character is {chr(chars[0])!r}; accuracy could not rank models (need two distinct "
-            "characters or more)"
-        )
     windows = (len(tokens) - 1) // seq_len
     starts = np.arange(windows)[:, None] * seq_len + np.arange(seq_len + 1)  # [W, seq_len + 1]
     seqs = tokens[starts]
+    targets = seqs[:, 1:]
+    if targets.min() == targets.max():  # every model scores 1.000 (a .npz of one class is refused too)
+        raise TaskError(
+            f"{path}: every target (each character after the first) is {chr(chars[targets.flat[0]])!r}; "
+            "accuracy could not rank models (need two distinct characters after the first)"
+        )
     train, test = _split(windows, seed, test_frac, path)
     config = dict(name="text", seed=seed, path=str(file), seq_len=seq_len, test_frac=test_frac, sha256=digest)
     return pack(

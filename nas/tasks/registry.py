@@ -105,10 +105,10 @@ def _parse(spec: str) -> tuple[str, dict[str, str]]:
     for piece in params.split(","):
         item = piece.strip()
         key, eq, value = (part.strip() for part in item.partition("="))
-        if not item:
+        if last == "path" and not eq:  # a comma inside the path (``npz:path=a,b.npz``, ``a,,b``): part of it
+            raw["path"] = f"{raw['path']},{piece}"
             continue
-        if last == "path" and not eq:  # a comma inside the path (``npz:path=a,b.npz``): part of it
-            raw["path"] = f"{raw['path']},{piece}".rstrip()
+        if not item:
             continue
         if not eq or not key:
             raise TaskError(f"task spec {spec!r}: expected key=value, got {item!r}")
@@ -116,6 +116,8 @@ def _parse(spec: str) -> tuple[str, dict[str, str]]:
             raise TaskError(f"task spec {spec!r}: {key!r} given twice")
         raw[key] = value
         last = key
+    if "path" in raw:  # a trailing ',' (or ', ') after the path separated nothing
+        raw["path"] = raw["path"].rstrip().rstrip(",").rstrip()
     suffix = next((s for s in _SUFFIXES if head.lower().endswith(s)), None)
     if suffix is None:
         return head, raw

@@ -284,3 +284,32 @@ def test_an_unexpected_error_fails_its_trial_before_it_surfaces(tmp_path, monkey
     resumed = records(run_search(config))
     assert [r.number for r in resumed if r.trained] == [1, 2]  # nothing re-queued trial 0's parameters
     assert not any(r.requeued_from is not None for r in resumed)
+
+
+def test_a_retrain_is_queued_once_across_interruptions_and_runs_when_an_earlier_run_left_it(tmp_path, monkeypatch):
+    """A retrain interrupted by Ctrl-C is queued again from the failed retrain: the truncated trial
+    was then counted as not retrained and queued a second time (trained twice). And a retrain an
+    earlier run queued but never ran was counted as done, not in the trials to reach: it never ran."""
+    from nas.cli import main
+    from nas.search import record
+    from nas.search.study import not_retrained, requeue_truncated
+
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(write_space(tmp_path, steps=4)), "--storage", storage, "--study", "r"]
+    argv += ["--device", "cpu", "--no-baselines"]
+    monkeypatch.setenv("NAS_FAULT", "slow@0")
+    assert main([*argv, "--trials", "1"]) == 0
+    monkeypatch.delenv("NAS_FAULT")
+    study = optuna.load_study(study_name="r", storage=open_storage(storage))
+    assert not_retrained(study) == [0] and requeue_truncated(study) == (0,)
+    retrain = study.ask()  # trial 1, the retrain of 0, stopped by Ctrl-C as run_search records it
+    record.write_failure(retrain, "interrupted; parameters re-queued")
+    record.requeue(study, study.tell(retrain, state=TrialState.FAIL))  # trial 2, requeued_from 1
+    assert not_retrained(study) == [] and requeue_truncated(study) == (0,)  # waiting: not queued again
+    assert len(study.get_trials(deepcopy=False)) == 3
+    assert main([*argv, "--trials", "1", "--retrain-truncated"]) == 0  # 1 trained + the waiting retrain
+    trials = study.get_trials(deepcopy=False)
+    assert [(t.number, t.state) for t in trials][-1] == (2, TrialState.COMPLETE) and len(trials) == 3
+    again = record.record(study, trials[2])
+    assert not again.truncated and again.steps_done == 4 and trials[2].params == trials[0].params
+    assert not_retrained(study) == [] and requeue_truncated(study) == ()

@@ -393,21 +393,26 @@ def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, t
     assert "differs in launch_overhead_us" in caplog.text
 
 
-def test_a_profile_path_names_the_study_by_its_file_name(tmp_path, tiny_space, monkeypatch):
+# how older versions named a study: its target path whole, its npz:path= file as "npz", or both
+@pytest.mark.parametrize(("legacy_target", "legacy_task"), [(True, False), (False, True), (True, True)])
+def test_a_profile_path_names_the_study_by_its_file_name(tmp_path, tiny_space, monkeypatch, legacy_target, legacy_task):
     """``--target profiles/my.yaml`` named the study ``tiny-mqar-profiles/my.yaml``, a name
-    ``nas search --study`` refuses; a study named so before keeps resuming under its name."""
+    ``nas search --study`` refuses, and ``--task npz:path=d.npz`` named it ``tiny-npz-…`` (every
+    file given that way, one name); a study named either way (or both) keeps resuming under its name."""
     import nas.search.study as study_module
 
     monkeypatch.chdir(tmp_path)
     _profile_file(tmp_path / "profiles" / "my.yaml")
-    config = _config(tmp_path, tiny_space, study=None, target="profiles/my.yaml")
+    _npz(tmp_path / "d.npz", rows=40, seq_len=8, seed=0)
+    config = _config(tmp_path, tiny_space, study=None, target="profiles/my.yaml", task="npz:path=d.npz")
     _, study = prepare(config)
-    assert study.study_name.endswith("-mqar-my.yaml") and "/" not in study.study_name
+    assert study.study_name.endswith("-d.npz-my.yaml") and "/" not in study.study_name
     old = dataclasses.replace(config, storage=str(tmp_path / "old.journal"))
     named = study_module.study_name
-    monkeypatch.setattr(study_module, "study_name", lambda *a, **k: named(*a, **{**k, "legacy": True}))
+    legacy = {"legacy_target": legacy_target, "legacy_task": legacy_task}
+    monkeypatch.setattr(study_module, "study_name", lambda *a, **k: named(*a, **{**k, **legacy}))
     _, study = prepare(old)
-    assert study.study_name.endswith("-mqar-profiles/my.yaml")
+    assert study.study_name.endswith(f"-{'npz' if legacy_task else 'd.npz'}-{'profiles/' * legacy_target}my.yaml")
     monkeypatch.setattr(study_module, "study_name", named)
     _, resumed = prepare(dataclasses.replace(old, trials=2))
     assert resumed.study_name == study.study_name

@@ -279,9 +279,10 @@ def test_bad_npz_parameters(tmp_path, params, needle):
         (b"short", dict(seq_len=4), "5 characters"),
         (b"long enough text", dict(seq_len=0), "seq_len"),
         # every model scored 1.000 on it (a one-class .npz is refused)
-        (b"a" * 3000, dict(seq_len=8), "every character is 'a'; accuracy could not rank models"),
+        (b"a" * 3000, dict(seq_len=8), "every target .* is 'a'; accuracy could not rank models"),
+        (b"b" + b"a" * 3000, dict(seq_len=16), "every target .* is 'a'"),  # 'b' is never a target
     ],
-    ids=["not-utf8", "too-short", "seq_len-0", "one-character"],
+    ids=["not-utf8", "too-short", "seq_len-0", "one-character", "one-target-character"],
 )
 def test_bad_text_files(tmp_path, content, params, needle):
     path = tmp_path / "t.txt"

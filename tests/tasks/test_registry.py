@@ -101,11 +101,19 @@ def test_a_path_with_commas_and_colons_is_given_as_path(files, tmp_path):
         task = load_task(spec)
         assert task.config["path"] == str(odd), spec
     assert task_file(f"npz:path={odd},seed=3") == str(odd)
+    # empty pieces inside the path are part of it (skipped, "a,,b" read the file a,b); a trailing
+    # comma after it separates nothing
+    assert [task_file(f"npz:path={p}") for p in ("a,,b.npz", "a, ,b.npz", "a.npz,", "a.npz, ")] == [
+        "a,,b.npz",
+        "a, ,b.npz",
+        "a.npz",
+        "a.npz",
+    ]
     assert len(load_task(f"npz:test_frac=0.5,path={odd}").x_test) == 15
     # the default study name takes the file's name: every file given this way was "…-npz-…"
     space = load_space("hybrid_tiny")
     assert study_name(SearchConfig(), space, f"npz:path={odd}") == "hybrid_tiny-comma,name.npz-auto"
-    assert study_name(SearchConfig(), space, f"npz:path={odd}", legacy=True) == "hybrid_tiny-npz-auto"
+    assert study_name(SearchConfig(), space, f"npz:path={odd}", legacy_task=True) == "hybrid_tiny-npz-auto"
 
 
 @pytest.mark.parametrize(

@@ -41,16 +41,17 @@ _PNG_NAMES = ("front2d", "front3d", "hypervolume", "parallel")  # every figure a
 
 
 def _counts(study: optuna.Study) -> str:
-    """``12 trained trials (2 over a budget, not trained; 3 failed: 2 diverged, 1 interrupted)``:
-    "completed" counted the budget breakers, which never trained, and failures went unmentioned."""
+    """``12 trained trials, 2 over a budget (not trained), 3 failed (2 diverged, 1 interrupted)``:
+    "completed" counted the budget breakers, which never trained, and failures went unmentioned
+    (and "12 trained trials (2 over a budget, not trained)" read as if the 2 were among the 12)."""
     done = completed(study)
     trained = sum(r.trained for r in done)
     failed = records(study, (TrialState.FAIL,))
-    notes = [f"{len(done) - trained} over a budget, not trained"] if len(done) > trained else []
+    notes = [f"{len(done) - trained} over a budget (not trained)"] if len(done) > trained else []
     if failed:
         kinds = collections.Counter(r.failure_kind() for r in failed)
-        notes.append(f"{len(failed)} failed: " + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()))
-    return f"{trained} trained trials" + (f" ({'; '.join(notes)})" if notes else "")
+        notes.append(f"{len(failed)} failed (" + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()) + ")")
+    return ", ".join([f"{trained} trained trials", *notes])
 
 
 class ReportError(ValueError):

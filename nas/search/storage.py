@@ -360,7 +360,13 @@ def artifact_dir(storage: str) -> Path:
     if (artifacts := settings.get().artifacts) is not None:
         return Path(artifacts)
     if (database := _sqlite_file(storage)) is not None:
-        return database.with_suffix(".artifacts")
+        here = database.with_suffix(".artifacts")
+        # versions before URLs were read as SQLAlchemy reads them took the text after sqlite:///
+        # as it was (a%20b.db -> a%20b.artifacts): a study they wrote keeps its weights there
+        written = Path(storage.removeprefix("sqlite:///")).with_suffix(".artifacts")
+        if storage.startswith("sqlite:///") and written != here and not here.exists() and written.is_dir():
+            return written
+        return here
     if "://" in storage:
         return Path("runs/artifacts")
     if Path(storage).is_dir():  # "." or "/" has no name to give a suffix (a ValueError traceback)

@@ -206,6 +206,17 @@ def test_an_artifacts_directory_needs_a_named_file(tmp_path):
     assert artifact_dir(f"sqlite:///{tmp_path}/a%20b.db?timeout=3") == tmp_path / "a b.artifacts"
 
 
+def test_weights_an_older_version_stored_beside_an_escaped_sqlite_name_are_found(tmp_path):
+    """Older versions took the text after sqlite:/// as the file (a%20b.db -> a%20b.artifacts),
+    where SQLAlchemy reads "a b.db": a study they wrote keeps its weights in a%20b.artifacts, which
+    is used while "a b.artifacts" does not exist (export said the weights were missing)."""
+    url = f"sqlite:///{tmp_path}/a%20b.db"
+    (tmp_path / "a%20b.artifacts").mkdir()
+    assert artifact_dir(url) == tmp_path / "a%20b.artifacts"
+    (tmp_path / "a b.artifacts").mkdir()
+    assert artifact_dir(url) == tmp_path / "a b.artifacts"
+
+
 def test_only_the_password_of_the_url_is_masked(capsys):
     """Every occurrence of the password in the message was replaced: with password ``p`` the
     port ``notaport`` read ``nota***ort``, and ``psycopg2`` read ``***syco***g2``."""

@@ -944,6 +944,7 @@ def run_search(
     """
     ctx, study = ctx_study or prepare(config)
     start, failures, untrained = time.monotonic(), 0, 0
+    failed_here: BaseException | None = None  # the error a trial was failed with in this process
     while True:
         with claim_lock(config.storage):
             _recover(study)
@@ -979,7 +980,8 @@ def run_search(
                     with contextlib.suppress(Exception):  # storage gone too: the error itself still surfaces
                         record.write_failure(trial, f"error: {type(exc).__name__}: {exc}"[:500])
                         study.tell(trial, state=TrialState.FAIL)
-                    raise _Unexpected(exc) from exc
+                    failed_here = exc  # told FAIL here: not "finished by another process" below
+                    raise
                 # a resume trains it again, as it does a dead worker's trial (a baseline was lost for good)
                 record.write_failure(trial, "interrupted; parameters re-queued" if trial.params else "interrupted")
                 record.requeue(study, study.tell(trial, state=TrialState.FAIL))
@@ -987,10 +989,8 @@ def run_search(
                     raise
                 raise KeyboardInterrupt from exc  # Ctrl-C surfaced wrapped (e.g. inside an import)
             frozen = study.tell(trial, values, state=state) if values else study.tell(trial, state=state)
-        except _Unexpected as wrapped:  # told FAIL above: not "finished by another process" below
-            raise wrapped.error from wrapped.error.__cause__
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
-            if not _finished_elsewhere(study, trial):
+            if exc is failed_here or not _finished_elsewhere(study, trial):
                 raise
             logger.warning("trial %d was finished by another process; its record there stands", trial.number)
             if interrupt.requested():  # a Ctrl-C while writing it still stops the search
@@ -1011,15 +1011,6 @@ def run_search(
         if untrained >= MAX_UNTRAINED_IN_A_ROW:
             raise SearchError(_untrained_message(untrained, done, n_complete(study), config.trials))
     return study
-
-
-class _Unexpected(Exception):  # noqa: N818 - a carrier, never raised out of run_search
-    """Carries an error no trial outcome covers past run_search's handler for a trial finished by
-    another process (a ValueError from evaluate, its trial told FAIL here, looked like one)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(error)
-        self.error = error
 
 
 def _untrained_message(count: int, last: record.TrialRecord, trained: int, trials: int) -> str:

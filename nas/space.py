@@ -22,7 +22,18 @@ import optuna
 import yaml
 
 from hardware_profiles.yaml_files import DuplicateKey, YamlFileError, load_unique, read_text
-from nas.spec import ACTIVATIONS, FEATURE_MAPS, MIXERS, NORMS, OPTIMIZERS, ArchSpec, Candidate, LayerSpec, TrainSpec
+from nas.spec import (
+    ACTIVATIONS,
+    FEATURE_MAPS,
+    MIXERS,
+    NORMS,
+    OPTIMIZERS,
+    ArchSpec,
+    Candidate,
+    LayerSpec,
+    TrainSpec,
+    training_seed,
+)
 from nas.tasks.base import Task
 
 __all__ = [
@@ -106,6 +117,14 @@ _TRAIN_FIELDS: dict[str, tuple[Any, bool]] = {
     "grad_clip": (float, False),
     "grad_noise": (float, False),
 }
+# The population a candidate trains as when a space does not say (train.seeds x train.lr_multipliers):
+# two seeds give the accuracy its spread, three learning rates around the sampled one keep a poor
+# draw of lr from deciding whether an architecture learns at all
+DEFAULT_SEEDS = 2
+DEFAULT_LR_MULTIPLIERS = (0.5, 1.0, 2.0)
+MAX_SEEDS = 16
+MAX_LR_MULTIPLIERS = 8
+_POPULATION_FIELDS = ("seeds", "lr_multipliers")  # train fields that are fixed settings, never searched
 _TOP_FIELDS = {"name", "description", "task", "depth", "d_model", "layer", "train", "max_train_seconds"}
 
 
@@ -247,6 +266,27 @@ class _Reader:
             raise self.fail(field, f"{raw!r} must be {what}")
         return raw
 
+    def population(self, train: Any) -> tuple[int, tuple[float, ...]]:
+        """``train.seeds`` (an integer) and ``train.lr_multipliers`` (a list of distinct positive
+        numbers): fixed settings of every candidate's training, not searched."""
+        if not isinstance(train, dict):
+            return DEFAULT_SEEDS, DEFAULT_LR_MULTIPLIERS
+        seeds = train.get("seeds", DEFAULT_SEEDS)
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+            raise self.fail(
+                "train.seeds", f"{seeds!r} must be an integer in [1, {MAX_SEEDS}] (one value, not a choice)"
+            )
+        raw = train.get("lr_multipliers", list(DEFAULT_LR_MULTIPLIERS))
+        what = f"must be a list of 1-{MAX_LR_MULTIPLIERS} distinct numbers in [0.001, 1000], e.g. [0.5, 1, 2]"
+        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_LR_MULTIPLIERS:
+            raise self.fail("train.lr_multipliers", f"{raw!r} {what}")
+        for m in raw:
+            if isinstance(m, bool) or not isinstance(m, int | float) or not 1e-3 <= m <= 1e3:
+                raise self.fail("train.lr_multipliers", f"{m!r} {what}")
+        if len(set(raw)) != len(raw):
+            raise self.fail("train.lr_multipliers", f"{raw!r} {what}")
+        return seeds, tuple(float(m) for m in raw)
+
     def seconds(self, raw: Any) -> float | None:
         if raw is None:
             return None
@@ -264,7 +304,8 @@ class _Reader:
             raise self.fail(name, "must be a mapping of field: choices")
         unknown = sorted(set(raw) - set(fields), key=str)  # keys may be any YAML scalar
         if unknown:
-            raise self.fail(f"{name}.{unknown[0]}", f"unknown field; allowed {sorted(fields)}")
+            allowed = sorted(fields) + (sorted(_POPULATION_FIELDS) if name == "train" else [])
+            raise self.fail(f"{name}.{unknown[0]}", f"unknown field; allowed {allowed}")
         out = {}
         for field, (kind, required) in fields.items():
             if field in raw:
@@ -288,10 +329,14 @@ class SearchSpace:
     max_train_seconds: float | None
     source: str
     text: str = ""  # the file as read: what a study records (workers rebuild the space from it)
+    # every candidate trains as a population of seeds x learning rates (train.seeds, train.lr_multipliers)
+    seeds: int = DEFAULT_SEEDS
+    lr_multipliers: tuple[float, ...] = DEFAULT_LR_MULTIPLIERS
 
-    def sample(self, trial: optuna.Trial, task: Task) -> Candidate:
+    def sample(self, trial: optuna.Trial, task: Task, study_seed: int = 0) -> Candidate:
         """Draw one candidate through ``trial`` (parameter names ``depth``, ``d_model``,
-        ``layer{i}.<field>``, ``train.<field>``) sized for ``task``."""
+        ``layer{i}.<field>``, ``train.<field>``) sized for ``task``. Its training seed derives from
+        ``study_seed`` and the configuration (``nas.spec.training_seed``), not from the trial."""
         depth = self.depth.suggest(trial, "depth")
         d_model = self.d_model.suggest(trial, "d_model")
         layers = tuple(self._sample_layer(trial, i) for i in range(depth))
@@ -301,7 +346,8 @@ class SearchSpace:
             if field == "optimizer" or (field in ("momentum", "nesterov") and fields["optimizer"] != "sgd"):
                 continue
             fields[field] = choice.suggest(trial, f"train.{field}")
-        return Candidate(arch, TrainSpec(**fields, seed=trial.number))
+        recipe = TrainSpec(**fields, seeds=self.seeds, lr_multipliers=self.lr_multipliers)
+        return Candidate(arch, replace(recipe, seed=training_seed(study_seed, arch, recipe)))
 
     def configurations(self) -> int | None:
         """How many distinct candidates (architecture and recipe) ``sample`` can draw, or None when
@@ -416,7 +462,13 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
     depth, d_model = r.choice("depth", raw["depth"], int), r.choice("d_model", raw["d_model"], int)
     if d_model.choices is None:
         raise r.fail("d_model", "must be a list of widths (heads must divide each of them)")
-    layer, train = r.section("layer", raw["layer"], _LAYER_FIELDS), r.section("train", raw["train"], _TRAIN_FIELDS)
+    seeds, lr_multipliers = r.population(raw["train"])
+    train_raw = (
+        {k: v for k, v in raw["train"].items() if k not in _POPULATION_FIELDS}
+        if isinstance(raw["train"], dict)
+        else raw["train"]
+    )
+    layer, train = r.section("layer", raw["layer"], _LAYER_FIELDS), r.section("train", train_raw, _TRAIN_FIELDS)
     mixers = set(layer["mixer"].values())
     if mixers - {"none"}:
         if "heads" not in layer or layer["heads"].choices is None:
@@ -448,6 +500,8 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
         train,
         r.seconds(raw.get("max_train_seconds")),
         source,
+        seeds=seeds,
+        lr_multipliers=lr_multipliers,
     )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "TrainSpec",
     "Candidate",
     "arch_hash",
+    "training_seed",
 ]
 
 MIXERS = ("attention", "linear_attention", "none")
@@ -152,6 +153,10 @@ class TrainSpec:
     grad_noise: float = 0.0
     grad_noise_gamma: float = 0.55
     seed: int = 0
+    # the population each candidate trains as: ``seeds`` seeds (derived from ``seed``) times the
+    # learning rates ``lr * m`` for each m of ``lr_multipliers``; 1 x (1.0,) is a single run
+    seeds: int = 1
+    lr_multipliers: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
         _check(self.optimizer in OPTIMIZERS, f"optimizer {self.optimizer!r} is not one of {list(OPTIMIZERS)}")
@@ -161,19 +166,43 @@ class TrainSpec:
         _check(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
         _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         _check(self.grad_clip >= 0 and self.grad_noise >= 0, "grad_clip and grad_noise must be >= 0")
+        object.__setattr__(self, "lr_multipliers", tuple(float(m) for m in self.lr_multipliers))
+        _check(self.seeds >= 1, f"seeds must be >= 1, got {self.seeds}")
+        _check(
+            len(self.lr_multipliers) >= 1 and all(m > 0 for m in self.lr_multipliers),
+            f"lr_multipliers must be one or more positive numbers, got {list(self.lr_multipliers)}",
+        )
+        _check(
+            len(set(self.lr_multipliers)) == len(self.lr_multipliers),
+            f"lr_multipliers must be distinct, got {list(self.lr_multipliers)}",
+        )
+
+    @property
+    def population(self) -> int:
+        """How many variants (seeds x learning rates) train together."""
+        return self.seeds * len(self.lr_multipliers)
+
+    def variant_seeds(self) -> tuple[int, ...]:
+        """The ``seeds`` training seeds: ``seed`` itself first (a 1 x 1 population is the single
+        run of ``seed``), then seeds derived from it."""
+        return (self.seed,) + tuple(_digest_int(f"{self.seed}:variant:{i}") for i in range(1, self.seeds))
+
+    def lrs(self) -> tuple[float, ...]:
+        """The learning rates the population tries, in ``lr_multipliers`` order."""
+        return tuple(self.lr * m for m in self.lr_multipliers)
 
     def summary(self) -> str:
         return f"{self.optimizer} lr={self.lr:.1e}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"lr_multipliers": list(self.lr_multipliers)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainSpec:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - fields
         _check(not unknown, f"unknown TrainSpec fields: {sorted(unknown)}")
-        return cls(**data)
+        return cls(**{**data, "lr_multipliers": tuple(data.get("lr_multipliers", (1.0,)))})
 
 
 @dataclass(frozen=True)
@@ -188,3 +217,18 @@ def arch_hash(arch: ArchSpec) -> str:
     """16 hex digits of SHA-256 over the canonical JSON of ``arch`` (key order independent)."""
     blob = json.dumps(arch.to_dict(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _digest_int(text: str) -> int:
+    """31 bits of SHA-256 over ``text``: a seed torch, numpy and Triton's Philox all accept."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def training_seed(study_seed: int, arch: ArchSpec, train: TrainSpec) -> int:
+    """The training seed of a configuration in a study seeded with ``study_seed``: a digest of the
+    seed, the architecture and every recipe field but ``seed`` itself. It does not depend on the
+    trial number, so a re-queued, resumed or retrained trial, and the same configuration in another
+    study with the same seed, train the same."""
+    recipe = {k: v for k, v in train.to_dict().items() if k != "seed"}
+    blob = json.dumps({"arch": arch.to_dict(), "train": recipe}, sort_keys=True, separators=(",", ":"))
+    return _digest_int(f"{study_seed}:{blob}")

@@ -13,22 +13,28 @@ import torch
 
 from kernels.device import is_cuda
 from nas import settings
+from nas.models import Population, build
 from nas.optim import make_optimizer
-from nas.spec import TrainSpec
+from nas.spec import ArchSpec, TrainSpec
 from nas.tasks.base import Task
 
 __all__ = [
     "RUNGS",
+    "INTERVAL_FACTOR",
     "Budget",
+    "PopulationResult",
     "TrainResult",
     "TrainingDiverged",
     "TrainingOOM",
     "TrainingStopped",
     "TrialTimeout",
+    "accuracy_interval",
     "evaluate",
+    "evaluate_variants",
     "lr_factor",
     "rung_steps",
     "train",
+    "train_population",
 ]
 
 logger = logging.getLogger(__name__)
@@ -89,6 +95,47 @@ class TrainResult:
     curve: tuple[tuple[int, float], ...] = field(default=())  # (step, mean train loss of the window)
 
 
+@dataclass(frozen=True)
+class PopulationResult:
+    """A candidate trained as a population (``train_population``): ``accuracy`` is the best
+    learning rate's mean over seeds and ``interval`` the half-width of its interval (None with
+    one seed: no spread to measure); ``accuracies[i][s]`` is (lr ``multipliers[i]``, seed
+    ``seeds[s]``)'s accuracy, None where it diverged. ``model`` is ``kept``'s trained model:
+    (seed index, lr factor, its own accuracy), the best seed at the best learning rate."""
+
+    accuracy: float
+    interval: float | None
+    test_loss: float  # the kept variant's
+    steps: int
+    seconds: float
+    stopped: str
+    curve: tuple[tuple[int, float], ...]  # the kept variant's
+    best_multiplier: float
+    seeds: tuple[int, ...]
+    multipliers: tuple[float, ...]
+    accuracies: tuple[tuple[float | None, ...], ...]
+    kept: tuple[int, float, float]
+    model: torch.nn.Module
+
+
+# The accuracy interval is this many times the seeds' pooled standard deviation (never below
+# the test set's resolution). Chosen so that a retraining with fresh seeds lands inside it in at
+# least 90 % of cases (benchmarks/population_interval.py measures the coverage on held-out
+# candidates: benchmarks/results/population_interval_cpu.json).
+INTERVAL_FACTOR = 2.5
+
+
+def accuracy_interval(accuracies: list[list[float]], resolution: float) -> float | None:
+    """The half-width of a population's accuracy interval: ``INTERVAL_FACTOR`` × the standard
+    deviation over seeds pooled across the learning rates (each list: one lr's seeds), at least
+    ``resolution``; None when no learning rate has two seeds."""
+    dof = sum(len(a) - 1 for a in accuracies)
+    if dof < 1:
+        return None
+    ss = sum(sum((x - sum(a) / len(a)) ** 2 for x in a) for a in accuracies)
+    return max(resolution, INTERVAL_FACTOR * math.sqrt(ss / dof))
+
+
 def lr_factor(step: int, spec: TrainSpec) -> float:
     """Linear warmup over ``warmup_frac·steps``, then cosine decay to zero at ``steps``."""
     warmup = int(spec.warmup_frac * spec.steps)
@@ -117,21 +164,36 @@ def _autocast(device: torch.device) -> torch.autocast:
 def evaluate(model: torch.nn.Module, task: Task, device: torch.device, rows: int | None = None) -> tuple[float, float]:
     """(accuracy, mean loss) of ``model`` over the scored positions of the test split (its first
     ``rows`` rows when given)."""
+    accuracy, loss = evaluate_variants(model, task, device, rows)
+    return accuracy[0].item(), loss[0].item()
+
+
+@torch.no_grad()
+def evaluate_variants(
+    model: torch.nn.Module, task: Task, device: torch.device, rows: int | None = None, variants: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each variant's (accuracy, mean loss) ``[variants]`` over the scored positions of the test
+    split (its first ``rows`` rows when given). ``model`` is one model, or a ``Population`` of
+    ``variants`` that reads ``[variants·N, T]`` rows (every variant sees the same test rows)."""
     model.eval()
-    hits = total = torch.zeros((), dtype=torch.long, device=device)
-    loss_sum = torch.zeros((), device=device)
+    hits = torch.zeros(variants, dtype=torch.long, device=device)
+    total = torch.zeros(variants, dtype=torch.long, device=device)
+    loss_sum = torch.zeros(variants, device=device)
     n = task.x_test.shape[0] if rows is None else min(rows, task.x_test.shape[0])
     for i in range(0, n, EVAL_BATCH):
         x, y = task.batch(slice(i, min(n, i + EVAL_BATCH)), split="test")
         with _autocast(device):
-            logits = model(x)
-        h, t = task.correct(logits, y)
-        hits, total = hits + h, total + t
-        # Task.loss is the mean over this batch's scored positions, NaN when it has none: weight
-        # it by their count so batches with more (or no) scored positions count as they should
-        loss_sum += torch.where(t > 0, task.loss(logits, y) * t, 0.0)
+            logits = model(x.repeat(variants, *([1] * (x.dim() - 1))) if variants > 1 else x)
+        per_variant = logits.reshape(variants, -1, *logits.shape[1:])  # [P, N, ...]
+        for p in range(variants):
+            h, t = task.correct(per_variant[p], y)
+            hits[p] += h
+            total[p] += t
+            # Task.loss is the mean over this batch's scored positions, NaN when it has none: weight
+            # it by their count so batches with more (or no) scored positions count as they should
+            loss_sum[p] += torch.where(t > 0, task.loss(per_variant[p], y) * t, 0.0)
     model.train()
-    return (hits.float() / total.clamp(min=1)).item(), (loss_sum / total.clamp(min=1)).item()
+    return hits.float() / total.clamp(min=1), loss_sum / total.clamp(min=1)
 
 
 class Share(Protocol):
@@ -171,6 +233,9 @@ def train(
     ``on_rung(step, accuracy)`` runs after each of ``rung_steps(spec.steps)`` with the accuracy on
     the first ``RUNG_ROWS`` test rows; when it returns True training stops (TrainingStopped).
 
+    ``model`` is one model, trained with ``spec.seed`` at ``spec.lr`` (its population fields are
+    not read), or a ``nas.models.Population`` built by ``train_population``.
+
     The task's tensors are moved to ``device`` once; batches are drawn there by a seeded generator,
     so a step involves no host round trip.
 
@@ -181,6 +246,129 @@ def train(
     ``share``: the GPU's turn-taking with neighbour workers (the search passes its ``GpuShare``);
     seconds spent waiting for a neighbour's measurement do not count as training time.
     """
+    variants = _Variants.single(spec) if not isinstance(model, Population) else _Variants.of(spec)
+    result = _train(model, task, spec, variants, device, budget, step_hook, on_rung, compile_model, share)
+    return result.only()
+
+
+def train_population(
+    arch: ArchSpec,
+    task: Task,
+    spec: TrainSpec,
+    *,
+    device: torch.device | str,
+    budget: Budget | None = None,
+    step_hook: Callable[[torch.nn.Module], Callable[[int], None] | None] | None = None,
+    on_rung: Callable[[int, float], bool] | None = None,
+    share: Share | None = None,
+) -> PopulationResult:
+    """Train ``arch`` as the population ``spec`` asks for: ``spec.seeds`` seeds (each its own
+    initialisation, batch order and gradient noise) × the learning rates ``spec.lrs()``, all in one
+    batched program (``nas.models.Population``); a 1 × 1 population is the single run of ``train``.
+
+    Variant (seed s, lr) trains as ``train`` would train ``build(arch, seed=s)`` at that lr, to
+    rounding. A variant that diverges is left out; the population diverges (TrainingDiverged)
+    only when every learning rate has a diverged seed. The result's accuracy is the best learning
+    rate's mean over seeds (``on_rung`` is given the same at each rung), its interval from the
+    spread over seeds (``accuracy_interval``), and its model the best seed at that learning rate.
+    ``step_hook(model)`` makes the per-step hook for the model being trained (fault injection).
+    """
+    variants = _Variants.of(spec)
+    models = [build(arch, task, seed=seed) for seed in spec.variant_seeds()]
+    if variants.size == 1:
+        model = models[0]
+    else:
+        model = Population([models[variants.seed_index[v]] for v in range(variants.size)])
+    hook = step_hook(model) if step_hook is not None else None
+    result = _train(model, task, spec, variants, device, budget, hook, on_rung, None, share)
+    return result.summary(model, task)
+
+
+@dataclass(frozen=True)
+class _Variants:
+    """Which seed and learning-rate factor each variant of a training uses (variant-major: seeds
+    vary fastest, so each learning rate's seeds sit together)."""
+
+    seeds: tuple[int, ...]  # the distinct training seeds
+    seed_index: tuple[int, ...]  # per variant, its seed's index in ``seeds``
+    multipliers: tuple[float, ...]  # per variant, the factor on ``spec.lr``
+
+    @property
+    def size(self) -> int:
+        return len(self.seed_index)
+
+    @classmethod
+    def single(cls, spec: TrainSpec) -> _Variants:
+        return cls((spec.seed,), (0,), (1.0,))
+
+    @classmethod
+    def of(cls, spec: TrainSpec) -> _Variants:
+        seeds = spec.variant_seeds()
+        pairs = [(s, m) for m in spec.lr_multipliers for s in range(len(seeds))]
+        return cls(seeds, tuple(s for s, _ in pairs), tuple(m for _, m in pairs))
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What ``_train`` found, per variant: accuracy and test loss ``[P]`` (host floats), the step
+    at which each diverged with why (None: it did not), and the training's shared facts."""
+
+    variants: _Variants
+    accuracy: list[float]
+    test_loss: list[float]
+    diverged: list[tuple[int, str] | None]
+    steps: int
+    seconds: float
+    stopped: str
+    losses: torch.Tensor  # [steps taken, P] on the host
+    window: int
+
+    def only(self) -> TrainResult:
+        """The result of a one-variant training (``train``)."""
+        if self.diverged[0] is not None:
+            step, why = self.diverged[0]
+            raise TrainingDiverged(why, step)
+        return TrainResult(self.accuracy[0], self.test_loss[0], self.steps, self.seconds, self.stopped, self.curve(0))
+
+    def curve(self, p: int) -> tuple[tuple[int, float], ...]:
+        """Variant ``p``'s learning curve: (step, mean training loss of the window) per window."""
+        w = self.window
+        return tuple((lo + w, self.losses[lo : lo + w, p].mean().item()) for lo in range(0, self.steps - w + 1, w))
+
+    def summary(self, model: torch.nn.Module, task: Task) -> PopulationResult:
+        v = self.variants
+        lrs = sorted(set(v.multipliers), key=v.multipliers.index)
+        by_lr = {m: [p for p in range(v.size) if v.multipliers[p] == m] for m in lrs}
+        alive = {m: ps for m, ps in by_lr.items() if all(self.diverged[p] is None for p in ps)}
+        if not alive:
+            step, why = max((d for d in self.diverged if d is not None), key=lambda d: d[0])
+            raise TrainingDiverged(f"every learning rate diverged (last: {why})", step)
+        means = {m: sum(self.accuracy[p] for p in ps) / len(ps) for m, ps in alive.items()}
+        # the best mean; on a tie the factor nearest 1 (the sampled lr), then the smaller
+        best_m = max(alive, key=lambda m: (means[m], -abs(math.log(m)), -m))
+        keep = max(alive[best_m], key=lambda p: (self.accuracy[p], -p))
+        spreads = [[self.accuracy[p] for p in ps] for ps in alive.values()]
+        kept = model.variant(keep) if isinstance(model, Population) else model
+        return PopulationResult(
+            accuracy=means[best_m],
+            interval=accuracy_interval(spreads, 1 / max(1, task.scored_targets)),
+            test_loss=self.test_loss[keep],
+            steps=self.steps,
+            seconds=self.seconds,
+            stopped=self.stopped,
+            curve=self.curve(keep),
+            best_multiplier=best_m,
+            seeds=v.seeds,
+            multipliers=tuple(lrs),
+            accuracies=tuple(
+                tuple(None if self.diverged[p] is not None else self.accuracy[p] for p in by_lr[m]) for m in lrs
+            ),
+            kept=(v.seed_index[keep], v.multipliers[keep], self.accuracy[keep]),
+            model=kept,
+        )
+
+
+def _train(model, task, spec, variants, device, budget, step_hook, on_rung, compile_model, share) -> _Run:
     device = torch.device(device)
     budget = budget or Budget()
     share = share or _Alone()
@@ -189,23 +377,92 @@ def train(
         task = task.to(device)
         model.to(device).train()
         opt = make_optimizer(spec, model.parameters())
+        if variants.size > 1:
+            opt.population(variants.multipliers)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
-        gen = torch.Generator(device=device).manual_seed(spec.seed)
+        gens = [torch.Generator(device=device).manual_seed(seed) for seed in variants.seeds]
         if compile_model is None:
             compile_model = settings.get().train_compile
         forward = torch.compile(model) if compile_model else model
-        accuracy, test_loss, step, stopped, curve = _loop(
-            model, forward, task, spec, opt, sched, gen, budget, step_hook, on_rung, share, clock
-        )
+        run = _loop(model, forward, task, spec, variants, opt, sched, gens, budget, step_hook, on_rung, share, clock)
     finally:
         share.release_shared()  # after an exception too: queued steps must not overlap a measurement
-    if not math.isfinite(test_loss):
-        raise TrainingDiverged("test loss is not finite", step)
-    if test_loss > (ceiling := _loss_ceiling(task)):
-        raise TrainingDiverged(f"test loss {test_loss:.3g} is over {_over(ceiling)}", step)
+    logger.debug("trained %d variants %d steps in %.1fs (%s)", variants.size, run.steps, run.seconds, run.stopped)
+    return run
+
+
+def _loop(model, forward, task, spec, variants, opt, sched, gens, budget, step_hook, on_rung, share, clock) -> _Run:
+    """The training steps and the final evaluation of ``_train``. GPU work runs while holding
+    ``share`` (windows of steps)."""
+    device, n_train, P = task.x_train.device, task.x_train.shape[0], variants.size
+    stage1 = task.stage1_steps(spec.steps)  # the first steps draw short rows (a length curriculum)
+    n_stage1 = task.x_stage1.shape[0] if stage1 else 0
+    losses = torch.zeros(spec.steps, P, device=device)
+    norms = torch.zeros(spec.steps, P, device=device)
+    diverged: list[tuple[int, str] | None] = [None] * P
+    stopped, step = "completed", 0
+    rungs = set(rung_steps(spec.steps, stage1)) if on_rung is not None else set()
+    ceiling = _loss_ceiling(task)
+    order = torch.tensor(variants.seed_index, device=device)
+    while step < spec.steps:
+        clock.paused += share.acquire_shared()
+        try:
+            if step_hook is not None:
+                step_hook(step + 1)
+            short = step < stage1
+            n_rows = n_stage1 if short else n_train
+            # one draw per seed, from that seed's generator: variants of one seed see the same rows
+            drawn = [torch.randint(0, n_rows, (spec.batch_size,), device=device, generator=g) for g in gens]
+            idx = drawn[0] if P == 1 else torch.stack(drawn)[order].reshape(-1)  # [P·B], variant-major
+            with _autocast(device):
+                x, y = task.batch(idx, split="stage1" if short else "train")  # [P·B, T] rows, gathered on the device
+                logits = forward(x)
+                if P == 1:
+                    loss = task.loss(logits, y).reshape(1)
+                else:
+                    ys = y.reshape(P, -1, *y.shape[1:])
+                    rows = logits.reshape(P, -1, *logits.shape[1:])
+                    loss = torch.stack([task.loss(rows[p], ys[p]) for p in range(P)])
+            # keep the grad tensors (zero them): their addresses stay put, so the fused optimizer's
+            # pointer tables are built once, not every step (H200: 640 -> 4 table builds in 320
+            # steps, +4% tokens/s; benchmarks/results/optimizer_host_h200.json)
+            opt.zero_grad(set_to_none=False)
+            loss.sum().backward()  # the variants' parameters are disjoint: each gets its own loss's gradient
+            opt.step()
+            sched.step()
+            losses[step] = loss.detach()
+            norms[step] = opt.last_grad_norm.reshape(P)
+            step += 1
+        except torch.cuda.OutOfMemoryError:
+            rows = spec.batch_size if P == 1 else f"{spec.batch_size} x {P} variants"
+            raise TrainingOOM(f"out of memory at batch {rows} (step {step + 1})") from None
+        if clock.past(budget.deadline):
+            raise TrialTimeout(f"stopped at step {step} of {spec.steps}")
+        out_of_time = budget.max_seconds is not None and clock.elapsed() > budget.max_seconds
+        if step in rungs:  # still holding the share: the rung's evaluation is GPU work
+            _check_finite(losses, norms, step, ceiling, diverged)
+            accuracy, _ = evaluate_variants(model, task, device, RUNG_ROWS, P)
+            rung = _best_mean(accuracy.tolist(), variants, diverged)
+            if on_rung(step, rung):
+                best = _best_variant(accuracy.tolist(), variants, diverged)
+                curve = _Run(variants, [], [], diverged, step, 0.0, "", losses[:step].cpu(), _window(spec)).curve(best)
+                raise TrainingStopped(step, rung, curve, clock.elapsed())
+        if step % CHECK_EVERY == 0 or step == spec.steps or out_of_time:
+            _check_finite(losses, norms, step, ceiling, diverged)
+            share.release_shared()  # a waiting latency measurement on this GPU goes now
+        if out_of_time and step < spec.steps:
+            stopped = "time budget"
+            break
+    clock.paused += share.acquire_shared()
+    accuracy, test_loss = evaluate_variants(model, task, device, None, P)
+    accuracy_l, test_loss_l = accuracy.tolist(), test_loss.tolist()
+    for p, loss_p in enumerate(test_loss_l):
+        if diverged[p] is None and not math.isfinite(loss_p):
+            diverged[p] = (step, "test loss is not finite")
+        elif diverged[p] is None and loss_p > ceiling:
+            diverged[p] = (step, f"test loss {loss_p:.3g} is over {_over(ceiling)}")
     seconds = clock.elapsed()
-    logger.debug("trained %d steps in %.1fs: acc=%.3f (%s)", step, seconds, accuracy, stopped)
-    return TrainResult(accuracy, test_loss, step, seconds, stopped, tuple(curve))
+    return _Run(variants, accuracy_l, test_loss_l, diverged, step, seconds, stopped, losses[:step].cpu(), _window(spec))
 
 
 @dataclass
@@ -223,66 +480,23 @@ class _Clock:
         return deadline is not None and time.monotonic() - self.paused > deadline
 
 
-def _loop(model, forward, task, spec, opt, sched, gen, budget, step_hook, on_rung, share, clock):
-    """The training steps and the final evaluation of ``train``; returns (accuracy, test loss,
-    steps, how it stopped, curve). GPU work runs while holding ``share`` (windows of steps)."""
-    device, n_train = task.x_train.device, task.x_train.shape[0]
-    stage1 = task.stage1_steps(spec.steps)  # the first steps draw short rows (a length curriculum)
-    n_stage1 = task.x_stage1.shape[0] if stage1 else 0
-    window = max(1, spec.steps // CURVE_POINTS)
-    losses = torch.zeros(spec.steps, device=device)
-    norms = torch.zeros(spec.steps, device=device)
-    curve: list[tuple[int, float]] = []
-    stopped, step = "completed", 0
-    rungs = set(rung_steps(spec.steps, stage1)) if on_rung is not None else set()
-    ceiling = _loss_ceiling(task)
-    while step < spec.steps:
-        clock.paused += share.acquire_shared()
-        try:
-            if step_hook is not None:
-                step_hook(step + 1)
-            short = step < stage1
-            idx = torch.randint(0, n_stage1 if short else n_train, (spec.batch_size,), device=device, generator=gen)
-            with _autocast(device):
-                x, y = task.batch(idx, split="stage1" if short else "train")  # [B, T] rows, gathered on the device
-                loss = task.loss(forward(x), y)
-            # keep the grad tensors (zero them): their addresses stay put, so the fused optimizer's
-            # pointer tables are built once, not every step (H200: 640 -> 4 table builds in 320
-            # steps, +4% tokens/s; benchmarks/results/optimizer_host_h200.json)
-            opt.zero_grad(set_to_none=False)
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses[step] = loss.detach()
-            norms[step] = opt.last_grad_norm
-            step += 1
-        except torch.cuda.OutOfMemoryError:
-            raise TrainingOOM(f"out of memory at batch {spec.batch_size} (step {step + 1})") from None
-        if clock.past(budget.deadline):
-            raise TrialTimeout(f"stopped at step {step} of {spec.steps}")
-        out_of_time = budget.max_seconds is not None and clock.elapsed() > budget.max_seconds
-        if step in rungs:  # still holding the share: the rung's evaluation is GPU work
-            _check_finite(losses, norms, step, ceiling)
-            _extend_curve(curve, losses, window, step)
-            accuracy, _ = evaluate(model, task, device, rows=RUNG_ROWS)
-            if on_rung(step, accuracy):
-                raise TrainingStopped(step, accuracy, tuple(curve), clock.elapsed())
-        if step % CHECK_EVERY == 0 or step == spec.steps or out_of_time:
-            _check_finite(losses, norms, step, ceiling)
-            _extend_curve(curve, losses, window, step)
-            share.release_shared()  # a waiting latency measurement on this GPU goes now
-        if out_of_time and step < spec.steps:
-            stopped = "time budget"
-            break
-    clock.paused += share.acquire_shared()
-    accuracy, test_loss = evaluate(model, task, device)
-    return accuracy, test_loss, step, stopped, curve
+def _window(spec: TrainSpec) -> int:
+    return max(1, spec.steps // CURVE_POINTS)
 
 
-def _extend_curve(curve: list[tuple[int, float]], losses: torch.Tensor, window: int, step: int) -> None:
-    while (len(curve) + 1) * window <= step:  # each window that has completed since the last check
-        lo = len(curve) * window
-        curve.append((lo + window, losses[lo : lo + window].mean().item()))
+def _best_mean(accuracy: list[float], variants: _Variants, diverged: list) -> float:
+    """The best learning rate's mean accuracy over its seeds, among those no seed of which diverged."""
+    means = []
+    for m in set(variants.multipliers):
+        ps = [p for p in range(variants.size) if variants.multipliers[p] == m]
+        if all(diverged[p] is None for p in ps):
+            means.append(sum(accuracy[p] for p in ps) / len(ps))
+    return max(means, default=0.0)
+
+
+def _best_variant(accuracy: list[float], variants: _Variants, diverged: list) -> int:
+    alive = [p for p in range(variants.size) if diverged[p] is None] or list(range(variants.size))
+    return max(alive, key=lambda p: accuracy[p])
 
 
 def _over(ceiling: float) -> str:
@@ -294,17 +508,28 @@ def _loss_ceiling(task: Task) -> float:
     return DIVERGED_LOSS_FACTOR * math.log(max(task.n_out, 2))
 
 
-def _check_finite(losses: torch.Tensor, norms: torch.Tensor, step: int, ceiling: float = math.inf) -> None:
-    """TrainingDiverged when the last window's losses or gradient norms are NaN/inf, or a loss is
-    over ``ceiling``; one host sync when they are not."""
+def _check_finite(
+    losses: torch.Tensor, norms: torch.Tensor, step: int, ceiling: float, diverged: list[tuple[int, str] | None]
+) -> None:
+    """Mark in ``diverged`` each variant whose last window's losses or gradient norms (``[steps,
+    P]``) are NaN/inf, or a loss is over ``ceiling``; one host sync when none is. A one-variant
+    training raises TrainingDiverged at once; a population trains on without the dead variant."""
     seen = slice(max(0, step - CHECK_EVERY), step)
-    window = losses[seen]
-    if bool(torch.isfinite(window).all() & torch.isfinite(norms[seen]).all() & (window <= ceiling).all()):
+    window, grads = losses[seen], norms[seen]
+    finite = torch.isfinite(window) & torch.isfinite(grads)  # [W, P]
+    if bool((finite & (window <= ceiling)).all()):
         return
-    if not bool(torch.isfinite(window).all() & torch.isfinite(norms[seen]).all()):
-        what = "loss" if not bool(torch.isfinite(window).all()) else "gradient norm"
-        raise TrainingDiverged(f"{what} became NaN/inf within steps {seen.start + 1}-{step}", step)
-    worst = window.max().item()
-    raise TrainingDiverged(
-        f"loss reached {worst:.3g} within steps {seen.start + 1}-{step}, over {_over(ceiling)}", step
-    )
+    for p in range(window.shape[1]):
+        if diverged[p] is not None:
+            continue
+        if not bool(finite[:, p].all()):
+            what = "loss" if not bool(torch.isfinite(window[:, p]).all()) else "gradient norm"
+            diverged[p] = (step, f"{what} became NaN/inf within steps {seen.start + 1}-{step}")
+        elif not bool((window[:, p] <= ceiling).all()):
+            worst = window[:, p].max().item()
+            diverged[p] = (
+                step,
+                f"loss reached {worst:.3g} within steps {seen.start + 1}-{step}, over {_over(ceiling)}",
+            )
+    if window.shape[1] == 1 and diverged[0] is not None:
+        raise TrainingDiverged(diverged[0][1], diverged[0][0])

@@ -6,12 +6,23 @@ import torch
 
 from nas.models.decode import DecodeCache, LayerCache
 from nas.models.hybrid import Block, HybridModel
+from nas.models.population import Population
 from nas.models.triton_decode import TritonDecoder
 from nas.models.triton_model import TritonModel, to_triton
 from nas.spec import ArchSpec
 from nas.tasks.base import Task
 
-__all__ = ["Block", "DecodeCache", "HybridModel", "LayerCache", "TritonDecoder", "TritonModel", "build", "to_triton"]
+__all__ = [
+    "Block",
+    "DecodeCache",
+    "HybridModel",
+    "LayerCache",
+    "Population",
+    "TritonDecoder",
+    "TritonModel",
+    "build",
+    "to_triton",
+]
 
 
 def build(arch: ArchSpec, task: Task | None = None, *, seed: int | None = None) -> HybridModel:

@@ -61,18 +61,25 @@ def causal_linear_attention(
 def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``y[:, t] = bias + Σ_j weight[:, 0, j] · x[:, t - K + 1 + j]`` (zeros before the start).
 
-    x ``[B, T, C]``, weight ``[C, 1, K]`` (an ``nn.Conv1d`` with ``groups=C``), bias ``[C]``. The
+    x ``[B, T, C]``, weight ``[C, 1, K]`` (an ``nn.Conv1d`` with ``groups=C``), bias ``[C]``; or a
+    population's weight ``[P, C, 1, K]`` and bias ``[P, C]`` over x ``[P·B, T, C]``. The
     same as that convolution with K-1 zeros of left padding, computed as K shifted multiply-adds
     in x's own layout: for the short kernels of a mixer (K ≤ 8) this avoids two transposes and
     the CPU's depthwise-convolution backward, the slowest op of a small candidate's step.
     """
     K, T = weight.shape[-1], x.shape[1]
     padded = F.pad(x, (0, 0, K - 1, 0))  # [B, T + K - 1, C]
-    taps = weight[:, 0, :].t()  # [K, C]
-    out = bias + padded[:, :T] * taps[0]
+    if weight.dim() == 4:  # a population (nas.models.population): weight [P, C, 1, K], bias [P, C], x [P·B, T, C]
+        P = weight.shape[0]
+        padded = padded.reshape(P, -1, *padded.shape[1:])  # [P, B, T + K - 1, C]
+        taps = weight[:, :, 0, :].permute(2, 0, 1)[:, :, None, None, :]  # [K, P, 1, 1, C]
+        bias = bias[:, None, None, :]
+    else:
+        taps = weight[:, 0, :].t()  # [K, C]
+    out = bias + padded[..., :T, :] * taps[0]
     for j in range(1, K):
-        out = out + padded[:, j : j + T] * taps[j]
-    return out
+        out = out + padded[..., j : j + T, :] * taps[j]
+    return out.reshape(x.shape[0], T, -1)
 
 
 def rope_tables(

@@ -27,7 +27,14 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from kernels.optim.reference import clip_scale, compute_dtype, effective_grad, global_grad_norm, grad_noise_std
+from kernels.optim.reference import (
+    clip_scale,
+    compute_dtype,
+    effective_grad,
+    global_grad_norm,
+    grad_noise_std,
+    population_grad_norm,
+)
 from nas import settings
 
 __all__ = ["GradOptions", "GradTransform", "OptimizerBase"]
@@ -128,6 +135,25 @@ class OptimizerBase(torch.optim.Optimizer):
         self.last_grad_norm: Tensor | None = None
         self._noise_t = 0  # step() calls so far: the t of the noise schedule on the next call
         self._generators: dict[str, torch.Generator] = {}
+        self.lr_multipliers: Tensor | None = None  # a population's per-variant lr factors (``population``)
+
+    def population(self, lr_multipliers: Sequence[float]) -> OptimizerBase:
+        """Step a population: every param is ``[P, *]``, P variants of one model stacked, and
+        variant i trains at ``lr · lr_multipliers[i]``, clipped by its own gradient norm
+        (``last_grad_norm`` becomes ``[P]``). Weight decay, betas and the schedule are shared.
+        The reference math steps all P at once (the fused kernel takes one lr per launch)."""
+        check(self.fused is not True, f"{type(self).__name__}(fused=True) cannot step a population")
+        multipliers = torch.tensor([float(m) for m in lr_multipliers], dtype=torch.float64)
+        check(bool(len(multipliers)) and bool((multipliers > 0).all()), "lr_multipliers must be positive")
+        for group in self.param_groups:
+            for p in group["params"]:
+                check(
+                    p.dim() >= 1 and p.shape[0] == len(multipliers),
+                    f"a population of {len(multipliers)} needs every param's leading dim to be "
+                    f"{len(multipliers)}, got shape {tuple(p.shape)}",
+                )
+        self.lr_multipliers = multipliers
+        return self
 
     def _update_group(
         self,
@@ -172,9 +198,14 @@ class OptimizerBase(torch.optim.Optimizer):
         work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
         grads = [p.grad for _, params in work for p in params]
         check(not any(g.is_sparse for g in grads), f"{type(self).__name__} does not support sparse gradients")
-        fused = [bool(params) and self._runs_fused(params) for _, params in work]
-        all_fused = all(f for f, (_, params) in zip(fused, work, strict=True) if params) and bool(grads)
-        self.last_grad_norm = fused_kernels().grad_norm(grads, checked=True) if all_fused else global_grad_norm(grads)
+        if self.lr_multipliers is not None:
+            fused = [False] * len(work)
+            self.last_grad_norm = population_grad_norm(grads) if grads else torch.zeros(len(self.lr_multipliers))
+        else:
+            fused = [bool(params) and self._runs_fused(params) for _, params in work]
+            all_fused = all(f for f, (_, params) in zip(fused, work, strict=True) if params) and bool(grads)
+            norm = fused_kernels().grad_norm(grads, checked=True) if all_fused else global_grad_norm(grads)
+            self.last_grad_norm = norm
         opts = self.grad_options
         scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
         noise_std = grad_noise_std(opts.noise, opts.noise_gamma, self._noise_t)
@@ -189,6 +220,9 @@ class OptimizerBase(torch.optim.Optimizer):
                 generator = self._generator(params[0].device) if noise_std > 0 else None
                 transform = GradTransform(scale, noise_std, generator)
             group_grads = [p.grad for p in params]
+            if self.lr_multipliers is not None:  # one lr per variant: [P], in the params' compute dtype
+                lrs = self.lr_multipliers.to(device=params[0].device, dtype=compute_dtype(params[0])) * group["lr"]
+                group = {**group, "lr": lrs}
             self._update_group(group, params, group_grads, [self.state[p] for p in params], transform)
         self._noise_t += 1
         return loss

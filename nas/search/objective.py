@@ -38,7 +38,15 @@ from nas.search import faults, gpu_share, pruning, record
 from nas.space import SearchSpace
 from nas.spec import ArchSpec, arch_hash
 from nas.tasks import Task
-from nas.train import Budget, TrainingDiverged, TrainingOOM, TrainingStopped, TrialTimeout, train
+from nas.train import (
+    Budget,
+    PopulationResult,
+    TrainingDiverged,
+    TrainingOOM,
+    TrainingStopped,
+    TrialTimeout,
+    train_population,
+)
 
 __all__ = ["Budgets", "TrialContext", "evaluate"]
 
@@ -74,6 +82,7 @@ class TrialContext:
     context: int | None = None  # tokens per sequence for the generation costs (--context)
     decode_batch: int = 1  # sequences decoded together (--decode-batch)
     retrained: tuple[int, ...] = ()  # truncated trials this run re-queued (--retrain-truncated)
+    seed: int = 0  # the study's seed: with a configuration, it decides the training seeds
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
     claimed the trial already (``record.write_start``, right after it took it)."""
     start = time.monotonic()
     fault = faults.planned(trial.number)
-    cand = ctx.space.sample(trial, ctx.task)
+    cand = ctx.space.sample(trial, ctx.task, ctx.seed)
     rows = ctx.task.x_train.shape[0]
     if cand.train.batch_size > rows:  # batches draw rows with replacement: a larger one only repeats rows
         cand = dataclasses.replace(cand, train=dataclasses.replace(cand.train, batch_size=rows))
@@ -179,7 +188,7 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         )
         return TrialState.COMPLETE, _values(ctx, 0.0, costs)
     logger.info(
-        "trial %d: training %s (%s params, %s lr=%.2g, %d steps of batch %d) on %s",
+        "trial %d: training %s (%s params, %s lr=%.2g, %d steps of batch %d, %d seed(s) x %d lr(s)) on %s",
         trial.number,
         arch.summary(),
         f"{params:,}",
@@ -187,10 +196,11 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         cand.train.lr,
         cand.train.steps,
         cand.train.batch_size,
+        cand.train.seeds,
+        len(cand.train.lr_multipliers),
         ctx.device,
     )
 
-    model = build(arch, ctx.task, seed=cand.train.seed)
     timeout = ctx.budgets.trial_timeout
     guard = ctx.budgets.max_train_seconds or ctx.space.max_train_seconds
     max_seconds, deadline = faults.training_budget(
@@ -210,20 +220,19 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         return True
 
     try:
-        result = train(
-            model,
+        result = train_population(
+            arch,
             ctx.task,
             cand.train,
             device=ctx.device,
             budget=budget,
             share=gpu_share.current() if is_cuda(ctx.device) else None,
-            step_hook=faults.step_hook(fault, model),
+            step_hook=lambda model: faults.step_hook(fault, model),
             on_rung=on_rung if ctx.pruner is not None else None,
         )
     except TrainingStopped as e:
         record.write_pruned(trial, step=e.step, reason=stop_reasons[-1], curve=e.curve, seconds=e.seconds)
         logger.info("trial %d: stopped early (%s)", trial.number, stop_reasons[-1])
-        del model
         _release_memory(ctx.device)
         return TrialState.PRUNED, None
     except TrainingDiverged as e:
@@ -234,7 +243,6 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         reason = f"exceeded --trial-timeout of {timeout:g} s ({e})"
     if reason is not None:
         record.write_failure(trial, reason)
-        del model
         _release_memory(ctx.device)
         return TrialState.FAIL, None
     record.write_trained(
@@ -245,13 +253,16 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         planned_steps=cand.train.steps,
         stopped=result.stopped,
         test_loss=result.test_loss,
-        weights_artifact=_upload_weights(ctx, trial, model),
+        weights_artifact=_upload_weights(ctx, trial, result.model),
         accuracy=result.accuracy,
+        accuracy_interval=result.interval,
+        population=_population(result, cand.train),
     )
     logger.info(
-        "trial %d: accuracy %.3f after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MiB",
+        "trial %d: accuracy %.3f%s after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MiB",
         trial.number,
         result.accuracy,
+        "" if result.interval is None else f" ±{result.interval:.3f}",
         result.steps,
         result.seconds,
         result.stopped,
@@ -260,6 +271,19 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         costs.total_mb,
     )
     return TrialState.COMPLETE, _values(ctx, result.accuracy, costs)
+
+
+def _population(result: PopulationResult, spec) -> dict:
+    """The population's outcome as the trial records it (``TrialRecord.population``)."""
+    seed_index, multiplier, accuracy = result.kept
+    return {
+        "seeds": list(result.seeds),
+        "lr_multipliers": list(result.multipliers),
+        "lrs": [spec.lr * m for m in result.multipliers],
+        "accuracies": [list(row) for row in result.accuracies],
+        "best_lr": spec.lr * result.best_multiplier,
+        "weights": {"seed": result.seeds[seed_index], "lr": spec.lr * multiplier, "accuracy": accuracy},
+    }
 
 
 def _values(ctx: TrialContext, accuracy: float, costs: _Costs) -> list[float]:

@@ -412,6 +412,8 @@ def write_trained(
     test_loss: float,
     weights_artifact: str,
     accuracy: float,
+    accuracy_interval: float | None = None,
+    population: Mapping[str, Any] | None = None,
 ) -> None:
     """The training's outcome. A training the wall-clock guard stopped early is marked infeasible
     by the ``truncated`` constraint (the fraction of planned steps it did not train), so it is
@@ -424,6 +426,8 @@ def write_trained(
         "test_loss": test_loss,
         "weights_artifact": weights_artifact,
         "accuracy": accuracy,
+        "accuracy_interval": accuracy_interval,
+        "population": dict(population) if population is not None else None,
     }.items():
         trial.set_user_attr(key, value)
     trial.set_constraint(TRUNCATED, max(0, planned_steps - steps) / max(1, planned_steps))

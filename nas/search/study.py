@@ -600,6 +600,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         context=config.context,
         decode_batch=config.decode_batch,
         retrained=retrained,
+        seed=seed,
     ), study
 
 

@@ -17,7 +17,7 @@ import yaml
 import search_spaces
 from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space, parse_space_text
 from nas.spec import Candidate
-from nas.tasks import Task
+from nas.tasks import Task, load_task
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -365,7 +365,34 @@ MISTAKES = [
     ("field-without-value", mutate(put("layer", "heads", None)), ["layer.heads", "no value"]),
     ("python-tag", "depth: !!python/object/apply:os.getcwd []\n", ["invalid YAML", "python/object"]),
     ("unknown-keys-of-two-kinds", mutate(lambda raw: raw["train"].update({1: [2], "zz": [3]})), ["train.1", "unknown"]),
+    # --- the population each candidate trains as: fixed settings, not choices
+    ("seeds-zero", mutate(put("train", "seeds", 0)), ["train.seeds", "[1, 16]"]),
+    ("seeds-a-choice", mutate(put("train", "seeds", [1, 2])), ["train.seeds", "not a choice"]),
+    ("seeds-bool", mutate(put("train", "seeds", True)), ["train.seeds", "True"]),
+    ("seeds-too-many", mutate(put("train", "seeds", 17)), ["train.seeds", "17"]),
+    ("lr-multipliers-empty", mutate(put("train", "lr_multipliers", [])), ["train.lr_multipliers", "distinct"]),
+    ("lr-multipliers-scalar", mutate(put("train", "lr_multipliers", 2)), ["train.lr_multipliers", "list"]),
+    ("lr-multipliers-zero", mutate(put("train", "lr_multipliers", [0, 1])), ["train.lr_multipliers", "0 must"]),
+    ("lr-multipliers-repeat", mutate(put("train", "lr_multipliers", [1, 1])), ["train.lr_multipliers", "distinct"]),
+    ("lr-multipliers-text", mutate(put("train", "lr_multipliers", ["x"])), ["train.lr_multipliers", "'x'"]),
+    ("lr-multipliers-nine", mutate(put("train", "lr_multipliers", list(range(1, 10)))), ["train.lr_multipliers"]),
 ]
+
+
+def test_the_population_fields_reach_every_candidate(tmp_path):
+    """train.seeds and train.lr_multipliers are fixed settings every sampled recipe carries; a space
+    without them trains the default population; 1 x [1] is a single run."""
+    from nas.space import DEFAULT_LR_MULTIPLIERS, DEFAULT_SEEDS
+
+    path = tmp_path / "pop.yaml"
+    path.write_text(yaml.safe_dump(mutate(lambda raw: raw["train"].update(seeds=3, lr_multipliers=[0.25, 4]))))
+    space = load_space(path)
+    task = load_task(space.task)
+    cand = space.sample(optuna.create_study().ask(), task)
+    assert (cand.train.seeds, cand.train.lr_multipliers, cand.train.population) == (3, (0.25, 4.0), 6)
+    path.write_text(yaml.safe_dump(BASE))
+    default = load_space(path)
+    assert (default.seeds, default.lr_multipliers) == (DEFAULT_SEEDS, DEFAULT_LR_MULTIPLIERS)
 
 
 @pytest.mark.parametrize("content, names", [pytest.param(c, n, id=i) for i, c, n in MISTAKES])

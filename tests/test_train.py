@@ -13,7 +13,17 @@ import nas.train as train_module
 from nas.models import build
 from nas.spec import ArchSpec, LayerSpec, TrainSpec
 from nas.tasks import IGNORE_INDEX, Task
-from nas.train import CURVE_POINTS, Budget, TrainingDiverged, evaluate, lr_factor, train
+from nas.train import (
+    CURVE_POINTS,
+    INTERVAL_FACTOR,
+    Budget,
+    TrainingDiverged,
+    accuracy_interval,
+    evaluate,
+    lr_factor,
+    train,
+    train_population,
+)
 
 CPU = torch.device("cpu")
 V, T = 16, 16
@@ -408,3 +418,64 @@ def test_a_curriculum_training_reports_its_rungs_after_the_short_rows():
     train(model, task, TrainSpec(lr=1e-3, steps=20, batch_size=4, seed=0), device="cpu", on_rung=on_rung)
     assert [s for s, _, _ in seen] == [8, 10, 13]  # 6 short steps, then 1/8, 1/4, 1/2 of the other 14
     assert all(n == s and length == 40 for s, n, length in seen)  # each after a full-length step
+
+
+# ---------------------------------------------------------------- populations (seeds x learning rates)
+
+
+def _weights(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach() for p in model.parameters()]
+
+
+def test_a_one_by_one_population_is_the_single_run():
+    task = previous_token_task()
+    spec = TrainSpec(lr=1e-2, steps=30, batch_size=16, seed=5)
+    alone = build(ARCH, task, seed=5)
+    single = train(alone, task, spec, device="cpu")
+    pop = train_population(ARCH, task, spec, device="cpu")
+    assert (pop.accuracy, pop.test_loss, pop.curve) == (single.accuracy, single.test_loss, single.curve)
+    assert pop.interval is None and pop.accuracies == ((single.accuracy,),)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(pop.model), _weights(alone), strict=True))
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_each_variant_trains_as_it_would_alone(optimizer):
+    """Variant (seed s, lr·m) of a 2 x 2 population ends where ``train`` of ``build(seed=s)`` at
+    lr·m ends (to rounding): its own initialisation, batches and learning rate."""
+    task = previous_token_task()
+    spec = TrainSpec(optimizer=optimizer, lr=1e-2, steps=25, batch_size=16, seed=5, seeds=2, lr_multipliers=(0.5, 2.0))
+    pop = train_population(ARCH, task, spec, device="cpu")
+    seed_index, multiplier, accuracy = pop.kept
+    seed = spec.variant_seeds()[seed_index]
+    alone = build(ARCH, task, seed=seed)
+    result = train(alone, task, TrainSpec(**{**spec.to_dict(), "seed": seed, "lr": spec.lr * multiplier}), device="cpu")
+    assert result.accuracy == pytest.approx(accuracy, abs=2 / 128)
+    for a, b in zip(_weights(pop.model), _weights(alone), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)  # Adam magnifies the batched sums' rounding
+    means = [sum(row) / 2 for row in pop.accuracies]
+    assert pop.accuracy == max(means) and pop.best_multiplier == spec.lr_multipliers[means.index(max(means))]
+    assert pop.interval is not None and pop.interval >= 1 / task.scored_targets
+
+
+def test_a_diverging_learning_rate_is_left_out_and_the_others_score():
+    task = previous_token_task()
+    spec = TrainSpec(optimizer="sgd", lr=1e-2, steps=20, batch_size=16, grad_clip=0.0, lr_multipliers=(1.0, 1e6))
+    pop = train_population(ARCH, task, spec, device="cpu")
+    assert pop.accuracies[1] == (None,) and pop.accuracies[0][0] is not None
+    assert pop.best_multiplier == 1.0 and pop.accuracy == pop.accuracies[0][0]
+
+
+def test_a_population_whose_every_learning_rate_diverged_diverges():
+    task = previous_token_task()
+    spec = TrainSpec(
+        optimizer="sgd", lr=1e5, steps=20, batch_size=16, grad_clip=0.0, seeds=2, lr_multipliers=(1.0, 2.0)
+    )
+    with pytest.raises(TrainingDiverged, match="every learning rate diverged"):
+        train_population(ARCH, task, spec, device="cpu")
+
+
+def test_the_interval_is_the_pooled_spread_over_seeds_times_its_factor():
+    # lr 1: seeds 0.5, 0.7 (ss 0.02); lr 2: 0.4, 0.4 (ss 0); 2 degrees of freedom: sd 0.1
+    assert accuracy_interval([[0.5, 0.7], [0.4, 0.4]], 0.001) == pytest.approx(INTERVAL_FACTOR * 0.1)
+    assert accuracy_interval([[0.5, 0.5]], 0.01) == 0.01  # never below the test set's resolution
+    assert accuracy_interval([[0.5], [0.7]], 0.01) is None  # one seed: no spread to measure

@@ -49,8 +49,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 _EPSILON_HELP = (
-    "accuracies closer than this count as equal on the front (default: 1 / the task's scored test targets, "
-    "its resolution)"
+    "accuracies closer than this count as level on the front and in the picks (default: 1 / the task's scored "
+    "test targets, its resolution, or either trial's spread over seeds where larger; 0: the plain front)"
+)
+_PICK_HELP = (
+    "how to choose from the feasible front: cheapest-best (default: the cheapest trial, by the study's first "
+    "latency objective, whose accuracy is within ε of the best one's; see --accuracy-epsilon), knee (closest "
+    "to the best accuracy and lowest latency, both min-max scaled), accuracy (most accurate, then cheapest) or "
+    "latency (cheapest, then most accurate)"
 )
 
 
@@ -140,7 +146,7 @@ def _data_flag(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from nas.search.setup import MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, MAX_WORKERS, PICKS, SAMPLERS
+    from nas.search.setup import DEFAULT_PICK, MAX_BATCH, MAX_CONTEXT, MAX_TRIALS, MAX_WORKERS, PICKS, SAMPLERS
 
     parser = _Parser(prog="nas", description="Hardware-aware NAS over hybrid attention / linear-attention stacks.")
     parser.add_argument(
@@ -321,7 +327,7 @@ def _build_parser() -> argparse.ArgumentParser:
     e.add_argument("--storage", default=None, help=_STORAGE_HELP)
     which = e.add_mutually_exclusive_group()
     which.add_argument("--trial", type=int, default=None, help="export this trial number")
-    which.add_argument("--pick", choices=PICKS, default="knee", help="choose from the front (default knee)")
+    which.add_argument("--pick", choices=PICKS, default=DEFAULT_PICK, help=_PICK_HELP)
     e.add_argument(
         "--max-latency-ms",
         type=_positive_float,
@@ -587,7 +593,7 @@ def _trial_line(r: TrialRecord, trained: int, trials: int, objectives: Sequence[
             f"not counted ({trained}/{trials} trained)"
         )
     line = (
-        f"trial {r.number} ({trained}/{trials} trained):{ref} {r.arch_summary}, acc {r.accuracy:.3f}, "
+        f"trial {r.number} ({trained}/{trials} trained):{ref} {r.arch_summary}, acc {r.accuracy_text()}, "
         f"{r.costs_text(objectives)}, {r.steps_text()} steps"
     )
     return line + (f" — truncated ({r.truncation_text()}), kept off the front" if r.truncated else "")
@@ -647,15 +653,19 @@ def _print_front(study: optuna.Study) -> None:
 
 
 def _front_table(study: optuna.Study) -> Table:
-    """The front as a table: one column per objective of the study, the baselines below it."""
-    from nas.results.pareto import completed, front
+    """The front as a table: one column per objective of the study, the baselines below it; ★ marks
+    the trial ``nas export`` takes by default (listed below the front when ε-dominated there)."""
+    from nas.results.pareto import accuracy_epsilon, completed, default_pick, front
     from nas.search.record import study_objectives, study_setup
 
     objectives = study_objectives(study)
     trials = front(study)
     on_front = {r.number for r in trials}
-    # the baselines off the front, trained or over a hard budget (never trained: no accuracy)
-    refs = [r for r in completed(study) if r.baseline is not None and r.number not in on_front]
+    chosen = default_pick(study)
+    star = chosen.number if chosen is not None else None
+    # the baselines off the front, trained or over a hard budget (never trained: no accuracy), and
+    # the default pick when a cheaper trial level with it stands for it on the displayed front
+    refs = [r for r in completed(study) if r.number not in on_front and (r.baseline is not None or r.number == star)]
     caption = []
     for o in objectives:
         shown = trials or [r for r in completed(study) if r.trained]  # an empty front still says how
@@ -665,9 +675,11 @@ def _front_table(study: optuna.Study) -> Table:
     setup = study_setup(study)
     if setup is not None and setup.context:
         caption.append(f"generation costs at context {setup.context:,} tokens, batch {setup.decode_batch}")
-    if refs:
+    if any(r.baseline is not None for r in refs):
         over = " (over budget: never trained, no accuracy)" if any(not r.trained for r in refs) else ""
         caption.append(f"below the line: baselines not on the front{over}")
+    if chosen is not None:
+        caption.append(f"★ nas export's pick: {_pick_text(accuracy_epsilon(study), star in on_front)}")
     table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials", caption="\n".join(caption) or None)
     columns = ["trial", "architecture", "params", *(_column(o) for o in objectives), "recipe"]
     if "accuracy" not in [o.metric for o in objectives]:
@@ -678,9 +690,9 @@ def _front_table(study: optuna.Study) -> Table:
         label = r.arch_summary + (f" ({r.baseline}{'' if r.trained else ', over budget'})" if r.baseline else "")
         values = [_cell(r, o) for o in objectives]
         if "accuracy" not in [o.metric for o in objectives]:
-            values.insert(0, f"{r.accuracy:.3f}" if r.trained else "-")
+            values.insert(0, r.accuracy_text() if r.trained else "-")
         table.add_row(
-            str(r.number),
+            f"★ {r.number}" if r.number == star else str(r.number),
             label,
             r.params_text(),
             *values,
@@ -691,18 +703,27 @@ def _front_table(study: optuna.Study) -> Table:
     return table
 
 
+def _pick_text(resolution: float, on_front: bool) -> str:
+    """``the cheapest trial within ε of the best accuracy (ε: 0.00049 or a trial's seed spread, the
+    larger)``, and where a pick off the displayed front is listed."""
+    eps = f"ε: {resolution:.2g} or a trial's seed spread, the larger" if resolution else "ε: a trial's seed spread"
+    off = "; listed below the line, as a cheaper level trial stands for it on the front" if not on_front else ""
+    return f"the cheapest trial within ε of the best accuracy ({eps}){off}"
+
+
 def _column(o: Objective) -> str:
     """``acc``, ``latency ms``, ``cache memory MiB``: a front table column."""
     return {"accuracy": "acc", "memory_mb": "mem MiB"}.get(o.metric, f"{o.name.replace('_', ' ')} {o.unit}")
 
 
 def _cell(r: TrialRecord, o: Objective) -> str:
-    """A front table cell: the value in the column's unit, with a prediction's interval."""
+    """A front table cell: the value in the column's unit, with a prediction's interval (accuracy:
+    its spread over seeds)."""
     value = r.value(o.metric)
     if value is None:
         return "?"
     if o.metric == "accuracy":
-        return f"{value:.3f}" if r.trained else "-"
+        return r.accuracy_text() if r.trained else "-"
     lat = r.latency_of(o.metric)
     interval = f" ±{lat.interval * 100:.0f}%" if lat is not None and lat.interval else ""
     return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval
@@ -772,7 +793,7 @@ def _report(args: argparse.Namespace) -> None:
 
 def _export(args: argparse.Namespace) -> None:
     from nas.results.export import export
-    from nas.results.pareto import accuracy_epsilon, more_accurate_within_epsilon, pick
+    from nas.results.pareto import DEFAULT_PICK, accuracy_epsilon, more_accurate_within_epsilon, pair_epsilon, pick
     from nas.search.record import study_objectives
     from nas.search.study import resolve_device
 
@@ -800,24 +821,28 @@ def _export(args: argparse.Namespace) -> None:
     )
     how = "" if args.trial is not None else f" (--pick {args.pick})"  # --trial N: the number is already said
     accuracy = json.loads((out / "arch.json").read_text())["metrics"]["accuracy"]  # the bundle's, retrained or not
-    retrained = (
-        f" after {args.retrain_steps} retraining steps (study: {chosen.accuracy:.3f})" if args.retrain_steps else ""
+    shown = (
+        f"{accuracy:.3f} after {args.retrain_steps} retraining steps (study: {chosen.accuracy_text()})"
+        if args.retrain_steps
+        else chosen.accuracy_text()  # the search's: the bundle's accuracy, with its spread over seeds
     )
     cut = f" — stopped by its {chosen.truncation_text()}" if chosen.truncated and not args.retrain_steps else ""
     console.print(
         f"exported trial {chosen.number}{how}: {chosen.arch_summary}, accuracy "
-        f"{accuracy:.3f}{retrained}, {chosen.costs_text(study_objectives(study))}{cut} → {out}",
+        f"{shown}, {chosen.costs_text(study_objectives(study))}{cut} → {out}",
         soft_wrap=True,
     )
-    if args.trial is None and args.pick == "accuracy":
+    if args.trial is None and args.pick in (DEFAULT_PICK, "accuracy"):
         other = more_accurate_within_epsilon(
             study, chosen, max_latency_ms=args.max_latency_ms, max_memory_mb=args.max_memory_mb
         )
         if other is not None:
-            eps = accuracy_epsilon(study, args.accuracy_epsilon)
+            resolution = accuracy_epsilon(study, args.accuracy_epsilon)
+            eps = pair_epsilon(other, chosen, resolution, spread=args.accuracy_epsilon is None)
+            why = "the study's resolution" if eps == resolution else "the spread over seeds"
             console.print(
-                f"note: trial {other.number} is more accurate ({other.accuracy:.3f}) by no more than the study's "
-                f"resolution (ε = {eps:.3g}), so it counts as level and costs more; --accuracy-epsilon 0 picks it",
+                f"note: trial {other.number} is more accurate ({other.accuracy_text()}) by no more than {why} "
+                f"(ε = {eps:.3g}), so it counts as level and costs more; --accuracy-epsilon 0 picks it",
                 soft_wrap=True,
             )
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)

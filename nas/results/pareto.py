@@ -1,13 +1,18 @@
-"""The front and choosing from it: feasibility, Pareto set, hypervolume reference, knee, budgets.
+"""The front and choosing from it: feasibility, Pareto set, hypervolume reference, picks, budgets.
 
 Everything here works on ``TrialRecord`` (objectives by name). A trial is on the front when it
 is complete, feasible (its hard budgets hold and its training was not cut short by the
 wall-clock guard) and no other such trial dominates it (Optuna's ``best_trials`` over the
-study's directions, which already leave infeasible trials out) — nor *ε-dominates* it: accuracies
-closer than the task's test-set resolution (``accuracy_epsilon``: 1 / the scored test targets,
-accuracy's smallest step, e.g. 0.9995 and 1.0000 on 2048 MQAR queries) count as equal, so the
-faster or smaller of two such trials stands for both.
-The displayed front, the knee and the exports use it; the study's hypervolume stays Optuna's.
+study's directions, which already leave infeasible trials out) — nor *ε-dominates* it: two
+accuracies count as level when they differ by no more than the larger of the task's test-set
+resolution (``accuracy_epsilon``: 1 / the scored test targets, accuracy's smallest step, e.g.
+0.9995 and 1.0000 on 2048 MQAR queries) and either trial's spread over seeds
+(``TrialRecord.accuracy_interval``), so the faster or smaller of two such trials stands for both.
+The displayed front, the picks and the exports use it; the study's hypervolume stays Optuna's.
+
+``nas export``'s default pick (``cheapest-best``): the cheapest feasible trial whose accuracy is
+level with the best feasible accuracy — cheapest by the study's ``primary_cost``, feasible within
+``--max-latency-ms`` / ``--max-memory-mb``, level by the same ε (the best trial's spread included).
 """
 
 from __future__ import annotations
@@ -20,23 +25,32 @@ from optuna.trial import TrialState
 
 from nas.search.objectives import CATALOGUE, DEFAULT_OBJECTIVES, Objective
 from nas.search.record import TrialRecord, record, records, study_objectives, study_setup
-from nas.search.setup import PICKS
+from nas.search.setup import DEFAULT_PICK, PICKS
 
 _DEFAULT = tuple(CATALOGUE[n] for n in DEFAULT_OBJECTIVES)
 
 __all__ = [
+    "DEFAULT_PICK",
     "PICKS",
     "PickError",
     "accuracy_epsilon",
+    "cheapest_best",
     "completed",
+    "default_pick",
     "epsilon_dominates",
     "front",
     "knee",
+    "level",
     "more_accurate_within_epsilon",
+    "pair_epsilon",
     "pick",
     "primary_cost",
     "reference_point",
 ]
+
+# Accuracies are ratios k/N; their difference in floating point can pass an equal ε by an ulp
+# (0.986 - 0.982 > 0.004), so a positive ε is compared with this much to spare (far below 1/N).
+_ROUNDING = 1e-9
 
 
 class PickError(ValueError):
@@ -64,11 +78,36 @@ def accuracy_epsilon(study: optuna.Study, override: float | None = None) -> floa
     return 1.0 / resolution if resolution else 0.0
 
 
+def pair_epsilon(a: TrialRecord, b: TrialRecord, resolution: float, *, spread: bool = True) -> float:
+    """The accuracy difference within which ``a`` and ``b`` count as level: the test set's
+    ``resolution`` (``accuracy_epsilon``), or either trial's spread over seeds
+    (``accuracy_interval``) where that is larger; ``spread=False``: ``resolution`` alone (what
+    ``--accuracy-epsilon`` sets)."""
+    if not spread:
+        return resolution
+    return max(resolution, a.accuracy_interval or 0.0, b.accuracy_interval or 0.0)
+
+
+def _slack(epsilon: float) -> float:
+    return epsilon + _ROUNDING if epsilon > 0 else 0.0
+
+
+def level(a: TrialRecord, b: TrialRecord, resolution: float, *, spread: bool = True) -> bool:
+    """Whether the accuracies of ``a`` and ``b`` differ by no more than their ``pair_epsilon``."""
+    return abs(a.accuracy - b.accuracy) <= _slack(pair_epsilon(a, b, resolution, spread=spread))
+
+
 def epsilon_dominates(
-    a: TrialRecord, b: TrialRecord, epsilon: float, objectives: Sequence[Objective] = _DEFAULT
+    a: TrialRecord,
+    b: TrialRecord,
+    epsilon: float,
+    objectives: Sequence[Objective] = _DEFAULT,
+    *,
+    spread: bool = True,
 ) -> bool:
-    """``a`` is no worse than ``b`` on every objective — accuracy within ``epsilon`` counts as
-    equal — and better on one (accuracy by more than ``epsilon``)."""
+    """``a`` is no worse than ``b`` on every objective — accuracies level within ``epsilon`` or
+    either trial's spread over seeds (``pair_epsilon``) count as equal — and better on one
+    (accuracy by more than that)."""
     no_worse, better = True, False
     for o in objectives:
         x, y = a.value(o.metric), b.value(o.metric)
@@ -76,7 +115,7 @@ def epsilon_dominates(
             return False
         if not o.maximize:
             x, y = -x, -y  # larger is better from here on
-        slack = epsilon if o.metric == "accuracy" else 0.0
+        slack = _slack(pair_epsilon(a, b, epsilon, spread=spread)) if o.metric == "accuracy" else 0.0
         no_worse = no_worse and x >= y - slack
         better = better or x > y + slack
     return no_worse and better
@@ -84,12 +123,15 @@ def epsilon_dominates(
 
 def front(study: optuna.Study, epsilon: float | None = None) -> list[TrialRecord]:
     """Feasible completed trials no other one (ε-)dominates, most accurate first (then by the
-    first cost objective). ``epsilon``: see ``accuracy_epsilon`` (None: the study's own)."""
+    first cost objective). ``epsilon``: see ``accuracy_epsilon`` (None: the study's resolution
+    and each trial's spread over seeds; a number: that ε alone, 0 the plain Pareto front)."""
     objectives = study_objectives(study)
     best = [TrialRecord.from_trial(t, [o.metric for o in objectives]) for t in study.best_trials]
     best = [r for r in best if r.feasible and not r.truncated]
-    eps = accuracy_epsilon(study, epsilon)
-    kept = [r for r in best if not any(epsilon_dominates(o, r, eps, objectives) for o in best if o is not r)]
+    eps, spread = accuracy_epsilon(study, epsilon), epsilon is None
+    kept = [
+        r for r in best if not any(epsilon_dominates(o, r, eps, objectives, spread=spread) for o in best if o is not r)
+    ]
     cost = primary_cost(objectives)
     return sorted(kept, key=lambda r: (-r.accuracy, r.value(cost.metric) or 0.0))
 
@@ -135,6 +177,35 @@ def knee(trials: list[TrialRecord], cost: Objective | None = None) -> TrialRecor
     return min(trials, key=distance)
 
 
+def cheapest_best(
+    trials: Sequence[TrialRecord], resolution: float, cost: Objective, *, spread: bool = True
+) -> TrialRecord:
+    """The cheapest of ``trials`` by ``cost`` (then the more accurate) whose accuracy is level
+    (``level``) with the most accurate one's: ``nas export``'s default pick."""
+    best = max(trials, key=lambda r: (r.accuracy, -(r.value(cost.metric) or 0.0)))
+    tied = [r for r in trials if level(best, r, resolution, spread=spread)]
+    return min(tied, key=lambda r: (r.value(cost.metric) or 0.0, -r.accuracy))
+
+
+def default_pick(study: optuna.Study, epsilon: float | None = None) -> TrialRecord | None:
+    """The trial ``nas export`` takes with no flags (but ``--accuracy-epsilon epsilon``), which the
+    report and the final table mark; None when the study has no feasible trial on its front."""
+    try:
+        return pick(study, DEFAULT_PICK, epsilon=epsilon)
+    except PickError:
+        return None
+
+
+def _within(trials: list[TrialRecord], max_latency_ms: float | None, max_memory_mb: float | None) -> list[TrialRecord]:
+    """The ``trials`` at or below the budgets (the forward's latency and memory; None: no budget)."""
+    return [
+        r
+        for r in trials
+        if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
+        and (max_memory_mb is None or r.memory_mb <= max_memory_mb)
+    ]
+
+
 def more_accurate_within_epsilon(
     study: optuna.Study,
     chosen: TrialRecord,
@@ -142,22 +213,17 @@ def more_accurate_within_epsilon(
     max_latency_ms: float | None = None,
     max_memory_mb: float | None = None,
 ) -> TrialRecord | None:
-    """The most accurate front trial within the budgets when it beats ``chosen`` by no more than the
-    study's resolution (``accuracy_epsilon``): ``--pick accuracy`` counted it as level and took the
-    cheaper one; a user should hear of it (``--accuracy-epsilon 0`` picks it). None otherwise."""
-    within = [
-        r
-        for r in front(study, 0.0)
-        if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
-        and (max_memory_mb is None or r.memory_mb <= max_memory_mb)
-    ]
-    best = max(within, key=lambda r: r.accuracy, default=None)
+    """The most accurate front trial within the budgets when it beats ``chosen``, which was picked
+    as level with it (by the study's resolution or a trial's spread over seeds: ``pair_epsilon``)
+    and cheaper (``--pick cheapest-best`` or ``accuracy``); a user should hear of it
+    (``--accuracy-epsilon 0`` picks it). None otherwise."""
+    best = max(_within(front(study, 0.0), max_latency_ms, max_memory_mb), key=lambda r: r.accuracy, default=None)
     return best if best is not None and best.accuracy > chosen.accuracy else None
 
 
 def pick(
     study: optuna.Study,
-    how: str = "knee",
+    how: str = DEFAULT_PICK,
     *,
     trial: int | None = None,
     max_latency_ms: float | None = None,
@@ -165,10 +231,11 @@ def pick(
     epsilon: float | None = None,
 ) -> TrialRecord:
     """Choose a completed trial: by number, or from the feasible front within the budgets by
-    ``how`` — ``knee`` (see :func:`knee`), ``accuracy`` (most accurate, then cheapest) or
-    ``latency`` (fastest, then most accurate); cost and speed are the study's ``primary_cost``
-    (its first latency objective: the forward's by default, or e.g. decode latency). The budgets
-    apply to the forward's latency and memory, which every trial records."""
+    ``how`` — ``cheapest-best`` (the default: the cheapest trial level with the most accurate
+    one, see :func:`cheapest_best`), ``knee`` (see :func:`knee`), ``accuracy`` (most accurate,
+    then cheapest) or ``latency`` (fastest, then most accurate); cost and speed are the study's
+    ``primary_cost`` (its first latency objective: the forward's by default, or e.g. decode
+    latency). The budgets apply to the forward's latency and memory, which every trial records."""
     done = completed(study)
     if not done:
         raise PickError(f"study {study.study_name!r} has no completed trial yet; run nas search first")
@@ -204,12 +271,7 @@ def pick(
         return record(study, by_number[trial])
     if how not in PICKS:
         raise PickError(f"--pick {how!r} is not one of {list(PICKS)}")
-    candidates = [
-        r
-        for r in front(study, epsilon)
-        if (max_latency_ms is None or r.latency_ms <= max_latency_ms)
-        and (max_memory_mb is None or r.memory_mb <= max_memory_mb)
-    ]
+    candidates = _within(front(study, epsilon), max_latency_ms, max_memory_mb)
     if not candidates and max_latency_ms is None and max_memory_mb is None:
         raise PickError(
             f"study {study.study_name!r} has no feasible trial on its front ({len(done)} completed: each "
@@ -224,6 +286,11 @@ def pick(
             f"{fastest.latency_ms:.4g} ms and {fastest.memory_mb:.4g} MiB"
         )
     cost = primary_cost(study_objectives(study))
+    if how == DEFAULT_PICK:
+        # among the plain front: the most accurate trial may be ε-dominated by a cheaper level one,
+        # yet it sets the best accuracy (a trial's dominator, no costlier and no less accurate, is on it)
+        plain = _within(front(study, 0.0), max_latency_ms, max_memory_mb)
+        return cheapest_best(plain, accuracy_epsilon(study, epsilon), cost, spread=epsilon is None)
     if how == "accuracy":
         return max(candidates, key=lambda r: (r.accuracy, -(r.value(cost.metric) or 0.0)))
     if how == "latency":

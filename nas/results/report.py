@@ -18,7 +18,7 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
-from nas.results.pareto import accuracy_epsilon, completed, front, primary_cost, reference_point
+from nas.results.pareto import accuracy_epsilon, completed, default_pick, front, primary_cost, reference_point
 from nas.search.objectives import Objective
 from nas.search.record import TrialRecord, records, study_budgets, study_objectives, study_setup
 from nas.search.setup import StudyBudgets
@@ -87,7 +87,8 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
     return "<br>".join(
         [
             html.escape(one_line(r)),
-            f"trial {r.number}: accuracy {r.accuracy:.3f}, memory {r.memory_mb:.3g} MiB",
+            f"trial {r.number}: accuracy {r.accuracy_text()}, memory {r.memory_mb:.3g} MiB",
+            *([html.escape(f"accuracy: {pop}")] if (pop := r.population_text()) else []),
             f"latency {r.latency_ms:.4g}{_spread(r.latency)} ms, {html.escape(r.latency_label())}",
             *extra,
             *([f"baseline: {html.escape(r.baseline)}"] if r.baseline else []),
@@ -140,6 +141,25 @@ def _error(trials: list[TrialRecord], metric: str) -> dict | None:
     return dict(type="data", array=list(plus), arrayminus=list(minus), visible=True, thickness=1, width=2)
 
 
+def _accuracy_error(trials: list[TrialRecord]) -> dict | None:
+    """Error bars of accuracy: each trial's spread over seeds (``accuracy_interval``, half each
+    side); None when no trial recorded one."""
+    if not any(r.accuracy_interval for r in trials):
+        return None
+    spread = [r.accuracy_interval or 0.0 for r in trials]
+    return dict(type="data", array=spread, symmetric=True, visible=True, thickness=1, width=2)
+
+
+_PICK_RULE = "the cheapest trial within ε of the best accuracy"  # nas export's default pick
+
+
+def _picks(epsilon: float | None, what: str = "this") -> str:
+    """``nas export picks this``: the note, plot label and header line of the trial ``nas export``
+    takes by default (with the report's ``--accuracy-epsilon``, if it set one)."""
+    flag = "" if epsilon is None else f" --accuracy-epsilon {epsilon:g}"
+    return f"nas export{flag} picks {what}"
+
+
 def _axis(study: optuna.Study, o: Objective) -> str:
     """``latency (ms) (measured (NVIDIA H200))``: the objective and how its values were obtained."""
     labels = sorted({lat.label() for r in completed(study) if (lat := r.latency_of(o.metric)) is not None})
@@ -175,6 +195,7 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
                 mode="markers",
                 name=name,
                 marker=style,
+                error_y=_accuracy_error(trials) if name == "dominated" else None,
                 hovertext=hover(trials),
                 hoverinfo="text",
             )
@@ -186,6 +207,7 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
             mode="markers",
             name=f"Pareto front ({', '.join(o.name.replace('_', ' ') for o in objectives)})",
             error_x=_error(best, cost.metric),
+            error_y=_accuracy_error(best),
             marker=dict(color=_FRONT, size=10, line=dict(color="white", width=1)),
             hovertext=hover(best),
             hoverinfo="text",
@@ -223,6 +245,17 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
             hoverinfo="skip",
         )
     )
+    if (chosen := default_pick(study, epsilon)) is not None:  # a note, not a trace: the point keeps its hover
+        fig.add_annotation(
+            x=_cost(chosen, cost),
+            y=chosen.accuracy,
+            text=f"★ {_picks(epsilon, f'trial {chosen.number}')}",
+            hovertext=_PICK_RULE,
+            showarrow=True,
+            arrowhead=2,
+            ax=40,
+            ay=-30,
+        )
     if budgets.get("max_latency_ms") and cost.metric == "latency_ms":
         fig.add_vline(
             x=budgets["max_latency_ms"],
@@ -265,6 +298,7 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
                 mode="markers",
                 name=name,
                 marker=dict(color=color, size=size),
+                error_z=_accuracy_error(trials) if name == "Pareto front" else None,
                 hovertext=[hover_text(r, objectives) for r in trials],
                 hoverinfo="text",
             )
@@ -339,12 +373,13 @@ def _parallel(study: optuna.Study) -> go.Figure:
 
 
 def _cell(r: TrialRecord, o: Objective) -> str:
-    """A front-table cell: the value, a prediction's interval and whether it was measured."""
+    """A front-table cell: the value, a prediction's interval (accuracy: its spread over seeds) and
+    whether it was measured."""
     value = r.value(o.metric)
     if value is None:
         return "?"
     if o.metric == "accuracy":
-        return f"{value:.3f}" if r.trained else "not trained"
+        return r.accuracy_text() if r.trained else "not trained"
     lat = r.latency_of(o.metric)
     if lat is None:
         return f"{value:.4g}"
@@ -355,17 +390,26 @@ def _cell(r: TrialRecord, o: Objective) -> str:
 def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
     """The front as a plain HTML table: every row shows, however many (a plotly table figure has a
     fixed height and clipped long fronts), and it reads without scripts. The baselines follow
-    the front rows, marked, wherever they landed. Columns: the study's objectives."""
+    the front rows, marked, wherever they landed, and so does the trial ``nas export`` takes when a
+    cheaper level trial stands for it on the front (its note says it is the pick). Columns: the
+    study's objectives."""
     objectives = study_objectives(study)
     if "accuracy" not in [o.metric for o in objectives]:
         objectives = (Objective("accuracy", "accuracy", "maximize", "accuracy"), *objectives)
     best = front(study, epsilon)
     ids = {r.number for r in best}
-    refs = [r for r in completed(study) if r.baseline is not None and r.number not in ids]  # over budget too
-    header = ("trial", "architecture", *(o.label for o in objectives), "note")
-    rows = [
-        (str(r.number), one_line(r), *(_cell(r, o) for o in objectives), _note(r, r.number in ids)) for r in best + refs
+    chosen = default_pick(study, epsilon)
+    star = chosen.number if chosen is not None else None
+    refs = [  # over budget too
+        r for r in completed(study) if r.number not in ids and (r.baseline is not None or r.number == star)
     ]
+    header = ("trial", "architecture", *(o.label for o in objectives), "note")
+
+    def note(r: TrialRecord) -> str:
+        pick = f"{_picks(epsilon)} ({_PICK_RULE})" if r.number == star else ""
+        return "; ".join(n for n in (_note(r, r.number in ids), pick) if n)
+
+    rows = [(str(r.number), one_line(r), *(_cell(r, o) for o in objectives), note(r)) for r in best + refs]
     cell = "<td>{}</td>".format
     body = "".join("<tr>" + "".join(cell(html.escape(v)) for v in row) + "</tr>" for row in rows)
     return (
@@ -376,9 +420,10 @@ def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
 
 
 def _note(r: TrialRecord, on_front: bool) -> str:
-    """``baseline: all-attention`` (``…, not on the front``) for a reference trial, else empty."""
+    """``baseline: all-attention`` (``…, not on the front``) for a reference trial; ``not on the
+    front`` for another trial listed off it (the pick); empty for a front trial."""
     if r.baseline is None:
-        return ""
+        return "" if on_front else "not on the front (a cheaper trial level with it stands for it)"
     if not r.trained:
         return f"baseline: {r.baseline}, over budget ({r.skipped_training}), never trained"
     return f"baseline: {r.baseline}" + ("" if on_front else ", not on the front")
@@ -463,7 +508,8 @@ def write_html(
     study: optuna.Study, out: str | Path, epsilon: float | None = None, *, storage: str | None = None
 ) -> Path:
     """One self-contained HTML file (plotly.js inline, no CDN, no cloud buttons); ``epsilon``:
-    the accuracy resolution of the front (``pareto.accuracy_epsilon``; None: the study's);
+    the accuracy resolution of the front (``pareto.accuracy_epsilon``; None: the study's, or a
+    trial's spread over seeds where larger), which the mark of ``nas export``'s pick uses too;
     ``storage``: the study's, which ``out`` must not overwrite."""
     out = Path(out)
     check_outputs(out, storage=storage, force=True)  # the CLI checked --force; the storage is never replaced
@@ -481,11 +527,18 @@ def write_html(
             f"{sum(r.train_seconds or 0.0 for r in pruned):.0f} s of training)"
         )
     eps = accuracy_epsilon(study, epsilon)
-    if eps:
+    resolution = "the test set's resolution, 1 / its scored targets"
+    if epsilon is None and any(r.accuracy_interval for r in completed(study)):
+        spread = "either trial's spread over seeds"
+        within = f"{eps:.2g} ({resolution}) or {spread}, the larger," if eps else spread
+        truncated_note += f"; accuracies within {within} count as equal on the front"
+    elif eps:
         truncated_note += (
-            f"; accuracies within {eps:.2g} count as equal on the front (the test set's resolution, "
-            "1 / its scored targets, unless --accuracy-epsilon set it)"
+            f"; accuracies within {eps:.2g} count as equal on the front ({resolution}, unless "
+            "--accuracy-epsilon set it)"
         )
+    if (chosen := default_pick(study, epsilon)) is not None:
+        truncated_note += f"; ★ {_picks(epsilon, f'trial {chosen.number}')} ({_PICK_RULE})"
     parts = [
         fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=name, config=PLOT_CONFIG)
         for i, (name, fig) in enumerate(figs.items())

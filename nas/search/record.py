@@ -44,6 +44,7 @@ __all__ = [
     "TrialRecord",
     "fail_stale",
     "objectives_of",
+    "population_text",
     "study_objectives",
     "record",
     "records",
@@ -65,7 +66,9 @@ __all__ = [
     "write_trained",
 ]
 
-RECORD_VERSION = 2  # 2: the trained accuracy, and the generation costs, as attributes
+# 2: the trained accuracy, and the generation costs, as attributes; 3: the accuracy's interval over
+# seeds and the population (seeds x learning rates) it was trained as
+RECORD_VERSION = 3
 # the default objectives' metric name -> direction, in the order a study of nas search stores its values
 OBJECTIVES: dict[str, str] = {BY_METRIC[m].metric: BY_METRIC[m].direction for m in metrics(DEFAULT_OBJECTIVES)}
 DIRECTIONS = tuple(OBJECTIVES.values())
@@ -126,6 +129,10 @@ class TrialRecord:
     trained_accuracy: float | None = None  # kept whether or not accuracy is an objective
     prefill_latency: Latency | None = None  # the forward at decode batch x context (prefill_latency)
     decode_latency: Latency | None = None  # one generated token at the context (decode_latency)
+    # half-width of the accuracy's interval over seeds (0.004: 0.986 ±0.004); None: one seed, or older
+    accuracy_interval: float | None = None
+    # how it was trained: {"seeds", "lr_multipliers", "lrs", "accuracies" [lr][seed], "best_lr", "weights"}
+    population: Mapping[str, Any] | None = None
     version: int = RECORD_VERSION
 
     # ---- derived views
@@ -153,14 +160,24 @@ class TrialRecord:
         }.get(metric)
 
     def objective_text(self, objective: Objective, *, interval: bool = True) -> str:
-        """``0.912``, ``0.0213 ms ±9%``, ``276 MiB``: the value of ``objective`` with its unit (and a
-        prediction's interval); ``?`` when the trial has none."""
+        """``0.912 ±0.004``, ``0.0213 ms ±9%``, ``276 MiB``: the value of ``objective`` with its unit
+        (and the accuracy's spread over seeds, a prediction's interval); ``?`` when the trial has none."""
         value = self.value(objective.metric)
         if value is None:
             return "?"
+        if objective.metric == "accuracy":
+            return objective.format(value) + (_spread_text(self.accuracy_interval) if interval else "")
         lat = self.latency_of(objective.metric)
         spread = f" ±{lat.interval * 100:.0f}%" if interval and lat is not None and lat.interval else ""
         return objective.format(value) + spread
+
+    def accuracy_text(self) -> str:
+        """``0.986 ±0.004`` (the interval over seeds, when the trial recorded one), else ``0.986``."""
+        return f"{self.accuracy:.3f}" + _spread_text(self.accuracy_interval)
+
+    def population_text(self) -> str | None:
+        """``mean of 3 seeds at lr 3e-03, the best of 3 learning rates``; None for a trial trained once."""
+        return population_text(self.population)
 
     def costs_text(self, objectives: Sequence[Objective]) -> str:
         """``latency 0.0213 ms, memory 0.41 MiB``: the study's objectives other than accuracy."""
@@ -301,6 +318,8 @@ class TrialRecord:
             trained_accuracy=a.get("accuracy"),
             prefill_latency=Latency.from_dict(prefill) if prefill else None,
             decode_latency=Latency.from_dict(decode) if decode else None,
+            accuracy_interval=a.get("accuracy_interval"),
+            population=a.get("population"),
             version=int(a.get("record_version", 0)),
         )
 
@@ -338,10 +357,30 @@ class TrialRecord:
             "pruned_at",
             "prune_reason",
             "baseline",
+            "accuracy_interval",
         ):
             d[name] = getattr(self, name)
+        d["population"] = dict(self.population) if self.population is not None else None
         d["accuracy"] = self.trained_accuracy
         return {k: v for k, v in d.items() if v is not None}
+
+
+def population_text(population: Mapping[str, Any] | None) -> str | None:
+    """What a trial's accuracy is a mean of (``TrialRecord.population``, also kept in an export's
+    ``arch.json``): ``mean of 3 seeds at lr 3e-03, the best of 3 learning rates``; None for none."""
+    if not population:
+        return None
+    seeds, lrs, best = len(population.get("seeds", ())), len(population.get("lrs", ())), population.get("best_lr")
+    text = f"mean of {seeds} seed{'s' if seeds != 1 else ''}" + (f" at lr {best:.0e}" if best is not None else "")
+    return text + (f", the best of {lrs} learning rates" if lrs > 1 else "")
+
+
+def _spread_text(interval: float | None) -> str:
+    """`` ±0.004``: an accuracy interval at the value's three decimals (one significant digit
+    when it is finer, so a real spread never reads ±0.000); empty for none."""
+    if not interval:
+        return ""
+    return f" ±{interval:.3f}" if interval >= 0.0005 else f" ±{interval:.1g}"
 
 
 def records(study: optuna.Study, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
@@ -417,7 +456,11 @@ def write_trained(
 ) -> None:
     """The training's outcome. A training the wall-clock guard stopped early is marked infeasible
     by the ``truncated`` constraint (the fraction of planned steps it did not train), so it is
-    recorded but stays off the front and out of the hypervolume."""
+    recorded but stays off the front and out of the hypervolume. A candidate trained as a
+    population (seeds x learning rates): ``accuracy`` is the best learning rate's mean over seeds,
+    ``accuracy_interval`` the half-width of its spread over seeds (None for one seed) and
+    ``population`` what was trained (``TrialRecord.population``); both None for a single run."""
+    extra = {"accuracy_interval": accuracy_interval, "population": dict(population) if population else None}
     for key, value in {
         "curve": [list(p) for p in curve],
         "train_seconds": round(seconds, 3),
@@ -426,8 +469,7 @@ def write_trained(
         "test_loss": test_loss,
         "weights_artifact": weights_artifact,
         "accuracy": accuracy,
-        "accuracy_interval": accuracy_interval,
-        "population": dict(population) if population is not None else None,
+        **{k: v for k, v in extra.items() if v is not None},
     }.items():
         trial.set_user_attr(key, value)
     trial.set_constraint(TRUNCATED, max(0, planned_steps - steps) / max(1, planned_steps))

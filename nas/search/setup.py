@@ -17,6 +17,7 @@ from typing import Any
 from nas.search.objectives import DEFAULT_OBJECTIVES
 
 __all__ = [
+    "DEFAULT_PICK",
     "MAX_BATCH",
     "MAX_CONTEXT",
     "MAX_WORKERS",
@@ -29,7 +30,9 @@ __all__ = [
 ]
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random")  # --sampler
-PICKS = ("knee", "accuracy", "latency")  # nas export --pick
+# nas export --pick; the default: the cheapest trial level (within ε) with the most accurate one
+DEFAULT_PICK = "cheapest-best"
+PICKS = (DEFAULT_PICK, "knee", "accuracy", "latency")
 SETUP_VERSION = 3  # 2: objectives, context, decode_batch; 3: profile_yaml
 # Upper bounds on a run's sizes (the CLI's argument types and ``prepare`` check them; the README
 # lists them): past them a number is a typo, not a request, and would only cost hours or memory.

@@ -16,6 +16,7 @@ from optuna.trial import TrialState, create_trial
 
 from nas.latency import Latency, parse_shape
 from nas.results.pareto import front, pick
+from nas.search import record
 from nas.search.record import OBJECTIVES, RECORD_VERSION, TRUNCATED, TrialRecord, records, study_setup, values_in_order
 from nas.search.setup import SearchSetup, StudyBudgets
 from nas.search.study import worker_config
@@ -171,3 +172,45 @@ def test_search_setup_and_budgets_round_trip_and_name_what_differs():
 def test_parameter_counts_read_at_every_size(params, text):
     """Tables and the report showed ``0.00M`` for every model under 5,000 parameters."""
     assert _record(params=params).params_text() == text
+
+
+POPULATION = {
+    "seeds": [0, 1, 2],
+    "lr_multipliers": [0.5, 1.0, 2.0],
+    "lrs": [1.5e-3, 3e-3, 6e-3],
+    "accuracies": [[0.8, 0.82, None], [0.9, 0.896, 0.904], [0.5, 0.6, 0.7]],  # [lr][seed]; None: diverged
+    "best_lr": 3e-3,
+    "weights": {"seed": 2, "lr": 3e-3, "accuracy": 0.904},
+}
+
+
+def test_the_accuracy_s_spread_and_population_round_trip_and_older_trials_read_none():
+    r = _record(accuracy_interval=0.004, population=POPULATION)
+    stored = json.loads(json.dumps(r.to_dict()))  # as a study stores user attributes
+    back = TrialRecord.from_dict(r.number, r.state, stored, r.values)
+    assert back == r and (back.accuracy_interval, back.population) == (0.004, POPULATION)
+    assert back.accuracy_text() == "0.900 ±0.004" and back.version == RECORD_VERSION == 3
+    assert back.population_text() == "mean of 3 seeds at lr 3e-03, the best of 3 learning rates"
+    older = {k: v for k, v in stored.items() if k not in ("accuracy_interval", "population")} | {"record_version": 2}
+    old = TrialRecord.from_dict(r.number, r.state, older, r.values)
+    assert (old.accuracy_interval, old.population, old.version) == (None, None, 2)
+    assert old.accuracy_text() == "0.900" and old.population_text() is None
+    assert "accuracy_interval" not in _record().to_dict() and "population" not in _record().to_dict()
+    assert _record(accuracy_interval=0.0004).accuracy_text() == "0.900 ±0.0004"  # never ±0.000
+
+
+def test_write_trained_stores_the_spread_and_population_and_old_callers_still_work():
+    study = optuna.create_study(directions=list(OBJECTIVES.values()))
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        study.set_metric_names(list(OBJECTIVES))
+    outcome = dict(
+        curve=[(8, 2.5)], seconds=1.0, steps=150, planned_steps=150, stopped="completed", test_loss=0.3,
+        weights_artifact="w", accuracy=0.9,
+    )  # fmt: skip
+    for population in ({"accuracy_interval": 0.004, "population": POPULATION}, {}):
+        trial = study.ask()
+        record.write_trained(trial, **outcome, **population)
+        study.tell(trial, [0.9, 0.05, 1.5])
+    new, old = records(study)
+    assert (new.accuracy_interval, new.population, new.trained_accuracy) == (0.004, POPULATION, 0.9)
+    assert (old.accuracy_interval, old.population, old.trained_accuracy) == (None, None, 0.9)

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from nas.cli import main
-from nas.results.pareto import front
+from nas.results.pareto import default_pick, front
 from nas.results.report import hover_text
 from nas.search.record import record
 from nas.search.storage import open_storage
@@ -151,8 +151,10 @@ def test_report_renders_offline_with_front_points(study_with_report):
     rows = [n for n in _walk(table) if n["tag"] == "tr"]
     on_front = {r.number for r in front(study)}
     # every front trial has its row under the header, then the baselines off it (over budget too)
+    # and nas export's default pick where a cheaper trial level with it stands for it on the front
     off = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)) if t.number not in on_front]
-    refs = [t for t in off if record(study, t).baseline is not None]
+    chosen = default_pick(study)
+    refs = [t for t in off if record(study, t).baseline is not None or t.number == chosen.number]
     assert len(rows) == len(on_front) + len(refs) + 1
 
 

@@ -10,11 +10,6 @@ The order of operations copies ``torch.optim``'s single-tensor paths (AdamW, RAd
 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2.
 
 Step functions never write to ``g``; they update ``p`` and the state tensors in place.
-
-A population (``P`` variants of one model trained together, each tensor stacked as ``[P, *]``)
-passes ``lr`` as a ``[P]`` tensor, one learning rate per variant, and clips each variant by its own
-norm (``population_grad_norm``, a ``[P]`` clip scale); a float ``lr`` keeps the single-model math
-bit for bit.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ from torch import Tensor
 __all__ = [
     "compute_dtype",
     "global_grad_norm",
-    "population_grad_norm",
     "clip_scale",
     "grad_noise_std",
     "effective_grad",
@@ -60,21 +54,6 @@ def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def population_grad_norm(grads: Sequence[Tensor]) -> Tensor:
-    """Each variant's L2 norm over its rows of all ``grads`` (each ``[P, *]``): a ``[P]`` tensor."""
-    dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
-    device = grads[0].device
-    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=dtype).to(device) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(norms), dim=0)
-
-
-def _per_row(value: Tensor | float, like: Tensor) -> Tensor | float:
-    """A ``[P]`` tensor viewed ``[P, 1, ...]`` to broadcast over ``like`` ``[P, *]``; a float as is."""
-    if isinstance(value, Tensor) and value.dim() == 1:
-        return value.view(-1, *([1] * (like.dim() - 1)))
-    return value
-
-
 def clip_scale(total_norm: Tensor, max_norm: float) -> Tensor:
     """``min(1, max_norm / (total_norm + 1e-6))``, 0-dim, same dtype and device as ``total_norm``.
 
@@ -94,14 +73,13 @@ def effective_grad(
 ) -> Tensor:
     """``grad · scale + noise_std · z`` with ``z ~ N(0, 1)`` drawn from ``generator``.
 
-    grad: ``[*]`` any float dtype, never modified. scale: 0-dim, ``[P]`` (a population's, one
-    per row of ``grad``'s leading dim) or None (no clipping).
+    grad: ``[*]`` any float dtype, never modified. scale: 0-dim or None (no clipping).
     Returns ``[*]`` in the compute dtype; it may alias ``grad`` when there is nothing to apply,
     so callers must not write to it.
     """
     g = grad.to(compute_dtype(grad))
     if scale is not None:
-        g = g * _per_row(scale, g)
+        g = g * scale
     if noise_std > 0:
         z = torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
         g = g.add(z, alpha=noise_std)
@@ -123,7 +101,7 @@ def sgd_step_(
     g: Tensor,
     momentum_buffer: Tensor | None,
     *,
-    lr: float | Tensor,
+    lr: float,
     momentum: float,
     nesterov: bool,
     weight_decay: float,
@@ -136,7 +114,6 @@ def sgd_step_(
     when ``momentum > 0``. Decoupled: ``p ← p·(1 − lr·wd)`` first; coupled: ``g ← g + wd·p``.
     """
     w = _master(p)
-    lr = _per_row(lr, w)
     if weight_decay != 0:
         if decoupled_weight_decay:
             w.mul_(1 - lr * weight_decay)
@@ -146,10 +123,7 @@ def sgd_step_(
         assert momentum_buffer is not None, "momentum > 0 needs a momentum buffer"
         momentum_buffer.mul_(momentum).add_(g)
         g = g.add(momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
-    if isinstance(lr, Tensor):
-        w.sub_(g * lr)
-    else:
-        w.add_(g, alpha=-lr)
+    w.add_(g, alpha=-lr)
     _write_back(p, w)
 
 
@@ -159,7 +133,7 @@ def adamw_step_(
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     *,
-    lr: float | Tensor,
+    lr: float,
     beta1: float,
     beta2: float,
     eps: float,
@@ -172,16 +146,12 @@ def adamw_step_(
     step: 1 on the first update of this tensor (bias correction).
     """
     w = _master(p)
-    lr = _per_row(lr, w)
     w.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(g, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     step_size = lr / (1 - beta1**step)
     denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
-    if isinstance(step_size, Tensor):
-        w.sub_(exp_avg / denom * step_size)
-    else:
-        w.addcdiv_(exp_avg, denom, value=-step_size)
+    w.addcdiv_(exp_avg, denom, value=-step_size)
     _write_back(p, w)
 
 
@@ -191,7 +161,7 @@ def radam_step_(
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     *,
-    lr: float | Tensor,
+    lr: float,
     beta1: float,
     beta2: float,
     eps: float,
@@ -204,7 +174,6 @@ def radam_step_(
     update is bias-corrected momentum SGD; afterwards it is Adam times the rectification term.
     """
     w = _master(p)
-    lr = _per_row(lr, w)
     w.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(g, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
@@ -224,7 +193,7 @@ def lion_step_(
     g: Tensor,
     exp_avg: Tensor,
     *,
-    lr: float | Tensor,
+    lr: float,
     beta1: float,
     beta2: float,
     weight_decay: float,
@@ -235,12 +204,7 @@ def lion_step_(
     p: ``[*]`` float param. g, exp_avg (m, starts at 0): ``[*]`` compute dtype.
     """
     w = _master(p)
-    lr = _per_row(lr, w)
     c = exp_avg * beta1 + g * (1 - beta1)
-    w.mul_(1 - lr * weight_decay)
-    if isinstance(lr, Tensor):
-        w.sub_(torch.sign(c) * lr)
-    else:
-        w.add_(torch.sign(c), alpha=-lr)
+    w.mul_(1 - lr * weight_decay).add_(torch.sign(c), alpha=-lr)
     exp_avg.mul_(beta2).add_(g, alpha=1 - beta2)
     _write_back(p, w)

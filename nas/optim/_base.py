@@ -27,14 +27,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from kernels.optim.reference import (
-    clip_scale,
-    compute_dtype,
-    effective_grad,
-    global_grad_norm,
-    grad_noise_std,
-    population_grad_norm,
-)
+from kernels.optim.reference import clip_scale, compute_dtype, effective_grad, global_grad_norm, grad_noise_std
 from nas import settings
 
 __all__ = ["GradOptions", "GradTransform", "OptimizerBase"]
@@ -135,16 +128,19 @@ class OptimizerBase(torch.optim.Optimizer):
         self.last_grad_norm: Tensor | None = None
         self._noise_t = 0  # step() calls so far: the t of the noise schedule on the next call
         self._generators: dict[str, torch.Generator] = {}
-        self.lr_multipliers: Tensor | None = None  # a population's per-variant lr factors (``population``)
+        self.lr_multipliers: tuple[float, ...] | None = None  # a population's per-variant lr factors
+        self._variant_states: list[dict[int, dict[str, Any]]] = []  # a population's state, per variant
 
     def population(self, lr_multipliers: Sequence[float]) -> OptimizerBase:
         """Step a population: every param is ``[P, *]``, P variants of one model stacked, and
         variant i trains at ``lr · lr_multipliers[i]``, clipped by its own gradient norm
         (``last_grad_norm`` becomes ``[P]``). Weight decay, betas and the schedule are shared.
-        The reference math steps all P at once (the fused kernel takes one lr per launch)."""
+        Each variant is stepped as the optimizer steps one model, on its rows of the params
+        (views) with its own state, through the reference math (the fused kernel's launch takes
+        one lr)."""
         check(self.fused is not True, f"{type(self).__name__}(fused=True) cannot step a population")
-        multipliers = torch.tensor([float(m) for m in lr_multipliers], dtype=torch.float64)
-        check(bool(len(multipliers)) and bool((multipliers > 0).all()), "lr_multipliers must be positive")
+        multipliers = tuple(float(m) for m in lr_multipliers)
+        check(bool(multipliers) and all(m > 0 for m in multipliers), "lr_multipliers must be positive")
         for group in self.param_groups:
             for p in group["params"]:
                 check(
@@ -153,7 +149,31 @@ class OptimizerBase(torch.optim.Optimizer):
                     f"{len(multipliers)}, got shape {tuple(p.shape)}",
                 )
         self.lr_multipliers = multipliers
+        self._variant_states = [{} for _ in multipliers]
         return self
+
+    def _step_population(self, work: list[tuple[dict[str, Any], list[Tensor]]], noise_std: float) -> None:
+        """One step of each variant: its rows of every param, grad and state, its own lr and clip."""
+        grads = [p.grad for _, params in work for p in params]
+        dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+        per_param = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=dtype) for g in grads]
+        self.last_grad_norm = torch.linalg.vector_norm(torch.stack(per_param), dim=0)  # [P]
+        opts = self.grad_options
+        scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
+        for i, multiplier in enumerate(self.lr_multipliers):
+            states = self._variant_states[i]
+            for group, params in work:
+                if not params:
+                    continue
+                generator = self._generator(params[0].device) if noise_std > 0 else None
+                transform = GradTransform(None if scale is None else scale[i], noise_std, generator)
+                self._update_group(
+                    {**group, "lr": group["lr"] * multiplier},
+                    [p[i] for p in params],
+                    [p.grad[i] for p in params],
+                    [states.setdefault(id(p), {}) for p in params],
+                    transform,
+                )
 
     def _update_group(
         self,
@@ -198,14 +218,15 @@ class OptimizerBase(torch.optim.Optimizer):
         work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
         grads = [p.grad for _, params in work for p in params]
         check(not any(g.is_sparse for g in grads), f"{type(self).__name__} does not support sparse gradients")
-        if self.lr_multipliers is not None:
-            fused = [False] * len(work)
-            self.last_grad_norm = population_grad_norm(grads) if grads else torch.zeros(len(self.lr_multipliers))
-        else:
-            fused = [bool(params) and self._runs_fused(params) for _, params in work]
-            all_fused = all(f for f, (_, params) in zip(fused, work, strict=True) if params) and bool(grads)
-            norm = fused_kernels().grad_norm(grads, checked=True) if all_fused else global_grad_norm(grads)
-            self.last_grad_norm = norm
+        if self.lr_multipliers is not None and grads:
+            self._step_population(
+                work, grad_noise_std(self.grad_options.noise, self.grad_options.noise_gamma, self._noise_t)
+            )
+            self._noise_t += 1
+            return loss
+        fused = [bool(params) and self._runs_fused(params) for _, params in work]
+        all_fused = all(f for f, (_, params) in zip(fused, work, strict=True) if params) and bool(grads)
+        self.last_grad_norm = fused_kernels().grad_norm(grads, checked=True) if all_fused else global_grad_norm(grads)
         opts = self.grad_options
         scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
         noise_std = grad_noise_std(opts.noise, opts.noise_gamma, self._noise_t)
@@ -220,9 +241,6 @@ class OptimizerBase(torch.optim.Optimizer):
                 generator = self._generator(params[0].device) if noise_std > 0 else None
                 transform = GradTransform(scale, noise_std, generator)
             group_grads = [p.grad for p in params]
-            if self.lr_multipliers is not None:  # one lr per variant: [P], in the params' compute dtype
-                lrs = self.lr_multipliers.to(device=params[0].device, dtype=compute_dtype(params[0])) * group["lr"]
-                group = {**group, "lr": lrs}
             self._update_group(group, params, group_grads, [self.state[p] for p in params], transform)
         self._noise_t += 1
         return loss

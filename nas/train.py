@@ -342,7 +342,7 @@ class _Run:
         alive = {m: ps for m, ps in by_lr.items() if all(self.diverged[p] is None for p in ps)}
         if not alive:
             step, why = max((d for d in self.diverged if d is not None), key=lambda d: d[0])
-            raise TrainingDiverged(f"every learning rate diverged (last: {why})", step)
+            raise TrainingDiverged(f"{why} (at every learning rate)", step)
         means = {m: sum(self.accuracy[p] for p in ps) / len(ps) for m, ps in alive.items()}
         # the best mean; on a tie the factor nearest 1 (the sampled lr), then the smaller
         best_m = max(alive, key=lambda m: (means[m], -abs(math.log(m)), -m))

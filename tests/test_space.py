@@ -4,6 +4,7 @@ one SpaceError line naming the file and the field."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import shutil
 from pathlib import Path
@@ -16,7 +17,7 @@ import yaml
 
 import search_spaces
 from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space, parse_space_text
-from nas.spec import Candidate
+from nas.spec import Candidate, training_seed
 from nas.tasks import Task, load_task
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -90,7 +91,10 @@ def sample_many(space: SearchSpace, task: Task, n: int = N_TRIALS, seed: int = 0
         cand = space.sample(trial, task)
         mixers |= check_candidate(space, cand, trial.params, task)
         optimizers.add(cand.train.optimizer)
-        assert cand.train.seed == trial.number
+        # the training seed is the configuration's (study seed 0 here), whatever the trial number
+        recipe = dataclasses.replace(cand.train, seed=0)
+        assert cand.train.seed == training_seed(0, cand.arch, recipe)
+        assert (cand.train.seeds, cand.train.lr_multipliers) == (space.seeds, space.lr_multipliers)
         study.tell(trial, 0.0)
     return mixers | optimizers
 

@@ -470,7 +470,7 @@ def test_a_population_whose_every_learning_rate_diverged_diverges():
     spec = TrainSpec(
         optimizer="sgd", lr=1e5, steps=20, batch_size=16, grad_clip=0.0, seeds=2, lr_multipliers=(1.0, 2.0)
     )
-    with pytest.raises(TrainingDiverged, match="every learning rate diverged"):
+    with pytest.raises(TrainingDiverged, match="at every learning rate"):
         train_population(ARCH, task, spec, device="cpu")
 
 

@@ -189,7 +189,7 @@ def test_retrain_steps_retrains(study, capsys):
     # the console states the accuracy the bundle holds, not the study's
     printed = capsys.readouterr().out
     assert (
-        f"accuracy {record['metrics']['accuracy']:.3f} after 60 retraining steps (study: {chosen.accuracy:.3f})"
+        f"accuracy {record['metrics']['accuracy']:.3f} after 60 retraining steps (study: {chosen.accuracy_text()})"
         in printed
     )
     retrained = nas.load(out)

@@ -19,7 +19,7 @@ from nas.search.study import SearchConfig, run_search
 from tests.conftest import write_space
 
 FAULTS = [
-    ("oom", "out of memory at batch 8 (step 3)"),
+    ("oom", "out of memory at batch 8 x 6 variants (step 3)"),
     ("nan", "diverged: loss became NaN/inf"),
     ("compile", "KernelCompileError: triton compilation failed"),
     ("mismatch", "KernelMismatchError: triton forward differs from the torch reference"),
@@ -262,12 +262,12 @@ def test_an_unexpected_error_fails_its_trial_before_it_surfaces(tmp_path, monkey
     from nas.search import objective
     from nas.search.record import records
 
-    real = objective.train
+    real = objective.train_population
 
     def broken(*args, **kwargs):
         raise kind("value cannot be converted to type float without overflow")
 
-    monkeypatch.setattr(objective, "train", broken)
+    monkeypatch.setattr(objective, "train_population", broken)
     config = SearchConfig(
         space=str(write_space(tmp_path)), trials=2, storage=str(tmp_path / "s.journal"), device="cpu", baselines=False
     )
@@ -280,7 +280,7 @@ def test_an_unexpected_error_fails_its_trial_before_it_surfaces(tmp_path, monkey
         trial.user_attrs["failure"]
         == f"error: {kind.__name__}: value cannot be converted to type float without overflow"
     )
-    monkeypatch.setattr(objective, "train", real)
+    monkeypatch.setattr(objective, "train_population", real)
     resumed = records(run_search(config))
     assert [r.number for r in resumed if r.trained] == [1, 2]  # nothing re-queued trial 0's parameters
     assert not any(r.requeued_from is not None for r in resumed)

@@ -1,4 +1,6 @@
-"""``nas`` command line: search, worker, studies, report, export, profiles, spaces. The CLI owns the terminal."""
+"""``nas`` command line: search, worker, studies, report, export, verify, profiles, spaces.
+
+The CLI owns the terminal."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ from nas.search import interrupt
 if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them (nas --help stays fast)
     import optuna
 
+    from nas.results.verify import Planned
     from nas.search.objective import TrialContext
     from nas.search.objectives import Objective
-    from nas.search.record import TrialRecord
+    from nas.search.record import TrialRecord, Verified, VerifySettings
 
 __all__ = ["main"]
 
@@ -124,6 +127,25 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def _count(text: str) -> int:
+    """A whole number >= 0 (its upper bound is checked where the setting is)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    """A number; its range is checked where the setting is (nas.results.verify.check_settings)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
 def _seed(text: str) -> int:
@@ -263,6 +285,14 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not start a new study with its reference architectures (all-attention, all-linear, 3:1 hybrid)",
     )
+    s.add_argument(
+        "--verify",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="when the search ends, run nas verify on the study: retrain the front and N random other trials "
+        "at 4x their steps and report how well the short-run accuracy ranks them",
+    )
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
     s.add_argument(
         "--trials-per-gpu",
@@ -354,6 +384,37 @@ def _build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto", help="device for --retrain-steps")
     _data_flag(e, "with --retrain-steps: the study's data file, where it is now if it moved")
 
+    v = sub.add_parser(
+        "verify", help="retrain the front and random trials for longer: how well the short run ranks them"
+    )
+    v.add_argument("--study", required=True, help="name of the study to verify")
+    v.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    v.add_argument(
+        "--random",
+        type=_count,
+        default=5,
+        metavar="N",
+        help="random trained trials off the front to retrain too (default 5)",
+    )
+    v.add_argument(
+        "--steps-factor",
+        type=_number,
+        default=4.0,
+        metavar="M",
+        help="train each trial's recipe for M times its steps (default 4; at most 100)",
+    )
+    v.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="long runs per trial, from different seeds, averaged (default 1; at most 16)",
+    )
+    v.add_argument(
+        "--seed", type=_seed, default=None, help="seed of the random trials' draw (default: the study's seed)"
+    )
+    v.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    _data_flag(v, "the study's data file, where it is now if it moved")
+
     sp = sub.add_parser("spaces", help="list shipped search spaces, or print one (nas spaces NAME > my.yaml)")
     sp.add_argument("name", nargs="?", help="show this space's file")
     return parser
@@ -385,6 +446,13 @@ def _search(args: argparse.Namespace) -> None:
     )
     from nas.search.workers import parse_gpus, plan_slots, run_workers
 
+    verify = None
+    if args.verify is not None:  # checked before the study is opened: a bad N leaves nothing behind
+        from nas.results.verify import check_settings
+        from nas.search.record import VerifySettings
+
+        verify = VerifySettings(steps_factor=4.0, random=args.verify)
+        check_settings(verify)
     gpus = parse_gpus(args.gpus) if args.gpus else None
     slots = plan_slots(gpus, args.trials_per_gpu, args.workers)  # a flag the other one makes moot is refused
     config = SearchConfig(
@@ -519,11 +587,37 @@ def _search(args: argparse.Namespace) -> None:
             soft_wrap=True,
         )
     _print_front(study)
+    if verify is not None:
+        _verify_after_search(study, verify, ctx)
+    else:
+        _print_fidelity(study, table=False)  # a resumed study verified before: its numbers so far
     # commands to paste into a shell: a name or path with a space or a quote is quoted
     storage_flag = f" --storage {shlex.quote(config.storage)}" if args.storage else ""
     name = shlex.quote(study.study_name)
     console.print(f"next: nas report --study {name}{storage_flag}", soft_wrap=True)
     console.print(f"      nas export --study {name}{storage_flag} --out export/", soft_wrap=True)
+
+
+def _verify_after_search(study: optuna.Study, settings: VerifySettings, ctx: TrialContext) -> None:
+    """``nas search --verify N``: nas verify on the study just searched, on its task and device,
+    drawing the random trials with the study's seed; a study with nothing to verify says so."""
+    from nas.results.verify import VerifyError, plan, run_verify
+    from nas.search.record import study_setup
+
+    setup = study_setup(study)
+    settings = dataclasses.replace(settings, seed=setup.seed if setup is not None else 0)
+    try:
+        plan(study, settings)
+    except VerifyError as e:
+        console.print(f"--verify: nothing to retrain: {e}", soft_wrap=True)
+        return
+    console.print(
+        f"verifying: the front and {settings.random} random trial(s) at {settings.steps_factor:g}× their steps",
+        soft_wrap=True,
+    )
+    _note_replaced(study, settings)
+    run_verify(study, settings, ctx.task, ctx.device, on_row=_verify_line)
+    _print_fidelity(study, table=True)
 
 
 def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
@@ -733,6 +827,7 @@ def _studies(args: argparse.Namespace) -> None:
     import optuna
     from optuna.trial import TrialState
 
+    from nas.results.fidelity import fidelity
     from nas.search.storage import open_storage, resolve_storage
     from nas.search.study import n_complete, n_infeasible
 
@@ -743,12 +838,14 @@ def _studies(args: argparse.Namespace) -> None:
         summaries = [s for s in summaries if s.study_name == args.study]
         if not summaries:
             raise UsageError(f"no study named {args.study!r} in {storage}")
-    # "trained": what --trials counts; a COMPLETE trial that broke a hard budget was never trained
-    columns = ("study", "trained", "over_budget", "pruned", "failed", "running", "total", "started")
+    # "trained": what --trials counts; a COMPLETE trial that broke a hard budget was never trained;
+    # "proxy_rho": nas verify's Spearman ρ of short- vs long-run accuracy ("-" before a verify)
+    columns = ("study", "trained", "over_budget", "pruned", "failed", "running", "total", "started", "proxy_rho")
     rows = []
     for s in summaries:
         study = optuna.load_study(study_name=s.study_name, storage=store)
         states = [t.state for t in study.get_trials(deepcopy=False)]
+        found = fidelity(study)
         rows.append(
             (
                 s.study_name,
@@ -757,6 +854,7 @@ def _studies(args: argparse.Namespace) -> None:
                 *(str(states.count(x)) for x in (TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)),
                 str(len(states)),
                 f"{s.datetime_start:%Y-%m-%d %H:%M}" if s.datetime_start else "-",
+                "-" if found is None or found.proxy.spearman is None else f"{found.proxy.spearman:.2f}",
             )
         )
     if not console.is_terminal:  # piped: whole names, one tab-separated row per study, for scripts
@@ -768,6 +866,8 @@ def _studies(args: argparse.Namespace) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    if args.study is not None:  # one study: its proxy fidelity in words, below its row
+        _print_fidelity(optuna.load_study(study_name=args.study, storage=store), table=False)
 
 
 def _open_existing(args: argparse.Namespace) -> tuple[optuna.Study, str]:
@@ -846,6 +946,103 @@ def _export(args: argparse.Namespace) -> None:
                 soft_wrap=True,
             )
     console.print(f"load it with: import nas; model = nas.load({str(out)!r})", soft_wrap=True)
+
+
+def _verify(args: argparse.Namespace) -> None:
+    import optuna
+
+    from nas.results.export import study_task
+    from nas.results.verify import check_settings, plan, run_verify
+    from nas.search.record import VerifySettings, study_setup
+    from nas.search.storage import open_storage
+    from nas.search.study import resolve_device
+
+    asked = VerifySettings(steps_factor=args.steps_factor, seeds=args.seeds, random=args.random)
+    check_settings(asked)  # before the storage is opened
+    study, storage = _open_existing(args)  # read only until every check has passed
+    setup = study_setup(study)
+    seed = args.seed if args.seed is not None else (setup.seed if setup is not None else 0)
+    settings = dataclasses.replace(asked, seed=seed)
+    plan(study, settings)  # a study with no trained trial ends here
+    task = study_task(study, args.data)
+    device = resolve_device(args.device)
+    writable = optuna.load_study(study_name=study.study_name, storage=open_storage(storage))
+    console.print(
+        f"verifying study {study.study_name}: the front and {settings.random} random trial(s), "
+        f"{settings.steps_factor:g}× their steps, {settings.seeds} seed(s) each, on {device}",
+        soft_wrap=True,
+    )
+    _note_replaced(writable, settings)
+    run_verify(writable, settings, task, device, on_row=_verify_line)
+    _print_fidelity(writable, table=True)
+
+
+def _note_replaced(study: optuna.Study, settings: VerifySettings) -> None:
+    """Say so when this run's long runs are of another length or seed count than the stored rows,
+    which it replaces (one correlation never mixes two references)."""
+    from nas.search.record import verified, verify_settings
+
+    earlier = verify_settings(study)
+    if earlier is not None and not earlier.same_reference(settings) and (rows := verified(study)):
+        console.print(
+            f"replacing the {len(rows)} row(s) retrained at {earlier.steps_factor:g}× steps with {earlier.seeds} "
+            f"seed(s) each: this run's long runs are {settings.steps_factor:g}× with {settings.seeds}",
+            soft_wrap=True,
+        )
+
+
+def _verify_line(i: int, n: int, planned: Planned, row: Verified, seconds: float | None) -> None:
+    """``verify 2/6: trial 4 (front) L M | d=32, 80 steps: acc 0.812 → 0.900 (2.1 s)``."""
+    r = planned.record
+    if row.failure is not None:
+        outcome = f"long run failed ({row.failure})"
+    else:
+        outcome = f"acc {r.accuracy:.3f} → {row.accuracy:.3f}"
+    took = "stored, not retrained" if seconds is None else f"{seconds:.1f} s"
+    console.print(
+        f"verify {i}/{n}: trial {r.number} ({planned.why}) {r.arch_summary}, {row.steps} steps: {outcome} ({took})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _print_fidelity(study: optuna.Study, *, table: bool) -> None:
+    """The study's proxy fidelity lines (nothing before its first nas verify); ``table``: the
+    verified trials first, short- beside long-run accuracy."""
+    from nas.results.fidelity import fidelity, pairs
+    from nas.results.pareto import front
+
+    found = fidelity(study)
+    if found is None:
+        return
+    if table:
+        on_front = [r.number for r in front(study)]
+        place = {n: i for i, n in enumerate(on_front)}  # the front's trials first, in its order
+        rows = sorted(pairs(study), key=lambda p: (place.get(p[0].number, len(place)), p[0].number))
+        out = Table(title=f"{study.study_name}: {len(rows)} trial(s) retrained at {found.steps_factor:g}× steps")
+        for col in ("trial", "architecture", "params", "short acc", "long acc", "on front"):
+            out.add_column(col, justify="left" if col == "architecture" else "right", overflow="fold")
+        for r, row in rows:
+            out.add_row(
+                str(r.number),
+                r.arch_summary,
+                r.params_text(),
+                f"{r.accuracy:.3f}",
+                _long_text(row),
+                "yes" if r.number in on_front else "",
+            )
+        console.print(out)
+    for line in found.lines():
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _long_text(row: Verified) -> str:
+    """``0.900``, ``0.900 (0.890-0.910)`` over several seeds, or ``failed`` for a diverged run."""
+    if row.accuracy is None:
+        return "failed"
+    spread = f" ({min(row.accuracies):.3f}-{max(row.accuracies):.3f})" if len(row.accuracies) > 1 else ""
+    return f"{row.accuracy:.3f}{spread}"
 
 
 def _profiles(args: argparse.Namespace) -> None:
@@ -951,6 +1148,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from nas.results.export import ExportError
     from nas.results.pareto import PickError
     from nas.results.report import ReportError
+    from nas.results.verify import VerifyError
     from nas.search.faults import FaultError
     from nas.search.storage import StorageError
     from nas.search.study import SearchError
@@ -969,6 +1167,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
         ExportError,
         PickError,
         ReportError,
+        VerifyError,
         WorkerError,
         FaultError,
         SettingsError,
@@ -1000,6 +1199,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "studies": _studies,
             "report": _report,
             "export": _export,
+            "verify": _verify,
             "profiles": _profiles,
             "spaces": _spaces,
         }

@@ -30,16 +30,17 @@ from safetensors.torch import load_file, save_file
 
 from nas.latency import Latency
 from nas.models import HybridModel, TritonModel, build, to_triton
+from nas.results.fidelity import Fidelity, fidelity
 from nas.results.onnx_model import ONNX_OPSET, check_onnx, write_onnx
 from nas.search.objectives import BY_METRIC
-from nas.search.record import TrialRecord, population_text, study_objectives, study_setup
+from nas.search.record import TrialRecord, population_text, study_objectives, study_setup, verified
 from nas.search.setup import SearchSetup
 from nas.search.storage import artifact_dir, file_in_the_way, open_artifact_store, output_clash
 from nas.space import LIMITS
 from nas.spec import ArchSpec, LayerSpec, TrainSpec, arch_hash
 from nas.tasks import MAX_VOCAB, Task, TaskError, task_moved
 
-__all__ = ["ONNX_OPSET", "ExportError", "check_out", "export", "load", "trial_model"]
+__all__ = ["ONNX_OPSET", "ExportError", "check_out", "export", "load", "study_task", "trial_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,28 @@ def _retrain(trial: TrialRecord, task: Task, steps: int, device: str) -> tuple[H
     return model.to("cpu").eval(), result.accuracy, {"steps": result.steps, "stopped": result.stopped}
 
 
+def study_task(study: optuna.Study, data: str | None = None) -> Task:
+    """The task ``study`` searched on, rebuilt from its record to train on again; ``data``: where
+    its data file is now, when it moved (the same bytes only). ExportError when it cannot be."""
+    setup = study_setup(study)
+    task_config = dict(setup.task_config) if setup is not None and setup.task_config else None
+    if task_config is None:
+        raise ExportError(f"study {study.study_name!r} does not record its task; cannot retrain")
+    if data is not None and "sha256" not in task_config:
+        raise ExportError(
+            f"--data names where the study's data file is now, but study {study.study_name!r} trains on the "
+            f"generated task {task_config.get('name', '?')!r}, which has no data file; drop --data"
+        )
+    try:
+        task, _ = task_moved(task_config, data)
+    except TaskError as e:
+        raise ExportError(
+            f"study {study.study_name!r} retrains on the data it was created with: {e}; restore that file, "
+            f"or name where it is now with --data PATH"
+        ) from None
+    return task
+
+
 def _is_bundle(out: Path) -> bool:
     """Whether directory ``out`` holds what an earlier export wrote and nothing else: bundle files
     only (``model.onnx.data`` too: a large model's), and an ``arch.json`` of the bundle format.
@@ -237,26 +260,12 @@ def export(
         raise ExportError(f"--retrain-steps must be {steps_limit}, got {retrain_steps:,}")
     setup = study_setup(study)
     task_config = dict(setup.task_config) if setup is not None and setup.task_config else None
-    if data is not None and task_config is not None and "sha256" not in task_config:
-        raise ExportError(
-            f"--data names where the study's data file is now, but study {study.study_name!r} trains on the "
-            f"generated task {task_config.get('name', '?')!r}, which has no data file; drop --data"
-        )
     if retrain_steps is None:
         model, accuracy = trial_model(trial, storage), trial.accuracy
         # the steps the search actually trained: a time budget may have stopped it before train.steps
         trained = {"steps": trial.steps_done, "stopped": trial.stopped}
     else:
-        if task_config is None:
-            raise ExportError(f"study {study.study_name!r} does not record its task; cannot retrain")
-        try:
-            task, _ = task_moved(task_config, data)
-        except TaskError as e:
-            raise ExportError(
-                f"study {study.study_name!r} retrains on the data it was created with: {e}; restore that file, "
-                f"or name where it is now with --data PATH"
-            ) from None
-        model, accuracy, trained = _retrain(trial, task, retrain_steps, device)
+        model, accuracy, trained = _retrain(trial, study_task(study, data), retrain_steps, device)
     arch = model.arch
     train = trial.train
     if retrain_steps is not None:
@@ -290,6 +299,7 @@ def export(
             "latency": trial.latency.to_dict() if trial.latency is not None else None,
             "generation": _generation(trial, setup),
             "latency_label": trial.latency_label(),
+            "proxy_fidelity": _proxy_fidelity(study, trial),
             "memory": dict(trial.memory),
             "params": trial.params,
             "versions": _versions(),
@@ -334,6 +344,27 @@ def _known_metrics(trial: TrialRecord) -> dict[str, float]:
     """Every cost the trial recorded, by metric name, whether or not the study optimised it."""
     found = {m: trial.value(m) for m in BY_METRIC}
     return {m: v for m, v in found.items() if v is not None}
+
+
+def _proxy_fidelity(study: optuna.Study, trial: TrialRecord) -> dict[str, Any] | None:
+    """The study's proxy fidelity (``nas verify``) and this trial's long-run accuracy when it was
+    one of the verified trials; None for a study never verified."""
+    found = fidelity(study)
+    if found is None:
+        return None
+    row = verified(study).get(trial.number)
+    return {**found.to_dict(), "trial_accuracy": None if row is None else row.accuracy}
+
+
+def _fidelity_text(r: dict[str, Any]) -> str:
+    """The card's paragraph on how far the search's short-run accuracy can be trusted to rank."""
+    data = r.get("proxy_fidelity")
+    if not data:
+        return ""
+    found = Fidelity.from_dict(data)
+    own = data.get("trial_accuracy")
+    this = f" This trial after {found.steps_factor:g}× its steps: accuracy {own:.4f}." if own is not None else ""
+    return "\n`nas verify`: " + "; ".join(found.lines()) + f".{this}\n"
 
 
 def _generation(trial: TrialRecord, setup: SearchSetup | None) -> dict[str, Any] | None:
@@ -416,7 +447,7 @@ def _card(r: dict[str, Any]) -> str:
 {_generation_rows(r)}| parameters | {r["params"]:,} |
 
 Searched for: {", ".join(r.get("objectives") or ["accuracy", "latency", "memory"])}.
-
+{_fidelity_text(r)}
 Architecture: width {arch.d_model}, {blocks} — {", ".join(_layer_text(la) for la in arch.layers)};
 vocab {arch.vocab_size}, {arch.n_out} outputs, readout `{arch.readout}`. `arch_hash` {r["arch_hash"]}.
 

@@ -18,6 +18,7 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
+from nas.results.fidelity import fidelity, pairs
 from nas.results.pareto import accuracy_epsilon, completed, default_pick, front, primary_cost, reference_point
 from nas.search.objectives import Objective
 from nas.search.record import TrialRecord, records, study_budgets, study_objectives, study_setup
@@ -37,7 +38,7 @@ __all__ = [
 
 PLOT_CONFIG = {"displaylogo": False, "showSendToCloud": False}  # offline: no plotly logo link, no cloud button
 _FRONT, _DOMINATED, _INFEASIBLE = "#d62728", "#b8b8b8", "#7f7f7f"
-_PNG_NAMES = ("front2d", "front3d", "hypervolume", "parallel")  # every figure a PNG may be written for
+_PNG_NAMES = ("front2d", "front3d", "hypervolume", "parallel", "fidelity")  # every figure a PNG may be written for
 
 
 def _counts(study: optuna.Study) -> str:
@@ -372,6 +373,55 @@ def _parallel(study: optuna.Study) -> go.Figure:
     return fig
 
 
+def _fidelity(study: optuna.Study, epsilon: float | None = None) -> go.Figure | None:
+    """Short-run (the search's) vs long-run (``nas verify``'s) accuracy of the verified trials, the
+    front's in its colour, with the diagonal and the rank correlations in the title; None for a
+    study never verified."""
+    found = fidelity(study)
+    if found is None:
+        return None
+    on_front = {r.number for r in front(study, epsilon)}
+    both = [(r, row) for r, row in pairs(study) if row.accuracy is not None]
+    fig = go.Figure()
+    for name, group, color in (
+        ("front", [p for p in both if p[0].number in on_front], _FRONT),
+        ("off the front", [p for p in both if p[0].number not in on_front], _DOMINATED),
+    ):
+        if not group:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[r.accuracy for r, _ in group],
+                y=[row.accuracy for _, row in group],
+                mode="markers+text",
+                name=name,
+                text=[str(r.number) for r, _ in group],
+                textposition="top center",
+                marker=dict(color=color, size=10, line=dict(color="white", width=1)),
+                hovertext=[
+                    f"{hover_text(r)}<br>long run: {row.steps} steps, accuracy {row.accuracy:.3f}" for r, row in group
+                ],
+                hoverinfo="text",
+            )
+        )
+    values = [v for r, row in both for v in (r.accuracy, row.accuracy)] or [0.0, 1.0]
+    low, high = min(values), max(values)
+    fig.add_trace(
+        go.Scatter(
+            x=[low, high], y=[low, high], mode="lines", name="equal", line=dict(color="black", dash="dot", width=1)
+        )
+    )
+    fig.update_layout(
+        title=f"Short-run vs {found.steps_factor:g}× steps accuracy, {found.ranked} trials: {found.proxy.text()}"
+        + ("" if found.proxy.too_few else f" (parameter count: {found.params.text()})"),
+        xaxis_title="accuracy in the search (short run)",
+        yaxis_title=f"accuracy after {found.steps_factor:g}× the steps (nas verify)",
+        template="plotly_white",
+        height=520,
+    )
+    return fig
+
+
 def _cell(r: TrialRecord, o: Objective) -> str:
     """A front-table cell: the value, a prediction's interval (accuracy: its spread over seeds) and
     whether it was measured."""
@@ -439,6 +489,7 @@ def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.F
         "front3d": _front_3d(study, epsilon),
         "hypervolume": _hypervolume(study),
         "parallel": _parallel(study),
+        "fidelity": _fidelity(study, epsilon),
     }
     return {name: fig for name, fig in figs.items() if fig is not None}
 
@@ -550,6 +601,8 @@ def write_html(
         f"{_counts(study)}, {len(front(study, epsilon))} on the front"
         f"{truncated_note}.</p>"
     )
+    if (found := fidelity(study)) is not None:  # nas verify's numbers, in words, above the figures
+        head += "<p id='fidelity-note'>" + html.escape("; ".join(found.lines())) + ".</p>"
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
         f"{html.escape(study.study_name)} — hybrid-nas report</title>"

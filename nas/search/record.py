@@ -42,6 +42,9 @@ __all__ = [
     "RECORD_VERSION",
     "TRUNCATED",
     "TrialRecord",
+    "VERIFY_VERSION",
+    "Verified",
+    "VerifySettings",
     "fail_stale",
     "objectives_of",
     "population_text",
@@ -52,6 +55,8 @@ __all__ = [
     "study_budgets",
     "study_setup",
     "values_in_order",
+    "verified",
+    "verify_settings",
     "was_enqueued",
     "write_duplicate",
     "write_failure",
@@ -64,6 +69,7 @@ __all__ = [
     "write_study_setup",
     "write_surplus",
     "write_trained",
+    "write_verified",
 ]
 
 # 2: the trained accuracy, and the generation costs, as attributes; 3: the accuracy's interval over
@@ -73,6 +79,7 @@ RECORD_VERSION = 3
 OBJECTIVES: dict[str, str] = {BY_METRIC[m].metric: BY_METRIC[m].direction for m in metrics(DEFAULT_OBJECTIVES)}
 DIRECTIONS = tuple(OBJECTIVES.values())
 TRUNCATED = "truncated"  # constraint name: fraction of planned steps not trained (> 0: off the front)
+VERIFY_VERSION = 1  # the study's "verify" attribute (nas verify's longer retrainings)
 
 
 def objectives_of(study: optuna.Study) -> tuple[str, ...]:
@@ -580,3 +587,114 @@ def write_study_setup(study: optuna.Study, setup: SearchSetup) -> None:
 
 def write_study_budgets(study: optuna.Study, budgets: StudyBudgets) -> None:
     study.set_user_attr("budgets", budgets.to_dict())
+
+
+# ---------------------------------------------------------------- nas verify's longer retrainings
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """How ``nas verify`` last retrained the study's trials: ``steps_factor`` × each recipe's steps,
+    ``seeds`` training seeds per trial, ``random`` trials drawn besides the front with ``seed``."""
+
+    steps_factor: float
+    seeds: int = 1
+    random: int = 5
+    seed: int = 0
+    version: int = VERIFY_VERSION
+
+    def same_reference(self, other: VerifySettings) -> bool:
+        """Whether rows retrained under ``other`` measure the same thing as this run's (the long
+        run's length and seed count); the random draw does not change what a row means."""
+        return (self.steps_factor, self.seeds) == (other.steps_factor, other.seeds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in ("steps_factor", "seeds", "random", "seed", "version")}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VerifySettings:
+        return cls(
+            steps_factor=float(data["steps_factor"]),
+            seeds=int(data.get("seeds", 1)),
+            random=int(data.get("random", 0)),
+            seed=int(data.get("seed", 0)),
+            version=int(data.get("version", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One trial retrained ``steps`` steps (``steps_factor`` × its recipe's) from each of ``seeds``
+    at ``lr`` on ``device``: its test accuracy per seed (``accuracies``), or why training failed
+    (``failure``: a diverged or out-of-memory run, left out of the rank correlations)."""
+
+    trial: int
+    steps: int
+    seeds: tuple[int, ...]
+    accuracies: tuple[float, ...]
+    lr: float
+    device: str
+    failure: str | None = None
+
+    @property
+    def accuracy(self) -> float | None:
+        """The mean long-run accuracy over the seeds; None when training failed."""
+        if self.failure is not None or not self.accuracies:
+            return None
+        return sum(self.accuracies) / len(self.accuracies)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "steps": self.steps,
+            "seeds": list(self.seeds),
+            "accuracy": self.accuracy,
+            "accuracies": list(self.accuracies),
+            "lr": self.lr,
+            "device": self.device,
+            "failure": self.failure,
+        }
+        return {k: v for k, v in d.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, trial: int, data: Mapping[str, Any]) -> Verified:
+        return cls(
+            trial=trial,
+            steps=int(data["steps"]),
+            seeds=tuple(int(s) for s in data.get("seeds", ())),
+            accuracies=tuple(float(a) for a in data.get("accuracies", ())),
+            lr=float(data.get("lr", 0.0)),
+            device=str(data.get("device", "?")),
+            failure=data.get("failure"),
+        )
+
+
+def verify_settings(study: optuna.Study) -> VerifySettings | None:
+    """The settings of the study's latest ``nas verify`` (None before the first)."""
+    data = study.user_attrs.get("verify")
+    return VerifySettings.from_dict(data["settings"]) if data else None
+
+
+def verified(study: optuna.Study) -> dict[int, Verified]:
+    """The study's retrained trials by number (empty before the first ``nas verify``)."""
+    data = study.user_attrs.get("verify")
+    if not data:
+        return {}
+    return {int(n): Verified.from_dict(int(n), row) for n, row in sorted(data["rows"].items(), key=lambda x: int(x[0]))}
+
+
+def write_verified(study: optuna.Study, rows: Mapping[int, Verified], settings: VerifySettings) -> None:
+    """Store ``rows`` and the run's ``settings`` as the study's ``verify`` attribute (Optuna refuses
+    user attributes on finished trials), merged with the rows already there when they were
+    retrained the same way (``same_reference``): a rerun drawing more random trials adds rows, and
+    a row given replaces its trial's. Rows of another steps factor or seed count are dropped: one
+    correlation must not mix two lengths of long run."""
+    earlier = verify_settings(study)
+    kept = verified(study) if earlier is not None and earlier.same_reference(settings) else {}
+    merged = {**kept, **rows}
+    study.set_user_attr(
+        "verify",
+        {
+            "settings": settings.to_dict(),
+            "rows": {str(n): merged[n].to_dict() for n in sorted(merged)},
+        },
+    )

@@ -895,6 +895,7 @@ def test_studies_piped_lists_whole_names(tmp_path, monkeypatch, capsys):
         "running",
         "total",
         "started",
+        "proxy_rho",
     ]
     assert lines[1].split("\t")[:6] == [long_name, "0", "0", "0", "0", "0"]
 

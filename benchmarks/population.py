@@ -2,7 +2,8 @@
 and what does the batching cost?
 
     python benchmarks/population.py interval [--space hybrid_small] [--pairs 100] [--calibrate 40] [--jobs 2]
-    python benchmarks/population.py cost [--space hybrid_small] [--archs 6] [--device cuda]
+    python benchmarks/population.py cost [--space hybrid_small] [--archs 6] [--device cuda] [--no-separately]
+    python benchmarks/population.py chance [--space hybrid_long] [--archs 30] [--device cuda] [--jobs 4]
 
 ``interval``: draws ``--pairs`` (architecture, recipe) configurations from the space with a
 random sampler and trains each twice as the search does (``nas.train.train_population``, the
@@ -16,6 +17,11 @@ and left out. Writes ``benchmarks/results/population_interval_<device>.json``.
 ``cost``: for ``--archs`` configurations of the space, the seconds of one single run (1 × 1),
 of the population as one batched program, and of its S·L variants trained one after another,
 each timed after a warm-up training. Writes ``benchmarks/results/population_cost_<device>.json``.
+
+``chance``: trains the same ``--archs`` sampled configurations once as a single run (1 × 1, the
+sampled lr and one seed: what the search did before populations) and once as the space's
+population, in ``--jobs`` processes sharing the device, and reports the share of each that ended
+below ``--chance`` accuracy (did not learn). Writes ``benchmarks/results/population_chance_<device>.json``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import multiprocessing
 import os
 import platform
 import statistics
@@ -129,7 +136,8 @@ def interval(args: argparse.Namespace) -> dict[str, Any]:
     configs = _configs(args.space, args.pairs)
     jobs = [(args.space, i, p, args.device) for i, p in enumerate(configs)]
     rows: list[dict[str, Any]] = []
-    with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
         for row in pool.map(_interval_pair, jobs):
             rows.append(row)
             first, fresh = row.get("first", {}), row.get("fresh", {})
@@ -210,22 +218,76 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
             "population": f"{spec.seeds}x{len(spec.lr_multipliers)}",
             "single_s": _timed(one),
             "population_s": _timed(population),
-            "separately_s": _timed(separately),
         }
         row["population_over_single"] = row["population_s"] / row["single_s"]
-        row["population_over_separately"] = row["population_s"] / row["separately_s"]
+        if not args.no_separately:
+            row["separately_s"] = _timed(separately)
+            row["population_over_separately"] = row["population_s"] / row["separately_s"]
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {
-        key: statistics.median(r[key] for r in rows) for key in ("population_over_single", "population_over_separately")
-    }
+    keys = ("population_over_single",) + (() if args.no_separately else ("population_over_separately",))
+    summary = {key: statistics.median(r[key] for r in rows) for key in keys}
     print(json.dumps(summary, indent=1))
     return {"question": "cost", "summary": summary, "rows": rows}
 
 
+def _chance_one(job: tuple[str, int, dict[str, Any], str, bool]) -> dict[str, Any]:
+    import torch
+
+    from nas.train import TrainingDiverged, train_population
+
+    space_name, index, params, device, population = job
+    torch.set_num_threads(1)
+    _, task, cand = _candidate(space_name, params, 0)
+    spec = cand.train if population else dataclasses.replace(cand.train, seeds=1, lr_multipliers=(1.0,))
+    row = {"index": index, "population": population, "arch": cand.arch.summary(), "recipe": spec.summary()}
+    start = time.perf_counter()
+    try:
+        r = train_population(cand.arch, task, spec, device=device)
+        row |= {"accuracy": r.accuracy, "interval": r.interval, "accuracies": [list(a) for a in r.accuracies]}
+    except TrainingDiverged as e:
+        row |= {"accuracy": None, "diverged": str(e)}
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def chance(args: argparse.Namespace) -> dict[str, Any]:
+    configs = list(enumerate(_configs(args.space, args.archs, seed=2)))[args.first :]
+    arms = {"1x1": False, "population": True}
+    jobs = [(args.space, i, p, args.device, pop) for i, p in configs for pop in arms.values()]  # pairs together
+    rows: list[dict[str, Any]] = []
+    spawn = multiprocessing.get_context("spawn")  # CUDA in the workers: no fork of an initialised parent
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
+        for row in pool.map(_chance_one, jobs):
+            rows.append(row)
+            if args.partial:  # a run cut short keeps what it finished
+                args.partial.write_text(json.dumps(rows) + "\n")
+    summary = {}
+    paired = {r["index"] for r in rows if r["population"]} & {r["index"] for r in rows if not r["population"]}
+    for name, pop in arms.items():
+        got = [r for r in rows if r["population"] == pop and r["index"] in paired]
+        done = [r for r in got if r["accuracy"] is not None]
+        summary[name] = {
+            "configurations": len(got),
+            "diverged": len(got) - len(done),
+            "below_threshold": sum(r["accuracy"] < args.chance for r in done),
+            "share_below": sum(r["accuracy"] < args.chance for r in done) / max(1, len(done)),
+            "median_accuracy": statistics.median(r["accuracy"] for r in done) if done else None,
+            "median_seconds": statistics.median(r["seconds"] for r in got) if got else None,
+        }
+    summary["chance_threshold"] = args.chance
+    print(json.dumps(summary, indent=1))
+    return {"question": "chance", "summary": summary, "rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("question", choices=["interval", "cost"])
+    parser.add_argument("question", choices=["interval", "cost", "chance"])
+    parser.add_argument("--chance", type=float, default=0.15, help="accuracy below which a run did not learn")
+    parser.add_argument("--first", type=int, default=0, help="chance: start at this configuration (split runs)")
+    parser.add_argument("--partial", type=Path, help="chance: rewrite this file with the rows after each one")
+    parser.add_argument("--no-separately", action="store_true", help="cost: skip the S·L runs one after another")
     parser.add_argument("--space", default="hybrid_small")
     parser.add_argument("--pairs", type=int, default=100)
     parser.add_argument("--calibrate", type=int, default=40)
@@ -237,7 +299,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    result = interval(args) if args.question == "interval" else cost(args)
+    result = {"interval": interval, "cost": cost, "chance": chance}[args.question](args)
     device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
     result |= {
         "date": dt.date.today().isoformat(),

@@ -136,9 +136,8 @@ class OptimizerBase(torch.optim.Optimizer):
         variant i trains at ``lr · lr_multipliers[i]``, clipped by its own gradient norm
         (``last_grad_norm`` becomes ``[P]``). Weight decay, betas and the schedule are shared.
         Each variant is stepped as the optimizer steps one model, on its rows of the params
-        (views) with its own state, through the reference math (the fused kernel's launch takes
-        one lr)."""
-        check(self.fused is not True, f"{type(self).__name__}(fused=True) cannot step a population")
+        (views) with its own state: one fused launch per variant and group where the kernel
+        takes them (``fused`` as for one model), else the reference math."""
         multipliers = tuple(float(m) for m in lr_multipliers)
         check(bool(multipliers) and all(m > 0 for m in multipliers), "lr_multipliers must be positive")
         for group in self.param_groups:
@@ -152,6 +151,19 @@ class OptimizerBase(torch.optim.Optimizer):
         self._variant_states = [{} for _ in multipliers]
         return self
 
+    def _views_fused(self, views: Sequence[Tensor], grads: Sequence[Tensor]) -> bool:
+        """``_runs_fused`` for one variant's rows (views carry no ``.grad`` of their own)."""
+        if self.fused is False or (self.fused is None and settings.get().optim_fused is False):
+            return False
+        if self.fused is None and not all(v.is_cuda for v in views):
+            return False
+        supported = all(fused_kernels().supports(v, g) for v, g in zip(views, grads, strict=True))
+        check(
+            supported or self.fused is not True,
+            f"{type(self).__name__}(fused=True): a variant's rows are not supported",
+        )
+        return supported
+
     def _step_population(self, work: list[tuple[dict[str, Any], list[Tensor]]], noise_std: float) -> None:
         """One step of each variant: its rows of every param, grad and state, its own lr and clip."""
         grads = [p.grad for _, params in work for p in params]
@@ -162,15 +174,23 @@ class OptimizerBase(torch.optim.Optimizer):
         scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
         for i, multiplier in enumerate(self.lr_multipliers):
             states = self._variant_states[i]
-            for group, params in work:
+            for index, (group, params) in enumerate(work):
                 if not params:
                     continue
-                generator = self._generator(params[0].device) if noise_std > 0 else None
-                transform = GradTransform(None if scale is None else scale[i], noise_std, generator)
+                views, view_grads = [p[i] for p in params], [p.grad[i] for p in params]
+                variant_scale = None if scale is None else scale[i]
+                if self._views_fused(views, view_grads):
+                    key = index * len(self.lr_multipliers) + i  # each variant and group its own noise
+                    transform = GradTransform(
+                        variant_scale, noise_std, None, fused=True, seed=noise_seed(opts.seed, self._noise_t, key)
+                    )
+                else:
+                    generator = self._generator(params[0].device) if noise_std > 0 else None
+                    transform = GradTransform(variant_scale, noise_std, generator)
                 self._update_group(
                     {**group, "lr": group["lr"] * multiplier},
-                    [p[i] for p in params],
-                    [p.grad[i] for p in params],
+                    views,
+                    view_grads,
                     [states.setdefault(id(p), {}) for p in params],
                     transform,
                 )

@@ -9,9 +9,10 @@ and what does the batching cost?
 random sampler and trains each twice as the search does (``nas.train.train_population``, the
 space's population): once with the training seeds of study seed 0, once with those of study seed
 1 (fresh seeds). A pair is covered when the second accuracy falls inside the first one's interval
-(``accuracy ± interval``). The first ``--calibrate`` pairs show which ``INTERVAL_FACTOR`` (× the
-seeds' pooled standard deviation) reaches 90 % coverage; the rest are held out: their coverage at
-the shipped factor is the check. A pair whose training diverges (every learning rate) is listed
+(``accuracy ± interval``, ``nas.train.accuracy_interval``: a 90 % t prediction interval from the
+seeds' pooled spread). The first ``--calibrate`` pairs show which scale on that interval would
+reach 90 % coverage; the rest are held out: their coverage at the shipped interval (scale 1) is
+the check. A pair whose training diverges (every learning rate) is listed
 and left out. Writes ``benchmarks/results/population_interval_<device>.json``.
 
 ``cost``: for ``--archs`` configurations of the space, the seconds of one single run (1 × 1),
@@ -31,7 +32,6 @@ import concurrent.futures
 import dataclasses
 import datetime as dt
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -84,12 +84,11 @@ def _candidate(space_name: str, params: dict[str, Any], study_seed: int):
     return space, task, dataclasses.replace(cand, train=train)
 
 
-def _pooled_sd(accuracies: list[list[float | None]]) -> float | None:
-    alive = [row for row in accuracies if None not in row]
-    dof = sum(len(r) - 1 for r in alive)
-    if dof < 1:
-        return None
-    return math.sqrt(sum(sum((x - sum(r) / len(r)) ** 2 for x in r) for r in alive) / dof)
+def _unfloored(accuracies: list[list[float | None]]) -> float | None:
+    """The interval's half-width before the resolution floor (``accuracy_interval`` at 0)."""
+    from nas.train import accuracy_interval
+
+    return accuracy_interval([row for row in accuracies if None not in row], 0.0)
 
 
 def _interval_pair(job: tuple[str, int, dict[str, Any], str]) -> dict[str, Any]:
@@ -114,7 +113,7 @@ def _interval_pair(job: tuple[str, int, dict[str, Any], str]) -> dict[str, Any]:
             "seed": cand.train.seed,
             "accuracy": r.accuracy,
             "interval": r.interval,
-            "pooled_sd": _pooled_sd([list(a) for a in r.accuracies]),
+            "half_width": _unfloored([list(a) for a in r.accuracies]),
             "accuracies": [list(a) for a in r.accuracies],
             "best_lr": cand.train.lr * r.best_multiplier,
             "seconds": round(time.perf_counter() - start, 3),
@@ -124,15 +123,13 @@ def _interval_pair(job: tuple[str, int, dict[str, Any], str]) -> dict[str, Any]:
 
 def _coverage(rows: list[dict[str, Any]], factor: float) -> tuple[float, int]:
     inside = [
-        abs(r["fresh"]["accuracy"] - r["first"]["accuracy"]) <= max(r["resolution"], factor * r["first"]["pooled_sd"])
+        abs(r["fresh"]["accuracy"] - r["first"]["accuracy"]) <= max(r["resolution"], factor * r["first"]["half_width"])
         for r in rows
     ]
     return sum(inside) / max(1, len(inside)), len(inside)
 
 
 def interval(args: argparse.Namespace) -> dict[str, Any]:
-    from nas.train import INTERVAL_FACTOR
-
     configs = _configs(args.space, args.pairs)
     jobs = [(args.space, i, p, args.device) for i, p in enumerate(configs)]
     rows: list[dict[str, Any]] = []
@@ -148,21 +145,20 @@ def interval(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
     usable = [r for r in rows if "accuracy" in r.get("first", {}) and "accuracy" in r.get("fresh", {})]
-    usable = [r for r in usable if r["first"]["pooled_sd"] is not None]
+    usable = [r for r in usable if r["first"]["half_width"] is not None]
     calibration = [r for r in usable if r["index"] < args.calibrate]
     held_out = [r for r in usable if r["index"] >= args.calibrate]
-    grid = [round(0.5 + 0.25 * i, 2) for i in range(23)]  # 0.5 .. 6.0
+    grid = [round(0.25 * i, 2) for i in range(1, 17)]  # scales 0.25 .. 4 on the shipped interval
     needed = next((k for k in grid if _coverage(calibration, k)[0] >= TARGET), None)
-    share, n = _coverage(held_out, INTERVAL_FACTOR)
+    share, n = _coverage(held_out, 1.0)
     summary = {
         "target_coverage": TARGET,
-        "shipped_factor": INTERVAL_FACTOR,
         "calibration_pairs": len(calibration),
-        "factor_reaching_target_on_calibration": needed,
-        "calibration_coverage_at_shipped_factor": _coverage(calibration, INTERVAL_FACTOR)[0],
+        "scale_reaching_target_on_calibration": needed,
+        "calibration_coverage_at_shipped_interval": _coverage(calibration, 1.0)[0],
         "held_out_pairs": n,
-        "held_out_coverage_at_shipped_factor": share,
-        "held_out_coverage_by_factor": {str(k): _coverage(held_out, k)[0] for k in grid},
+        "held_out_coverage_at_shipped_interval": share,
+        "held_out_coverage_by_scale": {str(k): _coverage(held_out, k)[0] for k in grid},
         "median_interval_held_out": statistics.median(r["first"]["interval"] for r in held_out) if held_out else None,
         "left_out": [r["index"] for r in rows if r not in usable],
     }

@@ -111,6 +111,8 @@ train:
   lr: {{low: 1.0e-3, high: 2.0e-2, log: true}}
   steps: [60, 120]
   batch_size: [32]
+  seeds: 2
+  lr_multipliers: [1.0]
 """
 
 

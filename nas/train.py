@@ -20,7 +20,7 @@ from nas.tasks.base import Task
 
 __all__ = [
     "RUNGS",
-    "INTERVAL_FACTOR",
+    "INTERVAL_COVERAGE",
     "Budget",
     "PopulationResult",
     "TrainResult",
@@ -118,22 +118,29 @@ class PopulationResult:
     model: torch.nn.Module
 
 
-# The accuracy interval is this many times the seeds' pooled standard deviation (never below
-# the test set's resolution). Chosen so that a retraining with fresh seeds lands inside it in at
-# least 90 % of cases (benchmarks/population_interval.py measures the coverage on held-out
-# candidates: benchmarks/results/population_interval_cpu.json).
-INTERVAL_FACTOR = 2.5
+# The share of retrainings with fresh seeds the accuracy interval is meant to hold: a two-sided
+# prediction interval for the mean of S new seeds, from S seeds' pooled spread (Student's t);
+# benchmarks/population.py interval checks it on held-out candidates
+# (benchmarks/results/population_interval_cpu.json).
+INTERVAL_COVERAGE = 0.90
 
 
 def accuracy_interval(accuracies: list[list[float]], resolution: float) -> float | None:
-    """The half-width of a population's accuracy interval: ``INTERVAL_FACTOR`` × the standard
-    deviation over seeds pooled across the learning rates (each list: one lr's seeds), at least
-    ``resolution``; None when no learning rate has two seeds."""
+    """The half-width of a population's accuracy interval, at least ``resolution``; None when no
+    learning rate has two seeds. ``accuracies``: each learning rate's seeds (S each).
+
+    With s the standard deviation over seeds pooled across the learning rates (ν degrees of
+    freedom), the mean of S fresh seeds differs from this mean by a t-distributed multiple of
+    s·√(2/S): the half-width is t(ν, (1 + INTERVAL_COVERAGE) / 2)·s·√(2/S)."""
+    from scipy.special import stdtrit  # noqa: PLC0415  (scipy is a dependency; load it only here)
+
     dof = sum(len(a) - 1 for a in accuracies)
     if dof < 1:
         return None
     ss = sum(sum((x - sum(a) / len(a)) ** 2 for x in a) for a in accuracies)
-    return max(resolution, INTERVAL_FACTOR * math.sqrt(ss / dof))
+    seeds = max(len(a) for a in accuracies)
+    t = float(stdtrit(dof, (1 + INTERVAL_COVERAGE) / 2))
+    return max(resolution, t * math.sqrt(ss / dof) * math.sqrt(2 / seeds))
 
 
 def lr_factor(step: int, spec: TrainSpec) -> float:

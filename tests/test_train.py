@@ -15,7 +15,7 @@ from nas.spec import ArchSpec, LayerSpec, TrainSpec
 from nas.tasks import IGNORE_INDEX, Task
 from nas.train import (
     CURVE_POINTS,
-    INTERVAL_FACTOR,
+    INTERVAL_COVERAGE,
     Budget,
     TrainingDiverged,
     accuracy_interval,
@@ -474,8 +474,12 @@ def test_a_population_whose_every_learning_rate_diverged_diverges():
         train_population(ARCH, task, spec, device="cpu")
 
 
-def test_the_interval_is_the_pooled_spread_over_seeds_times_its_factor():
-    # lr 1: seeds 0.5, 0.7 (ss 0.02); lr 2: 0.4, 0.4 (ss 0); 2 degrees of freedom: sd 0.1
-    assert accuracy_interval([[0.5, 0.7], [0.4, 0.4]], 0.001) == pytest.approx(INTERVAL_FACTOR * 0.1)
+def test_the_interval_is_a_t_prediction_interval_from_the_pooled_spread_over_seeds():
+    # lr 1: seeds 0.5, 0.7 (ss 0.02); lr 2: 0.4, 0.4 (ss 0); 2 degrees of freedom: sd 0.1;
+    # t(2, 0.95) = 2.919986 (a table's value), times sqrt(2 / 2 seeds) = 1
+    assert INTERVAL_COVERAGE == 0.90
+    assert accuracy_interval([[0.5, 0.7], [0.4, 0.4]], 0.001) == pytest.approx(2.919986 * 0.1, rel=1e-6)
+    # 3 seeds at one lr: sd 0.1 over 2 dof, times sqrt(2 / 3)
+    assert accuracy_interval([[0.5, 0.6, 0.7]], 0.001) == pytest.approx(2.919986 * 0.1 * (2 / 3) ** 0.5, rel=1e-6)
     assert accuracy_interval([[0.5, 0.5]], 0.01) == 0.01  # never below the test set's resolution
     assert accuracy_interval([[0.5], [0.7]], 0.01) is None  # one seed: no spread to measure

@@ -83,6 +83,7 @@ from nas.results.pareto import reference_point as front_reference  # noqa: E402
 from nas.search.record import OBJECTIVES, TrialRecord  # noqa: E402
 from nas.search.setup import SAMPLERS  # noqa: E402
 
+DEFAULT_ARM = ("tpe", False)  # what nas search runs with no flags: the TPE sampler, no early stopping
 BASELINE = ("random", False)  # the arm every other one is tested against: random sampling, no early stopping
 WALL_FRACTIONS = (0.25, 0.5, 1.0)  # wall-clock budgets, as fractions of the shortest run
 FRONT = ("complete",)  # trial states on the engine's front: trained, feasible, not truncated
@@ -123,9 +124,11 @@ def arm_name(sampler: str, prune: bool) -> str:
     return f"{sampler}+prune" if prune else sampler
 
 
-def schedule(seeds: Sequence[int], samplers: Sequence[str]) -> list[tuple[int, str, bool]]:
+def schedule(
+    seeds: Sequence[int], samplers: Sequence[str], prunes: Sequence[bool] = (False, True)
+) -> list[tuple[int, str, bool]]:
     """(seed, sampler, prune) of every run in the order they start (see the module docstring)."""
-    arms = [(s, p) for s in samplers for p in (False, True)]
+    arms = [(s, p) for s in samplers for p in prunes]
     return [(seed, *arms[(k + i) % len(arms)]) for k, seed in enumerate(seeds) for i in range(len(arms))]
 
 
@@ -350,7 +353,7 @@ def summarise(runs: Sequence[dict[str, Any]], reference: Sequence[float]) -> dic
             "trial_seconds": spread([sum(t["seconds"] for t in r["trials"]) for r in mine]),
             "train_seconds": spread([sum(t["train_seconds"] for t in r["trials"]) for r in mine]),
         }
-    return {"wall_budgets": walls, "arms": out}
+    return {"wall_budgets": walls, "default_arm": arm_name(DEFAULT_ARM[0], DEFAULT_ARM[1]), "arms": out}
 
 
 def first_candidates(run: dict[str, Any], n: int) -> list[dict[str, Any]]:
@@ -494,6 +497,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="studies run at once, each in its own process")
     parser.add_argument("--quick", action="store_true", help="smoke run; writes search_quality_quick.json")
     parser.add_argument(
+        "--prune", choices=["both", "off"], default="both", help="off: only the arms without early stopping"
+    )
+    parser.add_argument(
         "--no-baselines", dest="baselines", action="store_false", help="studies without the engine's reference trials"
     )
     parser.add_argument("--out", default="benchmarks/results")
@@ -507,7 +513,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         space = Path(tmp) / "space.yaml"
         space.write_text(SPACE.format(task=TASK))
-        order = schedule(seeds, samplers)
+        order = schedule(seeds, samplers, (False,) if args.prune == "off" else (False, True))
         jobs = [
             {
                 "seed": seed,

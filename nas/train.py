@@ -126,7 +126,8 @@ INTERVAL_COVERAGE = 0.90
 
 
 def accuracy_interval(accuracies: list[list[float]], resolution: float) -> float | None:
-    """The half-width of a population's accuracy interval, at least ``resolution``; None when no
+    """The half-width of a population's accuracy interval, at least ``resolution`` and at most 1
+    (the whole range of an accuracy); None when no
     learning rate has two seeds. ``accuracies``: each learning rate's seeds (S each).
 
     With s the standard deviation over seeds pooled across the learning rates (ν degrees of
@@ -140,7 +141,7 @@ def accuracy_interval(accuracies: list[list[float]], resolution: float) -> float
     ss = sum(sum((x - sum(a) / len(a)) ** 2 for x in a) for a in accuracies)
     seeds = max(len(a) for a in accuracies)
     t = float(stdtrit(dof, (1 + INTERVAL_COVERAGE) / 2))
-    return max(resolution, t * math.sqrt(ss / dof) * math.sqrt(2 / seeds))
+    return min(1.0, max(resolution, t * math.sqrt(ss / dof) * math.sqrt(2 / seeds)))  # accuracy spans 1 at most
 
 
 def lr_factor(step: int, spec: TrainSpec) -> float:

@@ -241,8 +241,8 @@ def train(
     ``on_rung(step, accuracy)`` runs after each of ``rung_steps(spec.steps)`` with the accuracy on
     the first ``RUNG_ROWS`` test rows; when it returns True training stops (TrainingStopped).
 
-    ``model`` is one model, trained with ``spec.seed`` at ``spec.lr`` (its population fields are
-    not read), or a ``nas.models.Population`` built by ``train_population``.
+    ``model`` is trained with ``spec.seed`` at ``spec.lr``: one run (``train_population`` trains
+    the population a recipe asks for).
 
     The task's tensors are moved to ``device`` once; batches are drawn there by a seeded generator,
     so a step involves no host round trip.
@@ -254,8 +254,7 @@ def train(
     ``share``: the GPU's turn-taking with neighbour workers (the search passes its ``GpuShare``);
     seconds spent waiting for a neighbour's measurement do not count as training time.
     """
-    variants = _Variants.single(spec) if not isinstance(model, Population) else _Variants.of(spec)
-    result = _train(model, task, spec, variants, device, budget, step_hook, on_rung, compile_model, share)
+    result = _train(model, task, spec, _Variants.single(spec), device, budget, step_hook, on_rung, compile_model, share)
     return result.only()
 
 

@@ -118,8 +118,7 @@ def long_recipe(r: TrialRecord, steps_factor: float) -> TrainSpec:
         raise VerifyError(
             f"--steps-factor {steps_factor:g} gives trial {r.number} {steps:,} steps; train.steps must be {limit}"
         )
-    population = getattr(r, "population", None)  # TrialRecord.population: a population training's outcome
-    lr = population.get("best_lr") if isinstance(population, dict) else None
+    lr = r.population.get("best_lr") if r.population else None
     return dataclasses.replace(r.train, steps=steps, lr=float(lr) if lr else r.train.lr)
 
 

@@ -211,6 +211,7 @@ def test_counts_say_trained_not_completed_and_name_the_failures(tmp_path, capsys
         "running": "0",
         "total": "6",
         "started": "-",
+        "proxy_rho": "-",  # never verified
     }
     text = write_html(study, tmp_path / "r.html").read_text()
     assert "2 trained trials, 1 over a budget (not trained), 3 failed (2 diverged, 1 interrupted)" in text

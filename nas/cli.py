@@ -41,14 +41,23 @@ err = Console(stderr=True, markup=False)
 
 
 class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit code 2."""
+    """Bad command-line input: printed as one line, ``PROG: error: message``, exit code 2."""
+
+    def __init__(self, message: str, prog: str = "nas") -> None:
+        super().__init__(message)
+        self.prog = prog  # "nas search" for a subcommand's flags
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        # a token that starts "-<digit>" is a value (no flag of ours looks so): argparse takes only
+        # plain negative numbers so, and "--latency-shape -1x256" or "--max-latency-ms -1e3" ended in
+        # "expected one argument" instead of the value's own check (argparse has no public hook)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str) -> None:  # one line instead of usage + message
-        # printed after "nas: error: ": a subcommand's parser names itself ("nas search: ..."), the
-        # top one would only repeat "nas: "
-        raise UsageError(message if self.prog == "nas" else f"{self.prog}: {message}")
+        raise UsageError(message, self.prog)
 
 
 _EPSILON_HELP = (
@@ -1176,7 +1185,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def _fail(e: Exception) -> int:
-    err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)
+    prog = e.prog if isinstance(e, UsageError) else "nas"
+    err.print(f"{prog}: error: {e}", markup=False, highlight=False, soft_wrap=True)
     return 2
 
 

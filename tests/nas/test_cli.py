@@ -85,6 +85,33 @@ def test_an_unknown_flag_is_one_line_without_a_repeated_prefix(capsys):
     assert capsys.readouterr().err.strip() == "nas: error: unrecognized arguments: --bogus"
 
 
+BAD_VALUES = [
+    # (id, flags, the whole line): a subcommand's flag is named after "nas search: error:", once (it
+    # printed "nas: error: nas search: ..."); a value that starts "-<digit>" is a value, not a flag
+    # (argparse said "expected one argument")
+    ("trials-zero", ["--trials", "0"], "nas search: error: argument --trials: must be >= 1, got 0"),
+    (
+        "latency-shape-negative",
+        ["--latency-shape", "-1x256"],
+        "nas: error: --latency-shape: invalid shape '-1x256': expected BATCHxSEQ_LEN with positive integers, "
+        "e.g. '8x1024'",
+    ),
+    (
+        "budget-negative-exponent",
+        ["--max-latency-ms", "-1e3"],
+        "nas search: error: argument --max-latency-ms: must be > 0, got -1e3",
+    ),
+]
+
+
+@pytest.mark.parametrize(("flags", "line"), [pytest.param(*c[1:], id=c[0]) for c in BAD_VALUES])
+def test_a_bad_flag_value_is_one_clean_line(tmp_path, capsys, flags, line):
+    storage = tmp_path / "s.journal"
+    assert main(["search", "--space", str(write_space(tmp_path)), "--storage", str(storage), *flags]) == 2
+    assert capsys.readouterr().err.strip() == line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
 def _bad_files(tmp: Path) -> dict[str, Path]:
     files = {}
     files["yaml_syntax"] = tmp / "syntax.yaml"

@@ -216,7 +216,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--objectives",
         type=_objectives,
         default=("accuracy", "latency", "memory"),
-        help="2-4 of accuracy, latency, memory (the forward at --latency-shape), prefill_latency, "
+        help="accuracy and 1-3 of latency, memory (the forward at --latency-shape), prefill_latency, "
         "decode_latency, cache_memory (generation at --context); fixed when the study is created "
         "(default accuracy,latency,memory)",
     )

@@ -101,6 +101,12 @@ BAD_VALUES = [
         ["--max-latency-ms", "-1e3"],
         "nas search: error: argument --max-latency-ms: must be > 0, got -1e3",
     ),
+    (  # every candidate was trained and the front was three copies of the smallest model
+        "objectives-without-accuracy",
+        ["--objectives", "latency,memory"],
+        "nas search: error: argument --objectives: latency,memory leaves out accuracy, so the front would be the "
+        "smallest model alone (every candidate is trained all the same); add it: --objectives accuracy,latency,memory",
+    ),
 ]
 
 

@@ -168,7 +168,7 @@ def _seed(text: str) -> int:
     return value
 
 
-_STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/studies.journal)"
+_STORAGE_HELP = "journal file path (in a folder that exists) or RDB URL (default $NAS_STORAGE or runs/studies.journal)"
 
 
 def _data_flag(parser: argparse.ArgumentParser, what: str) -> None:

@@ -108,9 +108,15 @@ def _check_journal(path: Path, *, write: bool) -> None:
     longer parses. Reading may skip such a record; writing is refused (``write``).
     """
     if not path.exists():
-        if write:
-            return  # created on first use
-        raise StorageError(f"storage {str(path)!r}: no such journal file (nas search creates one)")
+        if not write:
+            raise StorageError(f"storage {str(path)!r}: no such journal file (nas search creates one)")
+        if path.parent.is_dir() or path == Path(DEFAULT_STORAGE):
+            return  # created on first use (the default's folder runs/ too: it is this tool's own)
+        folder = f"{str(path.parent)!r} is not a folder" if path.parent.exists() else f"no folder {str(path.parent)!r}"
+        raise StorageError(
+            f"storage {str(path)!r}: {folder}; a journal file is created on first use, its folder is not "
+            "(a mistyped path would hide a study there): create the folder first, or give another path"
+        )
     if not path.is_file():
         raise StorageError(f"storage {str(path)!r} is not a regular file; give a journal file path")
     try:
@@ -157,9 +163,9 @@ def _ends_whole(path: Path, *, locked: bool) -> bool:
 
 def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
     """An Optuna storage for a path (journal file) or an RDB URL. ``write``: the caller may write
-    (a journal file is created on first use, one ending in a partial record is refused); else
-    the storage must exist already, and nothing is created or written (a SQLite file must hold
-    Optuna's schema: ``_check_sqlite``)."""
+    (a journal file is created on first use, in a folder that exists but for the default's
+    ``runs/``; one ending in a partial record is refused); else the storage must exist already,
+    and nothing is created or written (a SQLite file must hold Optuna's schema: ``_check_sqlite``)."""
     if not storage.strip():
         raise StorageError(f"storage must be a journal file path or an RDB URL, got {storage!r}")
     if "://" in storage:

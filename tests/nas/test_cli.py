@@ -596,6 +596,15 @@ def test_commands_that_only_read_never_create_a_storage(tmp_path, capsys, case, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_journal_in_a_missing_folder_is_refused_not_created(tmp_path, capsys):
+    """--storage /nonexistent_dir/x.journal created the folder without a word (a mistyped path
+    hid the study there), where sqlite:////nonexistent_dir/x.db was refused."""
+    storage = tmp_path / "nodir" / "x.journal"
+    argv = ["search", "--space", str(write_space(tmp_path)), "--trials", "1", "--storage", str(storage)]
+    _one_line_exit_2([*argv, "--device", "cpu"], capsys, f"storage '{storage}': no folder '{storage.parent}'; ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
 def test_an_artifacts_path_that_is_a_file_is_refused_before_the_study_is_written(
     existing, tmp_path, monkeypatch, capsys
 ):

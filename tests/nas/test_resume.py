@@ -282,6 +282,8 @@ def test_a_resume_without_sampler_or_seed_follows_the_study(tmp_path, tiny_space
     """A study created with --seed 7 --sampler random and resumed with neither flag keeps both:
     it proposes what the same study resumed with both flags proposes, not what seed 0 would."""
     recorded = dict(seed=7, sampler="random")
+    for folder in "abc":
+        (tmp_path / folder).mkdir()
     prepare(_config(tmp_path / "a", tiny_space, **recorded))
     prepare(_config(tmp_path / "b", tiny_space, **recorded))
     prepare(_config(tmp_path / "c", tiny_space))

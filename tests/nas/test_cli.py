@@ -605,6 +605,22 @@ def test_a_journal_in_a_missing_folder_is_refused_not_created(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
 
 
+@pytest.mark.parametrize("case", WRITERS + READERS, ids=[c[0] for c in WRITERS + READERS])
+def test_a_corrupt_record_inside_a_journal_is_named_by_its_line(existing, tmp_path, capsys, case):
+    """The message gave the decoder's place inside the record ("line 1 column 13"), which names
+    no place in the file: it names the file's line."""
+    _, space, storage = existing
+    copy = _journal_copy(storage, tmp_path, cut=False)
+    lines = copy.read_bytes().splitlines(keepends=True)
+    middle = len(lines) // 2
+    lines[middle] = b'{"op_code": oops}\n'
+    copy.write_bytes(b"".join(lines))
+    before = copy.read_bytes()
+    words = f"storage '{copy}': line {middle + 1} is not a journal record (Expecting value at column 13); "
+    _one_line_exit_2(case[1](str(space), str(copy)) + ["--device", "cpu"] * (case in WRITERS), capsys, words)
+    assert copy.read_bytes() == before
+
+
 def test_an_artifacts_path_that_is_a_file_is_refused_before_the_study_is_written(
     existing, tmp_path, monkeypatch, capsys
 ):

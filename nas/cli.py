@@ -200,7 +200,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "are not counted",
     )
     s.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
-    s.add_argument("--study", default=None, help="study name (default: <space>-<task>-<target>)")
+    s.add_argument(
+        "--study",
+        default=None,
+        help="study name (default: <space>-<task>-<target>, then the settings that differ from the defaults, "
+        "e.g. -accuracy+decode_latency-ctx8192)",
+    )
     s.add_argument("--storage", default=None, help=_STORAGE_HELP)
     s.add_argument(
         "--sampler", choices=SAMPLERS, default=None, help="Optuna sampler (default tpe; a resume: the study's)"

@@ -1121,3 +1121,27 @@ def test_a_stale_calibration_is_reported_once(tmp_path):
     out = _nas(*argv, "--trials", "1", "--target", str(path), "--device", "cpu", "--no-baselines")
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("latency calibration was fitted on kernels 0123456789ab") == 1, out.stderr
+
+
+@pytest.mark.slow
+def test_the_readme_decode_example_after_the_quickstart_is_its_own_study(tmp_path, capsys, monkeypatch):
+    """The README's decode example right after the Quickstart's nas search exited 2: both took the
+    default name <space>-<task>-<target>, so the second resumed the first with other objectives.
+    A default name now carries the settings that differ from the defaults; the default study keeps
+    its name, and the default storage is created with its folder runs/."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NAS_STORAGE", raising=False)
+    monkeypatch.delenv("NAS_ARTIFACTS", raising=False)
+    monkeypatch.setenv("COLUMNS", "300")  # the next: line unwrapped
+    quickstart = ["search", "--space", str(write_space(tmp_path)), "--trials", "1", "--no-baselines", "--device", "cpu"]
+    decode = ["--objectives", "accuracy,prefill_latency,decode_latency,cache_memory", "--context", "8192"]
+    assert main(quickstart) == 0
+    assert main([*quickstart, *decode, "--decode-batch", "8"]) == 0, capsys.readouterr().err
+    name = "ci_tiny-mqar-auto-accuracy+prefill_latency+decode_latency+cache_memory-ctx8192-b8"
+    assert f"next: nas report --study {name}\n" in capsys.readouterr().out  # no quotes needed in a shell
+    assert main([*quickstart, *decode, "--decode-batch", "8"]) == 0  # a resume finds it by its name
+    assert f"study {name} in runs/studies.journal: " in capsys.readouterr().out
+    from nas.search.storage import open_storage
+
+    names = {s.study_name for s in optuna.get_all_study_summaries(open_storage("runs/studies.journal"))}
+    assert names == {"ci_tiny-mqar-auto", name}

@@ -395,6 +395,30 @@ def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, t
     assert "differs in launch_overhead_us" in caplog.text
 
 
+def test_a_study_named_before_names_held_its_settings_keeps_resuming(tmp_path, tiny_space, monkeypatch):
+    """A decode study an older version created took the name <space>-<task>-<target>: it resumes
+    under it, but only a run of its settings does (a study of other settings is another one)."""
+    import nas.search.study as study_module
+
+    decode = dict(study=None, objectives=("accuracy", "decode_latency"), context=64)
+    named = study_module.study_name
+    monkeypatch.setattr(study_module, "study_name", lambda *a, **k: named(*a, **{**k, "legacy_settings": True}))
+    _, old = prepare(_config(tmp_path, tiny_space, **decode))
+    assert old.study_name == "ci_tiny-mqar-auto"
+    monkeypatch.setattr(study_module, "study_name", named)
+    _, resumed = prepare(_config(tmp_path, tiny_space, trials=2, **decode))
+    assert resumed.study_name == "ci_tiny-mqar-auto"
+    for other, name in (
+        ({"context": 128}, "ci_tiny-mqar-auto-accuracy+decode_latency-ctx128"),
+        (
+            {"objectives": ("accuracy", "latency", "memory"), "context": None, "latency_shape": "8X1024"},
+            "ci_tiny-mqar-auto-8x1024",
+        ),
+    ):
+        _, study = prepare(_config(tmp_path, tiny_space, **{**decode, **other}))
+        assert study.study_name == name
+
+
 # how older versions named a study: its target path whole, its npz:path= file as "npz", or both
 @pytest.mark.parametrize(("legacy_target", "legacy_task"), [(True, False), (False, True), (True, True)])
 def test_a_profile_path_names_the_study_by_its_file_name(tmp_path, tiny_space, monkeypatch, legacy_target, legacy_task):

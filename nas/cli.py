@@ -41,14 +41,23 @@ err = Console(stderr=True, markup=False)
 
 
 class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit code 2."""
+    """Bad command-line input: printed as one line, ``PROG: error: message``, exit code 2."""
+
+    def __init__(self, message: str, prog: str = "nas") -> None:
+        super().__init__(message)
+        self.prog = prog  # "nas search" for a subcommand's flags
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        # a token that starts "-<digit>" is a value (no flag of ours looks so): argparse takes only
+        # plain negative numbers so, and "--latency-shape -1x256" or "--max-latency-ms -1e3" ended in
+        # "expected one argument" instead of the value's own check (argparse has no public hook)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str) -> None:  # one line instead of usage + message
-        # printed after "nas: error: ": a subcommand's parser names itself ("nas search: ..."), the
-        # top one would only repeat "nas: "
-        raise UsageError(message if self.prog == "nas" else f"{self.prog}: {message}")
+        raise UsageError(message, self.prog)
 
 
 _EPSILON_HELP = (
@@ -159,7 +168,7 @@ def _seed(text: str) -> int:
     return value
 
 
-_STORAGE_HELP = "journal file path or RDB URL (default $NAS_STORAGE or runs/studies.journal)"
+_STORAGE_HELP = "journal file path (in a folder that exists) or RDB URL (default $NAS_STORAGE or runs/studies.journal)"
 
 
 def _data_flag(parser: argparse.ArgumentParser, what: str) -> None:
@@ -191,7 +200,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "are not counted",
     )
     s.add_argument("--timeout", type=_positive_float, default=None, help="stop starting trials after this many seconds")
-    s.add_argument("--study", default=None, help="study name (default: <space>-<task>-<target>)")
+    s.add_argument(
+        "--study",
+        default=None,
+        help="study name (default: <space>-<task>-<target>, then the settings that differ from the defaults, "
+        "e.g. -accuracy+decode_latency-ctx8192)",
+    )
     s.add_argument("--storage", default=None, help=_STORAGE_HELP)
     s.add_argument(
         "--sampler", choices=SAMPLERS, default=None, help="Optuna sampler (default tpe; a resume: the study's)"
@@ -207,7 +221,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--objectives",
         type=_objectives,
         default=("accuracy", "latency", "memory"),
-        help="2-4 of accuracy, latency, memory (the forward at --latency-shape), prefill_latency, "
+        help="accuracy and 1-3 of latency, memory (the forward at --latency-shape), prefill_latency, "
         "decode_latency, cache_memory (generation at --context); fixed when the study is created "
         "(default accuracy,latency,memory)",
     )
@@ -1176,7 +1190,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def _fail(e: Exception) -> int:
-    err.print(f"nas: error: {e}", markup=False, highlight=False, soft_wrap=True)
+    prog = e.prog if isinstance(e, UsageError) else "nas"
+    err.print(f"{prog}: error: {e}", markup=False, highlight=False, soft_wrap=True)
     return 2
 
 

@@ -1,10 +1,10 @@
 """The objectives a study can optimise, by name: what ``--objectives`` takes, what a study stores.
 
-A study of ``nas search`` optimises 2-4 of them, fixed when it is created: Optuna keeps one value
-per objective in this order, under the objective's metric name (``latency_ms``, ...), so
-optuna-dashboard and the optuna CLI label them too. Three are the forward's costs at
-``--latency-shape`` (the default ``accuracy,latency,memory``); three belong to generation at
-``--context N`` with ``--decode-batch B`` sequences:
+A study of ``nas search`` optimises 2-4 of them, accuracy among them, fixed when it is created:
+Optuna keeps one value per objective in this order, under the objective's metric name
+(``latency_ms``, ...), so optuna-dashboard and the optuna CLI label them too. Three are the
+forward's costs at ``--latency-shape`` (the default ``accuracy,latency,memory``); three belong to
+generation at ``--context N`` with ``--decode-batch B`` sequences:
 
 - ``prefill_latency``: the forward over B sequences of N tokens (the prompt);
 - ``decode_latency``: one generated token for each of B sequences that already hold N tokens:
@@ -74,7 +74,7 @@ MIN_OBJECTIVES, MAX_OBJECTIVES = 2, 4
 
 def parse_objectives(text: str | Iterable[str]) -> tuple[str, ...]:
     """``"accuracy,decode_latency"`` (or a sequence of names) → the names, validated: 2-4 distinct
-    names from ``CATALOGUE``; ValueError with one line otherwise."""
+    names from ``CATALOGUE``, accuracy among them; ValueError with one line otherwise."""
     names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [str(n).strip() for n in text]
     unknown = [n for n in names if n not in CATALOGUE]
     if unknown:
@@ -84,6 +84,12 @@ def parse_objectives(text: str | Iterable[str]) -> tuple[str, ...]:
     if not MIN_OBJECTIVES <= len(names) <= MAX_OBJECTIVES:
         raise ValueError(
             f"--objectives: choose {MIN_OBJECTIVES}-{MAX_OBJECTIVES} objectives (a front needs two), got {len(names)}"
+        )
+    if "accuracy" not in names:  # costs alone are lowest for the smallest model, so it alone made the front
+        fixed = ",".join(("accuracy", *names[: MAX_OBJECTIVES - 1]))
+        raise ValueError(
+            f"--objectives: {','.join(names)} leaves out accuracy, so the front would be the smallest model "
+            f"alone (every candidate is trained all the same); add it: --objectives {fixed}"
         )
     return tuple(names)
 

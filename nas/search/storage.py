@@ -108,9 +108,15 @@ def _check_journal(path: Path, *, write: bool) -> None:
     longer parses. Reading may skip such a record; writing is refused (``write``).
     """
     if not path.exists():
-        if write:
-            return  # created on first use
-        raise StorageError(f"storage {str(path)!r}: no such journal file (nas search creates one)")
+        if not write:
+            raise StorageError(f"storage {str(path)!r}: no such journal file (nas search creates one)")
+        if path.parent.is_dir() or path == Path(DEFAULT_STORAGE):
+            return  # created on first use (the default's folder runs/ too: it is this tool's own)
+        folder = f"{str(path.parent)!r} is not a folder" if path.parent.exists() else f"no folder {str(path.parent)!r}"
+        raise StorageError(
+            f"storage {str(path)!r}: {folder}; a journal file is created on first use, its folder is not "
+            "(a mistyped path would hide a study there): create the folder first, or give another path"
+        )
     if not path.is_file():
         raise StorageError(f"storage {str(path)!r} is not a regular file; give a journal file path")
     try:
@@ -137,6 +143,21 @@ def _check_journal(path: Path, *, write: bool) -> None:
         )
 
 
+def _unparsable_line(path: Path) -> tuple[int, str] | None:
+    """The number (from 1) of the first whole line of journal ``path`` that is not JSON, and the
+    decoder's words; None when each is. Optuna's error gives the position inside the record
+    only (``line 1 column 2``), which names no place in the file."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as e:
+                return (number, f"{e.msg} at column {e.colno}") if line.endswith(b"\n") else None
+            except UnicodeDecodeError:
+                return (number, "not UTF-8 text") if line.endswith(b"\n") else None
+    return None
+
+
 def _ends_whole(path: Path, *, locked: bool) -> bool:
     """Whether the journal's last byte is a newline. ``locked``: read under the journal's lock,
     so a record another worker is appending right now is read whole (without a lock file no
@@ -157,9 +178,9 @@ def _ends_whole(path: Path, *, locked: bool) -> bool:
 
 def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
     """An Optuna storage for a path (journal file) or an RDB URL. ``write``: the caller may write
-    (a journal file is created on first use, one ending in a partial record is refused); else
-    the storage must exist already, and nothing is created or written (a SQLite file must hold
-    Optuna's schema: ``_check_sqlite``)."""
+    (a journal file is created on first use, in a folder that exists but for the default's
+    ``runs/``; one ending in a partial record is refused); else the storage must exist already,
+    and nothing is created or written (a SQLite file must hold Optuna's schema: ``_check_sqlite``)."""
     if not storage.strip():
         raise StorageError(f"storage must be a journal file path or an RDB URL, got {storage!r}")
     if "://" in storage:
@@ -182,6 +203,12 @@ def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
         backend = JournalFileBackend(str(path), lock_obj=FlockLock(str(path)))
         journal = JournalStorage(backend)
     except (OSError, ValueError) as e:
+        if isinstance(e, ValueError) and (bad := _unparsable_line(path)) is not None:
+            number, why = bad
+            raise StorageError(
+                f"storage {storage!r}: line {number} is not a journal record ({why}); nothing was written: "
+                "restore the journal from a copy"
+            ) from None
         raise StorageError(f"storage {storage!r}: not a readable Optuna journal file ({e})") from None
     except Exception as e:  # JSON errors from a file that is not a journal
         raise StorageError(f"storage {storage!r}: not an Optuna journal file ({type(e).__name__})") from None

@@ -263,19 +263,47 @@ def _recorded_setup(name: str, storage: str) -> SearchSetup | None:
 
 
 def study_name(
-    config: SearchConfig, space: SearchSpace, task_spec: str, *, legacy_target: bool = False, legacy_task: bool = False
+    config: SearchConfig,
+    space: SearchSpace,
+    task_spec: str,
+    *,
+    legacy_target: bool = False,
+    legacy_task: bool = False,
+    legacy_settings: bool = False,
 ) -> str:
     """``--study``, else ``<space>-<task>-<target>``: the task's and a profile path's file names
-    only (a name holds no path separator: it names files, and ``--study`` refuses one). How older
-    versions named studies: ``legacy_target``, the target as given (before target paths were cut
-    to their file name); ``legacy_task``, a ``npz:path=FILE`` task as ``npz`` (before path= files
-    were named: every file given that way shared one name)."""
+    only (a name holds no path separator: it names files, and ``--study`` refuses one), then each
+    setting a resume must repeat (``SearchSetup.IDENTITY``) that differs from its default, so
+    that another search of the same space is another study: the latency shape (``-8x1024``), the
+    objectives (``-accuracy+decode_latency``), ``-ctx8192``, ``-b8``. How older versions named
+    studies: ``legacy_target``, the target as given (before target paths were cut to their file
+    name); ``legacy_task``, a ``npz:path=FILE`` task as ``npz`` (before path= files were named:
+    every file given that way shared one name); ``legacy_settings``, without those settings."""
     if config.study:
         return config.study
     named = None if legacy_task else task_file(task_spec)
     task_part = (named or task_spec.split(":", 1)[0]).replace("\\", "/").rsplit("/", 1)[-1]
     target = config.target if legacy_target else config.target.replace("\\", "/").rsplit("/", 1)[-1]
-    return f"{space.name}-{task_part}-{target}"
+    settings = () if legacy_settings else _named_settings(config)
+    return "-".join((space.name, task_part, target, *settings))
+
+
+def _named_settings(config: SearchConfig) -> tuple[str, ...]:
+    """The parts of a default study name for the settings ``config`` changes from their defaults
+    (``+`` joins the objectives: a name's characters stay ones a shell and a file name take as
+    they are); a study with default settings keeps the name it always had."""
+    from nas.latency import parse_shape
+
+    parts = []
+    if (shape := str(parse_shape(config.latency_shape))) != str(parse_shape(SearchConfig.latency_shape)):
+        parts.append(shape)
+    if (objectives := parse_objectives(config.objectives)) != DEFAULT_OBJECTIVES:
+        parts.append("+".join(objectives))
+    if config.context is not None:
+        parts.append(f"ctx{config.context}")
+    if config.decode_batch != 1:
+        parts.append(f"b{config.decode_batch}")
+    return tuple(parts)
 
 
 def open_study(
@@ -451,11 +479,16 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     task_spec = config.task or space.task
     name = study_name(config, space, task_spec)
     if _recorded_setup(name, config.storage) is None:
-        # a study an older version named (its target path whole, its path= file as "npz", or both)
-        # keeps resuming under its name
-        for old_target, old_task in ((False, True), (True, False), (True, True)):
-            legacy = study_name(config, space, task_spec, legacy_target=old_target, legacy_task=old_task)
-            if legacy != name and _recorded_setup(legacy, config.storage) is not None:
+        # a study an older version named (its target path whole, its path= file as "npz", or both;
+        # its settings never) keeps resuming under its name, if it has this run's settings: one
+        # with others is another study (the default one, say, when this run asks for decoding)
+        settings = (str(shape), objectives, config.context, config.decode_batch)
+        for old_target, old_task in ((False, False), (False, True), (True, False), (True, True)):
+            legacy = study_name(
+                config, space, task_spec, legacy_target=old_target, legacy_task=old_task, legacy_settings=True
+            )
+            old = _recorded_setup(legacy, config.storage) if legacy != name else None
+            if old is not None and (old.latency_shape, old.objectives, old.context, old.decode_batch) == settings:
                 name = legacy
                 break
     check_artifact_dir(config.storage)  # a file in its place would fail the first trial, after the study is written

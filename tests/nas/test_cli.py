@@ -85,6 +85,39 @@ def test_an_unknown_flag_is_one_line_without_a_repeated_prefix(capsys):
     assert capsys.readouterr().err.strip() == "nas: error: unrecognized arguments: --bogus"
 
 
+BAD_VALUES = [
+    # (id, flags, the whole line): a subcommand's flag is named after "nas search: error:", once (it
+    # printed "nas: error: nas search: ..."); a value that starts "-<digit>" is a value, not a flag
+    # (argparse said "expected one argument")
+    ("trials-zero", ["--trials", "0"], "nas search: error: argument --trials: must be >= 1, got 0"),
+    (
+        "latency-shape-negative",
+        ["--latency-shape", "-1x256"],
+        "nas: error: --latency-shape: invalid shape '-1x256': expected BATCHxSEQ_LEN with positive integers, "
+        "e.g. '8x1024'",
+    ),
+    (
+        "budget-negative-exponent",
+        ["--max-latency-ms", "-1e3"],
+        "nas search: error: argument --max-latency-ms: must be > 0, got -1e3",
+    ),
+    (  # every candidate was trained and the front was three copies of the smallest model
+        "objectives-without-accuracy",
+        ["--objectives", "latency,memory"],
+        "nas search: error: argument --objectives: latency,memory leaves out accuracy, so the front would be the "
+        "smallest model alone (every candidate is trained all the same); add it: --objectives accuracy,latency,memory",
+    ),
+]
+
+
+@pytest.mark.parametrize(("flags", "line"), [pytest.param(*c[1:], id=c[0]) for c in BAD_VALUES])
+def test_a_bad_flag_value_is_one_clean_line(tmp_path, capsys, flags, line):
+    storage = tmp_path / "s.journal"
+    assert main(["search", "--space", str(write_space(tmp_path)), "--storage", str(storage), *flags]) == 2
+    assert capsys.readouterr().err.strip() == line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
 def _bad_files(tmp: Path) -> dict[str, Path]:
     files = {}
     files["yaml_syntax"] = tmp / "syntax.yaml"
@@ -561,6 +594,31 @@ def test_commands_that_only_read_never_create_a_storage(tmp_path, capsys, case, 
     where = storage.replace("TMP", str(tmp_path)) if "://" in storage else str(tmp_path / storage)
     _one_line_exit_2(case[1]("unused", where), capsys, "no such")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_journal_in_a_missing_folder_is_refused_not_created(tmp_path, capsys):
+    """--storage /nonexistent_dir/x.journal created the folder without a word (a mistyped path
+    hid the study there), where sqlite:////nonexistent_dir/x.db was refused."""
+    storage = tmp_path / "nodir" / "x.journal"
+    argv = ["search", "--space", str(write_space(tmp_path)), "--trials", "1", "--storage", str(storage)]
+    _one_line_exit_2([*argv, "--device", "cpu"], capsys, f"storage '{storage}': no folder '{storage.parent}'; ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
+@pytest.mark.parametrize("case", WRITERS + READERS, ids=[c[0] for c in WRITERS + READERS])
+def test_a_corrupt_record_inside_a_journal_is_named_by_its_line(existing, tmp_path, capsys, case):
+    """The message gave the decoder's place inside the record ("line 1 column 13"), which names
+    no place in the file: it names the file's line."""
+    _, space, storage = existing
+    copy = _journal_copy(storage, tmp_path, cut=False)
+    lines = copy.read_bytes().splitlines(keepends=True)
+    middle = len(lines) // 2
+    lines[middle] = b'{"op_code": oops}\n'
+    copy.write_bytes(b"".join(lines))
+    before = copy.read_bytes()
+    words = f"storage '{copy}': line {middle + 1} is not a journal record (Expecting value at column 13); "
+    _one_line_exit_2(case[1](str(space), str(copy)) + ["--device", "cpu"] * (case in WRITERS), capsys, words)
+    assert copy.read_bytes() == before
 
 
 def test_an_artifacts_path_that_is_a_file_is_refused_before_the_study_is_written(
@@ -1063,3 +1121,27 @@ def test_a_stale_calibration_is_reported_once(tmp_path):
     out = _nas(*argv, "--trials", "1", "--target", str(path), "--device", "cpu", "--no-baselines")
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("latency calibration was fitted on kernels 0123456789ab") == 1, out.stderr
+
+
+@pytest.mark.slow
+def test_the_readme_decode_example_after_the_quickstart_is_its_own_study(tmp_path, capsys, monkeypatch):
+    """The README's decode example right after the Quickstart's nas search exited 2: both took the
+    default name <space>-<task>-<target>, so the second resumed the first with other objectives.
+    A default name now carries the settings that differ from the defaults; the default study keeps
+    its name, and the default storage is created with its folder runs/."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NAS_STORAGE", raising=False)
+    monkeypatch.delenv("NAS_ARTIFACTS", raising=False)
+    monkeypatch.setenv("COLUMNS", "300")  # the next: line unwrapped
+    quickstart = ["search", "--space", str(write_space(tmp_path)), "--trials", "1", "--no-baselines", "--device", "cpu"]
+    decode = ["--objectives", "accuracy,prefill_latency,decode_latency,cache_memory", "--context", "8192"]
+    assert main(quickstart) == 0
+    assert main([*quickstart, *decode, "--decode-batch", "8"]) == 0, capsys.readouterr().err
+    name = "ci_tiny-mqar-auto-accuracy+prefill_latency+decode_latency+cache_memory-ctx8192-b8"
+    assert f"next: nas report --study {name}\n" in capsys.readouterr().out  # no quotes needed in a shell
+    assert main([*quickstart, *decode, "--decode-batch", "8"]) == 0  # a resume finds it by its name
+    assert f"study {name} in runs/studies.journal: " in capsys.readouterr().out
+    from nas.search.storage import open_storage
+
+    names = {s.study_name for s in optuna.get_all_study_summaries(open_storage("runs/studies.journal"))}
+    assert names == {"ci_tiny-mqar-auto", name}

@@ -160,6 +160,8 @@ def test_cache_memory_counts_kv_cache_state_and_conv_windows():
         ("accuracy,latency,memory,decode_latency,cache_memory", "choose 2-4"),
         ("accuracy,throughput", "unknown objective(s) ['throughput']"),
         ("latency,latency", "each objective once"),
+        ("latency,memory", "leaves out accuracy, so the front would be the smallest model alone"),
+        ("latency,memory,prefill_latency,decode_latency", "add it: --objectives accuracy,latency,memory,prefill"),
     ],
 )
 def test_parse_objectives_refuses(text, error):
@@ -176,22 +178,18 @@ def test_every_objective_has_a_metric_a_direction_and_a_label():
         assert o.context == (o.name in ("prefill_latency", "decode_latency", "cache_memory"))
 
 
-def test_a_cost_only_study_still_trains_and_keeps_accuracy(tmp_path, tiny_space):
+def test_a_study_without_accuracy_is_refused_before_anything_is_written(tmp_path, tiny_space):
+    """Costs alone are lowest for the smallest model: a cost-only study trained every candidate
+    and its front was that model alone (found by a new-user audit: three copies of it)."""
     config = SearchConfig(
         space=str(tiny_space),
         trials=2,
         storage=str(tmp_path / "s.journal"),
         study="cost",
         device="cpu",
-        baselines=False,
         objectives=("prefill_latency", "cache_memory"),
         context=256,
     )
-    study = run_search(config)
-    done = [r for r in records(study, (TrialState.COMPLETE,)) if r.trained]
-    assert study.metric_names == ["prefill_latency_ms", "cache_memory_mb"] and len(done) == 2
-    for r in done:
-        assert r.prefill_latency is not None and r.prefill_latency.shape.seq_len == 256
-        assert 0.0 <= r.accuracy <= 1.0 and r.trained_accuracy is not None
-        assert r.decode_latency is None  # not asked for: not scored
-    assert "accuracy" in front_table_html(study)
+    with pytest.raises(ValueError, match="prefill_latency,cache_memory leaves out accuracy"):
+        run_search(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]

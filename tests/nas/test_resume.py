@@ -282,6 +282,8 @@ def test_a_resume_without_sampler_or_seed_follows_the_study(tmp_path, tiny_space
     """A study created with --seed 7 --sampler random and resumed with neither flag keeps both:
     it proposes what the same study resumed with both flags proposes, not what seed 0 would."""
     recorded = dict(seed=7, sampler="random")
+    for folder in "abc":
+        (tmp_path / folder).mkdir()
     prepare(_config(tmp_path / "a", tiny_space, **recorded))
     prepare(_config(tmp_path / "b", tiny_space, **recorded))
     prepare(_config(tmp_path / "c", tiny_space))
@@ -391,6 +393,30 @@ def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, t
     assert ctx.profile == recorded != newer
     assert "predicts latency with the profile it was created with (h200)" in caplog.text
     assert "differs in launch_overhead_us" in caplog.text
+
+
+def test_a_study_named_before_names_held_its_settings_keeps_resuming(tmp_path, tiny_space, monkeypatch):
+    """A decode study an older version created took the name <space>-<task>-<target>: it resumes
+    under it, but only a run of its settings does (a study of other settings is another one)."""
+    import nas.search.study as study_module
+
+    decode = dict(study=None, objectives=("accuracy", "decode_latency"), context=64)
+    named = study_module.study_name
+    monkeypatch.setattr(study_module, "study_name", lambda *a, **k: named(*a, **{**k, "legacy_settings": True}))
+    _, old = prepare(_config(tmp_path, tiny_space, **decode))
+    assert old.study_name == "ci_tiny-mqar-auto"
+    monkeypatch.setattr(study_module, "study_name", named)
+    _, resumed = prepare(_config(tmp_path, tiny_space, trials=2, **decode))
+    assert resumed.study_name == "ci_tiny-mqar-auto"
+    for other, name in (
+        ({"context": 128}, "ci_tiny-mqar-auto-accuracy+decode_latency-ctx128"),
+        (
+            {"objectives": ("accuracy", "latency", "memory"), "context": None, "latency_shape": "8X1024"},
+            "ci_tiny-mqar-auto-8x1024",
+        ),
+    ):
+        _, study = prepare(_config(tmp_path, tiny_space, **{**decode, **other}))
+        assert study.study_name == name
 
 
 # how older versions named a study: its target path whole, its npz:path= file as "npz", or both

@@ -389,6 +389,8 @@ def test_resume_continues_the_sampler_sequence(tmp_path, tiny_space):
 
 
 def test_a_seeded_run_repeated_from_scratch_proposes_the_same_trials(tmp_path, tiny_space):
+    for folder in "abc":
+        (tmp_path / folder).mkdir()
     first = _configs(run_search(_config(tmp_path / "a", tiny_space, trials=3)))
     again = _configs(run_search(_config(tmp_path / "b", tiny_space, trials=3)))
     other = _configs(run_search(_config(tmp_path / "c", tiny_space, trials=3, seed=1)))

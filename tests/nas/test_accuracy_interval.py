@@ -167,6 +167,7 @@ def test_the_report_draws_the_accuracy_spread_as_vertical_error_bars(tmp_path):
     hover = best.hovertext[0]
     assert "accuracy 0.986 ±0.004" in hover and "accuracy: mean of 3 seeds at lr 1e-03, the best of 3" in hover
     assert "or either trial's spread over seeds, the larger, count as equal on the front" in page
+    (tmp_path / "plain").mkdir()
     plain = _study(tmp_path / "plain", (0.9, None, 0.01, 1.0))  # a study written before: no bars
     assert next(t for t in figures(plain)["front2d"].data if t.name.startswith("Pareto front")).error_y.array is None
 

@@ -94,6 +94,7 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
             *extra,
             *([f"baseline: {html.escape(r.baseline)}"] if r.baseline else []),
             *([f"not trained: {html.escape(r.skipped_training)}"] if r.skipped_training else []),
+            *([f"not on the front: {html.escape(late)}"] if (late := r.over_budget_text()) else []),
             *(
                 [f"not on the front: training stopped early ({html.escape(r.truncation_text())})"]
                 if r.truncated
@@ -106,7 +107,7 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
 def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[TrialRecord]]:
     """Completed trials by how they are drawn: front, dominated, truncated (training cut short by
     the wall-clock guard), over budget (a hard budget broken, so never trained: no accuracy) and
-    infeasible (trained, yet a constraint broken)."""
+    infeasible (trained, yet over a budget the study set after it was trained)."""
     best = front(study, epsilon)
     ids = {r.number for r in best}
     done = completed(study)
@@ -122,6 +123,8 @@ def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[
 # A candidate over a hard budget is never trained, so it has no accuracy: it is drawn at its cost
 # on the accuracy-0 line, as a tick, under a name that says so (the hover names the budget)
 _OVER_BUDGET = "over budget (not trained: no accuracy, drawn at 0)"
+# a trial trained before a resume tightened a budget it breaks: shown, kept off the front
+_OVER_LATER = "over budget (set after it was trained)"
 
 
 def _error(trials: list[TrialRecord], metric: str) -> dict | None:
@@ -183,7 +186,7 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
     fig = go.Figure()
     for name, trials, style in (
         (_OVER_BUDGET, groups["over_budget"], dict(color=_INFEASIBLE, symbol="line-ns-open", size=9)),
-        ("infeasible", groups["infeasible"], dict(color=_INFEASIBLE, symbol="x", size=7)),
+        (_OVER_LATER, groups["infeasible"], dict(color=_INFEASIBLE, symbol="x", size=7)),
         ("truncated (not on the front)", groups["truncated"], dict(color=_INFEASIBLE, symbol="triangle-down", size=7)),
         ("dominated", groups["dominated"], dict(color=_DOMINATED, size=7)),
     ):
@@ -285,7 +288,7 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
     fig = go.Figure()
     for name, trials, color, size in (
         (_OVER_BUDGET, groups["over_budget"], _INFEASIBLE, 2),
-        ("infeasible or truncated", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
+        (f"{_OVER_LATER} or truncated", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
         ("dominated", groups["dominated"], _DOMINATED, 4),
         ("Pareto front", groups["front"], _FRONT, 6),
     ):
@@ -470,13 +473,23 @@ def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
 
 
 def _note(r: TrialRecord, on_front: bool) -> str:
-    """``baseline: all-attention`` (``…, not on the front``) for a reference trial; ``not on the
-    front`` for another trial listed off it (the pick); empty for a front trial."""
+    """``baseline: all-attention`` for a reference trial on the front, and why one is off it
+    (``…, truncated (time budget: 177/300 steps), not on the front``, over a budget, or
+    dominated); ``not on the front`` for another trial listed off it (the pick); empty for a
+    front trial."""
     if r.baseline is None:
         return "" if on_front else "not on the front (a cheaper trial level with it stands for it)"
     if not r.trained:
         return f"baseline: {r.baseline}, over budget ({r.skipped_training}), never trained"
-    return f"baseline: {r.baseline}" + ("" if on_front else ", not on the front")
+    if on_front:
+        return f"baseline: {r.baseline}"
+    if r.truncated:
+        why = f"truncated ({r.truncation_text()}), not on the front"
+    elif (late := r.over_budget_text()) is not None:
+        why = f"{late}, not on the front"
+    else:
+        why = "not on the front (a front trial is as good or better on every objective)"
+    return f"baseline: {r.baseline}, {why}"
 
 
 def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.Figure]:

@@ -785,7 +785,14 @@ def _front_table(study: optuna.Study) -> Table:
         caption.append(f"generation costs at context {setup.context:,} tokens, batch {setup.decode_batch}")
     if any(r.baseline is not None for r in refs):
         over = " (over budget: never trained, no accuracy)" if any(not r.trained for r in refs) else ""
-        caption.append(f"below the line: baselines not on the front{over}")
+        truncated = any(r.truncated for r in refs)
+        cut = "; truncated: stopped by the time guard before their planned steps" if truncated else ""
+        caption.append(f"below the line: baselines not on the front{over}{cut}")
+    if late := [r for r in completed(study) if r.over_budget_text() is not None]:
+        caption.append(
+            f"{len(late)} trained trial(s) over the study's current budgets (set after they were trained; "
+            f"{', '.join(str(r.number) for r in late)}): off the front, not picked"
+        )
     if chosen is not None:
         caption.append(f"★ nas export's pick: {_pick_text(accuracy_epsilon(study), star in on_front)}")
     table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials", caption="\n".join(caption) or None)
@@ -795,7 +802,9 @@ def _front_table(study: optuna.Study) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col in ("architecture", "recipe") else "right", overflow="fold")
     for r in trials + refs:  # the baselines that missed the front follow it, dimmed
-        label = r.arch_summary + (f" ({r.baseline}{'' if r.trained else ', over budget'})" if r.baseline else "")
+        over = ", over budget" if not r.trained or r.over_budget else ""
+        cut = f", truncated {r.steps_done}/{r.planned_steps} steps" if r.truncated else ""
+        label = r.arch_summary + (f" ({r.baseline}{over}{cut})" if r.baseline else "")
         values = [_cell(r, o) for o in objectives]
         if "accuracy" not in [o.metric for o in objectives]:
             values.insert(0, r.accuracy_text() if r.trained else "-")

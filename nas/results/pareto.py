@@ -1,9 +1,10 @@
 """The front and choosing from it: feasibility, Pareto set, hypervolume reference, picks, budgets.
 
 Everything here works on ``TrialRecord`` (objectives by name). A trial is on the front when it
-is complete, feasible (its hard budgets hold and its training was not cut short by the
-wall-clock guard) and no other such trial dominates it (Optuna's ``best_trials`` over the
-study's directions, which already leave infeasible trials out) — nor *ε-dominates* it: two
+is complete, feasible (the study's current hard budgets hold — a budget tightened on resume
+applies to trials trained before it, ``record.over_budgets`` — and its training was not cut
+short by the wall-clock guard) and no other such trial dominates it over the study's
+directions — nor *ε-dominates* it: two
 accuracies count as level when they differ by no more than the larger of the task's test-set
 resolution (``accuracy_epsilon``: 1 / the scored test targets, accuracy's smallest step, e.g.
 0.9995 and 1.0000 on 2048 MQAR queries) and either trial's spread over seeds
@@ -126,8 +127,10 @@ def front(study: optuna.Study, epsilon: float | None = None) -> list[TrialRecord
     first cost objective). ``epsilon``: see ``accuracy_epsilon`` (None: the study's resolution
     and each trial's spread over seeds; a number: that ε alone, 0 the plain Pareto front)."""
     objectives = study_objectives(study)
-    best = [TrialRecord.from_trial(t, [o.metric for o in objectives]) for t in study.best_trials]
-    best = [r for r in best if r.feasible and not r.truncated]
+    # the plain Pareto set of the feasible trials, feasible under the study's current budgets
+    # (``record.over_budgets``), not Optuna's best_trials, which judge by the stored constraints
+    feasible = [r for r in completed(study) if r.feasible and not r.truncated]
+    best = [r for r in feasible if not any(epsilon_dominates(o, r, 0.0, objectives, spread=False) for o in feasible)]
     eps, spread = accuracy_epsilon(study, epsilon), epsilon is None
     kept = [
         r for r in best if not any(epsilon_dominates(o, r, eps, objectives, spread=spread) for o in best if o is not r)

@@ -38,6 +38,7 @@ __all__ = [
 
 PLOT_CONFIG = {"displaylogo": False, "showSendToCloud": False}  # offline: no plotly logo link, no cloud button
 _FRONT, _DOMINATED, _INFEASIBLE = "#d62728", "#b8b8b8", "#7f7f7f"
+_HEIGHT_3D = 720  # px: the 3-D front's cube whole at the page's 1200 px width (see _front_3d)
 _PNG_NAMES = ("front2d", "front3d", "hypervolume", "parallel", "fidelity")  # every figure a PNG may be written for
 
 
@@ -94,6 +95,7 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
             *extra,
             *([f"baseline: {html.escape(r.baseline)}"] if r.baseline else []),
             *([f"not trained: {html.escape(r.skipped_training)}"] if r.skipped_training else []),
+            *([f"not on the front: {html.escape(late)}"] if (late := r.over_budget_text()) else []),
             *(
                 [f"not on the front: training stopped early ({html.escape(r.truncation_text())})"]
                 if r.truncated
@@ -106,7 +108,7 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
 def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[TrialRecord]]:
     """Completed trials by how they are drawn: front, dominated, truncated (training cut short by
     the wall-clock guard), over budget (a hard budget broken, so never trained: no accuracy) and
-    infeasible (trained, yet a constraint broken)."""
+    infeasible (trained, yet over a budget the study set after it was trained)."""
     best = front(study, epsilon)
     ids = {r.number for r in best}
     done = completed(study)
@@ -122,6 +124,8 @@ def _split(study: optuna.Study, epsilon: float | None = None) -> dict[str, list[
 # A candidate over a hard budget is never trained, so it has no accuracy: it is drawn at its cost
 # on the accuracy-0 line, as a tick, under a name that says so (the hover names the budget)
 _OVER_BUDGET = "over budget (not trained: no accuracy, drawn at 0)"
+# a trial trained before a resume tightened a budget it breaks: shown, kept off the front
+_OVER_LATER = "over budget (set after it was trained)"
 
 
 def _error(trials: list[TrialRecord], metric: str) -> dict | None:
@@ -183,7 +187,7 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
     fig = go.Figure()
     for name, trials, style in (
         (_OVER_BUDGET, groups["over_budget"], dict(color=_INFEASIBLE, symbol="line-ns-open", size=9)),
-        ("infeasible", groups["infeasible"], dict(color=_INFEASIBLE, symbol="x", size=7)),
+        (_OVER_LATER, groups["infeasible"], dict(color=_INFEASIBLE, symbol="x", size=7)),
         ("truncated (not on the front)", groups["truncated"], dict(color=_INFEASIBLE, symbol="triangle-down", size=7)),
         ("dominated", groups["dominated"], dict(color=_DOMINATED, size=7)),
     ):
@@ -285,7 +289,7 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
     fig = go.Figure()
     for name, trials, color, size in (
         (_OVER_BUDGET, groups["over_budget"], _INFEASIBLE, 2),
-        ("infeasible or truncated", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
+        (f"{_OVER_LATER} or truncated", groups["infeasible"] + groups["truncated"], _INFEASIBLE, 3),
         ("dominated", groups["dominated"], _DOMINATED, 4),
         ("Pareto front", groups["front"], _FRONT, 6),
     ):
@@ -307,8 +311,18 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
     fig.update_layout(
         title=f"Accuracy × {x.name.replace('_', ' ')} × {y.name.replace('_', ' ')}",
         template="plotly_white",
-        height=600,
-        scene=dict(xaxis_title=x.label, yaxis_title=y.label, zaxis_title="accuracy"),
+        # plotly's default camera (eye 1.25, 1.25, 1.25) in a 600 px figure pushed the cube's near
+        # corner below the plot in a 1400 px window: a taller figure, slim margins, a camera further
+        # out and lower keep all three axes inside it
+        height=_HEIGHT_3D,
+        margin=dict(l=10, r=10, t=60, b=10),
+        scene=dict(
+            xaxis_title=x.label,
+            yaxis_title=y.label,
+            zaxis_title="accuracy",
+            aspectmode="cube",
+            camera=dict(eye=dict(x=1.6, y=1.6, z=0.9)),
+        ),
     )
     return fig
 
@@ -470,13 +484,23 @@ def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
 
 
 def _note(r: TrialRecord, on_front: bool) -> str:
-    """``baseline: all-attention`` (``…, not on the front``) for a reference trial; ``not on the
-    front`` for another trial listed off it (the pick); empty for a front trial."""
+    """``baseline: all-attention`` for a reference trial on the front, and why one is off it
+    (``…, truncated (time budget: 177/300 steps), not on the front``, over a budget, or
+    dominated); ``not on the front`` for another trial listed off it (the pick); empty for a
+    front trial."""
     if r.baseline is None:
         return "" if on_front else "not on the front (a cheaper trial level with it stands for it)"
     if not r.trained:
         return f"baseline: {r.baseline}, over budget ({r.skipped_training}), never trained"
-    return f"baseline: {r.baseline}" + ("" if on_front else ", not on the front")
+    if on_front:
+        return f"baseline: {r.baseline}"
+    if r.truncated:
+        why = f"truncated ({r.truncation_text()}), not on the front"
+    elif (late := r.over_budget_text()) is not None:
+        why = f"{late}, not on the front"
+    else:
+        why = "not on the front (a front trial is as good or better on every objective)"
+    return f"baseline: {r.baseline}, {why}"
 
 
 def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.Figure]:

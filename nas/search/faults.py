@@ -12,7 +12,7 @@ no number is given). Kinds:
   depend on how fast the machine is);
 - ``slow``: the training's wall-clock guard (``max_train_seconds``) is already spent after the
   first step, as on a machine too busy to train the candidate in time: the trial is recorded
-  truncated with its steps and kept off the front.
+  truncated with its steps and kept off the front (a baseline has no guard to spend).
 
 A malformed value is a ``FaultError`` (one line, exit 2); ``check()`` raises it before a search
 opens its study, so a typo never leaves a trial behind.
@@ -87,9 +87,10 @@ def step_hook(kind: str | None, model: torch.nn.Module) -> Callable[[int], None]
 def training_budget(
     kind: str | None, max_seconds: float | None, deadline: float | None, now: float
 ) -> tuple[float | None, float | None]:
-    """The (wall-clock guard, deadline) a trial trains under, with ``slow`` / ``timeout`` applied."""
+    """The (wall-clock guard, deadline) a trial trains under, with ``slow`` / ``timeout`` applied
+    (``slow`` spends a guard the trial has: a baseline, trained without one, is not cut short)."""
     if kind == "slow":
-        return 0.0, deadline
+        return (None if max_seconds is None else 0.0), deadline
     if kind == "timeout":
         return max_seconds, now
     return max_seconds, deadline

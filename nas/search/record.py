@@ -21,6 +21,7 @@ Optuna's intermediate values, so they live in storage and survive a killed worke
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -47,6 +48,7 @@ __all__ = [
     "VerifySettings",
     "fail_stale",
     "objectives_of",
+    "over_budgets",
     "population_text",
     "study_objectives",
     "record",
@@ -107,7 +109,9 @@ class TrialRecord:
     number: int
     state: TrialState
     values: Mapping[str, float] = field(default_factory=dict)  # objective name -> value (COMPLETE only)
-    feasible: bool = True  # every constraint (hard budgets, truncation) satisfied
+    # every constraint (hard budgets, truncation) satisfied, and the study's current budgets
+    # (``over_budgets``) too when read through ``records`` / ``record``
+    feasible: bool = True
     arch: ArchSpec | None = None
     train: TrainSpec | None = None
     arch_summary: str = "?"
@@ -140,6 +144,8 @@ class TrialRecord:
     accuracy_interval: float | None = None
     # how it was trained: {"seeds", "lr_multipliers", "lrs", "accuracies" [lr][seed], "best_lr", "weights"}
     population: Mapping[str, Any] | None = None
+    # the study's current hard budgets it breaks (``over_budgets``): set by ``records`` / ``record``
+    over_budget: tuple[str, ...] = ()
     version: int = RECORD_VERSION
 
     # ---- derived views
@@ -238,6 +244,13 @@ class TrialRecord:
     def truncation_text(self) -> str | None:
         """``time budget: 8/150 steps`` for a truncated trial, else None."""
         return f"{self.stopped or 'stopped'}: {self.steps_done}/{self.planned_steps} steps" if self.truncated else None
+
+    def over_budget_text(self) -> str | None:
+        """``over the study's budget on latency_ms (set after it was trained)`` for a trained trial
+        a budget tightened on resume now rules out, else None."""
+        if not self.over_budget or not self.trained:
+            return None
+        return f"over the study's budget on {', '.join(self.over_budget)} (set after it was trained)"
 
     def failure_kind(self) -> str:
         """What kind of failure: the recorded reason up to its first ``:``, ``;`` or ``(``
@@ -390,15 +403,40 @@ def _spread_text(interval: float | None) -> str:
     return f" ±{interval:.3f}" if interval >= 0.0005 else f" ±{interval:.1g}"
 
 
+def over_budgets(r: TrialRecord, budgets: StudyBudgets | None) -> tuple[str, ...]:
+    """The hard budgets of ``budgets`` (the study's current ones, ``study_budgets``) that ``r``
+    breaks, by constraint name (``latency_ms``, ``params``, ``memory_mb``). A trial is judged by
+    them, not only by the constraints stored when it finished: a budget tightened on resume
+    applies to the trials trained before it (Optuna's stored constraints, and so its
+    hypervolume, keep the budgets each trial was scored under)."""
+    if budgets is None or r.latency is None:
+        return ()
+    limits = (
+        ("latency_ms", r.latency.median_ms, budgets.max_latency_ms),
+        ("params", r.params, budgets.max_params),
+        ("memory_mb", r.memory_mb, budgets.max_memory_mb),
+    )
+    return tuple(name for name, value, limit in limits if limit is not None and value > limit)
+
+
+def _judged(r: TrialRecord, budgets: StudyBudgets | None) -> TrialRecord:
+    """``r`` with its feasibility under the study's current budgets (``over_budgets``)."""
+    broken = over_budgets(r, budgets)
+    return dataclasses.replace(r, feasible=False, over_budget=broken) if broken else r
+
+
 def records(study: optuna.Study, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
-    """Every trial of ``study`` (or those in ``states``) as a record, in trial order."""
-    objectives = objectives_of(study)
-    return [TrialRecord.from_trial(t, objectives) for t in study.get_trials(deepcopy=False, states=states)]
+    """Every trial of ``study`` (or those in ``states``) as a record, in trial order, judged by
+    the study's current budgets (``over_budgets``)."""
+    objectives, budgets = objectives_of(study), study_budgets(study)
+    return [
+        _judged(TrialRecord.from_trial(t, objectives), budgets) for t in study.get_trials(deepcopy=False, states=states)
+    ]
 
 
 def record(study: optuna.Study, trial: FrozenTrial) -> TrialRecord:
-    """``trial`` of ``study`` as a record."""
-    return TrialRecord.from_trial(trial, objectives_of(study))
+    """``trial`` of ``study`` as a record, judged by the study's current budgets."""
+    return _judged(TrialRecord.from_trial(trial, objectives_of(study)), study_budgets(study))
 
 
 # ---------------------------------------------------------------- writing (the search loop)

@@ -619,7 +619,11 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         if before is not None:  # a resume that changes them says so: they are the study's, not this run's
             changes = ", ".join(before.changes(recorded))
             logger.warning(
-                "study %r: recorded budgets changed (%s); workers and the report use the new ones", name, changes
+                "study %r: recorded budgets changed (%s); workers, the front, the report and nas export use the "
+                "new ones, for the trials trained before too (the stored constraints and the hypervolume keep "
+                "the budgets each trial was scored under)",
+                name,
+                changes,
             )
         record.write_study_budgets(study, recorded)  # the latest run's budgets: workers and the report read them
     pruner = CostAwarePruner(start_of=task.stage1_steps) if prune else None

@@ -185,3 +185,51 @@ def test_over_budget_baselines_are_listed_as_never_trained(tmp_path):
     assert main(["report", "--study", "o", "--storage", storage, "--out", str(html_path)]) == 0
     page = html_path.read_text()
     assert "<td>baseline: all-attention, over budget (" in page and page.count("<td>not trained</td>") == 1
+
+
+def _tight_guard(tmp_path, steps: int = 5):
+    """The tiny space with a wall-clock guard no step fits in (1 ns), as on a busy box."""
+    space = write_space(tmp_path, steps=steps)
+    space.write_text(space.read_text().replace("max_train_seconds: 600", "max_train_seconds: 1.0e-9"))
+    return space
+
+
+@pytest.mark.slow
+def test_baselines_are_not_cut_short_by_the_wall_clock_guard(tmp_path, capsys):
+    """Beside CPU-bound jobs the space's max_train_seconds stopped the all-attention baseline at
+    177/300 steps, so "what the search beat" was a half-trained yardstick. A baseline trains in
+    full (the guard does not apply to it); a sampled trial is still cut short."""
+    from nas.search.storage import open_storage
+
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(_tight_guard(tmp_path)), "--trials", "4", "--study", "g", "--storage", storage]
+    assert main([*argv, "--device", "cpu"]) == 0
+    recs = record.records(optuna.load_study(study_name="g", storage=open_storage(storage)))
+    refs = [r for r in recs if r.baseline is not None]
+    assert len(refs) == 3 and all(r.steps_done == r.planned_steps == 5 and not r.truncated for r in refs)
+    assert [r.steps_text() for r in recs if r.baseline is None] == ["1/5"]  # the guard still holds for the rest
+    assert "1 trial(s) stopped early by the time budget" in capsys.readouterr().out
+
+
+def test_a_truncated_baseline_says_so_in_the_table_and_the_report(tmp_path, monkeypatch):
+    """A study holding a baseline the guard cut short (written before baselines trained without
+    it) listed it as ``x1/5`` in the recipe column and "not on the front" in the report, without
+    saying why: both now say it was truncated, and by how many steps."""
+    from nas.cli import _front_table
+    from nas.search import faults
+    from nas.search.storage import open_storage
+
+    monkeypatch.setattr(faults, "training_budget", lambda kind, guard, deadline, now: (0.0, deadline))
+    storage = str(tmp_path / "s.journal")
+    args = ["search", "--space", str(write_space(tmp_path)), "--trials", "3", "--study", "t", "--storage", storage]
+    assert main([*args, "--device", "cpu"]) == 0
+    study = optuna.load_study(study_name="t", storage=open_storage(storage))
+    table = _front_table(study)
+    column = {str(c.header): list(c._cells) for c in table.columns}  # noqa: SLF001
+    row = column["trial"].index("0")
+    assert column["architecture"][row].endswith("(all-attention, truncated 1/5 steps)")
+    assert "truncated: stopped by the time guard before their planned steps" in str(table.caption)
+    html_path = tmp_path / "r.html"
+    assert main(["report", "--study", "t", "--storage", storage, "--out", str(html_path)]) == 0
+    page = html_path.read_text()
+    assert "<td>baseline: all-attention, truncated (time budget: 1/5 steps), not on the front</td>" in page

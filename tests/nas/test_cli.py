@@ -992,6 +992,7 @@ def test_a_log_gets_one_line_per_trial_and_the_steps_trained(tmp_path, monkeypat
                 "log",
                 "--device",
                 "cpu",
+                "--no-baselines",  # a baseline trains without the guard
             ]
         )
         == 0

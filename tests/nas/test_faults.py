@@ -75,6 +75,7 @@ def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp
         storage=str(tmp_path / "s.journal"),
         study="slow",
         device="cpu",
+        baselines=False,  # a baseline trains without the guard
     )
     study = run_search(config)
     by_number = {r.number: r for r in records(study)}
@@ -94,30 +95,30 @@ def test_a_truncated_trial_is_recorded_with_its_steps_and_kept_off_the_front(tmp
 
 
 def test_retrain_truncated_trains_the_truncated_trials_again_in_full(tmp_path, monkeypatch, capsys):
-    """A resume with --retrain-truncated queues each truncated trial's parameters again (a baseline
-    keeps its label) on top of --trials: they train in full, the cut ones stay on record, and a
-    second resume finds nothing left to retrain. The summary's hint to do so goes once they are."""
+    """A resume with --retrain-truncated queues each truncated trial's parameters again on top of
+    --trials: they train in full, the cut ones stay on record, and a second resume finds nothing
+    left to retrain. The summary's hint to do so goes once they are."""
     from nas.cli import main
     from nas.search.record import records
     from nas.search.study import n_complete
 
     storage = str(tmp_path / "s.journal")
     argv = ["search", "--space", str(write_space(tmp_path, steps=8)), "--storage", storage, "--study", "cut"]
-    argv += ["--trials", "3", "--device", "cpu"]
-    monkeypatch.setenv("NAS_FAULT", "slow@1")  # trial 1, the all-linear baseline, loses its guard
+    argv += ["--trials", "3", "--device", "cpu", "--no-baselines"]  # a baseline trains without the guard
+    monkeypatch.setenv("NAS_FAULT", "slow@1")  # trial 1 loses its guard
     assert main(argv) == 0
     assert "resume with --retrain-truncated" in capsys.readouterr().out
     monkeypatch.delenv("NAS_FAULT")
     assert main([*argv, "--retrain-truncated"]) == 0
     out = capsys.readouterr().out
     assert "re-queued 1 truncated trial(s) (1) to train in full, on top of --trials: 4 trained trials to reach" in out
-    assert "trial 3 (4/4 trained): retrains trial 1: baseline all-linear: " in out
+    assert "trial 3 (4/4 trained): retrains trial 1: " in out
     assert "resume with --retrain-truncated" not in out  # trial 1 is retrained: nothing left to do
     study = optuna.load_study(study_name="cut", storage=open_storage(storage))
     by_number = {r.number: r for r in records(study)}
     cut, again = by_number[1], by_number[3]
     assert cut.truncated and not again.truncated and again.steps_done == again.planned_steps == 8
-    assert again.requeued_from == 1 and again.baseline == cut.baseline == "all-linear"
+    assert again.requeued_from == 1
     assert study.trials[3].params == study.trials[1].params and n_complete(study) == 4
     assert main([*argv, "--trials", "4", "--retrain-truncated"]) == 0
     assert "no truncated trial to retrain" in capsys.readouterr().out

@@ -268,3 +268,17 @@ def test_the_header_says_the_latency_is_predicted(study_with_report):
     _, out, _ = study_with_report
     text = out.read_text()
     assert "predicted latency at 1x256 for h200" in text[text.index("<h1>") : text.index("</p>")]
+
+
+def test_the_3d_front_fits_its_figure_in_a_1400_px_window(study_with_report):
+    """At a 1400 px window (the page is 1200 px wide) plotly's default camera in a 600 px figure put
+    the cube's near corner, and the memory axis with it, below the figure: it was clipped. The
+    figure is taller, its margins slim and its camera further out and lower (checked by a headless
+    Chromium screenshot of a report at 1400 x 1400)."""
+    from nas.results.report import figures
+
+    study, _, _ = study_with_report
+    layout = figures(study)["front3d"].layout
+    assert layout.height >= 700 and layout.margin.b <= 20
+    eye = layout.scene.camera.eye
+    assert min(eye.x, eye.y) >= 1.5 and eye.z < 1.0  # further out than plotly's 1.25 and lower

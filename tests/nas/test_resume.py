@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import html
 import json
 import re
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
 
 from nas.cli import main
-from nas.search.record import study_setup
+from nas.search.record import records, study_setup
 from nas.search.study import SearchConfig, SearchError, open_study, prepare, worker_config
 from tests.conftest import study_checksum, write_space
 
@@ -442,3 +444,52 @@ def test_a_profile_path_names_the_study_by_its_file_name(tmp_path, tiny_space, m
     monkeypatch.setattr(study_module, "study_name", named)
     _, resumed = prepare(dataclasses.replace(old, trials=2))
     assert resumed.study_name == study.study_name
+
+
+@pytest.mark.slow
+def test_a_budget_tightened_on_resume_applies_to_the_trials_trained_before(tmp_path, capsys, monkeypatch):
+    """A resume with a tighter --max-latency-ms used to warn that "the report uses the new ones"
+    while the table, the report and ``nas export --pick accuracy`` still judged each trial by the
+    constraints stored when it finished: the costliest front trial stayed on the front and was
+    exported. Now it is off the front, not picked, and shown as over budget everywhere."""
+    from nas.results.pareto import front
+    from nas.search.storage import open_storage
+
+    space, storage = write_space(tmp_path), str(tmp_path / "t.journal")
+    search = ["search", "--space", str(space), "--trials", "4", "--storage", storage, "--study", "t", "--device", "cpu"]
+    assert main(search) == 0
+
+    study = optuna.load_study(study_name="t", storage=open_storage(storage))
+    before = front(study, 0.0)
+    costliest = max(before, key=lambda r: r.latency_ms)
+    budget = costliest.latency_ms * 0.999
+    trained = [r for r in records(study, (TrialState.COMPLETE,)) if r.trained]
+    assert any(r.latency_ms <= budget for r in trained), "the test needs a trial within the budget"
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "300")  # a table row on one line
+
+    assert main([*search, "--max-latency-ms", f"{budget:.9g}"]) == 0
+    out = capsys.readouterr().out
+    study = optuna.load_study(study_name="t", storage=open_storage(storage))
+    over = {r.number for r in records(study, (TrialState.COMPLETE,)) if r.trained and r.latency_ms > budget}
+    assert costliest.number in over
+    for epsilon in (None, 0.0):  # the displayed front, and the plain one
+        now = front(study, epsilon)
+        assert now and not {r.number for r in now} & over
+    assert "over the study's current budgets" in out  # the final table says why they are gone
+    table = out[out.index("Pareto front of t") :]
+    listed = re.search(rf"│\s+★?\s*{costliest.number}\s+│[^│]*│", table)  # a baseline is, below the line
+    assert listed is None or f"{costliest.baseline}, over budget" in listed.group()
+
+    report = tmp_path / "r.html"
+    assert main(["report", "--study", "t", "--storage", storage, "--out", str(report)]) == 0
+    page = report.read_text()
+    rows = re.findall(r"<tr><td>(\d+)</td>.*?<td>([^<]*)</td></tr>", page[page.index("id='front-table'") :])
+    notes = {int(n): html.unescape(note) for n, note in rows}
+    assert rows and (costliest.number not in notes or "over the study's budget" in notes[costliest.number])
+    assert "over budget (set after it was trained)" in page  # the 2-D front's legend
+
+    out_dir = str(tmp_path / "e")
+    assert main(["export", "--study", "t", "--storage", storage, "--pick", "accuracy", "--out", out_dir]) == 0
+    exported = json.loads((tmp_path / "e" / "arch.json").read_text())
+    assert exported["trial"] not in over

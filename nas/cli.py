@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.table import Table
 
 from nas.search import interrupt
@@ -34,10 +34,31 @@ if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them
 
 __all__ = ["main"]
 
+# rich's width for output that is not a terminal: wide enough that a front table row, a recipe or
+# a task spec never wraps (rich wraps piped output at 80 columns, or at the width of whatever
+# terminal stdin or stderr is, so CI logs and `nas spaces > file` had lines cut mid-string)
+_PIPED_WIDTH = 10_000
+
+
+class _Console(Console):
+    """A rich console that wraps at the terminal's width, and not at all when piped."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal:
+            return ConsoleDimensions(_PIPED_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
 # No console markup: what is printed holds user text (study names, file names, paths) in which
 # rich would read "[red]" as a style and drop it, printing a study name that does not exist.
-console = Console(markup=False)
-err = Console(stderr=True, markup=False)
+console = _Console(markup=False)
+err = _Console(stderr=True, markup=False)
 
 
 class UsageError(Exception):

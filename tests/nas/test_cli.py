@@ -908,16 +908,33 @@ def test_profiles_show_prints_the_profile_file(capsys):
     assert capsys.readouterr().out == Path(load_profile("h200").path).read_text()
 
 
-def test_spaces_lists_every_shipped_space_with_its_task(capsys):
+def test_spaces_lists_every_shipped_space_with_its_task_on_one_line(capsys, monkeypatch):
+    """Piped (capsys is no terminal), each space is one line with its whole task spec: rich wrapped
+    piped output at 80 columns and broke ``mqar_long:...,cu / rriculum_len=64`` mid-string."""
     from nas.space import list_spaces, load_space
 
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["spaces"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "hybrid_long" in list_spaces() and len(load_space("hybrid_long").task) > 80  # the case that broke
+    assert len(lines) == len(list_spaces()), lines
+    for name, line in zip(list_spaces(), lines, strict=True):
+        assert line.startswith(f"{name}: ") and line.endswith(f"(default task {load_space(name).task})"), line
+
+
+def test_a_piped_front_table_keeps_each_row_on_one_line(tmp_path, capsys, monkeypatch):
+    """CI logs and nohup are no terminal: the front table wrapped at 80 columns, an architecture
+    "(all-attenti / on)" and a recipe over 3 lines. Each row, the header too, is one line."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    argv = ["search", "--space", str(write_space(tmp_path)), "--trials", "2", "--device", "cpu"]
+    assert main([*argv, "--storage", str(tmp_path / "s.journal"), "--study", "piped"]) == 0
     out = capsys.readouterr().out
-    assert "hybrid_long" in list_spaces()
-    for name in list_spaces():
-        assert f"{name}:" in out, out
-    # rich wraps (and may fold) long lines: compare with the whitespace taken out
-    assert f"(defaulttask{load_space('hybrid_long').task})" in "".join(out.split())
+    assert "(all-attention" in out, out
+    header = [line for line in out.splitlines() if line.startswith("┃")]
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(header) == 1 and "recipe" in header[0], out
+    assert rows and all(line.split("│")[1].strip() for line in rows), out  # a wrapped row: an empty trial cell
+    assert max(len(line) for line in out.splitlines()) > 80  # the width it used to be cut at
 
 
 @pytest.mark.slow

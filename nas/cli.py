@@ -873,7 +873,7 @@ def _studies(args: argparse.Namespace) -> None:
 
     from nas.results.fidelity import fidelity
     from nas.search.storage import open_storage, resolve_storage
-    from nas.search.study import n_complete, n_infeasible
+    from nas.search.study import n_complete, n_infeasible, n_truncated
 
     storage = resolve_storage(args.storage)
     store = open_storage(storage, write=False)
@@ -882,9 +882,13 @@ def _studies(args: argparse.Namespace) -> None:
         summaries = [s for s in summaries if s.study_name == args.study]
         if not summaries:
             raise UsageError(f"no study named {args.study!r} in {storage}")
-    # "trained": what --trials counts; a COMPLETE trial that broke a hard budget was never trained;
+    # "trained": what --trials counts, the truncated ones (cut short by max_train_seconds, off the
+    # front) among them; a COMPLETE trial that broke a hard budget was never trained;
     # "proxy_rho": nas verify's Spearman ρ of short- vs long-run accuracy ("-" before a verify)
-    columns = ("study", "trained", "over_budget", "pruned", "failed", "running", "total", "started", "proxy_rho")
+    columns = (
+        *("study", "trained", "truncated", "over_budget", "pruned", "failed", "running", "total", "started"),
+        "proxy_rho",
+    )
     rows = []
     for s in summaries:
         study = optuna.load_study(study_name=s.study_name, storage=store)
@@ -894,6 +898,7 @@ def _studies(args: argparse.Namespace) -> None:
             (
                 s.study_name,
                 str(n_complete(study)),
+                str(n_truncated(study)),
                 str(n_infeasible(study)),
                 *(str(states.count(x)) for x in (TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)),
                 str(len(states)),

@@ -964,6 +964,7 @@ def test_studies_piped_lists_whole_names(tmp_path, monkeypatch, capsys):
     assert lines[0].split("\t") == [
         "study",
         "trained",
+        "truncated",
         "over_budget",
         "pruned",
         "failed",
@@ -972,7 +973,22 @@ def test_studies_piped_lists_whole_names(tmp_path, monkeypatch, capsys):
         "started",
         "proxy_rho",
     ]
-    assert lines[1].split("\t")[:6] == [long_name, "0", "0", "0", "0", "0"]
+    assert lines[1].split("\t")[:7] == [long_name, "0", "0", "0", "0", "0", "0"]
+
+
+def test_studies_counts_the_truncated_trials_apart(tmp_path, capsys):
+    """``trained`` counts the trials the wall-clock guard cut short (what --trials counts), and
+    nothing said how many were: a ``truncated`` column does."""
+    space = write_space(tmp_path)
+    space.write_text(space.read_text().replace("max_train_seconds: 600", "max_train_seconds: 1.0e-9"))
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(space), "--trials", "2", "--no-baselines", "--device", "cpu"]
+    assert main([*argv, "--storage", storage, "--study", "cut"]) == 0
+    capsys.readouterr()
+    assert main(["studies", "--storage", storage]) == 0
+    header, row = (line.split("\t") for line in capsys.readouterr().out.splitlines())
+    counts = dict(zip(header, row, strict=True))
+    assert counts["study"] == "cut" and counts["trained"] == "2" and counts["truncated"] == "2", counts
 
 
 def test_every_flag_has_help_text():

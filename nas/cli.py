@@ -46,7 +46,8 @@ class _Console(Console):
     @property
     def size(self) -> ConsoleDimensions:
         size = super().size
-        if self._width is None and not self.is_terminal:
+        # piped: whatever width rich took from $COLUMNS when this module was imported
+        if not self.is_terminal:
             return ConsoleDimensions(_PIPED_WIDTH, size.height)
         return size
 

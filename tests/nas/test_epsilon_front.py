@@ -205,6 +205,7 @@ def test_counts_say_trained_not_completed_and_name_the_failures(tmp_path, capsys
     assert dict(zip(header.split("\t"), row.split("\t"), strict=True)) | {"started": "-"} == {
         "study": "e",
         "trained": "2",
+        "truncated": "0",
         "over_budget": "1",
         "pruned": "0",
         "failed": "3",

@@ -481,7 +481,8 @@ def test_a_resume_that_changes_recorded_budgets_says_so(tmp_path, tiny_space, ca
     assert _notes(caplog) == [
         (
             "study 't': recorded budgets changed (max_latency_ms None -> 5.0, trials 2 -> 1); "
-            "workers and the report use the new ones"
+            "workers, the front, the report and nas export use the new ones, for the trials trained before too "
+            "(the stored constraints and the hypervolume keep the budgets each trial was scored under)"
         )
     ]
 

@@ -163,27 +163,29 @@ def test_a_requeued_baseline_keeps_its_label(tmp_path):
     assert again.system_attrs["fixed_params"] == frozen.system_attrs["fixed_params"] != {}
 
 
-def test_over_budget_baselines_are_listed_as_never_trained(tmp_path):
-    """A baseline over a hard budget is never trained: the final table and the report still list
-    it below the front, saying it was over budget, with no accuracy (not a score of 0)."""
+def _table_and_report(tmp_path, study: str, flags: list[str]):
+    """Search the tiny space with ``flags``; the final table, its columns, the row of trial 0 (the
+    all-attention baseline) and the report's HTML."""
     from nas.cli import _front_table
     from nas.search.storage import open_storage
 
-    space = write_space(tmp_path)
     storage = str(tmp_path / "s.journal")
-    args = ["search", "--space", str(space), "--trials", "1", "--study", "o", "--storage", storage]
-    # the tiny space's all-attention baseline (trial 0) needs 0.14 MiB, its all-linear one 0.11
-    assert main([*args, "--max-memory-mb", "0.12"]) == 0
-    study = optuna.load_study(study_name="o", storage=open_storage(storage))
-    table = _front_table(study)
+    assert main(["search", "--space", str(write_space(tmp_path)), "--study", study, "--storage", storage, *flags]) == 0
+    table = _front_table(optuna.load_study(study_name=study, storage=open_storage(storage)))
     column = {str(c.header): list(c._cells) for c in table.columns}  # noqa: SLF001
-    row = column["trial"].index("0")
+    html_path = tmp_path / "r.html"
+    assert main(["report", "--study", study, "--storage", storage, "--out", str(html_path)]) == 0
+    return table, column, column["trial"].index("0"), html_path.read_text()
+
+
+def test_over_budget_baselines_are_listed_as_never_trained(tmp_path):
+    """A baseline over a hard budget is never trained: the final table and the report still list
+    it below the front, saying it was over budget, with no accuracy (not a score of 0)."""
+    # the tiny space's all-attention baseline (trial 0) needs 0.14 MiB, its all-linear one 0.11
+    table, column, row, page = _table_and_report(tmp_path, "o", ["--trials", "1", "--max-memory-mb", "0.12"])
     assert column["architecture"][row].endswith("(all-attention, over budget)")
     assert column["acc"][row] == "-" and column["acc"][0] != "-"  # the trained front row has its score
     assert "baselines not on the front (over budget: never trained, no accuracy)" in str(table.caption)
-    html_path = tmp_path / "r.html"
-    assert main(["report", "--study", "o", "--storage", storage, "--out", str(html_path)]) == 0
-    page = html_path.read_text()
     assert "<td>baseline: all-attention, over budget (" in page and page.count("<td>not trained</td>") == 1
 
 
@@ -215,21 +217,10 @@ def test_a_truncated_baseline_says_so_in_the_table_and_the_report(tmp_path, monk
     """A study holding a baseline the guard cut short (written before baselines trained without
     it) listed it as ``x1/5`` in the recipe column and "not on the front" in the report, without
     saying why: both now say it was truncated, and by how many steps."""
-    from nas.cli import _front_table
     from nas.search import faults
-    from nas.search.storage import open_storage
 
     monkeypatch.setattr(faults, "training_budget", lambda kind, guard, deadline, now: (0.0, deadline))
-    storage = str(tmp_path / "s.journal")
-    args = ["search", "--space", str(write_space(tmp_path)), "--trials", "3", "--study", "t", "--storage", storage]
-    assert main([*args, "--device", "cpu"]) == 0
-    study = optuna.load_study(study_name="t", storage=open_storage(storage))
-    table = _front_table(study)
-    column = {str(c.header): list(c._cells) for c in table.columns}  # noqa: SLF001
-    row = column["trial"].index("0")
+    table, column, row, page = _table_and_report(tmp_path, "t", ["--trials", "3", "--device", "cpu"])
     assert column["architecture"][row].endswith("(all-attention, truncated 1/5 steps)")
     assert "truncated: stopped by the time guard before their planned steps" in str(table.caption)
-    html_path = tmp_path / "r.html"
-    assert main(["report", "--study", "t", "--storage", storage, "--out", str(html_path)]) == 0
-    page = html_path.read_text()
     assert "<td>baseline: all-attention, truncated (time budget: 1/5 steps), not on the front</td>" in page

@@ -24,8 +24,9 @@ a warning naming both fingerprints and the interval multiplied by ``FINGERPRINT_
 An interval holds where it was checked. A shape past the calibration's checked range (the
 forward: a longer sequence or more tokens than its cross-validation shapes, e.g. a prefill at 32K
 against checks up to 8×1024; decode: a longer context than its checked contexts) is still
-predicted, with the interval multiplied by ``EXTRAPOLATION_WIDENING``, ``extrapolated`` in the
-basis and a note naming the checked range.
+predicted, with the interval multiplied by ``EXTRAPOLATION_WIDENING`` at the edge of the range
+plus ``EXTRAPOLATION_WIDENING_PER_DOUBLING`` for each doubling past it (``_extrapolation``),
+``extrapolated`` in the basis and a note naming the checked range.
 
 Roofline details: each op of ``op_costs`` takes ``max(flops / (peak · f_flops), bytes /
 (bandwidth · f_bw)) + kernels · launch_overhead``; matmul ops use the dtype's tensor-core peak,
@@ -38,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import warnings
 
 from hardware_profiles import HardwareProfile, list_profiles, load_profile
@@ -58,6 +60,7 @@ __all__ = [
     "TRANSFER_WIDENING",
     "UNCALIBRATED_INTERVAL",
     "EXTRAPOLATION_WIDENING",
+    "EXTRAPOLATION_WIDENING_PER_DOUBLING",
     "CalibrationWarning",
     "predict",
     "predict_decode",
@@ -77,6 +80,9 @@ TRANSFER_WIDENING = 3.0  # a guess, not checked on another GPU: see the module d
 TRANSFER_MIN_INTERVAL = 0.25
 FINGERPRINT_WIDENING = 2.0
 EXTRAPOLATION_WIDENING = 2.0  # a guess, like TRANSFER_WIDENING: past the checked shapes nothing was measured
+# the further past, the less the check says: a 1M-token context 32x past the checked one is no
+# ±27 % guess as a context just past it is
+EXTRAPOLATION_WIDENING_PER_DOUBLING = 1.0
 _MODEL_DTYPES = ("bf16", "fp16")
 
 
@@ -175,7 +181,7 @@ def _forward_range(source: HardwareProfile, shape: LatencyShape) -> tuple[float,
     if shape.seq_len <= longest and shape.tokens <= most:
         return 1.0, ()
     note = f"{shape} is past the checked shapes (sequences <= {longest}, tokens <= {most})"
-    return EXTRAPOLATION_WIDENING, (("extrapolated", note),)
+    return _extrapolation(max(shape.seq_len / longest, shape.tokens / most), note)
 
 
 def _decode_range(model: dict, context: int) -> tuple[float, tuple[tuple[str, str], ...]]:
@@ -183,7 +189,14 @@ def _decode_range(model: dict, context: int) -> tuple[float, tuple[tuple[str, st
     contexts = [int(k) for k in model.get("check", {}) if str(k).isdigit()]
     if not contexts or context <= max(contexts):
         return 1.0, ()
-    return EXTRAPOLATION_WIDENING, (("extrapolated", f"context {context} is past the checked {max(contexts)}"),)
+    return _extrapolation(context / max(contexts), f"context {context} is past the checked {max(contexts)}")
+
+
+def _extrapolation(ratio: float, note: str) -> tuple[float, tuple[tuple[str, str], ...]]:
+    """(widening, notes) for a shape ``ratio`` (> 1) times the largest checked one: the widening
+    at the edge, growing by ``EXTRAPOLATION_WIDENING_PER_DOUBLING`` per doubling past it."""
+    widening = EXTRAPOLATION_WIDENING + EXTRAPOLATION_WIDENING_PER_DOUBLING * math.log2(ratio)
+    return widening, (("extrapolated", f"{note}; {ratio:.3g}x past it, interval x{widening:.3g}"),)
 
 
 def predict(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 
 import pytest
@@ -248,18 +249,39 @@ def test_a_profile_with_a_bad_decode_model_is_refused(tmp_path) -> None:
 def test_past_the_checked_shapes_the_interval_widens_and_says_so() -> None:
     """The forward's interval was checked up to 1024-token sequences and 16K tokens, the decode
     model's up to its largest checked context: beyond them the label says extrapolated and the
-    interval doubles; inside them nothing changes."""
-    from nas.latency import EXTRAPOLATION_WIDENING, predict
+    interval doubles at the edge, and grows by one more base interval per doubling past it;
+    inside them nothing changes."""
+    from nas.latency import EXTRAPOLATION_WIDENING, EXTRAPOLATION_WIDENING_PER_DOUBLING, predict
+    from nas.latency._shape import parse_shape
+
+    def widening(ratio: float) -> float:
+        return EXTRAPOLATION_WIDENING + EXTRAPOLATION_WIDENING_PER_DOUBLING * math.log2(ratio)
+
+    h200 = load_profile("h200")
+    arch = _arch(ATTN)
+    inside, longer, more = (predict(arch, parse_shape(s), h200) for s in ("8x1024", "1x4096", "33x512"))
+    assert "extrapolated" not in inside.label() and not dict(inside.notes)
+    assert inside.interval == pytest.approx(h200.calibrated.interval)  # inside: the calibration's own
+    for lat, ratio in ((longer, 4), (more, 33 / 32)):
+        assert "extrapolated" in lat.label() and "checked shapes" in dict(lat.notes)["extrapolated"]
+        assert lat.interval == pytest.approx(widening(ratio) * inside.interval)
+    checked = max(int(k) for k in h200.calibrated.decode_model["check"] if k.isdigit())
+    near, far = predict_decode(arch, 1, checked, h200), predict_decode(arch, 1, 2 * checked, h200)
+    assert "extrapolated" not in near.label() and "extrapolated" in far.label()
+    assert far.interval == pytest.approx(widening(2) * near.interval)
+
+
+def test_the_interval_grows_with_the_distance_past_the_checked_shapes() -> None:
+    """A 4096x1048576 forward (2^18 times the checked tokens) was labelled ±27 %, as a 32K prefill
+    just past the checks: the further past, the wider, in the forward and in decode."""
+    from nas.latency import predict
     from nas.latency._shape import parse_shape
 
     h200 = load_profile("h200")
     arch = _arch(ATTN)
-    inside, longer, more = (predict(arch, parse_shape(s), h200) for s in ("8x1024", "1x4097", "33x512"))
-    assert "extrapolated" not in inside.label() and not dict(inside.notes)
-    for lat in (longer, more):
-        assert "extrapolated" in lat.label() and "checked shapes" in dict(lat.notes)["extrapolated"]
-        assert lat.interval == pytest.approx(EXTRAPOLATION_WIDENING * inside.interval)
+    shapes = ("1x2048", "1x32768", "4096x1048576")
+    intervals = [predict(arch, parse_shape(s), h200).interval for s in shapes]
+    assert intervals == sorted(intervals) and intervals[-1] > 2 * intervals[1] > 4 * h200.calibrated.interval
     checked = max(int(k) for k in h200.calibrated.decode_model["check"] if k.isdigit())
-    near, far = predict_decode(arch, 1, checked, h200), predict_decode(arch, 1, checked + 1, h200)
-    assert "extrapolated" not in near.label() and "extrapolated" in far.label()
-    assert far.interval == pytest.approx(EXTRAPOLATION_WIDENING * near.interval)
+    decode = [predict_decode(arch, 4096, c, h200).interval for c in (2 * checked, 1_048_576)]
+    assert decode[1] > 1.5 * decode[0]

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -53,6 +54,8 @@ from kernels.optim.configs import StepConfig, norm_config, step_config
 
 __all__ = [
     "PARAM_DTYPES",
+    "ROW",
+    "step_row",
     "supports",
     "grad_norm",
     "sgd_step_",
@@ -67,6 +70,11 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 _ROW = tl.constexpr(6)
 _P, _G, _STATE1, _STATE2, _NUMEL, _NOISE = (tl.constexpr(i) for i in range(6))
 _ALIGN = 16  # bytes: one vector load
+# A step row (``step_row``): int32 slots, the _Scalars fields' fp32 bits in field order, then
+# noise σ and the Philox seed. Read in-kernel instead of the run-time arguments when a step is
+# replayed from a CUDA graph, whose launches keep the arguments they were captured with.
+ROW = 16
+_NOISE_STD, _SEED = tl.constexpr(13), tl.constexpr(14)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +190,12 @@ def _lion(w, g, m, lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2):
     return w * decay - lr * sign, m * beta2 + g * one_minus_beta2
 
 
+@triton.jit
+def _f32(row, i: tl.constexpr):
+    """Slot ``i`` of a step row: the bits of an fp32 scalar."""
+    return tl.load(row + i).to(tl.float32, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _step_kernel(
     tensors,  # *i64 [T, 6]: p, g, state1, state2 addresses, numel, noise offset
@@ -202,6 +216,7 @@ def _step_kernel(
     bias_correction1,
     bias_correction2_sqrt,
     rect,  # f32 run-time scalars
+    row,  # *i32 [ROW]: the scalars above and the seed, read only when ROW_IN_MEMORY
     RULE: tl.constexpr,  # "sgd" | "adamw" | "radam" | "lion"
     P_DTYPE: tl.constexpr,
     G_DTYPE: tl.constexpr,
@@ -212,7 +227,24 @@ def _step_kernel(
     NOISE: tl.constexpr,
     ALIGNED: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROW_IN_MEMORY: tl.constexpr,
 ):
+    if ROW_IN_MEMORY:  # a graph-captured step: this step's values are written there before each replay
+        noise_std = _f32(row, _NOISE_STD)
+        lr = _f32(row, 0)
+        decay = _f32(row, 1)
+        weight_decay = _f32(row, 2)
+        beta1 = _f32(row, 3)
+        beta2 = _f32(row, 4)
+        one_minus_beta1 = _f32(row, 5)
+        one_minus_beta2 = _f32(row, 6)
+        eps = _f32(row, 7)
+        momentum = _f32(row, 8)
+        step_size = _f32(row, 9)
+        bias_correction1 = _f32(row, 10)
+        bias_correction2_sqrt = _f32(row, 11)
+        rect = _f32(row, 12)
+        seed = tl.load(row + _SEED)
     # Bytes per element (fp32 param / bf16 param; state is fp32):
     #   AdamW, RAdam: read p, g, m, v; write p, m, v  = 28 / 22 B
     #   Lion:         read p, g, m;    write p, m     = 20 / 16 B
@@ -360,6 +392,78 @@ class _Scalars:
     rect: float = 0.0
 
 
+def _sgd_scalars(lr: float, momentum: float, weight_decay: float) -> _Scalars:
+    return _Scalars(lr=lr, decay=1 - lr * weight_decay, weight_decay=weight_decay, momentum=momentum)
+
+
+def _adam_scalars(
+    rule: str, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int
+) -> _Scalars:
+    """AdamW's or RAdam's values at ``step`` (1 on the first update): bias corrections and
+    RAdam's ρ_t / rectification, on the host in float64."""
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    rect = 0.0
+    if rule == "radam":
+        rho_inf = 2 / (1 - beta2) - 1
+        rho_t = rho_inf - 2 * step * beta2**step / bias_correction2
+        if rho_t > 5.0:
+            rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+    return _Scalars(
+        lr=lr,
+        decay=1 - lr * weight_decay,
+        beta2=beta2,
+        one_minus_beta1=1 - beta1,
+        one_minus_beta2=1 - beta2,
+        eps=eps,
+        step_size=lr / bias_correction1,
+        bias_correction1=bias_correction1,
+        bias_correction2_sqrt=bias_correction2**0.5,
+        rect=rect,
+    )
+
+
+def _lion_scalars(lr: float, beta1: float, beta2: float, weight_decay: float) -> _Scalars:
+    return _Scalars(
+        lr=lr,
+        decay=1 - lr * weight_decay,
+        beta1=beta1,
+        beta2=beta2,
+        one_minus_beta1=1 - beta1,
+        one_minus_beta2=1 - beta2,
+    )
+
+
+def step_row(
+    rule: str,
+    *,
+    lr: float,
+    weight_decay: float,
+    beta1: float = 0.0,
+    beta2: float = 0.0,
+    eps: float = 0.0,
+    momentum: float = 0.0,
+    step: int = 1,
+    noise_std: float = 0.0,
+    seed: int = 0,
+) -> list[int]:
+    """The ``ROW`` int32 slots a step fn's ``row`` carries for one launch of ``rule`` ("sgd",
+    "adamw", "radam", "lion") with these values (``step``: Adam's, 1 on the first update): the
+    kernel reads exactly the fp32 values the run-time arguments would have given it."""
+    _check_seed(seed)
+    if rule == "sgd":
+        scalars = _sgd_scalars(lr, momentum, weight_decay)
+    elif rule == "lion":
+        scalars = _lion_scalars(lr, beta1, beta2, weight_decay)
+    elif rule in ("adamw", "radam"):
+        scalars = _adam_scalars(rule, lr, beta1, beta2, eps, weight_decay, step)
+    else:
+        raise ValueError(f"unknown rule {rule!r}")
+    floats = [*vars(scalars).values(), noise_std]
+    bits = np.array(floats, dtype=np.float32).view(np.int32).tolist()
+    return [*bits, seed] + [0] * (ROW - len(floats) - 1)
+
+
 def _launch(
     rule: str,
     columns: list[Sequence[Tensor | None]],
@@ -374,8 +478,10 @@ def _launch(
     momentum: bool = False,
     nesterov: bool = False,
     coupled_decay: bool = False,
+    row: Tensor | None = None,
 ) -> None:
-    """One launch over tensors ``indices`` of ``columns`` (all on one device, one p and g dtype)."""
+    """One launch over tensors ``indices`` of ``columns`` (all on one device, one p and g dtype);
+    with ``row`` (a step row on that device) the kernel reads the per-step values from it."""
     params, grads = columns[0], columns[1]
     first = params[indices[0]]
     config = config or step_config(first.device)
@@ -395,6 +501,7 @@ def _launch(
         seed,
         float(noise_std),
         **vars(scalars),
+        row=tables.tensors if row is None else row,  # a placeholder pointer when the values are arguments
         RULE=rule,
         P_DTYPE=_TL_DTYPES[first.dtype],
         G_DTYPE=_TL_DTYPES[grads[indices[0]].dtype],
@@ -405,6 +512,7 @@ def _launch(
         NOISE=noise_std > 0,
         ALIGNED=tables.aligned,
         BLOCK=config.block,
+        ROW_IN_MEMORY=row is not None,
         num_warps=config.num_warps,
         enable_fp_fusion=False,
     )
@@ -474,6 +582,7 @@ def sgd_step_(
     seed: int = 0,
     config: StepConfig | None = None,
     checked: bool = False,
+    row: Tensor | None = None,
 ) -> None:
     """reference.sgd_step_ over all tensors, one launch per (device, dtype).
 
@@ -481,7 +590,7 @@ def sgd_step_(
     """
     _check_seed(seed)
     assert (momentum_buffers is not None) == (momentum != 0), "momentum > 0 needs momentum buffers, and only then"
-    scalars = _Scalars(lr=lr, decay=1 - lr * weight_decay, weight_decay=weight_decay, momentum=momentum)
+    scalars = _sgd_scalars(lr, momentum, weight_decay)
     offsets = _noise_offsets(params, noise_std > 0)
     for indices in _buckets(params, grads, checked=checked):
         _launch(
@@ -497,6 +606,7 @@ def sgd_step_(
             momentum=momentum != 0,
             nesterov=nesterov,
             coupled_decay=not decoupled_weight_decay,
+            row=row,
         )
 
 
@@ -518,6 +628,7 @@ def _adam_step_(
     seed: int = 0,
     config: StepConfig | None = None,
     checked: bool = False,
+    row: Tensor | None = None,
 ) -> None:
     """AdamW or RAdam (``rule``) over all tensors, one launch per (device, dtype, step).
 
@@ -526,28 +637,11 @@ def _adam_step_(
     """
     _check_seed(seed)
     offsets = _noise_offsets(params, noise_std > 0)
-    for indices in _buckets(params, grads, steps, checked=checked):
-        step = steps[indices[0]]
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        rect = 0.0
-        if rule == "radam":
-            rho_inf = 2 / (1 - beta2) - 1
-            rho_t = rho_inf - 2 * step * beta2**step / bias_correction2
-            if rho_t > 5.0:
-                rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
-        scalars = _Scalars(
-            lr=lr,
-            decay=1 - lr * weight_decay,
-            beta2=beta2,
-            one_minus_beta1=1 - beta1,
-            one_minus_beta2=1 - beta2,
-            eps=eps,
-            step_size=lr / bias_correction1,
-            bias_correction1=bias_correction1,
-            bias_correction2_sqrt=bias_correction2**0.5,
-            rect=rect,
-        )
+    buckets = _buckets(params, grads, steps, checked=checked)
+    if row is not None and len(buckets) > 1:
+        raise ValueError("a step row holds one step's values: its tensors must share device, dtypes and step")
+    for indices in buckets:
+        scalars = _adam_scalars(rule, lr, beta1, beta2, eps, weight_decay, steps[indices[0]])
         _launch(
             rule,
             [params, grads, exp_avgs, exp_avg_sqs],
@@ -558,6 +652,7 @@ def _adam_step_(
             seed=seed,
             offsets=offsets,
             config=config,
+            row=row,
         )
 
 
@@ -580,17 +675,11 @@ def lion_step_(
     seed: int = 0,
     config: StepConfig | None = None,
     checked: bool = False,
+    row: Tensor | None = None,
 ) -> None:
     """reference.lion_step_ over all tensors, one launch per (device, dtype). exp_avgs: fp32 ``[*]_i``."""
     _check_seed(seed)
-    scalars = _Scalars(
-        lr=lr,
-        decay=1 - lr * weight_decay,
-        beta1=beta1,
-        beta2=beta2,
-        one_minus_beta1=1 - beta1,
-        one_minus_beta2=1 - beta2,
-    )
+    scalars = _lion_scalars(lr, beta1, beta2, weight_decay)
     offsets = _noise_offsets(params, noise_std > 0)
     for indices in _buckets(params, grads, checked=checked):
         _launch(
@@ -603,6 +692,7 @@ def lion_step_(
             seed=seed,
             offsets=offsets,
             config=config,
+            row=row,
         )
 
 

@@ -208,6 +208,13 @@ FORWARD_ONLY: dict[str, frozenset[str]] = {
 }
 # Whole files a forward never imports: the decode kernels over a KV cache and the conv step.
 DECODE_ONLY_FILES = frozenset({"kernels/attention/decode.py", "kernels/conv/decode.py", "kernels/linear/decode.py"})
+# Code no latency measurement runs: the optimizer steps train candidates. Left out of both
+# fingerprints, so a change to them keeps every calibration valid.
+TRAINING_ONLY_DIRS = ("kernels/optim/",)
+
+
+def _timed(rel: str) -> bool:
+    return not rel.startswith(TRAINING_ONLY_DIRS)
 
 
 def _decode_only(node: ast.stmt, names: frozenset[str]) -> bool:
@@ -246,11 +253,11 @@ def _code_of(path: Path, skip: frozenset[str] = frozenset()) -> bytes:
 def source_fingerprint(files: Iterable[Path], root: Path) -> str:
     """12 hex digits of SHA-256 over the files' paths (relative to ``root``) and code
     (``_code_of``: a reformat, a comment, a docstring, ``DECODE_ONLY`` or ``REPORT_ONLY`` code does
-    not change it), in path order; ``DECODE_ONLY_FILES`` are left out whole."""
+    not change it), in path order; ``DECODE_ONLY_FILES`` and ``TRAINING_ONLY_DIRS`` are left out whole."""
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
-        if rel in DECODE_ONLY_FILES:
+        if rel in DECODE_ONLY_FILES or not _timed(rel):
             continue
         skip = DECODE_ONLY.get(rel, frozenset()) | REPORT_ONLY.get(rel, frozenset())
         digest.update(rel.encode() + b"\0" + _code_of(path, skip) + b"\0")
@@ -259,8 +266,8 @@ def source_fingerprint(files: Iterable[Path], root: Path) -> str:
 
 @functools.cache
 def kernels_fingerprint() -> str:
-    """The fingerprint of the code a measured latency times: ``kernels/**/*.py`` and
-    ``nas/models/triton_model.py`` (computed once per process)."""
+    """The fingerprint of the code a measured latency times: ``kernels/**/*.py`` but the
+    training-only ones, and ``nas/models/triton_model.py`` (computed once per process)."""
     import kernels
     import nas.models.triton_model as triton_model
 
@@ -272,7 +279,7 @@ def kernels_fingerprint() -> str:
 @functools.cache
 def decode_fingerprint() -> str:
     """The fingerprint of the code a measured decode step times: every file under ``kernels/``
-    (decode-only code included), ``nas/models/triton_model.py`` and ``nas/models/triton_decode.py``."""
+    but the training-only ones (decode-only code included), ``nas/models/triton_model.py`` and ``nas/models/triton_decode.py``."""
     import kernels
     import nas.models.triton_model as triton_model
 
@@ -284,10 +291,12 @@ def decode_fingerprint() -> str:
 
 def decode_source_fingerprint(files: Iterable[Path], root: Path) -> str:
     """``source_fingerprint`` for the decode step: decode-only code counts, ``REPORT_ONLY`` and
-    ``FORWARD_ONLY`` do not; files that do not exist are left out."""
+    ``FORWARD_ONLY`` do not; files that do not exist and ``TRAINING_ONLY_DIRS`` are left out."""
     digest = hashlib.sha256()
     for path in sorted((f for f in files if f.exists()), key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
+        if not _timed(rel):
+            continue
         skip = REPORT_ONLY.get(rel, frozenset()) | FORWARD_ONLY.get(rel, frozenset())
         digest.update(rel.encode() + b"\0" + _code_of(path, skip) + b"\0")
     return digest.hexdigest()[:12]

@@ -49,12 +49,8 @@ class _Adam(OptimizerBase):
         transform: GradTransform,
     ) -> None:
         beta1, beta2 = group["betas"]
-        for p, state in zip(params, states, strict=True):
-            if not state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, dtype=compute_dtype(p))
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=compute_dtype(p))
-            state["step"] += 1
+        if transform.row is None:  # else ``_row`` did this
+            self._advance(params, states)
         if transform.fused:
             getattr(fused_kernels(), self._fused_step)(
                 params,
@@ -83,6 +79,35 @@ class _Adam(OptimizerBase):
                 weight_decay=group["weight_decay"],
                 step=state["step"],
             )
+
+
+    @staticmethod
+    def _advance(params: list[Tensor], states: list[dict[str, Any]]) -> None:
+        for p, state in zip(params, states, strict=True):
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, dtype=compute_dtype(p))
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=compute_dtype(p))
+            state["step"] += 1
+
+    def _row(
+        self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]], noise_std: float, seed: int
+    ) -> list[int]:
+        self._advance(params, states)
+        steps = {state["step"] for state in states}
+        check(len(steps) == 1, "rows in memory need every param of a group at the same step")
+        beta1, beta2 = group["betas"]
+        return fused_kernels().step_row(
+            self._fused_step.removesuffix("_step_"),
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            step=steps.pop(),
+            noise_std=noise_std,
+            seed=seed,
+        )
 
 
 class AdamW(_Adam):

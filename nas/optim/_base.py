@@ -96,15 +96,55 @@ class GradTransform:
     generator: torch.Generator | None
     fused: bool = False
     seed: int = 0
+    row: Tensor | None = None  # rows in memory: the launch's step row (its values come from there)
 
     def kernel_args(self) -> dict[str, Any]:
         """The gradient pipeline as the fused kernels' keyword arguments."""
         # checked: the optimizer verified every tensor with ``supports`` this step (``_runs_fused``)
-        return {"clip_scale": self.scale, "noise_std": self.noise_std, "seed": self.seed, "checked": True}
+        args = {"clip_scale": self.scale, "noise_std": self.noise_std, "seed": self.seed, "checked": True}
+        return args if self.row is None else {**args, "row": self.row}
 
     def apply(self, grad: Tensor) -> Tensor:
         """The grad to feed the update, in the compute dtype; ``grad`` itself is left untouched."""
         return effective_grad(grad, scale=self.scale, noise_std=self.noise_std, generator=self.generator)
+
+
+class _StepRows:
+    """The device buffer of a rows-in-memory step's rows, refilled by ``write`` each step. On a
+    GPU the rows go through a ring of pinned host slots, each reused only after its copy has
+    landed, so the host never waits for the device unless it is a whole ring ahead."""
+
+    SLOTS = 64
+
+    def __init__(self) -> None:
+        self.device_rows: Tensor | None = None
+        self.noise_std = 0.0
+        self.ready = False
+        self._ring: Tensor | None = None
+        self._events: list[torch.cuda.Event | None] = []
+        self._next = 0
+
+    def write(self, rows: list[list[int]], device: torch.device) -> None:
+        host = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), -1)
+        if self.device_rows is None:
+            self.device_rows = torch.zeros(host.shape, dtype=torch.int32, device=device)
+            if device.type == "cuda":
+                self._ring = torch.zeros((self.SLOTS, *host.shape), dtype=torch.int32).pin_memory()
+                self._events = [None] * self.SLOTS
+        check(host.shape == self.device_rows.shape, "the launches of a step changed since the first step")
+        if self._ring is None:
+            self.device_rows.copy_(host)
+        else:
+            slot = self._next % self.SLOTS
+            if self._events[slot] is not None:
+                self._events[slot].synchronize()  # its copy has landed
+            self._ring[slot].copy_(host)
+            self.device_rows.copy_(self._ring[slot], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._events[slot] = event
+            self._next += 1
+        self.ready = True
 
 
 class OptimizerBase(torch.optim.Optimizer):
@@ -130,6 +170,7 @@ class OptimizerBase(torch.optim.Optimizer):
         self._generators: dict[str, torch.Generator] = {}
         self.lr_multipliers: tuple[float, ...] | None = None  # a population's per-variant lr factors
         self._variant_states: list[dict[int, dict[str, Any]]] = []  # a population's state, per variant
+        self._rows: _StepRows | None = None  # set by ``rows_in_memory``
 
     def population(self, lr_multipliers: Sequence[float]) -> OptimizerBase:
         """Step a population: every param is ``[P, *]``, P variants of one model stacked, and
@@ -151,6 +192,91 @@ class OptimizerBase(torch.optim.Optimizer):
         self._variant_states = [{} for _ in multipliers]
         return self
 
+    def rows_in_memory(self) -> OptimizerBase:
+        """Make every step capturable in a CUDA graph: a step becomes ``prepare`` (host: the
+        step's values — lr, bias corrections, noise σ and seed — written to a device buffer, state
+        counters advanced) then ``launch`` (device only: gradient norm, clip scale and the fused
+        launches, which read their values from that buffer). Capture ``launch`` once and, per
+        step, call ``prepare`` and replay: the graph's launches keep their captured arguments, the
+        buffer brings this step's values. ``step`` does both, so eager steps give the same
+        numbers. Every group must take the fused path (CUDA, or the interpreter)."""
+        self._rows = _StepRows()
+        return self
+
+    def prepare(self) -> None:
+        """The host half of a step in rows-in-memory mode (see ``rows_in_memory``)."""
+        check(self._rows is not None, "prepare() needs rows_in_memory() first")
+        noise_std = grad_noise_std(self.grad_options.noise, self.grad_options.noise_gamma, self._noise_t)
+        launches = self._launches()
+        check(bool(launches), "prepare() needs gradients: call it after the first backward")
+        rows = []
+        for variant, index, group, params in launches:
+            if variant is None:
+                fused, views, key = self._runs_fused(params), params, index
+            else:
+                views = [p[variant] for p in params]
+                fused = self._views_fused(views, [p.grad[variant] for p in params])
+                key = index * len(self.lr_multipliers) + variant
+            check(fused, f"{type(self).__name__}: rows in memory need the fused kernel for every param group")
+            multiplier = 1.0 if variant is None else self.lr_multipliers[variant]
+            seed = noise_seed(self.grad_options.seed, self._noise_t, key)
+            group_lr = {**group, "lr": group["lr"] * multiplier}
+            rows.append(self._row(group_lr, views, self._states_of(params, variant), noise_std, seed))
+        self._rows.write(rows, launches[0][3][0].device)
+        self._rows.noise_std = noise_std
+        self._noise_t += 1
+
+    def launch(self) -> None:
+        """The device half of a step in rows-in-memory mode: capturable (no host sync, no
+        allocation outside the caching allocator, no host-to-device copy)."""
+        check(self._rows is not None and self._rows.ready, "launch() needs prepare() first")
+        launches = self._launches()
+        grads = [p.grad for variant, _, _, params in launches if variant in (None, 0) for p in params]  # each once
+        if self.lr_multipliers is None:
+            self.last_grad_norm = fused_kernels().grad_norm(grads, checked=True)
+        else:
+            self.last_grad_norm = self._population_norm(grads)
+        opts = self.grad_options
+        scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
+        for row, (variant, _, group, params) in enumerate(launches):
+            transform = GradTransform(
+                None if scale is None else (scale if variant is None else scale[variant]),
+                self._rows.noise_std,
+                None,
+                fused=True,
+                row=self._rows.device_rows[row],
+            )
+            views = params if variant is None else [p[variant] for p in params]
+            view_grads = [p.grad if variant is None else p.grad[variant] for p in params]
+            self._update_group(group, views, view_grads, self._states_of(params, variant), transform)
+
+    def _launches(self) -> list[tuple[int | None, int, dict[str, Any], list[Tensor]]]:
+        """(variant or None, group index, group, its params with a grad) per launch of a step, in
+        the order of its rows: variant-major for a population."""
+        work = [(i, g, [p for p in g["params"] if p.grad is not None]) for i, g in enumerate(self.param_groups)]
+        work = [(i, g, params) for i, g, params in work if params]
+        if self.lr_multipliers is None:
+            return [(None, i, g, params) for i, g, params in work]
+        return [(v, i, g, params) for v in range(len(self.lr_multipliers)) for i, g, params in work]
+
+    def _states_of(self, params: list[Tensor], variant: int | None) -> list[dict[str, Any]]:
+        if variant is None:
+            return [self.state[p] for p in params]
+        return [self._variant_states[variant].setdefault(id(p), {}) for p in params]
+
+    def _row(
+        self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]], noise_std: float, seed: int
+    ) -> list[int]:
+        """One launch's step row (``kernels.optim.triton.step_row``) for this step; creates the
+        state tensors on the first step and advances the state's step counters (the launch of a
+        rows-in-memory step does neither)."""
+        raise NotImplementedError
+
+    def _population_norm(self, grads: list[Tensor]) -> Tensor:
+        dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+        per_param = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=dtype) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(per_param), dim=0)  # [P]
+
     def _views_fused(self, views: Sequence[Tensor], grads: Sequence[Tensor]) -> bool:
         """``_runs_fused`` for one variant's rows (views carry no ``.grad`` of their own)."""
         if self.fused is False or (self.fused is None and settings.get().optim_fused is False):
@@ -166,10 +292,7 @@ class OptimizerBase(torch.optim.Optimizer):
 
     def _step_population(self, work: list[tuple[dict[str, Any], list[Tensor]]], noise_std: float) -> None:
         """One step of each variant: its rows of every param, grad and state, its own lr and clip."""
-        grads = [p.grad for _, params in work for p in params]
-        dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
-        per_param = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=dtype) for g in grads]
-        self.last_grad_norm = torch.linalg.vector_norm(torch.stack(per_param), dim=0)  # [P]
+        self.last_grad_norm = self._population_norm([p.grad for _, params in work for p in params])
         opts = self.grad_options
         scale = clip_scale(self.last_grad_norm, opts.max_norm) if opts.max_norm > 0 else None
         for i, multiplier in enumerate(self.lr_multipliers):
@@ -235,6 +358,10 @@ class OptimizerBase(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._rows is not None:
+            self.prepare()
+            self.launch()
+            return loss
         work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
         grads = [p.grad for _, params in work for p in params]
         check(not any(g.is_sparse for g in grads), f"{type(self).__name__} does not support sparse gradients")

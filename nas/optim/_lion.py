@@ -45,9 +45,7 @@ class Lion(OptimizerBase):
         transform: GradTransform,
     ) -> None:
         beta1, beta2 = group["betas"]
-        for p, state in zip(params, states, strict=True):
-            if not state:
-                state["exp_avg"] = torch.zeros_like(p, dtype=compute_dtype(p))
+        self._init_states(params, states)
         if transform.fused:
             fused_kernels().lion_step_(
                 params,
@@ -70,3 +68,24 @@ class Lion(OptimizerBase):
                 beta2=beta2,
                 weight_decay=group["weight_decay"],
             )
+
+    @staticmethod
+    def _init_states(params: list[Tensor], states: list[dict[str, Any]]) -> None:
+        for p, state in zip(params, states, strict=True):
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, dtype=compute_dtype(p))
+
+    def _row(
+        self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]], noise_std: float, seed: int
+    ) -> list[int]:
+        self._init_states(params, states)
+        beta1, beta2 = group["betas"]
+        return fused_kernels().step_row(
+            "lion",
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            beta1=beta1,
+            beta2=beta2,
+            noise_std=noise_std,
+            seed=seed,
+        )

@@ -55,9 +55,7 @@ class SGD(OptimizerBase):
         transform: GradTransform,
     ) -> None:
         momentum = group["momentum"]
-        for p, state in zip(params, states, strict=True):
-            if momentum != 0 and "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p, dtype=compute_dtype(p))
+        self._init_states(params, states, momentum)
         if transform.fused:
             fused_kernels().sgd_step_(
                 params,
@@ -82,3 +80,22 @@ class SGD(OptimizerBase):
                 weight_decay=group["weight_decay"],
                 decoupled_weight_decay=group["decoupled_weight_decay"],
             )
+
+    @staticmethod
+    def _init_states(params: list[Tensor], states: list[dict[str, Any]], momentum: float) -> None:
+        for p, state in zip(params, states, strict=True):
+            if momentum != 0 and "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p, dtype=compute_dtype(p))
+
+    def _row(
+        self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]], noise_std: float, seed: int
+    ) -> list[int]:
+        self._init_states(params, states, group["momentum"])
+        return fused_kernels().step_row(
+            "sgd",
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            noise_std=noise_std,
+            seed=seed,
+        )

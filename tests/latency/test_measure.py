@@ -140,6 +140,10 @@ def test_forward_fingerprint_is_the_calibrated_one_and_ignores_decode_code(tmp_p
     configs.write_text(configs.read_text().replace("DECODE_LONG_SLICE = 1024", "DECODE_LONG_SLICE = 2048"))
     assert "DECODE_LONG_SLICE = 2048" in configs.read_text()
     assert source_fingerprint(files, root) == recorded
+    optim = root / "kernels" / "optim" / "triton.py"  # training-only: no latency times it
+    assert optim.exists()
+    optim.write_text(optim.read_text() + "\nEDITED = 1\n")
+    assert source_fingerprint(files, root) == recorded
     forward = root / "kernels" / "attention" / "triton.py"
     forward.write_text(forward.read_text().replace("_LOG2E = 1.4426950408889634", "_LOG2E = 1.4426950408889"))
     assert source_fingerprint(files, root) != recorded

@@ -8,7 +8,14 @@
    at the hybrid_small task shape (B32×T32) and a larger one (B64×T512).
 2. trials/hour of ``nas search --space hybrid_small`` for ``--search-seconds`` of wall clock, with 1
    and ``--per-gpu`` worker processes on GPU 0 and, when two GPUs are visible, one worker on each
-   of GPUs 0 and 1; GPU utilisation sampled by nvidia-smi every 0.5 s during each run.
+   of GPUs 0 and 1; GPU utilisation sampled by nvidia-smi every 0.5 s during each run; with
+   ``--population SxL`` the space trains S seeds x L learning rates (1x1: a single run).
+3. ``--step-times``: milliseconds per training step of the hybrid_small-sized candidate at the
+   hybrid_small task shape, eager vs replayed from a CUDA graph (``nas.train._Steps``), for
+   populations 1x1 and 2x3, and the peer: the same model through
+   ``torch.compile(mode="max-autotune")`` with torch's fused AdamW and ``clip_grad_norm_``
+   (compile time reported apart). Wall time over ``--steps`` steps after a warm-up, synchronised
+   at both ends: what a training loop pays, host included.
 Writes ``train_throughput_<gpu>.json`` (GPU name, versions, date) into ``--out``.
 """
 
@@ -93,6 +100,110 @@ def tokens_per_second(
     return steps * batch * task.seq_len / result.seconds, warmup
 
 
+def _stepper(task, batch: int, population: tuple[int, int], graphs: bool):
+    """A ``nas.train._Steps`` for the benchmark's candidate as the trainer builds it."""
+    from nas.models import Population
+    from nas.optim import make_optimizer
+
+    seeds, lrs = population
+    multipliers = tuple(2.0**k for k in range(lrs)) if lrs > 1 else (1.0,)
+    spec = TrainSpec("adamw", 3e-3, 0.01, 0.1, 100, batch, grad_clip=1.0, seeds=seeds, lr_multipliers=multipliers)
+    variants = train_module._Variants.of(spec)
+    models = [build(_arch(task.vocab_size), task, seed=s) for s in spec.variant_seeds()]
+    model = models[0] if variants.size == 1 else Population([models[i] for i in variants.seed_index])
+    model.to("cuda").train()
+    opt = make_optimizer(spec, model.parameters())
+    if variants.size > 1:
+        opt.population(variants.multipliers)
+    return train_module._Steps(model, task, opt, variants.size, torch.device("cuda"), graphs), variants.size
+
+
+def _time_steps(step, idx: torch.Tensor, warmup: int) -> float:
+    """Milliseconds per call of ``step(idx[i])`` after ``warmup`` calls, wall time synchronised."""
+    for i in range(warmup):
+        step(idx[i])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(warmup, idx.shape[0]):
+        step(idx[i])
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (idx.shape[0] - warmup) * 1e3
+
+
+def step_times(task_spec: str, batch: int, steps: int, repeats: int, compile_: bool) -> list[dict]:
+    task = load_task(task_spec).to("cuda")
+    rows = []
+    for population in ((1, 1), (2, 3)):
+        times: dict[str, list[float]] = {"eager": [], "captured": []}
+        for r in range(repeats):
+            for mode in ("eager", "captured") if r % 2 == 0 else ("captured", "eager"):
+                stepper, P = _stepper(task, batch, population, graphs=mode == "captured")
+                idx = torch.randint(0, task.x_train.shape[0], (steps, P * batch), device="cuda")
+                losses = torch.zeros(steps, P, device="cuda")
+
+                def step(rows, stepper=stepper, losses=losses):
+                    loss, _ = stepper.run(rows, "train")
+                    losses[0] = loss  # what the loop does with it
+
+                times[mode].append(_time_steps(step, idx, 10))
+        eager, captured = statistics.median(times["eager"]), statistics.median(times["captured"])
+        rows.append(
+            {
+                "kind": "step_ms",
+                "population": f"{population[0]}x{population[1]}",
+                "batch": batch,
+                "seq_len": task.seq_len,
+                "eager_ms": round(eager, 4),
+                "captured_ms": round(captured, 4),
+                "captured_vs_eager": round(captured / eager, 3),
+                "eager_runs": [round(t, 4) for t in times["eager"]],
+                "captured_runs": [round(t, 4) for t in times["captured"]],
+            }
+        )
+        print(f"step ms {rows[-1]['population']}: eager {eager:.3f}  captured {captured:.3f}", flush=True)
+    if compile_:
+        model = build(_arch(task.vocab_size), task, seed=0).to("cuda").train()
+        compiled = torch.compile(model, mode="max-autotune")
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True)
+
+        def peer(rows):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                x, y = task.batch(rows)
+                loss = task.loss(compiled(x), y)
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+        idx = torch.randint(0, task.x_train.shape[0], (steps, batch), device="cuda")
+        start = time.perf_counter()
+        peer(idx[0])
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - start
+        peer_ms = statistics.median(_time_steps(peer, idx, 10) for _ in range(repeats))
+        one = rows[0]
+        one |= {
+            "peer_compile_max_autotune_ms": round(peer_ms, 4),
+            "peer_compile_seconds": round(compile_s, 1),
+            "captured_vs_peer": round(one["captured_ms"] / peer_ms, 3),
+        }
+        print(f"step ms peer torch.compile max-autotune {peer_ms:.3f} (compile {compile_s:.0f} s)", flush=True)
+    return rows
+
+
+def _population_space(workdir: Path, population: str) -> str:
+    """hybrid_small with ``population`` ("SxL": S seeds x L learning rates) as a YAML path."""
+    import yaml
+
+    seeds, lrs = (int(x) for x in population.split("x"))
+    data = yaml.safe_load((Path(__file__).resolve().parent.parent / "search_spaces/hybrid_small.yaml").read_text())
+    data["train"]["seeds"] = seeds
+    data["train"]["lr_multipliers"] = [2.0**k for k in range(-(lrs // 2), lrs - lrs // 2)] if lrs > 1 else [1.0]
+    path = workdir / f"hybrid_small_{population}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
 def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
     samples: dict[str, list[float]] = {}
     for line in proc.stdout.read().splitlines():
@@ -102,7 +213,9 @@ def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
     return {gpu: round(statistics.mean(v), 1) for gpu, v in samples.items()}
 
 
-def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extra: list[str]) -> dict:
+def trials_per_hour(
+    gpus: str, per_gpu: int, seconds: float, workdir: Path, extra: list[str], space: str = "hybrid_small"
+) -> dict:
     import optuna
 
     from nas.search.record import records
@@ -122,7 +235,7 @@ def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extr
             "nas",
             "search",
             "--space",
-            "hybrid_small",
+            space,
             "--trials",
             "100000",
             "--timeout",
@@ -154,6 +267,8 @@ def trials_per_hour(gpus: str, per_gpu: int, seconds: float, workdir: Path, extr
     scored = [r for r in records(study) if r.latency_seconds is not None]
     scoring = [r.latency_seconds for r in scored]
     return {
+        "space": Path(space).stem,
+        "gpu": torch.cuda.get_device_name(),
         "gpus": gpus,
         "workers_per_gpu": per_gpu,
         "search_args": " ".join(extra),
@@ -183,11 +298,19 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also tokens/s with the step through torch.compile")
     parser.add_argument("--search-args", default="", help="extra nas search arguments, e.g. '--predict'")
     parser.add_argument("--layouts", default=None, help="GPUS:WORKERS;... e.g. '0:1;0,1:1' (default: all)")
+    parser.add_argument(
+        "--population", default=None, help="SxL: the search's seeds x learning rates (default: the space's)"
+    )
+    parser.add_argument("--step-times", action="store_true", help="only the ms per step part (eager, captured, peer)")
     args = parser.parse_args()
     env = environment()
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}")
 
     rows = []
+    if args.step_times:
+        task_spec, batch = SHAPES["hybrid_small task B32xT32"]
+        rows += step_times(task_spec, batch, args.steps, args.repeats, args.compile)
+        args.skip_tokens = args.skip_search = True
     for label, (task_spec, batch) in ({} if args.skip_tokens else SHAPES).items():
         # interleaved repeats (peer first in odd rounds): a fixed order would hand one side the
         # warmer allocator/clocks every time
@@ -229,9 +352,10 @@ def main() -> None:
     if args.skip_search:
         layouts = []
     with tempfile.TemporaryDirectory() as tmp:
+        space = _population_space(Path(tmp), args.population) if args.population else "hybrid_small"
         for gpus, per_gpu in layouts:
-            row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp), args.search_args.split())
-            rows.append({"kind": "search_trials_per_hour", **row})
+            row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp), args.search_args.split(), space)
+            rows.append({"kind": "search_trials_per_hour", "population": args.population or "space default", **row})
             print(
                 f"search gpus={gpus} x{per_gpu}: {row['completed']} trials in {row['wall_s']} s = "
                 f"{row['trials_per_hour']}/h (steady {row['steady_trials_per_hour']}/h), "

@@ -24,6 +24,7 @@ VARIABLES: dict[str, str] = {
     "NAS_GPU_SHARE": "set by nas search for workers sharing a GPU: the turn-taking lock files' prefix",
     "NAS_TRAIN_COMPILE": "1: train through torch.compile (pays only for long trainings)",
     "NAS_OPTIM_FUSED": "0: the optimizers take the torch reference path on CUDA (A/B runs)",
+    "NAS_TRAIN_GRAPHS": "0: train with eager steps on CUDA instead of replaying a captured CUDA graph (A/B runs)",
     "NAS_LINEAR_TMA": "1/0: force the TMA (tensor-descriptor) linear kernel on or off; unset: per GPU",
 }
 
@@ -52,6 +53,7 @@ class Settings:
     fault: str = ""  # parsed by nas.search.faults, which knows the fault kinds
     gpu_share: str | None = None
     train_compile: bool = False
+    train_graphs: bool = True  # CUDA training replays a captured step where it can
     optim_fused: bool | None = None  # False: never fuse; None: fuse CUDA groups the kernel supports
     linear_tma: bool | None = None  # None: the kernels choose per GPU
 
@@ -68,6 +70,7 @@ class Settings:
             fault=env.get("NAS_FAULT", "").strip(),
             gpu_share=env.get("NAS_GPU_SHARE") or None,
             train_compile=bool(_flag(env, "NAS_TRAIN_COMPILE")),
+            train_graphs=_flag(env, "NAS_TRAIN_GRAPHS") is not False,
             optim_fused=False if _flag(env, "NAS_OPTIM_FUSED") is False else None,
             linear_tma=_flag(env, "NAS_LINEAR_TMA"),
         )

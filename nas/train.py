@@ -164,8 +164,9 @@ def rung_steps(steps: int, start: int = 0) -> tuple[int, ...]:
 
 
 def _autocast(device: torch.device) -> torch.autocast:
-    # bf16 on GPU (no loss scaling needed); fp32 on CPU, where bf16 matmuls are slow
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=is_cuda(device))
+    # bf16 on GPU (no loss scaling needed); fp32 on CPU, where bf16 matmuls are slow. No cast
+    # cache: a captured step must cast the weights it is replayed on (the same numbers either way)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=is_cuda(device), cache_enabled=False)
 
 
 @torch.no_grad()
@@ -391,54 +392,35 @@ def _train(model, task, spec, variants, device, budget, step_hook, on_rung, comp
         if compile_model is None:
             compile_model = settings.get().train_compile
         forward = torch.compile(model) if compile_model else model
-        run = _loop(model, forward, task, spec, variants, opt, sched, gens, budget, step_hook, on_rung, share, clock)
+        steps = _Steps(forward, task, opt, variants.size, device, _use_graphs(device, compile_model))
+        run = _loop(model, steps, task, spec, variants, sched, gens, budget, step_hook, on_rung, share, clock)
     finally:
         share.release_shared()  # after an exception too: queued steps must not overlap a measurement
     logger.debug("trained %d variants %d steps in %.1fs (%s)", variants.size, run.steps, run.seconds, run.stopped)
     return run
 
 
-def _loop(model, forward, task, spec, variants, opt, sched, gens, budget, step_hook, on_rung, share, clock) -> _Run:
+def _loop(model, steps, task, spec, variants, sched, gens, budget, step_hook, on_rung, share, clock) -> _Run:
     """The training steps and the final evaluation of ``_train``. GPU work runs while holding
     ``share`` (windows of steps)."""
-    device, n_train, P = task.x_train.device, task.x_train.shape[0], variants.size
+    device, P = task.x_train.device, variants.size
     stage1 = task.stage1_steps(spec.steps)  # the first steps draw short rows (a length curriculum)
-    n_stage1 = task.x_stage1.shape[0] if stage1 else 0
+    draws = _draws(task, spec, variants, gens, stage1)
     losses = torch.zeros(spec.steps, P, device=device)
     norms = torch.zeros(spec.steps, P, device=device)
     diverged: list[tuple[int, str] | None] = [None] * P
     stopped, step = "completed", 0
     rungs = set(rung_steps(spec.steps, stage1)) if on_rung is not None else set()
     ceiling = _loss_ceiling(task)
-    order = torch.tensor(variants.seed_index, device=device)
     while step < spec.steps:
         clock.paused += share.acquire_shared()
         try:
             if step_hook is not None:
                 step_hook(step + 1)
-            short = step < stage1
-            n_rows = n_stage1 if short else n_train
-            # one draw per seed, from that seed's generator: variants of one seed see the same rows
-            drawn = [torch.randint(0, n_rows, (spec.batch_size,), device=device, generator=g) for g in gens]
-            idx = drawn[0] if P == 1 else torch.stack(drawn)[order].reshape(-1)  # [P·B], variant-major
-            with _autocast(device):
-                x, y = task.batch(idx, split="stage1" if short else "train")  # [P·B, T] rows, gathered on the device
-                logits = forward(x)
-                if P == 1:
-                    loss = task.loss(logits, y).reshape(1)
-                else:
-                    ys = y.reshape(P, -1, *y.shape[1:])
-                    rows = logits.reshape(P, -1, *logits.shape[1:])
-                    loss = torch.stack([task.loss(rows[p], ys[p]) for p in range(P)])
-            # keep the grad tensors (zero them): their addresses stay put, so the fused optimizer's
-            # pointer tables are built once, not every step (H200: 640 -> 4 table builds in 320
-            # steps, +4% tokens/s; benchmarks/results/optimizer_host_h200.json)
-            opt.zero_grad(set_to_none=False)
-            loss.sum().backward()  # the variants' parameters are disjoint: each gets its own loss's gradient
-            opt.step()
+            loss, norm = steps.run(draws[step], "stage1" if step < stage1 else "train")
             sched.step()
-            losses[step] = loss.detach()
-            norms[step] = opt.last_grad_norm.reshape(P)
+            losses[step] = loss
+            norms[step] = norm
             step += 1
         except torch.cuda.OutOfMemoryError:
             rows = spec.batch_size if P == 1 else f"{spec.batch_size} x {P} variants"
@@ -470,6 +452,135 @@ def _loop(model, forward, task, spec, variants, opt, sched, gens, budget, step_h
             diverged[p] = (step, f"test loss {loss_p:.3g} is over {_over(ceiling)}")
     seconds = clock.elapsed()
     return _Run(variants, accuracy_l, test_loss_l, diverged, step, seconds, stopped, losses[:step].cpu(), _window(spec))
+
+
+GRAPH_WARMUP = 2  # eager steps of each stage before its step is captured: lazy initialisation happens there
+
+
+def _draws(task: Task, spec: TrainSpec, variants: _Variants, gens: list[torch.Generator], stage1: int) -> torch.Tensor:
+    """Every step's batch rows ``[steps, P·B]``, drawn up front on the device: per seed, one draw
+    per stage (short rows first) from that seed's generator, so the variants of one seed see the
+    same rows; variant-major within a step."""
+    stages = [(stage1, task.x_stage1.shape[0] if stage1 else 0), (spec.steps - stage1, task.x_train.shape[0])]
+    device = task.x_train.device
+    per_seed = [
+        torch.cat(
+            [torch.randint(0, rows, (n, spec.batch_size), device=device, generator=g) for n, rows in stages if n > 0]
+        )
+        for g in gens
+    ]
+    if variants.size == 1:
+        return per_seed[0]
+    return torch.stack([per_seed[i] for i in variants.seed_index], dim=1).reshape(spec.steps, -1)
+
+
+class _Steps:
+    """The training step, eager or replayed from a CUDA graph.
+
+    With ``graphs`` (CUDA, every param group on the fused optimizer path): the optimizer reads
+    its per-step values from memory (``rows_in_memory``), each stage of the training (the short
+    rows of a curriculum, then the full ones) runs ``GRAPH_WARMUP`` eager steps on a side stream,
+    then captures forward, loss, backward, clipping and the optimizer's launches once; every
+    later step copies its batch rows into the captured input, writes the optimizer's values for
+    the step and replays. A replayed step is the eager step's arithmetic on the same tensors.
+    """
+
+    def __init__(self, forward, task: Task, opt, variants: int, device: torch.device, graphs: bool) -> None:
+        self.forward, self.task, self.opt, self.P, self.device = forward, task, opt, variants, device
+        self.graphs = graphs
+        self._rows = False  # the optimizer reads its values from memory (decided at the first step)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._split: str | None = None
+        self._warm = 0
+        self._input: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None
+
+    def run(self, idx: torch.Tensor, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step on rows ``idx`` of ``split``: (loss ``[P]``, gradient norm ``[P]``)."""
+        if not self.graphs:
+            return self._step(idx, split, launch=False)
+        if split != self._split:  # a new stage: its rows have another length, so another graph
+            self._graph, self._split, self._warm = None, split, 0
+        if self._graph is None and self._warm < GRAPH_WARMUP:
+            self._warm += 1
+            return self._on_side_stream(lambda: self._step(idx, split, launch=False))
+        self.opt.prepare()
+        if self._graph is None:
+            self._capture(idx, split)
+        self._input.copy_(idx)
+        self._graph.replay()
+        return self._out[0], self._out[1]
+
+    def _step(self, idx: torch.Tensor, split: str, launch: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        with _autocast(self.device):
+            x, y = self.task.batch(idx, split=split)  # [P·B, T] rows, gathered on the device
+            logits = self.forward(x)
+            if self.P == 1:
+                loss = self.task.loss(logits, y).reshape(1)
+            else:
+                ys = y.reshape(self.P, -1, *y.shape[1:])
+                rows = logits.reshape(self.P, -1, *logits.shape[1:])
+                loss = torch.stack([self.task.loss(rows[p], ys[p]) for p in range(self.P)])
+        # keep the grad tensors (zero them): their addresses stay put, so the fused optimizer's
+        # pointer tables are built once, not every step (benchmarks/results/optimizer_host_h200.json),
+        # and a captured step's backward accumulates into the tensors it was captured with
+        self.opt.zero_grad(set_to_none=False)
+        loss.sum().backward()  # the variants' parameters are disjoint: each gets its own loss's gradient
+        if self.graphs and not self._rows:  # the grads exist now: can every group be captured?
+            self.graphs = self._rows = self.opt.rows_fused()
+            if self._rows:
+                self.opt.rows_in_memory()
+        if launch:
+            self.opt.launch()
+        else:
+            self.opt.step()
+        return loss.detach(), self.opt.last_grad_norm.reshape(self.P)
+
+    def _on_side_stream(self, fn):
+        if not is_cuda(self.device):  # a stand-in graph (tests): nothing to order
+            return fn()
+        main = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out = fn()
+        main.wait_stream(side)
+        return out
+
+    def _capture(self, idx: torch.Tensor, split: str) -> None:
+        self._graph = None  # the last stage's graph and its memory go first
+        self._input = idx.clone()
+        self._out = torch.empty(2, self.P, device=self.device)
+
+        def step() -> None:
+            loss, norm = self._step(self._input, split, launch=True)
+            self._out[0].copy_(loss)
+            self._out[1].copy_(norm)
+
+        self._graph = _capture(step, self.device)
+
+
+def _use_graphs(device: torch.device, compile_model: bool) -> bool:
+    """Whether training on ``device`` tries a captured step (``_Steps``)."""
+    return is_cuda(device) and settings.get().train_graphs and not compile_model
+
+
+def _capture(fn: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``fn``'s GPU work (captured, not run), on a side stream. Unlike
+    ``torch.cuda.graph`` it neither collects garbage nor empties the allocator's cache per
+    capture (a candidate captures once per stage); other threads' CUDA calls stay allowed."""
+    graph = torch.cuda.CUDAGraph()
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            fn()
+        finally:
+            graph.capture_end()
+    main.wait_stream(side)
+    return graph
 
 
 @dataclass

@@ -279,7 +279,8 @@ def kernels_fingerprint() -> str:
 @functools.cache
 def decode_fingerprint() -> str:
     """The fingerprint of the code a measured decode step times: every file under ``kernels/``
-    but the training-only ones (decode-only code included), ``nas/models/triton_model.py`` and ``nas/models/triton_decode.py``."""
+    but the training-only ones (decode-only code included), ``nas/models/triton_model.py`` and
+    ``nas/models/triton_decode.py``."""
     import kernels
     import nas.models.triton_model as triton_model
 

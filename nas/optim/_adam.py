@@ -80,7 +80,6 @@ class _Adam(OptimizerBase):
                 step=state["step"],
             )
 
-
     @staticmethod
     def _advance(params: list[Tensor], states: list[dict[str, Any]]) -> None:
         for p, state in zip(params, states, strict=True):

@@ -209,15 +209,11 @@ class OptimizerBase(torch.optim.Optimizer):
         noise_std = grad_noise_std(self.grad_options.noise, self.grad_options.noise_gamma, self._noise_t)
         launches = self._launches()
         check(bool(launches), "prepare() needs gradients: call it after the first backward")
+        check(self.rows_fused(), f"{type(self).__name__}: rows in memory need the fused kernel for every param group")
         rows = []
         for variant, index, group, params in launches:
-            if variant is None:
-                fused, views, key = self._runs_fused(params), params, index
-            else:
-                views = [p[variant] for p in params]
-                fused = self._views_fused(views, [p.grad[variant] for p in params])
-                key = index * len(self.lr_multipliers) + variant
-            check(fused, f"{type(self).__name__}: rows in memory need the fused kernel for every param group")
+            views = params if variant is None else [p[variant] for p in params]
+            key = index if variant is None else index * len(self.lr_multipliers) + variant
             multiplier = 1.0 if variant is None else self.lr_multipliers[variant]
             seed = noise_seed(self.grad_options.seed, self._noise_t, key)
             group_lr = {**group, "lr": group["lr"] * multiplier}
@@ -249,6 +245,18 @@ class OptimizerBase(torch.optim.Optimizer):
             views = params if variant is None else [p[variant] for p in params]
             view_grads = [p.grad if variant is None else p.grad[variant] for p in params]
             self._update_group(group, views, view_grads, self._states_of(params, variant), transform)
+
+    def rows_fused(self) -> bool:
+        """Whether every launch of a step (params with a grad) takes the fused kernel: what
+        ``rows_in_memory`` needs."""
+        for variant, _, _, params in self._launches():
+            if variant is None and not self._runs_fused(params):
+                return False
+            if variant is not None and not self._views_fused(
+                [p[variant] for p in params], [p.grad[variant] for p in params]
+            ):
+                return False
+        return True
 
     def _launches(self) -> list[tuple[int | None, int, dict[str, Any], list[Tensor]]]:
         """(variant or None, group index, group, its params with a grad) per launch of a step, in

@@ -126,22 +126,22 @@ def _gpu_pair(monkeypatch, task_name, spec, population=False):
     monkeypatch.setenv("NAS_TRAIN_GRAPHS", "0")
     if population:
         eager = train_population(ARCH, task, spec, device="cuda")
+        eager_model = eager.model
     else:
-        model = build(ARCH, seed=0)
-        eager = train(model, task, spec, device="cuda")
-        eager.model = model
+        eager_model = build(ARCH, seed=0)
+        eager = train(eager_model, task, spec, device="cuda")
     monkeypatch.setenv("NAS_TRAIN_GRAPHS", "1")
     counted = []
     real = train_module._capture
     monkeypatch.setattr(train_module, "_capture", lambda fn, device: counted.append(1) or real(fn, device))
     if population:
         captured = train_population(ARCH, task, spec, device="cuda")
+        captured_model = captured.model
     else:
-        model = build(ARCH, seed=0)
-        captured = train(model, task, spec, device="cuda")
-        captured.model = model
+        captured_model = build(ARCH, seed=0)
+        captured = train(captured_model, task, spec, device="cuda")
     assert counted, "no step was captured"
-    return eager, captured
+    return (eager, eager_model), (captured, captured_model)
 
 
 @pytest.mark.gpu
@@ -152,8 +152,8 @@ def test_captured_training_matches_eager_on_the_gpu(monkeypatch, recipe, task_na
     """Same kernels on the same tensors: equal up to the nondeterminism of the GPU's backward
     reductions (atomics in SDPA's backward), which bf16 autocast keeps small over 8 steps."""
     spec = _spec(recipe)
-    eager, captured = _gpu_pair(monkeypatch, task_name, spec)
-    for a, b in zip(_weights(captured.model), _weights(eager.model), strict=True):
+    (eager, eager_model), (captured, captured_model) = _gpu_pair(monkeypatch, task_name, spec)
+    for a, b in zip(_weights(captured_model), _weights(eager_model), strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
     assert abs(captured.accuracy - eager.accuracy) <= 0.1
     assert [s for s, _ in captured.curve] == [s for s, _ in eager.curve]
@@ -163,7 +163,7 @@ def test_captured_training_matches_eager_on_the_gpu(monkeypatch, recipe, task_na
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_captured_population_matches_eager_on_the_gpu(monkeypatch):
     spec = _spec(dict(optimizer="adamw", lr=3e-3, weight_decay=0.1), seeds=2, lr_multipliers=(0.5, 1.0, 2.0))
-    eager, captured = _gpu_pair(monkeypatch, CURRICULUM, spec, population=True)
-    for a, b in zip(_weights(captured.model), _weights(eager.model), strict=True):
+    (eager, eager_model), (captured, captured_model) = _gpu_pair(monkeypatch, CURRICULUM, spec, population=True)
+    for a, b in zip(_weights(captured_model), _weights(eager_model), strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
     assert captured.steps == eager.steps == spec.steps

@@ -167,10 +167,13 @@ def step_times(task_spec: str, batch: int, steps: int, repeats: int, compile_: b
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True)
 
         def peer(rows):
+            # max-autotune replays CUDA graphs whose outputs the next replay overwrites: a new
+            # step must say so, and grads are dropped rather than zeroed in place
+            torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 x, y = task.batch(rows)
                 loss = task.loss(compiled(x), y)
-            opt.zero_grad(set_to_none=False)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()

@@ -194,15 +194,15 @@ def step_times(task_spec: str, batch: int, steps: int, repeats: int, compile_: b
     return rows
 
 
-def _population_space(workdir: Path, population: str) -> str:
-    """hybrid_small with ``population`` ("SxL": S seeds x L learning rates) as a YAML path."""
+def _population_space(workdir: Path, space: str, population: str) -> str:
+    """Shipped space ``space`` with ``population`` ("SxL": S seeds x L learning rates) as a YAML path."""
     import yaml
 
     seeds, lrs = (int(x) for x in population.split("x"))
-    data = yaml.safe_load((Path(__file__).resolve().parent.parent / "search_spaces/hybrid_small.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parent.parent / f"search_spaces/{space}.yaml").read_text())
     data["train"]["seeds"] = seeds
     data["train"]["lr_multipliers"] = [2.0**k for k in range(-(lrs // 2), lrs - lrs // 2)] if lrs > 1 else [1.0]
-    path = workdir / f"hybrid_small_{population}.yaml"
+    path = workdir / f"{space}_{population}.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
 
@@ -304,6 +304,7 @@ def main() -> None:
     parser.add_argument(
         "--population", default=None, help="SxL: the search's seeds x learning rates (default: the space's)"
     )
+    parser.add_argument("--space", default="hybrid_small", help="shipped space the search runs (default hybrid_small)")
     parser.add_argument("--step-times", action="store_true", help="only the ms per step part (eager, captured, peer)")
     args = parser.parse_args()
     env = environment()
@@ -355,7 +356,7 @@ def main() -> None:
     if args.skip_search:
         layouts = []
     with tempfile.TemporaryDirectory() as tmp:
-        space = _population_space(Path(tmp), args.population) if args.population else "hybrid_small"
+        space = _population_space(Path(tmp), args.space, args.population) if args.population else args.space
         for gpus, per_gpu in layouts:
             row = trials_per_hour(gpus, per_gpu, args.search_seconds, Path(tmp), args.search_args.split(), space)
             rows.append({"kind": "search_trials_per_hour", "population": args.population or "space default", **row})

@@ -6,7 +6,8 @@ each; the ``calibrated:`` section holds achieved fractions measured on a real de
 read by the latency predictor (``nas.latency``), which falls back to documented defaults.
 
 Units are in the field names: ``memory_bandwidth_gb_s`` is 1e9 bytes/s, ``peak_tflops`` is
-1e12 FLOP/s, ``launch_overhead_us`` is microseconds.
+1e12 FLOP/s, ``launch_overhead_us`` is microseconds, ``memory_gb`` (optional: the device memory,
+which the search compares the candidates' predicted memory with) is 1e9 bytes.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class HardwareProfile:
     memory_bandwidth_gb_s: float
     peak_tflops: PeakTflops
     launch_overhead_us: float
+    memory_gb: float | None = None  # device memory, 1e9 bytes (datasheet); None: not given, not checked
     sources: tuple[tuple[str, str], ...] = ()
     calibrated: Calibration = Calibration()
     path: str = dataclasses.field(default="", compare=False)
@@ -120,6 +122,21 @@ class HardwareProfile:
     @property
     def bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_gb_s * 1e9
+
+    @property
+    def memory_mib(self) -> float | None:
+        """The device memory in MiB (2**20 bytes, the unit of the memory objectives); None when
+        the profile gives no ``memory_gb``."""
+        return None if self.memory_gb is None else self.memory_gb * 1e9 / 2**20
+
+    def over_memory(self, mb: float) -> str | None:
+        """``more than h200's 141 GB (134,468 MiB)`` when ``mb`` MiB (2**20 bytes, the unit of the
+        memory objectives) exceed this GPU's memory: a model that needs it cannot run on one such
+        GPU. None when it fits, or the profile gives no ``memory_gb``."""
+        capacity = self.memory_mib
+        if capacity is None or not mb > capacity:
+            return None
+        return f"more than {self.name}'s {self.memory_gb:g} GB ({capacity:,.0f} MiB)"
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype`` (one of ``DTYPES``)."""
@@ -147,7 +164,7 @@ _REQUIRED = (
     "peak_tflops",
     "launch_overhead_us",
 )
-_OPTIONAL = ("description", "source", "calibrated")
+_OPTIONAL = ("description", "memory_gb", "source", "calibrated")
 _NUMBERS = (
     "sm_count",
     "l2_bytes",
@@ -155,6 +172,7 @@ _NUMBERS = (
     "memory_bandwidth_gb_s",
     "peak_tflops",
     "launch_overhead_us",
+    "memory_gb",
 )  # the fields a `source:` note may describe
 _PROVENANCE_KEYS = ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")
 _CALIBRATION_KEYS = (
@@ -229,7 +247,8 @@ def _json(where: str, field: str, value: Any) -> str:
 
 
 # Upper bounds on a profile's datasheet numbers: far above any GPU made (an H200: 132 SMs, 50 MiB of
-# L2, 228 KiB of shared memory per SM, 4.8 TB/s, 989.5 dense bf16 TFLOP/s, launches of a few µs) and
+# L2, 228 KiB of shared memory per SM, 4.8 TB/s, 989.5 dense bf16 TFLOP/s, launches of a few µs,
+# 141 GB of memory) and
 # far below what would make the roofline's arithmetic meaningless; a value past one is a typo (a
 # unit slip: bytes for GB/s, FLOP/s for TFLOP/s) and is refused, not predicted from.
 LIMITS: dict[str, float] = {
@@ -239,6 +258,7 @@ LIMITS: dict[str, float] = {
     "memory_bandwidth_gb_s": 1e6,
     "peak_tflops": 1e6,
     "launch_overhead_us": 1e4,
+    "memory_gb": 1e5,  # an H200: 141 GB; bytes written where GB goes are 1.41e11
 }
 
 
@@ -432,6 +452,7 @@ def _parse(where: str, data: Any) -> HardwareProfile:
         memory_bandwidth_gb_s=_positive(where, "memory_bandwidth_gb_s", data["memory_bandwidth_gb_s"]),
         peak_tflops=PeakTflops(**{d: _positive(where, f"peak_tflops.{d}", peaks[d]) for d in DTYPES}),
         launch_overhead_us=_positive(where, "launch_overhead_us", data["launch_overhead_us"]),
+        memory_gb=None if data.get("memory_gb") is None else _positive(where, "memory_gb", data["memory_gb"]),
         sources=tuple((k, str(v)) for k, v in sources.items()),
         calibrated=_calibration(where, data.get("calibrated")),
         path=where,

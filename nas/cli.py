@@ -27,6 +27,7 @@ from nas.search import interrupt
 if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them (nas --help stays fast)
     import optuna
 
+    from hardware_profiles import HardwareProfile
     from nas.results.verify import Planned
     from nas.search.objective import TrialContext
     from nas.search.objectives import Objective
@@ -526,6 +527,8 @@ def _search(args: argparse.Namespace) -> None:
         f"device {ctx.device}; {done} trial(s) already trained",
         soft_wrap=True,
     )
+    if (warning := _memory_warning(ctx)) is not None:
+        console.print(warning, markup=False, highlight=False, soft_wrap=True)
     if args.retrain_truncated:
         config = dataclasses.replace(config, trials=config.trials + len(ctx.retrained))
         console.print(
@@ -676,9 +679,11 @@ class _TrialLines:
     processes several finish between two polls, and each line used to show the count at the poll."""
 
     def __init__(self, study: optuna.Study, trials: int, *, show_all: bool) -> None:
+        from nas.search.record import study_profile
         from nas.search.study import n_complete
 
         self._trials, self._show_all = trials, show_all
+        self._profile = study_profile(study)  # the target GPU, whose memory a trial's is compared with
         self._seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
         self._trained = n_complete(study)
 
@@ -696,16 +701,24 @@ class _TrialLines:
             self._seen.add(r.number)
             self._trained += r.trained
             if r.state.name == "FAIL" or r.truncated or self._show_all:
-                out.append(_trial_line(r, self._trained, self._trials, study_objectives(study)))
+                out.append(_trial_line(r, self._trained, self._trials, study_objectives(study), self._profile))
         return out
 
 
-def _trial_line(r: TrialRecord, trained: int, trials: int, objectives: Sequence[Objective] | None = None) -> str:
+def _trial_line(
+    r: TrialRecord,
+    trained: int,
+    trials: int,
+    objectives: Sequence[Objective] | None = None,
+    profile: HardwareProfile | None = None,
+) -> str:
     """``trial 4 (3/8 trained): L A | d=32, acc 0.912, latency 0.0213 ms, memory 0.41 MiB, 20 steps``
-    (the costs are the study's ``objectives``; None: the default ones)."""
+    (the costs are the study's ``objectives``; None: the default ones), and ``— memory 2.416e+06 MiB
+    is more than h200's 141 GB (134,468 MiB)`` where a memory objective exceeds ``profile``'s GPU."""
     from nas.search.objectives import CATALOGUE, DEFAULT_OBJECTIVES
 
     objectives = objectives or tuple(CATALOGUE[n] for n in DEFAULT_OBJECTIVES)
+    over = "".join(f" — {text}" for text in r.over_device(objectives, profile))
     if r.state.name == "FAIL":
         return f"trial {r.number} failed: {r.failure or '?'}"
     if r.duplicate_of is not None:
@@ -720,17 +733,17 @@ def _trial_line(r: TrialRecord, trained: int, trials: int, objectives: Sequence[
     if r.skipped_training is not None:  # a baseline is named here too (it was only where trained)
         return (
             f"trial {r.number}:{ref} {r.arch_summary} {r.skipped_training}; not trained, "
-            f"not counted ({trained}/{trials} trained)"
+            f"not counted ({trained}/{trials} trained){over}"
         )
     line = (
         f"trial {r.number} ({trained}/{trials} trained):{ref} {r.arch_summary}, acc {r.accuracy_text()}, "
         f"{r.costs_text(objectives)}, {r.steps_text()} steps"
     )
-    return line + (f" — truncated ({r.truncation_text()}), kept off the front" if r.truncated else "")
+    return line + (f" — truncated ({r.truncation_text()}), kept off the front" if r.truncated else "") + over
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from nas.search.record import record, study_objectives
+    from nas.search.record import record, study_objectives, study_profile
     from nas.search.storage import resolve_storage
     from nas.search.study import n_complete, run_search, worker_config
 
@@ -744,15 +757,60 @@ def _worker(args: argparse.Namespace) -> None:
         data=args.data,
     )
     label = f"worker {config.worker}: "
+    profiles: dict[str, HardwareProfile | None] = {}  # the study's, read once
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         r = record(study, trial)
         if r.surplus is None:
-            line = _trial_line(r, n_complete(study), config.trials, study_objectives(study))
+            profile = profiles[study.study_name] if study.study_name in profiles else study_profile(study)
+            profiles[study.study_name] = profile
+            line = _trial_line(r, n_complete(study), config.trials, study_objectives(study), profile)
             console.print(label + line, markup=False, highlight=False, soft_wrap=True)
 
     study = run_search(config, on_trial=on_trial)
     console.print(f"{label}study {args.study} has {n_complete(study)} trained trials", soft_wrap=True)
+
+
+def _memory_warning(ctx: TrialContext) -> str | None:
+    """``warning: memory at 4096x1048576 of the baselines (all-attention 2.416e+06 MiB, …) is more
+    than h200's 141 GB (134,468 MiB): …``: said before the first trial when the space's reference
+    architectures (``nas.search.baselines``, whether or not the study trains them) need more memory
+    than the target GPU has at the shapes the study costs; None when they fit or the profile gives
+    no ``memory_gb``."""
+    from optuna.trial import FixedTrial
+
+    from nas.latency import cache_memory, memory
+    from nas.search.baselines import baselines
+
+    if ctx.profile.memory_gb is None:
+        return None
+    archs = []
+    for b in baselines(ctx.space):
+        try:
+            archs.append((b.label, ctx.space.sample(FixedTrial(b.params), ctx.task, ctx.seed).arch))
+        except ValueError:  # a parameter the space draws that the baseline does not fix
+            continue
+    kinds = []
+    if "memory_mb" in ctx.objectives:
+        kinds.append((f"memory at {ctx.shape}", "--latency-shape", lambda arch: memory(arch, ctx.shape).total_mb))
+    if "cache_memory_mb" in ctx.objectives and ctx.context:
+        kinds.append(
+            (
+                f"cache memory at context {ctx.context:,} × batch {ctx.decode_batch}",
+                "--context or --decode-batch",
+                lambda arch: cache_memory(arch, ctx.context, ctx.decode_batch).total_mb,
+            )
+        )
+    lines = []
+    for what, flag, cost in kinds:
+        over = [(label, mb) for label, arch in archs if ctx.profile.over_memory(mb := cost(arch)) is not None]
+        if over:
+            lines.append(
+                f"warning: {what} of the baselines ({', '.join(f'{label} {mb:.4g} MiB' for label, mb in over)}) is "
+                f"{ctx.profile.over_memory(over[0][1])}: such models cannot run on one {ctx.profile.name}; "
+                f"a smaller {flag} costs what fits"
+            )
+    return "\n".join(lines) or None
 
 
 def _costing_text(ctx: TrialContext) -> str:
@@ -786,9 +844,10 @@ def _front_table(study: optuna.Study) -> Table:
     """The front as a table: one column per objective of the study, the baselines below it; ★ marks
     the trial ``nas export`` takes by default (listed below the front when ε-dominated there)."""
     from nas.results.pareto import accuracy_epsilon, completed, default_pick, front
-    from nas.search.record import study_objectives, study_setup
+    from nas.search.record import study_objectives, study_profile, study_setup
 
     objectives = study_objectives(study)
+    profile = study_profile(study)
     trials = front(study)
     on_front = {r.number for r in trials}
     chosen = default_pick(study)
@@ -815,6 +874,12 @@ def _front_table(study: optuna.Study) -> Table:
             f"{len(late)} trained trial(s) over the study's current budgets (set after they were trained; "
             f"{', '.join(str(r.number) for r in late)}): off the front, not picked"
         )
+    if too_big := sorted(r.number for r in trials + refs if r.over_device(objectives, profile)):
+        caption.append(
+            f"> {profile.memory_gb:g} GB: trial(s) {', '.join(map(str, too_big))} need more memory than "
+            f"{profile.name}'s {profile.memory_gb:g} GB ({profile.memory_mib:,.0f} MiB): they cannot run on one "
+            f"{profile.name} as costed"
+        )
     if chosen is not None:
         caption.append(f"★ nas export's pick: {_pick_text(accuracy_epsilon(study), star in on_front)}")
     table = Table(title=f"Pareto front of {study.study_name}: {len(trials)} trials", caption="\n".join(caption) or None)
@@ -827,7 +892,7 @@ def _front_table(study: optuna.Study) -> Table:
         over = ", over budget" if not r.trained or r.over_budget else ""
         cut = f", truncated {r.steps_done}/{r.planned_steps} steps" if r.truncated else ""
         label = r.arch_summary + (f" ({r.baseline}{over}{cut})" if r.baseline else "")
-        values = [_cell(r, o) for o in objectives]
+        values = [_cell(r, o, profile) for o in objectives]
         if "accuracy" not in [o.metric for o in objectives]:
             values.insert(0, r.accuracy_text() if r.trained else "-")
         table.add_row(
@@ -855,9 +920,9 @@ def _column(o: Objective) -> str:
     return {"accuracy": "acc", "memory_mb": "mem MiB"}.get(o.metric, f"{o.name.replace('_', ' ')} {o.unit}")
 
 
-def _cell(r: TrialRecord, o: Objective) -> str:
+def _cell(r: TrialRecord, o: Objective, profile: HardwareProfile | None = None) -> str:
     """A front table cell: the value in the column's unit, with a prediction's interval (accuracy:
-    its spread over seeds)."""
+    its spread over seeds); a memory over ``profile``'s GPU memory is marked ``> 141 GB``."""
     value = r.value(o.metric)
     if value is None:
         return "?"
@@ -865,7 +930,8 @@ def _cell(r: TrialRecord, o: Objective) -> str:
         return r.accuracy_text() if r.trained else "-"
     lat = r.latency_of(o.metric)
     interval = f" ±{lat.interval * 100:.0f}%" if lat is not None and lat.interval else ""
-    return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval
+    over = f" > {profile.memory_gb:g} GB" if profile is not None and r.over_device((o,), profile) else ""
+    return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval + over
 
 
 def _studies(args: argparse.Namespace) -> None:

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from nas.results.fidelity import fidelity, pairs
 from nas.results.pareto import accuracy_epsilon, completed, default_pick, front, primary_cost, reference_point
 from nas.search.objectives import Objective
-from nas.search.record import TrialRecord, records, study_budgets, study_objectives, study_setup
+from nas.search.record import TrialRecord, records, study_budgets, study_objectives, study_profile, study_setup
 from nas.search.setup import StudyBudgets
 from nas.search.storage import file_in_the_way, output_clash
 
@@ -469,9 +469,11 @@ def front_table_html(study: optuna.Study, epsilon: float | None = None) -> str:
     ]
     header = ("trial", "architecture", *(o.label for o in objectives), "note")
 
+    profile = study_profile(study)  # a memory over its GPU's is noted: such a model cannot run on it
+
     def note(r: TrialRecord) -> str:
         pick = f"{_picks(epsilon)} ({_PICK_RULE})" if r.number == star else ""
-        return "; ".join(n for n in (_note(r, r.number in ids), pick) if n)
+        return "; ".join(n for n in (_note(r, r.number in ids), pick, *r.over_device(objectives, profile)) if n)
 
     rows = [(str(r.number), one_line(r), *(_cell(r, o) for o in objectives), note(r)) for r in best + refs]
     cell = "<td>{}</td>".format

@@ -32,6 +32,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hardware_profiles import HardwareProfile, ProfileError, parse_profile
 from nas.latency import Latency
 from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, Objective, metrics, objectives_for
 from nas.search.setup import SearchSetup, StudyBudgets
@@ -51,6 +52,7 @@ __all__ = [
     "over_budgets",
     "population_text",
     "study_objectives",
+    "study_profile",
     "record",
     "records",
     "requeue",
@@ -199,6 +201,17 @@ class TrialRecord:
             for o in objectives
             if o.metric != "accuracy"
         )
+
+    def over_device(self, objectives: Sequence[Objective], profile: HardwareProfile | None) -> list[str]:
+        """``memory 2.416e+06 MiB is more than h200's 141 GB (134,468 MiB)``: each memory objective
+        (``memory``, ``cache_memory``) among ``objectives`` whose value exceeds the device memory of
+        ``profile`` (``HardwareProfile.over_memory``); empty when all fit or the profile gives none."""
+        out = []
+        for o in objectives:
+            value = self.value(o.metric) if o.metric in ("memory_mb", "cache_memory_mb") else None
+            if value is not None and profile is not None and (more := profile.over_memory(value)) is not None:
+                out.append(f"{o.name.replace('_', ' ')} {o.format(value)} is {more}")
+        return out
 
     @property
     def accuracy(self) -> float:
@@ -611,6 +624,19 @@ def study_setup(study: optuna.Study) -> SearchSetup | None:
     that nas search did not create."""
     data = study.user_attrs.get("search")
     return SearchSetup.from_dict(data) if data and "space_yaml" in data else None
+
+
+def study_profile(study: optuna.Study) -> HardwareProfile | None:
+    """The hardware profile the study's costs are for, as it recorded it (its ``memory_gb`` is what
+    the memory objectives are compared with); None for a study nas search did not create, one
+    recorded before profiles were, or one whose recorded profile this version refuses."""
+    setup = study_setup(study)
+    if setup is None or not setup.profile_yaml:
+        return None
+    try:
+        return parse_profile(setup.profile_yaml, f"profile {setup.profile} (as recorded)")
+    except ProfileError:
+        return None
 
 
 def study_budgets(study: optuna.Study) -> StudyBudgets | None:

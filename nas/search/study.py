@@ -764,7 +764,8 @@ def _resumed_profile(name: str, target: str, recorded: HardwareProfile, asked: H
         f.name
         for f in dataclasses.fields(HardwareProfile)
         if f.compare
-        and f.name not in ("description", "sources")  # text, not numbers a prediction reads
+        # text, and the device memory (only compared with the memory objectives): not what a prediction reads
+        and f.name not in ("description", "sources", "memory_gb")
         and getattr(asked, f.name) != getattr(recorded, f.name)
     ]
     if not changed:

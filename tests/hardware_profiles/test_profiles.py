@@ -20,7 +20,15 @@ from hardware_profiles import (
 )
 
 SHIPPED = ("a100_80gb", "h100_sxm", "h200", "l4", "rtx4090")
-NUMBERS = ("sm_count", "l2_bytes", "smem_per_sm_bytes", "memory_bandwidth_gb_s", "peak_tflops", "launch_overhead_us")
+NUMBERS = (
+    "sm_count",
+    "l2_bytes",
+    "smem_per_sm_bytes",
+    "memory_bandwidth_gb_s",
+    "peak_tflops",
+    "launch_overhead_us",
+    "memory_gb",
+)
 
 
 def test_list_profiles_has_the_shipped_ones() -> None:
@@ -50,6 +58,29 @@ def test_shipped_profile_loads_and_validates(name: str) -> None:
         cal = profile.calibrated
         assert cal.measured_with and profile.name in ("h200",)
         assert all(0 < f <= 1 for f in (cal.bandwidth_fraction or 1, *(v for _, v in cal.flops_fractions)))
+
+
+# the datasheets' device memory, GB = 1e9 bytes
+MEMORY_GB = {"a100_80gb": 80, "h100_sxm": 80, "h200": 141, "l4": 24, "rtx4090": 24}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_gives_its_device_memory_in_gb_and_mib(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.memory_gb == MEMORY_GB[name]
+    assert str(MEMORY_GB[name]) in profile.source("memory_gb")
+    # the memory objectives are MiB (2**20 bytes): 141 GB is 134,468 MiB, not 141 * 1024
+    assert profile.memory_mib == pytest.approx(MEMORY_GB[name] * 1e9 / 2**20)
+
+
+def test_memory_gb_is_optional_and_read_from_a_numeric_string(tmp_path: Path) -> None:
+    data = _h200()
+    del data["memory_gb"]
+    del data["source"]["memory_gb"]
+    without = load_profile(_write(tmp_path, data))
+    assert without.memory_gb is None and without.memory_mib is None
+    assert without.source("memory_gb") is None
+    assert load_profile(_write(tmp_path, _with(memory_gb="1.41e2"))).memory_gb == 141.0
 
 
 def test_load_by_path_equals_load_by_name(tmp_path: Path) -> None:
@@ -132,6 +163,15 @@ BAD = [
     pytest.param(
         _with(launch_overhead_us=2e6), r"'launch_overhead_us' is 2000000.0, above any GPU", id="absurd-launch"
     ),
+    pytest.param(_with(memory_gb=-141), r"'memory_gb' must be a positive number, got -141", id="negative-memory"),
+    pytest.param(_with(memory_gb=0), r"'memory_gb' must be a positive number, got 0", id="zero-memory"),
+    pytest.param(_with(memory_gb="lots"), r"'memory_gb' must be a positive number, got 'lots'", id="text-memory"),
+    pytest.param(_with(memory_gb=True), r"'memory_gb' must be a positive number, got True", id="bool-memory"),
+    pytest.param(
+        _with(memory_gb=1.41e11),  # bytes written where GB goes
+        r"'memory_gb' is 141000000000.0, above any GPU \(at most 100000\); check its unit",
+        id="memory-in-bytes",
+    ),
 ]
 
 
@@ -148,6 +188,7 @@ def test_every_shipped_profile_is_within_the_limits() -> None:
             "memory_bandwidth_gb_s": p.memory_bandwidth_gb_s,
             "peak_tflops": max(p.peak_tflops.fp32, p.peak_tflops.tf32, p.peak_tflops.bf16, p.peak_tflops.fp16),
             "launch_overhead_us": p.launch_overhead_us,
+            "memory_gb": p.memory_gb,
         }
         assert set(values) == set(LIMITS)
         for field, value in values.items():

@@ -15,6 +15,7 @@ import optuna
 import pytest
 import yaml
 
+from hardware_profiles import load_profile
 from nas.cli import main
 from tests.conftest import study_checksum, unique_name, write_space
 
@@ -78,6 +79,49 @@ def test_names_print_as_they_are_and_next_steps_paste_into_a_shell(tmp_path, cap
     assert report == ["report", "--study", "x[red] y's", "--storage", storage]
     assert main([*report, "--out", str(tmp_path / "r.html")]) == 0
     assert main([*export[:-1], str(tmp_path / "bundle")]) == 0  # its --out export/, placed in tmp_path
+
+
+def test_memory_over_the_target_gpu_is_said_before_the_search_per_trial_and_in_the_front(tmp_path, capsys, monkeypatch):
+    """Issue #49 12a: at --latency-shape 4096x1048576 the candidates need about 2e6 MiB, far over an
+    h200's 141 GB (134,468 MiB: the objective is in MiB of 2**20 bytes, the datasheet in GB of 1e9);
+    the start of the search, each trial's line, the front table and the report say so in words."""
+    monkeypatch.setenv("COLUMNS", "300")
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(write_space(tmp_path)), "--trials", "1", "--storage", storage, "--target", "h200"]
+    assert main([*argv, "--study", "big", "--latency-shape", "4096x1048576"]) == 0
+    out = capsys.readouterr().out
+    said = "more than h200's 141 GB (134,468 MiB)"
+    warning = next(line for line in out.splitlines() if line.startswith("warning: "))
+    assert warning.startswith("warning: memory at 4096x1048576 of the baselines (all-attention ")
+    assert said in warning and "cannot run on one h200" in warning
+    trial = next(line for line in out.splitlines() if line.startswith("trial 0 "))
+    assert re.search(r" — memory \S+ MiB is " + re.escape(said), trial)
+    assert "> 141 GB" in out and "trial(s) 0 need more memory than h200's 141 GB (134,468 MiB)" in " ".join(out.split())
+    assert main(["report", "--study", "big", "--storage", storage, "--out", str(tmp_path / "r.html")]) == 0
+    assert "is more than h200&#x27;s 141 GB (134,468 MiB)" in (tmp_path / "r.html").read_text()
+
+    assert main([*argv, "--study", "small"]) == 0  # the default shape fits: nothing said
+    out = capsys.readouterr().out
+    assert "Pareto front of small" in out and "141 GB" not in out and "warning" not in out
+
+
+def test_cache_memory_over_the_target_gpu_is_said(tmp_path, capsys, monkeypatch):
+    """The decode cache at --context 1048576 --decode-batch 4096 (all-attention: about 1e6 MiB) is
+    over an h200's memory too; a profile without memory_gb says nothing, as before."""
+    monkeypatch.setenv("COLUMNS", "300")
+    generation = ["--objectives", "accuracy,cache_memory", "--context", "1048576", "--decode-batch", "4096"]
+    argv = ["search", "--space", str(write_space(tmp_path)), "--trials", "1", "--storage", str(tmp_path / "s.journal")]
+    assert main([*argv, *generation, "--target", "h200", "--study", "cache"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: cache memory at context 1,048,576 × batch 4096 of the baselines (all-attention " in out
+    assert re.search(r" — cache memory \S+ MiB is more than h200's 141 GB \(134,468 MiB\)", out)
+    data = yaml.safe_load(Path(load_profile("h200").path).read_text())
+    del data["memory_gb"], data["source"]["memory_gb"]
+    unsized = tmp_path / "unsized.yaml"
+    unsized.write_text(yaml.safe_dump(data))
+    assert main([*argv, *generation, "--target", str(unsized), "--study", "unsized"]) == 0
+    out = capsys.readouterr().out
+    assert "Pareto front of unsized" in out and "141 GB" not in out and "warning" not in out
 
 
 def test_an_unknown_flag_is_one_line_without_a_repeated_prefix(capsys):

@@ -147,12 +147,15 @@ def _error(trials: list[TrialRecord], metric: str) -> dict | None:
 
 
 def _accuracy_error(trials: list[TrialRecord]) -> dict | None:
-    """Error bars of accuracy: each trial's spread over seeds (``accuracy_interval``, half each
-    side); None when no trial recorded one."""
+    """Error bars of accuracy: each trial's ``±`` (``accuracy_interval``) above and below it, cut
+    at 0 and 1 (an accuracy is neither below nor above them); None when no trial recorded one."""
     if not any(r.accuracy_interval for r in trials):
         return None
     spread = [r.accuracy_interval or 0.0 for r in trials]
-    return dict(type="data", array=spread, symmetric=True, visible=True, thickness=1, width=2)
+    accuracy = [r.accuracy or 0.0 for r in trials]
+    up = [round(min(s, 1.0 - a), 6) for s, a in zip(spread, accuracy, strict=True)]
+    down = [round(min(s, a), 6) for s, a in zip(spread, accuracy, strict=True)]
+    return dict(type="data", array=up, arrayminus=down, symmetric=False, visible=True, thickness=1, width=2)
 
 
 _PICK_RULE = "the cheapest trial within ε of the best accuracy"  # nas export's default pick

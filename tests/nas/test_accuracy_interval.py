@@ -161,12 +161,17 @@ def test_the_report_draws_the_accuracy_spread_as_vertical_error_bars(tmp_path):
     figs = figures(study)
     best = next(t for t in figs["front2d"].data if t.name.startswith("Pareto front"))
     assert list(best.y) == [0.986, 0.192, 0.034] and list(best.error_y.array) == [0.004, 0.01, 0.0]
+    assert list(best.error_y.arrayminus) == [0.004, 0.01, 0.0]
     assert list(next(t for t in figs["front3d"].data if t.name == "Pareto front").error_z.array) == [0.004, 0.01, 0.0]
     page = write_html(study, tmp_path / "r.html").read_text()
-    assert '"error_y":{"array":[0.004,0.01,0.0]' in page.replace(" ", "")
+    assert '"error_y":{"array":[0.004,0.01,0.0],"arrayminus":[0.004,0.01,0.0]' in page.replace(" ", "")
     hover = best.hovertext[0]
     assert "accuracy 0.986 ±0.004" in hover and "accuracy: mean of 3 seeds at lr 1e-03, the best of 3" in hover
     assert "or either trial's spread over seeds, the larger, count as equal on the front" in page
+    (tmp_path / "wide").mkdir()
+    wide = _study(tmp_path / "wide", (0.9, 0.3, 0.01, 1.0), (0.1, 0.3, 0.005, 1.0))  # bars cut at 1 and 0
+    bars = next(t for t in figures(wide)["front2d"].data if t.name.startswith("Pareto front")).error_y
+    assert list(bars.array) == pytest.approx([0.1, 0.3]) and list(bars.arrayminus) == pytest.approx([0.3, 0.1])
     (tmp_path / "plain").mkdir()
     plain = _study(tmp_path / "plain", (0.9, None, 0.01, 1.0))  # a study written before: no bars
     assert next(t for t in figures(plain)["front2d"].data if t.name.startswith("Pareto front")).error_y.array is None

@@ -33,7 +33,7 @@ from nas.models import HybridModel, TritonModel, build, to_triton
 from nas.results.fidelity import Fidelity, fidelity
 from nas.results.onnx_model import ONNX_OPSET, check_onnx, write_onnx
 from nas.search.objectives import BY_METRIC
-from nas.search.record import TrialRecord, population_text, study_objectives, study_setup, verified
+from nas.search.record import TrialRecord, population_text, study_objectives, study_profile, study_setup, verified
 from nas.search.setup import SearchSetup
 from nas.search.storage import artifact_dir, file_in_the_way, open_artifact_store, output_clash
 from nas.space import LIMITS
@@ -301,6 +301,8 @@ def export(
             "latency_label": trial.latency_label(),
             "proxy_fidelity": _proxy_fidelity(study, trial),
             "memory": dict(trial.memory),
+            # a memory objective over the target GPU's memory, in words (empty: it fits, or unknown)
+            "over_device_memory": trial.over_device(study_objectives(study), study_profile(study)),
             "params": trial.params,
             "versions": _versions(),
             "exported": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -414,6 +416,13 @@ def _generation_rows(r: dict[str, Any]) -> str:
     return rows
 
 
+def _over_memory_text(r: dict[str, Any]) -> str:
+    """The card's warning when a memory objective is over the target GPU's memory (a bundle
+    exported before the check has none)."""
+    notes = r.get("over_device_memory") or []
+    return "".join(f"\n**Does not fit the target GPU:** {note}; it cannot run on one as costed.\n" for note in notes)
+
+
 def _card(r: dict[str, Any]) -> str:
     arch, lat, m = ArchSpec.from_dict(r["arch"]), r["latency"] or {}, r["metrics"]
     train = TrainSpec.from_dict(r["train"])
@@ -445,7 +454,7 @@ def _card(r: dict[str, Any]) -> str:
 | latency | {m["latency_ms"]:.4g} ms{spread}, **{label}** ({lat.get("dtype", "?")}, shape {lat.get("shape", "?")}) |
 | memory | {m["memory_mb"]:.4g} MiB (weights + peak activations + KV cache / state) |
 {_generation_rows(r)}| parameters | {r["params"]:,} |
-
+{_over_memory_text(r)}
 Searched for: {", ".join(r.get("objectives") or ["accuracy", "latency", "memory"])}.
 {_fidelity_text(r)}
 Architecture: width {arch.d_model}, {blocks} — {", ".join(_layer_text(la) for la in arch.layers)};

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -99,6 +100,11 @@ def test_memory_over_the_target_gpu_is_said_before_the_search_per_trial_and_in_t
     assert "> 141 GB" in out and "trial(s) 0 need more memory than h200's 141 GB (134,468 MiB)" in " ".join(out.split())
     assert main(["report", "--study", "big", "--storage", storage, "--out", str(tmp_path / "r.html")]) == 0
     assert "is more than h200&#x27;s 141 GB (134,468 MiB)" in (tmp_path / "r.html").read_text()
+    bundle = tmp_path / "bundle"
+    assert main(["export", "--study", "big", "--storage", storage, "--trial", "0", "--out", str(bundle)]) == 0
+    card = " ".join((bundle / "card.md").read_text().split())
+    assert "**Does not fit the target GPU:** memory " in card and said in card
+    assert any(said in note for note in json.loads((bundle / "arch.json").read_text())["over_device_memory"])
 
     assert main([*argv, "--study", "small"]) == 0  # the default shape fits: nothing said
     out = capsys.readouterr().out

@@ -209,10 +209,15 @@ class OptimizerBase(torch.optim.Optimizer):
         noise_std = grad_noise_std(self.grad_options.noise, self.grad_options.noise_gamma, self._noise_t)
         launches = self._launches()
         check(bool(launches), "prepare() needs gradients: call it after the first backward")
-        check(self.rows_fused(), f"{type(self).__name__}: rows in memory need the fused kernel for every param group")
+        # the first step settles the path and creates the states (from each variant's views);
+        # later steps, one per graph replay, skip both: they are host time on every step
+        first = not self._rows.ready
+        if first:
+            fused = self.rows_fused()
+            check(fused, f"{type(self).__name__}: rows in memory need the fused kernel for every param group")
         rows = []
         for variant, index, group, params in launches:
-            views = params if variant is None else [p[variant] for p in params]
+            views = [p[variant] for p in params] if first and variant is not None else params
             key = index if variant is None else index * len(self.lr_multipliers) + variant
             multiplier = 1.0 if variant is None else self.lr_multipliers[variant]
             seed = noise_seed(self.grad_options.seed, self._noise_t, key)
@@ -276,8 +281,8 @@ class OptimizerBase(torch.optim.Optimizer):
         self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]], noise_std: float, seed: int
     ) -> list[int]:
         """One launch's step row (``kernels.optim.triton.step_row``) for this step; creates the
-        state tensors on the first step and advances the state's step counters (the launch of a
-        rows-in-memory step does neither)."""
+        state tensors on the first step (the only use of ``params``, shaped like the states) and
+        advances the state's step counters (the launch of a rows-in-memory step does neither)."""
         raise NotImplementedError
 
     def _population_norm(self, grads: list[Tensor]) -> Tensor:

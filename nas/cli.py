@@ -1165,15 +1165,31 @@ def _profiles(args: argparse.Namespace) -> None:
     from hardware_profiles import list_profiles, load_profile
 
     if args.action == "list":
-        table = Table(title="hardware profiles")
-        for col in ("name", "description", "bf16 TFLOP/s", "bandwidth GB/s", "SMs"):
+        from nas.latency import prediction_status
+
+        table = Table(title="hardware profiles: how latency is predicted for each (interval at the checked shapes)")
+        for col in ("name", "GPU", "memory", "forward", "±", "kernels", "decode", "± ", "decode kernels"):
             table.add_column(col)
         for name in list_profiles():
             p = load_profile(name)
+            forward, decode = prediction_status(p), prediction_status(p, decode=True)
             table.add_row(
-                name, p.description, f"{p.peak_tflops.bf16:g}", f"{p.memory_bandwidth_gb_s:g}", str(p.sm_count)
+                name,
+                p.description.split(",")[0],
+                "-" if p.memory_gb is None else f"{p.memory_gb:g} GB",
+                forward.label,
+                f"{forward.interval:.0%}",
+                forward.fingerprint or "-",
+                decode.label,
+                f"{decode.interval:.0%}",
+                decode.fingerprint or "-",
             )
         console.print(table)
+        console.print(
+            "calibrated: fitted on that GPU (nas profiles calibrate); transferred: another GPU's fit rescaled by "
+            "datasheet ratios, not checked on this GPU; roofline: datasheet peaks only. kernels: whether the "
+            "fit timed the kernels this checkout runs (if not, the interval is doubled)."
+        )
     elif args.action == "calibrate" and args.decode:
         from nas.latency.calibrate_decode import calibrate_decode
 

@@ -19,8 +19,10 @@ from ._predict import (
     EXTRAPOLATION_WIDENING,
     EXTRAPOLATION_WIDENING_PER_DOUBLING,
     CalibrationWarning,
+    PredictionStatus,
     predict,
     predict_decode,
+    prediction_status,
     transfer_ratios,
 )
 from ._result import LATENCY_KINDS, SOURCES, Latency
@@ -50,6 +52,7 @@ __all__ = [
     "LatencyShape",
     "MemoryEstimate",
     "OpCost",
+    "PredictionStatus",
     "cache_key",
     "cache_memory",
     "decode_fingerprint",
@@ -65,5 +68,6 @@ __all__ = [
     "parse_shape",
     "predict",
     "predict_decode",
+    "prediction_status",
     "transfer_ratios",
 ]

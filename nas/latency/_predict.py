@@ -36,6 +36,7 @@ or default to ``DEFAULT_FLOPS_FRACTION`` / ``DEFAULT_BANDWIDTH_FRACTION``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -62,7 +63,9 @@ __all__ = [
     "EXTRAPOLATION_WIDENING",
     "EXTRAPOLATION_WIDENING_PER_DOUBLING",
     "CalibrationWarning",
+    "PredictionStatus",
     "predict",
+    "prediction_status",
     "predict_decode",
     "transfer_ratios",
 ]
@@ -324,6 +327,66 @@ def predict_decode(
     coef = [launch_us, *(us_per_mib for _ in DECODE_FEATURES[1:])]
     breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
     return _predicted(profile, dtype, shape, breakdown, UNCALIBRATED_INTERVAL, "uncalibrated", kind="decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictionStatus:
+    """How ``predict`` (or ``predict_decode``) prices a profile, as ``nas profiles list`` shows it:
+    ``kind`` "calibrated" (its own model), "transferred" (``source``'s model, rescaled) or
+    "roofline"; ``date`` of the calibration used; ``interval`` at the checked shapes with the
+    current kernels (a fingerprint mismatch widens it); ``fingerprint`` "matches" / "differs" (None
+    for the roofline, which times no kernel of ours)."""
+
+    kind: str
+    source: str | None
+    date: str | None
+    interval: float
+    fingerprint: str | None
+
+    @property
+    def label(self) -> str:
+        """``calibrated 2026-12-04``, ``transferred from h200``, ``roofline``."""
+        if self.kind == "calibrated":
+            return f"calibrated {self.date}" if self.date else "calibrated"
+        if self.kind == "transferred":
+            return f"transferred from {self.source}" + (f" ({self.date})" if self.date else "")
+        return "roofline"
+
+
+def prediction_status(profile: HardwareProfile, *, decode: bool = False) -> PredictionStatus:
+    """What ``predict`` (``decode``: ``predict_decode``) uses for ``profile`` with the default
+    reference, and the interval it gives at the shapes its calibration checked (bf16)."""
+    if decode:
+        own = profile.calibrated.decode_model_json is not None
+        source = profile if own else _decode_reference()
+        if source is None:
+            return PredictionStatus("roofline", None, None, UNCALIBRATED_INTERVAL, None)
+        from ._measure import decode_fingerprint
+
+        model = source.calibrated.decode_model or {}
+        interval, date = float(model["interval"]), model.get("date")
+        calibrated, current = model.get("kernels_fingerprint"), decode_fingerprint()
+    else:
+        own = profile.calibrated.kernel_model_json is not None
+        source = profile if own else _calibrated_reference()
+        if source is None:
+            return PredictionStatus("roofline", None, None, UNCALIBRATED_INTERVAL, None)
+        from ._measure import kernels_fingerprint
+
+        interval, date = source.calibrated.interval or 0.0, source.calibrated.get("date")
+        calibrated, current = source.calibrated.get("kernels_fingerprint"), kernels_fingerprint()
+    if not own:
+        interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
+    matches = calibrated is None or calibrated == current
+    if not matches:
+        interval *= FINGERPRINT_WIDENING
+    return PredictionStatus(
+        "calibrated" if own else "transferred",
+        source.name,
+        date,
+        interval,
+        "matches" if matches else f"differs ({calibrated}, now {current})",
+    )
 
 
 def _predicted(

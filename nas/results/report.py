@@ -15,8 +15,10 @@ import warnings
 from pathlib import Path
 
 import optuna
+import plotly.colors
 import plotly.graph_objects as go
 from optuna.trial import TrialState
+from plotly.subplots import make_subplots
 
 from nas.results.fidelity import fidelity, pairs
 from nas.results.pareto import accuracy_epsilon, completed, default_pick, front, primary_cost, reference_point
@@ -439,6 +441,97 @@ def _fidelity(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
     return fig
 
 
+# kernel families of a forward's breakdown (``Latency.breakdown`` names, ``layers.<i>.<op>``) and
+# of a decode step's (``nas.latency._decode.DECODE_FEATURES``), in stacking order
+_FORWARD_FAMILIES = {
+    "embed": "embedding",
+    "mixer_norm": "norms",
+    "mlp_norm": "norms",
+    "final_norm": "norms",
+    "qkv": "q/k/v projection",
+    "short_conv": "short conv",
+    "attention": "softmax attention",
+    "linear_attention": "linear attention",
+    "out": "output projection",
+    "mlp_up": "MLP",
+    "mlp_down": "MLP",
+    "head": "output head",
+    "graph": "launch / graph overhead",
+}
+_DECODE_FAMILIES = {
+    "launches": "kernel launches",
+    "weight_mb": "reading weights",
+    "cache_mb_d16": "reading the KV cache",
+    "cache_mb_d32": "reading the KV cache",
+    "cache_mb_d64": "reading the KV cache",
+    "cache_mb_d128": "reading the KV cache",
+    "state_mb": "reading / writing the state",
+}
+
+
+def _families(breakdown: tuple[tuple[str, float], ...], names: dict[str, str]) -> dict[str, float]:
+    """ms per family (an unknown op keeps its own name), in ``names``' order first."""
+    out: dict[str, float] = {family: 0.0 for family in dict.fromkeys(names.values())}
+    for op, ms in breakdown:
+        family = names.get(op.rsplit(".", 1)[-1], op.rsplit(".", 1)[-1])
+        out[family] = out.get(family, 0.0) + ms
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _breakdown(study: optuna.Study, epsilon: float | None = None) -> go.Figure | None:
+    """Where the front's latency goes: a stacked bar per front trial of the forward (and, with a
+    decode objective, the decode step) by kernel family, from the latency's own breakdown (the
+    cost model's per-launch terms when predicted, the timed kernels when measured)."""
+    shown = sorted(front(study, epsilon), key=lambda r: r.latency_ms)
+    panels = [("forward", lambda r: r.latency, _FORWARD_FAMILIES)]
+    if "decode_latency_ms" in {o.metric for o in study_objectives(study)}:
+        panels.append(("decode step", lambda r: r.decode_latency, _DECODE_FAMILIES))
+    bars: list[tuple[str, list[str], dict[str, list[float]], list[str]]] = []
+    for title, latency_of, names in panels:
+        rows = [(r, lat) for r in shown if (lat := latency_of(r)) is not None and lat.breakdown]
+        if not rows:
+            continue
+        labels = [f"#{r.number} {r.arch_summary}" for r, _ in rows]
+        per = [_families(lat.breakdown, names) for _, lat in rows]
+        order = list(dict.fromkeys(names.values()))
+        seen = dict.fromkeys(f for p in per for f in p)
+        families = sorted(seen, key=lambda f: order.index(f) if f in order else len(order))
+        sources = [f"{lat.source} on {lat.device}" for _, lat in rows]
+        bars.append((title, labels, {f: [p.get(f, 0.0) for p in per] for f in families}, sources))
+    if not bars:
+        return None
+    titles = [f"{t} (ms, {', '.join(sorted(set(sources)))})" for t, _, _, sources in bars]
+    fig = make_subplots(rows=1, cols=len(bars), subplot_titles=titles, horizontal_spacing=0.2)
+    palette = plotly.colors.qualitative.Plotly + plotly.colors.qualitative.Set2
+    colour: dict[str, str] = {}
+    for col, (title, labels, by_family, sources) in enumerate(bars, start=1):
+        for family, values in by_family.items():
+            colour.setdefault(family, palette[len(colour) % len(palette)])
+            fig.add_trace(
+                go.Bar(
+                    y=labels,
+                    x=values,
+                    name=family,
+                    orientation="h",
+                    marker_color=colour[family],
+                    legendgroup=family,
+                    showlegend=col == 1 or family not in _FORWARD_FAMILIES.values(),
+                    customdata=sources,
+                    hovertemplate=f"%{{y}}<br>{family}: %{{x:.4g}} ms ({title}, %{{customdata}})<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_layout(
+        barmode="stack",
+        title="where the front's latency goes, by kernel family",
+        height=max(160 + 28 * max(len(labels) for _, labels, _, _ in bars), 200 + 22 * len(colour)),
+        legend={"traceorder": "normal"},
+    )
+    fig.update_yaxes(autorange="reversed")  # the cheapest front trial on top
+    return fig
+
+
 def _cell(r: TrialRecord, o: Objective) -> str:
     """A front-table cell: the value, a prediction's interval (accuracy: its spread over seeds) and
     whether it was measured."""
@@ -519,6 +612,7 @@ def figures(study: optuna.Study, epsilon: float | None = None) -> dict[str, go.F
         "hypervolume": _hypervolume(study),
         "parallel": _parallel(study),
         "fidelity": _fidelity(study, epsilon),
+        "breakdown": _breakdown(study, epsilon),
     }
     return {name: fig for name, fig in figs.items() if fig is not None}
 

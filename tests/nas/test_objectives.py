@@ -193,3 +193,18 @@ def test_a_study_without_accuracy_is_refused_before_anything_is_written(tmp_path
     with pytest.raises(ValueError, match="prefill_latency,cache_memory leaves out accuracy"):
         run_search(config)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
+def test_the_report_breaks_the_front_down_by_kernel_family_for_the_forward_and_the_decode_step(decode_study):
+    study, _, _ = decode_study
+    fig = figures(study)["breakdown"]
+    shown = {f"#{r.number} {r.arch_summary}": r for r in front(study)}
+    for axis, latency_of in (("x", lambda r: r.latency), ("x2", lambda r: r.decode_latency)):
+        bars = [t for t in fig.data if t.xaxis == axis]
+        assert bars and {t.type for t in bars} == {"bar"}
+        assert set(bars[0].y) == set(shown)
+        for label, r in shown.items():  # the stacked families add up to the recorded latency
+            total = sum(t.x[list(t.y).index(label)] for t in bars)
+            assert total == pytest.approx(latency_of(r).median_ms, rel=1e-9)
+    decode_families = {t.name for t in fig.data if t.xaxis == "x2"}
+    assert "reading the KV cache" in decode_families or "reading / writing the state" in decode_families

@@ -120,8 +120,8 @@ def test_report_is_self_contained(study_with_report):
     _, out, _ = study_with_report
     text = out.read_text()
     assert "<script src=" not in text and "<link" not in text  # plotly.js inline, nothing fetched
-    assert text.count("Plotly.newPlot(") == 4 and text.count('class="plotly-graph-div') == 4
-    assert text.count('"showSendToCloud": false') == 4
+    assert text.count("Plotly.newPlot(") == 5 and text.count('class="plotly-graph-div') == 5
+    assert text.count('"showSendToCloud": false') == 5
     head = text[text.index("<h1>") : text.index("</p>")]
     assert "latency at 1x256 for " in head  # the default objectives: the forward's shape is named
 
@@ -147,6 +147,11 @@ def test_report_renders_offline_with_front_points(study_with_report):
     # the budget line and the other figures rendered too
     assert any("max latency" in (n["attrs"].get("data-unformatted") or "") for n in _walk(front2d))
     assert any(n["tag"] == "g" and "parcoords" in _classes(n) for n in _walk(divs["parallel"]))
+    # where the front's latency goes: one bar per front trial in each kernel family's trace
+    families = [n for n in _walk(divs["breakdown"]) if n["tag"] == "g" and {"trace", "bars"} <= _classes(n)]
+    assert families and all(
+        len([p for p in _walk(t) if p["tag"] == "g" and "point" in _classes(p)]) == len(front(study)) for t in families
+    )
     table = next(n for n in _walk(root) if n["tag"] == "table" and n["attrs"].get("id") == "front-table")
     rows = [n for n in _walk(table) if n["tag"] == "tr"]
     on_front = {r.number for r in front(study)}

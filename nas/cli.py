@@ -425,6 +425,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "verify", help="retrain the front and random trials for longer: how well the short run ranks them"
     )
     v.add_argument("--study", required=True, help="name of the study to verify")
+    v.add_argument(
+        "--workers",
+        type=_count,
+        default=1,
+        metavar="N",
+        help="long runs at once, each in its own process on --device (default 1; on a GPU 4-5 keep it busy)",
+    )
     v.add_argument("--storage", default=None, help=_STORAGE_HELP)
     v.add_argument(
         "--random",
@@ -1068,13 +1075,15 @@ def _verify(args: argparse.Namespace) -> None:
     import optuna
 
     from nas.results.export import study_task
-    from nas.results.verify import check_settings, plan, run_verify
+    from nas.results.verify import MAX_WORKERS, VerifyError, check_settings, plan, run_verify
     from nas.search.record import VerifySettings, study_setup
     from nas.search.storage import open_storage
     from nas.search.study import resolve_device
 
     asked = VerifySettings(steps_factor=args.steps_factor, seeds=args.seeds, random=args.random)
     check_settings(asked)  # before the storage is opened
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise VerifyError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
     study, storage = _open_existing(args)  # read only until every check has passed
     setup = study_setup(study)
     seed = args.seed if args.seed is not None else (setup.seed if setup is not None else 0)
@@ -1085,11 +1094,12 @@ def _verify(args: argparse.Namespace) -> None:
     writable = optuna.load_study(study_name=study.study_name, storage=open_storage(storage))
     console.print(
         f"verifying study {study.study_name}: the front and {settings.random} random trial(s), "
-        f"{settings.steps_factor:g}× their steps, {settings.seeds} seed(s) each, on {device}",
+        f"{settings.steps_factor:g}× their steps, {settings.seeds} seed(s) each, on {device}"
+        + (f", {args.workers} at once" if args.workers > 1 else ""),
         soft_wrap=True,
     )
     _note_replaced(writable, settings)
-    run_verify(writable, settings, task, device, on_row=_verify_line)
+    run_verify(writable, settings, task, device, on_row=_verify_line, workers=args.workers)
     _print_fidelity(writable, table=True)
 
 

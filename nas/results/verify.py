@@ -11,10 +11,12 @@ trained again.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ from nas.train import TrainingDiverged, TrainingOOM, train
 __all__ = [
     "MAX_SEEDS",
     "MAX_STEPS_FACTOR",
+    "MAX_WORKERS",
     "Planned",
     "VerifyError",
     "check_settings",
@@ -140,6 +143,19 @@ def retrain(r: TrialRecord, task: Task, spec: TrainSpec, seeds: tuple[int, ...],
 OnRow = Callable[[int, int, Planned, Verified, float | None], None]
 
 
+MAX_WORKERS = 64  # processes retraining at once: past it a number is a typo
+
+
+def _timed_retrain(
+    r: TrialRecord, task: Task, spec: TrainSpec, seeds: tuple[int, ...], device: str, threads: int
+) -> tuple[Verified, float]:
+    """``retrain`` in a worker process (spawned: CUDA needs it), with the parent's torch threads."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    row = retrain(r, task, spec, seeds, torch.device(device))
+    return row, time.perf_counter() - start
+
+
 def run_verify(
     study: optuna.Study,
     settings: VerifySettings,
@@ -147,29 +163,62 @@ def run_verify(
     device: torch.device,
     *,
     on_row: OnRow | None = None,
+    workers: int = 1,
 ) -> list[tuple[Planned, Verified]]:
     """Retrain ``plan(study, settings)`` and store each row as it finishes; ``study`` must be open
     for writing. A trial the study already verified the same way (``same_reference``) keeps its
-    row. ``on_row(i, n, planned, row, seconds)`` follows each trial (``seconds`` None: kept)."""
+    row. ``on_row(i, n, planned, row, seconds)`` follows each trial (``seconds`` None: kept).
+    ``workers`` > 1 retrains that many trials at once in worker processes sharing ``device`` (a
+    GPU that one small model leaves mostly idle); every row is written from this process, and a
+    row does not depend on ``workers`` (no time guard: each long run trains all its steps)."""
     check_settings(settings)
+    if not 1 <= workers <= MAX_WORKERS:
+        raise VerifyError(f"--workers must be in [1, {MAX_WORKERS}], got {workers}")
     chosen = plan(study, settings)
     specs = [long_recipe(p.record, settings.steps_factor) for p in chosen]  # a bad factor fails before any training
     earlier = verify_settings(study)
     stored = verified(study) if earlier is not None and earlier.same_reference(settings) else {}
     write_verified(study, {}, settings)  # this run's settings; rows of another reference go
-    done = []
-    for i, (planned, spec) in enumerate(zip(chosen, specs, strict=True), start=1):
+    rows: dict[int, Verified] = {}
+    todo = []
+    for planned, spec in zip(chosen, specs, strict=True):
         r = planned.record
         seeds = training_seeds(r, settings.seeds)
         row = stored.get(r.number)
-        seconds: float | None = None
         if row is None or row.seeds != seeds or row.steps != spec.steps:
-            start = time.perf_counter()
-            row = retrain(r, task, spec, seeds, device)
-            seconds = time.perf_counter() - start
-            logger.info("verify: trial %d at %d steps: %s", r.number, spec.steps, row.accuracies or row.failure)
-            write_verified(study, {r.number: row}, settings)
-        done.append((planned, row))
+            todo.append((planned, spec, seeds))
+        else:
+            rows[r.number] = row
+    order = {p.record.number: i for i, p in enumerate(chosen, start=1)}
+    n = len(chosen)
+    if on_row is not None:
+        for planned in chosen:
+            if planned.record.number in rows:
+                on_row(order[planned.record.number], n, planned, rows[planned.record.number], None)
+
+    def finished(planned: Planned, row: Verified, seconds: float) -> None:
+        r = planned.record
+        logger.info("verify: trial %d at %d steps: %s", r.number, row.steps, row.accuracies or row.failure)
+        write_verified(study, {r.number: row}, settings)
+        rows[r.number] = row
         if on_row is not None:
-            on_row(i, len(chosen), planned, row, seconds)
-    return done
+            on_row(order[r.number], n, planned, row, seconds)
+
+    if workers == 1 or len(todo) <= 1:
+        for planned, spec, seeds in todo:
+            start = time.perf_counter()
+            row = retrain(planned.record, task, spec, seeds, device)
+            finished(planned, row, time.perf_counter() - start)
+    else:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+            futures = {
+                pool.submit(
+                    _timed_retrain, planned.record, task, spec, seeds, str(device), torch.get_num_threads()
+                ): planned
+                for planned, spec, seeds in todo
+            }
+            for future in concurrent.futures.as_completed(futures):
+                row, seconds = future.result()
+                finished(futures[future], row, seconds)
+    return [(p, rows[p.record.number]) for p in chosen]

@@ -238,6 +238,26 @@ def test_search_verify_runs_after_the_search(tmp_path, capsys):
     assert len(rows) == 2 and all(row.steps == 80 for row in rows.values())
 
 
+@pytest.mark.slow
+def test_worker_processes_store_the_same_rows_as_one_process(searched, tmp_path, capsys):
+    """--workers 2 retrains in two spawned processes; the rows (accuracies bit for bit, seeds,
+    steps) are the serial run's, each printed once, and a rerun retrains nothing."""
+    serial, parallel = tmp_path / "a", tmp_path / "b"
+    serial.mkdir(), parallel.mkdir()
+    one, two = _copy(searched, serial), _copy(searched, parallel)
+    assert main([*VERIFY, "--storage", one, "--random", "2"]) == 0
+    capsys.readouterr()
+    assert main([*VERIFY, "--storage", two, "--random", "2", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = verified(_study(two))
+    assert rows == verified(_study(one)) and len(rows) >= 3
+    assert "2 at once" in out and sorted(
+        int(line.split()[1].split("/")[0]) for line in out.splitlines() if line.startswith("verify ")
+    ) == list(range(1, len(rows) + 1))
+    assert main([*VERIFY, "--storage", two, "--random", "2", "--workers", "2"]) == 0
+    assert capsys.readouterr().out.count("stored, not retrained") == len(rows)
+
+
 BAD = [
     ("unknown-study", ["verify", "--study", "ghost"], "no study named 'ghost'"),
     ("no-trained-trial", ["verify", "--study", "empty"], "has no trained trial to verify"),
@@ -248,6 +268,8 @@ BAD = [
     ("steps-factor-text", [*VERIFY, "--steps-factor", "four"], "'four' is not a number"),
     ("random-negative", [*VERIFY, "--random", "-1"], "--random: must be >= 0, got -1"),
     ("seeds-zero", [*VERIFY, "--seeds", "0"], "--seeds must be in [1, 16], got 0"),
+    ("workers-zero", [*VERIFY, "--workers", "0"], "--workers must be in [1, 64], got 0"),
+    ("workers-absurd", [*VERIFY, "--workers", "1000"], "--workers must be in [1, 64], got 1000"),
     ("data-of-a-generated-task", [*VERIFY, "--data", "x.npz"], "has no data file; drop --data"),
     ("search-verify-negative", ["search", "--space", "hybrid_tiny", "--verify", "-3"], "--verify: must be >= 0"),
 ]

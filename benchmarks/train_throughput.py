@@ -279,6 +279,8 @@ def trials_per_hour(
         "latency_measured": sum(r.latency.source == "measured" for r in scored if r.latency),
         "scoring_seconds_median": statistics.median(scoring) if scoring else None,
         "completed": done,
+        # trained to fewer steps than planned (the wall-clock guard): not "every trial trained in full"
+        "truncated": sum(r.truncated for r in records(study)),
         "failed": states.count("FAIL"),
         "trials_per_hour": round(done / wall * 3600, 1),
         "steady_trials_per_hour": round((len(ends) - 1) / span * 3600, 1) if span else None,

@@ -183,6 +183,43 @@ def test_generation_latencies_are_measured_beside_their_predictions(generation, 
     assert sum(line.startswith("outside its interval: ") for line in out.splitlines()) == n
 
 
+def test_a_trial_whose_kernels_fail_stays_predicted(searched, tmp_path, fake, monkeypatch, capsys):
+    from nas.latency import KernelMismatchError
+
+    storage = _copy(searched, tmp_path)
+    broken = arch_hash(_trained(storage)[0].arch)
+
+    def forward(model, shape, *, device=None, cache=None):
+        if arch_hash(model.arch) == broken:
+            raise KernelMismatchError("output differs from the reference by 0.3\nsecond line")
+        return _Fake.forward(fake, model, shape)
+
+    monkeypatch.setattr(measuring, "measure", forward)
+    assert main(["measure", "--study", "m", "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    n = len(_trained(storage))
+    assert "not measured (KernelMismatchError: output differs from the reference by 0.3)" in out
+    assert f"measured {n - 1} trial(s) on {H200}, 1 could not be measured (left as predicted)" in out
+    assert set(measured(_study(storage))) == {r.number for r in _trained(storage)[1:]}
+
+
+def test_a_budget_judges_the_measured_latency():
+    from nas.search.record import _judged
+    from nas.search.setup import StudyBudgets
+    from nas.spec import ArchSpec, LayerSpec
+
+    shape = LatencyShape(1, 256)
+    predicted = Latency(0.02, 0.0, "predicted", "h200", "bf16", shape, interval=0.1)
+    arch = ArchSpec(d_model=16, layers=(LayerSpec("attention", heads=1),), vocab_size=16, n_out=16)
+    r = TrialRecord(3, optuna.trial.TrialState.COMPLETE, {"latency_ms": 0.02}, arch=arch, latency=predicted)
+    budgets = StudyBudgets(max_latency_ms=0.025)
+    assert _judged(r, budgets).feasible  # as predicted: within the budget
+    slow = _judged(r, budgets, Measured(Latency(0.03, 0.001, "measured", H200, "bf16", shape)))
+    assert not slow.feasible and slow.over_budget == ("latency_ms",) and slow.value("latency_ms") == 0.03
+    assert slow.values["latency_ms"] == 0.02  # Optuna's value, as stored
+    assert slow.over_budget_text() == f"over the study's budget on latency_ms (as measured on {H200})"
+
+
 def test_measured_record_round_trips():
     shape = LatencyShape(1, 256)
     lat = Latency(0.02, 0.001, "measured", H200, "bf16", shape)

@@ -1,4 +1,4 @@
-"""``nas`` command line: search, worker, studies, report, export, verify, profiles, spaces.
+"""``nas`` command line: search, worker, studies, report, export, verify, measure, profiles, spaces.
 
 The CLI owns the terminal."""
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the CLI imports torch/optuna only when a command needs them
     import optuna
 
     from hardware_profiles import HardwareProfile
+    from nas.latency import Latency
     from nas.results.verify import Planned
     from nas.search.objective import TrialContext
     from nas.search.objectives import Objective
@@ -459,6 +460,13 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     _data_flag(v, "the study's data file, where it is now if it moved")
 
+    m = sub.add_parser("measure", help="time on this GPU the latencies a study predicted for it, beside them")
+    m.add_argument("--study", required=True, help="name of the study to measure")
+    m.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    m.add_argument("--front", action="store_true", help="only the front's trials (default: every trained trial)")
+    m.add_argument("--again", action="store_true", help="measure trials measured on this GPU before again")
+    m.add_argument("--device", default="cuda", help="the CUDA GPU to time on: cuda or cuda:N (default cuda)")
+
     sp = sub.add_parser("spaces", help="list shipped search spaces, or print one (nas spaces NAME > my.yaml)")
     sp.add_argument("name", nargs="?", help="show this space's file")
     return parser
@@ -868,6 +876,8 @@ def _front_table(study: optuna.Study) -> Table:
         sources = sorted({lat.label() for r in shown if (lat := r.latency_of(o.metric)) is not None})
         if sources:
             caption.append(f"{o.name.replace('_', ' ')} {'; '.join(sources)}")
+    if any(r.measured is not None for r in trials + refs):
+        caption.append("(predicted …): the search's prediction of a latency nas measure has timed since")
     setup = study_setup(study)
     if setup is not None and setup.context:
         caption.append(f"generation costs at context {setup.context:,} tokens, batch {setup.decode_batch}")
@@ -929,7 +939,8 @@ def _column(o: Objective) -> str:
 
 def _cell(r: TrialRecord, o: Objective, profile: HardwareProfile | None = None) -> str:
     """A front table cell: the value in the column's unit, with a prediction's interval (accuracy:
-    its spread over seeds); a memory over ``profile``'s GPU memory is marked ``> 141 GB``."""
+    its spread over seeds), a latency ``nas measure`` timed with the search's prediction beside it
+    (``0.0250 (predicted 0.0213 ±9%)``); a memory over ``profile``'s GPU memory is marked ``> 141 GB``."""
     value = r.value(o.metric)
     if value is None:
         return "?"
@@ -938,7 +949,9 @@ def _cell(r: TrialRecord, o: Objective, profile: HardwareProfile | None = None) 
     lat = r.latency_of(o.metric)
     interval = f" ±{lat.interval * 100:.0f}%" if lat is not None and lat.interval else ""
     over = f" > {profile.memory_gb:g} GB" if profile is not None and r.over_device((o,), profile) else ""
-    return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval + over
+    # measured by nas measure: the search's prediction beside it
+    predicted = f" ({_predicted_text(p).replace(' ms', '')})" if (p := r.prediction_of(o.metric)) is not None else ""
+    return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval + predicted + over
 
 
 def _studies(args: argparse.Namespace) -> None:
@@ -1171,6 +1184,83 @@ def _long_text(row: Verified) -> str:
     return f"{row.accuracy:.3f}{spread}"
 
 
+def _measure(args: argparse.Namespace) -> None:
+    import optuna
+
+    from nas.results.measure import check_gpu, local_gpu, misses, plan, run_measure, searched_setup
+    from nas.search.record import study_objectives
+    from nas.search.storage import open_storage
+
+    study, storage = _open_existing(args)  # read only until every check has passed
+    setup = searched_setup(study)
+    if setup.measure:
+        console.print(
+            f"study {study.study_name} measured its latencies on {setup.profile} during the search: nothing to measure",
+            soft_wrap=True,
+        )
+        return
+    device, gpu = local_gpu(args.device)
+    check_gpu(study, setup, gpu)
+    chosen = plan(study, gpu, front_only=args.front, again=args.again)
+    which = "front trial(s)" if args.front else "trained trial(s)"
+    if not chosen.todo:
+        why = (
+            f"all {len(chosen.done)} {which} with a predicted latency were measured on {gpu} already "
+            "(--again measures them again)"
+            if chosen.done
+            else f"study {study.study_name} has no {which.removesuffix('(s)')} with a predicted latency"
+        )
+        console.print(f"nothing to measure: {why}", soft_wrap=True)
+        return
+    writable = optuna.load_study(study_name=study.study_name, storage=open_storage(storage))
+    skipped = f"; {len(chosen.done)} measured already, skipped" if chosen.done else ""
+    console.print(
+        f"measuring study {study.study_name}: {len(chosen.todo)} {which} predicted for {setup.profile}, "
+        f"on {gpu} ({device}){skipped}",
+        soft_wrap=True,
+    )
+    objectives = study_objectives(writable)
+    done = run_measure(writable, chosen.todo, setup, device, again=args.again, on_trial=_measure_line)
+    missed = [m for r in done for m in misses(r, objectives)]
+    for m in missed:
+        console.print(f"outside its interval: {m.text()}", markup=False, highlight=False, soft_wrap=True)
+    compared = sum(r.prediction_of(o.metric) is not None for r in done for o in objectives)
+    failed = len(chosen.todo) - len(done)
+    console.print(
+        f"measured {len(done)} trial(s) on {gpu}"
+        + (f", {failed} could not be measured (left as predicted)" if failed else "")
+        + f": {len(missed)} of {compared} prediction(s) outside their interval",
+        soft_wrap=True,
+    )
+    _print_front(writable)
+
+
+def _measure_line(i: int, n: int, r: TrialRecord, failure: str | None) -> None:
+    """``measure 2/6: trial 4 L A | d=32: latency 0.0250 ms (predicted 0.0213 ms ±9%)``."""
+    if failure is not None:
+        outcome = f"not measured ({failure})"
+    else:
+        parts = []
+        for metric in ("latency_ms", "prefill_latency_ms", "decode_latency_ms"):
+            name = metric.removesuffix("_latency_ms").removesuffix("_ms")
+            found, predicted = r.measured.of(metric), r.prediction_of(metric)
+            if found is not None and predicted is not None:
+                parts.append(f"{name} {found.median_ms:.4g} ms ({_predicted_text(predicted)})")
+        outcome = ", ".join(parts)
+    console.print(
+        f"measure {i}/{n}: trial {r.number} {r.arch_summary}: {outcome}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _predicted_text(lat: Latency) -> str:
+    """``predicted 0.0213 ms ±9%``: a prediction a measurement replaced, shown beside it."""
+    spread = f" ±{lat.interval * 100:.0f}%" if lat.interval else ""
+    return f"predicted {lat.median_ms:.4g} ms{spread}"
+
+
 def _profiles(args: argparse.Namespace) -> None:
     from hardware_profiles import list_profiles, load_profile
 
@@ -1288,6 +1378,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from hardware_profiles import ProfileError
     from kernels.device import DeviceError
     from nas.results.export import ExportError
+    from nas.results.measure import MeasureError
     from nas.results.pareto import PickError
     from nas.results.report import ReportError
     from nas.results.verify import VerifyError
@@ -1310,6 +1401,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
         PickError,
         ReportError,
         VerifyError,
+        MeasureError,
         WorkerError,
         FaultError,
         SettingsError,
@@ -1343,6 +1435,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "report": _report,
             "export": _export,
             "verify": _verify,
+            "measure": _measure,
             "profiles": _profiles,
             "spaces": _spaces,
         }

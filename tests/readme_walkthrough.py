@@ -30,6 +30,7 @@ SKIPS = (
     (r"^pip install|^sudo apt-get", "an install: done before this script runs"),
     (r"pytest", "the test suite: CI runs it"),
     (r"--gpus|--trials-per-gpu|--device cuda", "needs GPUs"),
+    (r"^nas measure", "needs a CUDA GPU the study's profile lists"),
     (r"postgres|NAS_TEST_POSTGRES_URL", "needs a PostgreSQL server"),
     (r"^optuna-dashboard", "a separate install (optuna-dashboard)"),
     (r"hybrid_long", "hours on a CPU: a GPU space"),

@@ -291,12 +291,15 @@ def export(
             "retrained_steps": retrain_steps,
             "trained": trained,
             "objectives": [o.name for o in study_objectives(study)],
-            "metrics": {**_known_metrics(trial), **trial.values, "accuracy": accuracy},
+            # by TrialRecord.value: a latency nas measure timed since the search, else the stored one
+            "metrics": {**_known_metrics(trial), "accuracy": accuracy},
             # the search's accuracy is a mean over seeds: its spread and what was trained (a
             # retrained bundle's accuracy is of one run, so it has neither)
             "accuracy_interval": trial.accuracy_interval if retrain_steps is None else None,
             "population": dict(trial.population) if trial.population and retrain_steps is None else None,
-            "latency": trial.latency.to_dict() if trial.latency is not None else None,
+            "latency": lat.to_dict() if (lat := trial.latency_of("latency_ms")) is not None else None,
+            # the search's prediction of a latency nas measure timed since (None: not measured)
+            "predicted_latency": lat.to_dict() if (lat := trial.prediction_of("latency_ms")) is not None else None,
             "generation": _generation(trial, setup),
             "latency_label": trial.latency_label(),
             "proxy_fidelity": _proxy_fidelity(study, trial),
@@ -376,8 +379,8 @@ def _generation(trial: TrialRecord, setup: SearchSetup | None) -> dict[str, Any]
     return {
         "context": setup.context,
         "decode_batch": setup.decode_batch,
-        "prefill_latency": trial.prefill_latency.to_dict() if trial.prefill_latency is not None else None,
-        "decode_latency": trial.decode_latency.to_dict() if trial.decode_latency is not None else None,
+        "prefill_latency": lat.to_dict() if (lat := trial.latency_of("prefill_latency_ms")) is not None else None,
+        "decode_latency": lat.to_dict() if (lat := trial.latency_of("decode_latency_ms")) is not None else None,
         "cache": trial.memory.get("cache"),
     }
 

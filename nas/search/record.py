@@ -15,6 +15,11 @@ Trial states as the engine uses them:
   the budget) or ``pruned_at`` (early stopping, ``nas.search.pruning``: the step of the rung, with
   ``prune_reason`` and the partial curve); FAIL: ``failure`` says why.
 
+A latency the search predicted and ``nas measure`` timed since is kept beside the prediction, in
+the study's ``measured:<trial>`` attribute (``Measured``; Optuna refuses attributes on finished
+trials); a record read through ``records`` / ``record`` carries it, and ``TrialRecord.value``
+prefers it, while Optuna's stored ``values`` keep the prediction.
+
 A trial's rungs (``(step, accuracy)`` on a small held-out batch, reported during training) are
 Optuna's intermediate values, so they live in storage and survive a killed worker.
 """
@@ -40,6 +45,8 @@ from nas.spec import ArchSpec, TrainSpec
 
 __all__ = [
     "DIRECTIONS",
+    "MEASURE_VERSION",
+    "Measured",
     "OBJECTIVES",
     "RECORD_VERSION",
     "TRUNCATED",
@@ -48,6 +55,7 @@ __all__ = [
     "Verified",
     "VerifySettings",
     "fail_stale",
+    "measured",
     "objectives_of",
     "over_budgets",
     "population_text",
@@ -64,6 +72,7 @@ __all__ = [
     "was_enqueued",
     "write_duplicate",
     "write_failure",
+    "write_measured",
     "write_pruned",
     "write_rung",
     "write_scored",
@@ -84,6 +93,9 @@ OBJECTIVES: dict[str, str] = {BY_METRIC[m].metric: BY_METRIC[m].direction for m 
 DIRECTIONS = tuple(OBJECTIVES.values())
 TRUNCATED = "truncated"  # constraint name: fraction of planned steps not trained (> 0: off the front)
 VERIFY_VERSION = 1  # the study's "verify" attribute (nas verify's longer retrainings)
+MEASURE_VERSION = 1  # the study's "measured:<trial>" attributes (nas measure's timings of predicted trials)
+_MEASURED = "measured:"  # prefix of those attributes' keys: one per trial, so a write stays small
+_TIME_METRICS = ("latency_ms", "prefill_latency_ms", "decode_latency_ms")
 
 
 def objectives_of(study: optuna.Study) -> tuple[str, ...]:
@@ -102,6 +114,48 @@ def values_in_order(objectives: Sequence[str], values: Mapping[str, float]) -> l
     if missing:
         raise KeyError(f"no value for objective(s) {missing}")
     return [float(values[name]) for name in objectives]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A trial's latencies as ``nas measure`` timed them on a GPU after the search predicted them:
+    the forward at the study's latency shape, and the generation latencies its objectives ask
+    for (None where the study has none). Kept in the study's ``measured:<trial>`` attribute
+    (Optuna refuses attributes on finished trials); ``TrialRecord`` prefers them to the
+    prediction, which stays in the trial as the search stored it."""
+
+    latency: Latency
+    prefill: Latency | None = None
+    decode: Latency | None = None
+    version: int = MEASURE_VERSION
+
+    def of(self, metric: str) -> Latency | None:
+        """The measured Latency behind a time objective (``latency_ms``, …), else None."""
+        return dict(zip(_TIME_METRICS, (self.latency, self.prefill, self.decode), strict=True)).get(metric)
+
+    @property
+    def device(self) -> str:
+        """The GPU it was measured on (``NVIDIA H200``)."""
+        return self.latency.device
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "latency": self.latency.to_dict(),
+            "prefill_latency": self.prefill.to_dict() if self.prefill is not None else None,
+            "decode_latency": self.decode.to_dict() if self.decode is not None else None,
+            "version": self.version,
+        }
+        return {k: v for k, v in d.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measured:
+        prefill, decode = data.get("prefill_latency"), data.get("decode_latency")
+        return cls(
+            latency=Latency.from_dict(data["latency"]),
+            prefill=Latency.from_dict(prefill) if prefill else None,
+            decode=Latency.from_dict(decode) if decode else None,
+            version=int(data.get("version", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -148,12 +202,20 @@ class TrialRecord:
     population: Mapping[str, Any] | None = None
     # the study's current hard budgets it breaks (``over_budgets``): set by ``records`` / ``record``
     over_budget: tuple[str, ...] = ()
+    # its latencies timed by nas measure after the search predicted them (``Measured``), which the
+    # front, the tables and the report use: set by ``records`` / ``record``
+    measured: Measured | None = None
     version: int = RECORD_VERSION
 
     # ---- derived views
     def value(self, metric: str) -> float | None:
-        """An objective's value by metric name (``nas.search.objectives``): the stored value when it
-        is one of the study's objectives, else the cost the trial recorded anyway; None if unknown."""
+        """An objective's value by metric name (``nas.search.objectives``): a latency ``nas measure``
+        timed after the search predicted it; else the stored value when it is one of the study's
+        objectives, else the cost the trial recorded anyway; None if unknown. Optuna's own
+        ``values`` keep the prediction (a finished trial's values are fixed): its samplers and
+        hypervolume see what the search saw, everything that reads a record sees the measurement."""
+        if self.measured is not None and (lat := self.measured.of(metric)) is not None:
+            return lat.median_ms
         if metric in self.values:
             return self.values[metric]
         lat = self.latency_of(metric)
@@ -167,12 +229,24 @@ class TrialRecord:
         return None
 
     def latency_of(self, metric: str) -> Latency | None:
-        """The Latency behind a time objective (its source, interval, device), else None."""
-        return {
-            "latency_ms": self.latency,
-            "prefill_latency_ms": self.prefill_latency,
-            "decode_latency_ms": self.decode_latency,
-        }.get(metric)
+        """The Latency behind a time objective (its source, interval, device), else None: the
+        measurement where ``nas measure`` timed it, else what the search stored."""
+        if self.measured is not None and (lat := self.measured.of(metric)) is not None:
+            return lat
+        return self.searched_latency(metric)
+
+    def searched_latency(self, metric: str) -> Latency | None:
+        """The Latency the search stored for a time objective (predicted or measured), else None."""
+        return dict(zip(_TIME_METRICS, (self.latency, self.prefill_latency, self.decode_latency), strict=True)).get(
+            metric
+        )
+
+    def prediction_of(self, metric: str) -> Latency | None:
+        """The search's prediction of a time objective that ``nas measure`` has since timed (shown
+        beside the measurement), else None."""
+        if self.measured is None or self.measured.of(metric) is None:
+            return None
+        return self.searched_latency(metric)
 
     def objective_text(self, objective: Objective, *, interval: bool = True) -> str:
         """``0.912 ±0.004``, ``0.0213 ms ±9%``, ``276 MiB``: the value of ``objective`` with its unit
@@ -263,6 +337,8 @@ class TrialRecord:
         a budget tightened on resume now rules out, else None."""
         if not self.over_budget or not self.trained:
             return None
+        if "latency_ms" in self.over_budget and self.measured is not None:  # within it as predicted, maybe
+            return f"over the study's budget on {', '.join(self.over_budget)} (as measured on {self.measured.device})"
         return f"over the study's budget on {', '.join(self.over_budget)} (set after it was trained)"
 
     def failure_kind(self) -> str:
@@ -289,11 +365,12 @@ class TrialRecord:
 
     def latency_label(self) -> str:
         """How the latency was obtained, e.g. ``measured on NVIDIA H200`` or ``predicted (h200, …, ±9 %)``."""
-        if self.latency is None:
+        lat = self.latency_of("latency_ms")
+        if lat is None:
             return "?"
-        if self.latency.source == "measured":
-            return f"measured on {self.latency.device}"
-        return self.latency.label()
+        if lat.source == "measured":
+            return f"measured on {lat.device}"
+        return lat.label()
 
     # ---- storage form
     @classmethod
@@ -425,31 +502,36 @@ def over_budgets(r: TrialRecord, budgets: StudyBudgets | None) -> tuple[str, ...
     if budgets is None or r.latency is None:
         return ()
     limits = (
-        ("latency_ms", r.latency.median_ms, budgets.max_latency_ms),
+        ("latency_ms", r.latency_of("latency_ms").median_ms, budgets.max_latency_ms),  # measured, where it was
         ("params", r.params, budgets.max_params),
         ("memory_mb", r.memory_mb, budgets.max_memory_mb),
     )
     return tuple(name for name, value, limit in limits if limit is not None and value > limit)
 
 
-def _judged(r: TrialRecord, budgets: StudyBudgets | None) -> TrialRecord:
-    """``r`` with its feasibility under the study's current budgets (``over_budgets``)."""
+def _judged(r: TrialRecord, budgets: StudyBudgets | None, found: Measured | None = None) -> TrialRecord:
+    """``r`` with its measured latencies (``found``) and its feasibility under the study's
+    current budgets (``over_budgets``, on the measured latency where there is one)."""
+    r = dataclasses.replace(r, measured=found) if found is not None else r
     broken = over_budgets(r, budgets)
     return dataclasses.replace(r, feasible=False, over_budget=broken) if broken else r
 
 
 def records(study: optuna.Study, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
-    """Every trial of ``study`` (or those in ``states``) as a record, in trial order, judged by
-    the study's current budgets (``over_budgets``)."""
-    objectives, budgets = objectives_of(study), study_budgets(study)
+    """Every trial of ``study`` (or those in ``states``) as a record, in trial order, with what
+    ``nas measure`` timed (``measured``), judged by the study's current budgets (``over_budgets``)."""
+    objectives, budgets, found = objectives_of(study), study_budgets(study), measured(study)
     return [
-        _judged(TrialRecord.from_trial(t, objectives), budgets) for t in study.get_trials(deepcopy=False, states=states)
+        _judged(TrialRecord.from_trial(t, objectives), budgets, found.get(t.number))
+        for t in study.get_trials(deepcopy=False, states=states)
     ]
 
 
 def record(study: optuna.Study, trial: FrozenTrial) -> TrialRecord:
-    """``trial`` of ``study`` as a record, judged by the study's current budgets."""
-    return _judged(TrialRecord.from_trial(trial, objectives_of(study)), study_budgets(study))
+    """``trial`` of ``study`` as a record, with its measurement, judged by the study's current budgets."""
+    data = study.user_attrs.get(f"{_MEASURED}{trial.number}")
+    found = Measured.from_dict(data) if data else None
+    return _judged(TrialRecord.from_trial(trial, objectives_of(study)), study_budgets(study), found)
 
 
 # ---------------------------------------------------------------- writing (the search loop)
@@ -762,3 +844,22 @@ def write_verified(study: optuna.Study, rows: Mapping[int, Verified], settings: 
             "rows": {str(n): merged[n].to_dict() for n in sorted(merged)},
         },
     )
+
+
+# ---------------------------------------------------------------- nas measure's timings of predicted trials
+
+
+def measured(study: optuna.Study) -> dict[int, Measured]:
+    """The study's trials ``nas measure`` timed, by number (empty before the first)."""
+    return {
+        int(key.removeprefix(_MEASURED)): Measured.from_dict(data)
+        for key, data in study.user_attrs.items()
+        if key.startswith(_MEASURED)
+    }
+
+
+def write_measured(study: optuna.Study, number: int, found: Measured) -> None:
+    """Store trial ``number``'s measurement as the study's ``measured:<number>`` attribute (one per
+    trial: a run over a large study writes each once, and an interrupted run keeps what it
+    measured), replacing an earlier one."""
+    study.set_user_attr(f"{_MEASURED}{number}", found.to_dict())

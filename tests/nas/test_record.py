@@ -128,7 +128,7 @@ def test_a_study_written_before_records_still_opens(tmp_path):
     best = front(study)
     assert best and {r.number for r in best} <= {r.number for r in done}
     chosen = pick(study, "knee")
-    assert set(figures(study)) == {"front2d", "front3d", "hypervolume", "parallel"}
+    assert set(figures(study)) == {"front2d", "front3d", "hypervolume", "parallel", "breakdown"}
     model = trial_model(chosen, storage)
     assert model.arch == chosen.arch
     setup = study_setup(study)  # the study's own record: read typed, a worker rebuilds its run from it

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 __all__ = ["VARIABLES", "Settings", "SettingsError", "get"]
 
-# variable -> what it does (the README's table lists the same; a test checks they agree)
+# variable -> what it does (docs/cli.md's table lists the same; a test checks they agree)
 VARIABLES: dict[str, str] = {
     "NAS_STORAGE": "default --storage (journal file path or RDB URL); else runs/studies.journal",
     "NAS_ARTIFACTS": "directory for trained weights (Optuna artifacts); default beside the study",

@@ -149,7 +149,7 @@ class _Bound:
         return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
 
 
-# Every numeric field's allowed values (README, "Search spaces are data"). The size limits are
+# Every numeric field's allowed values (docs/spaces.md, "Search spaces are data"). The size limits are
 # generous but finite: a typo such as d_model: [1048576] (a 13 TB model) or depth: {high: 1000000}
 # (a model that never finishes building) is refused here, before a study is opened, instead of
 # failing or hanging inside a trial. The optimizer limits are where the hyperparameter has a meaning.

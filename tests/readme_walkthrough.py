@@ -1,9 +1,10 @@
-"""Run the README's commands, in order, in a fresh clone: what a new user would type.
+"""Run the README's and the user guide's commands, in order, in a fresh clone: what a new user would type.
 
     python tests/readme_walkthrough.py [--list] [--first N] [--keep DIR]
 
-Takes every line of the README's ```bash blocks, in order, and runs it with bash in a fresh clone
-of this repository (``git clone`` of the committed HEAD), with this interpreter's environment (its
+Takes every line of the ```bash blocks of README.md and then docs/guide.md (PAGES), in order, and
+runs it with bash in a fresh clone of this repository (``git clone`` of the committed HEAD), with
+this interpreter's environment (its
 ``bin/`` first on PATH: install the project there first, as the README's install lines say).
 Lines that cannot run on this machine are listed as skipped with the reason: installs (done
 before), the test suite (CI runs it), GPU-only and multi-host commands, other installs, and
@@ -24,6 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# the pages whose commands a new user types, in the order they read them
+PAGES = (ROOT / "README.md", ROOT / "docs" / "guide.md")
 
 # (pattern, why): a line matching one is not run here
 SKIPS = (
@@ -38,11 +41,11 @@ SKIPS = (
 )
 
 
-def commands(readme: str) -> list[str]:
-    """Every command line of the README's bash blocks, in order, comments and install prefixes
+def commands(page: str) -> list[str]:
+    """Every command line of a page's bash blocks, in order, comments and install prefixes
     (``pip install … &&``) removed."""
     lines = []
-    for block in re.findall(r"^```bash\n(.*?)^```", readme, flags=re.S | re.M):
+    for block in re.findall(r"^```bash\n(.*?)^```", page, flags=re.S | re.M):
         for line in block.splitlines():
             line = re.sub(r"\s+#\s.*$", "", line).strip()  # a trailing "  # comment"
             if line and not line.startswith("#"):
@@ -61,7 +64,7 @@ def main() -> int:
     parser.add_argument("--keep", default=None, help="clone into DIR and keep it (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per command")
     args = parser.parse_args()
-    lines = commands((ROOT / "README.md").read_text())[: args.first]
+    lines = [line for page in PAGES for line in commands(page.read_text())][: args.first]
     if args.list:
         for line in lines:
             why = skipped(line)

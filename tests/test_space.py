@@ -443,13 +443,13 @@ def test_every_limit_is_allowed_at_its_edge(tmp_path):
     assert sample_many(space, stub_task(), n=3)  # drawn through Optuna (nothing is built)
 
 
-def test_limits_are_the_readmes():
-    """Each limit is documented in the README's space section, as the message states it."""
+def test_limits_are_the_docs():
+    """Each limit is documented in docs/spaces.md's space section, as the message states it."""
     from nas.space import LIMITS
 
-    readme = (SHIPPED.parent / "README.md").read_text()
-    start = readme.index("## Search spaces are data")
-    section = readme[start : readme.index("\n## ", start)]
+    doc = (SHIPPED.parent / "docs" / "spaces.md").read_text()
+    start = doc.index("## Search spaces are data")
+    section = doc[start : doc.index("\n## ", start)]
     rows = {
         line.split("|")[1].strip(" `"): line.split("|")[2].strip() for line in section.splitlines() if "| `" in line
     }
@@ -543,11 +543,11 @@ def test_head_dim_rule_is_the_kernels(tmp_path):
                 load_space(path).check_measurable()
 
 
-def test_the_readme_space_example_runs_as_written(tmp_path):
-    """The README's space, copied into a file as a user would: it loads (it used to lack the
+def test_the_documented_space_example_runs_as_written(tmp_path):
+    """docs/spaces.md's space, copied into a file as a user would: it loads (it used to lack the
     required train.batch_size), documents max_train_seconds, and samples a candidate."""
-    readme = (SHIPPED.parent / "README.md").read_text()
-    section = readme[readme.index("## Search spaces are data") :]
+    doc = (SHIPPED.parent / "docs" / "spaces.md").read_text()
+    section = doc[doc.index("## Search spaces are data") :]
     block = section[section.index("```yaml\n") + len("```yaml\n") : section.index("```\n", section.index("```yaml"))]
     path = tmp_path / "my_space.yaml"
     path.write_text(block)

@@ -34,7 +34,7 @@ SAMPLERS = ("tpe", "nsga2", "gp", "random")  # --sampler
 DEFAULT_PICK = "cheapest-best"
 PICKS = (DEFAULT_PICK, "knee", "accuracy", "latency")
 SETUP_VERSION = 3  # 2: objectives, context, decode_batch; 3: profile_yaml
-# Upper bounds on a run's sizes (the CLI's argument types and ``prepare`` check them; the README
+# Upper bounds on a run's sizes (the CLI's argument types and ``prepare`` check them; docs/cli.md
 # lists them): past them a number is a typo, not a request, and would only cost hours or memory.
 MAX_BATCH = 4096  # sequences: --latency-shape BATCH, --decode-batch
 MAX_CONTEXT = 1_048_576  # tokens per sequence latency is scored at: --latency-shape SEQ, --context (1M)

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 __all__ = ["IGNORE_INDEX", "MAX_SEQ_LEN", "MAX_TASK_TOKENS", "MAX_VOCAB", "Task", "TaskError"]
 
 IGNORE_INDEX = -100  # target value of an unscored position (cross-entropy ignore_index)
-# Upper bounds on a task's sizes, for data files and generators alike (the README lists them):
+# Upper bounds on a task's sizes, for data files and generators alike (docs/spaces.md lists them):
 # the vocabulary (max token + 1) and the number of outputs: the model's embedding table and output
 # layer have that many rows, so one stray id of 2^31 - 1 would ask for hundreds of gigabytes;
 MAX_VOCAB = 1_048_576
-# tokens per row (every candidate trains and is scored at this length; the README's long-context
+# tokens per row (every candidate trains and is scored at this length; docs/spaces.md's long-context
 # work trains at up to 8K, decode contexts are --context, not rows);
 MAX_SEQ_LEN = 65_536
 # tokens in all rows, train and test (x and y then hold 8 GiB as int32).

@@ -106,7 +106,7 @@ def test_an_onnx_graph_that_is_not_the_model_fails_the_export(study, capsys, mon
 
 
 def _knee_by_hand(trials):
-    """The README's rule: closest to (best accuracy, lowest latency) after min-max scaling both."""
+    """The guide's rule: closest to (best accuracy, lowest latency) after min-max scaling both."""
     acc, lat = [t.accuracy for t in trials], [t.latency_ms for t in trials]
 
     def s(v, lo, hi):
@@ -384,13 +384,13 @@ def test_a_training_cut_short_is_exported_with_the_steps_it_took(tmp_path):
     assert "1 of 5 planned steps" in (tmp_path / "b" / "card.md").read_text()
 
 
-def test_readme_states_the_onnx_output_shape_of_both_readouts():
+def test_the_guide_states_the_onnx_output_shape_of_both_readouts():
     """The bundle writes ``[batch, seq, n_out]`` logits for per-token targets and ``[batch, n_out]``
     for class labels (readout "last"); the README used to claim the first for every model."""
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert "`[batch, seq, n_out]` for per-token targets, `[batch, n_out]` for class labels" in " ".join(readme.split())
+    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
+    assert "`[batch, seq, n_out]` for per-token targets, `[batch, n_out]` for class labels" in " ".join(guide.split())
 
 
 def test_a_hand_edited_architecture_is_refused_by_its_hash(bundle, tmp_path):

@@ -1,5 +1,6 @@
-"""Shared GPU timing for the kernel and model benchmarks: CUDA-graph replay, medians and IQR,
-inputs rotated across copies larger than L2, and the metadata every results JSON carries."""
+"""Shared helpers of the benchmark scripts: CUDA-graph replay, medians and IQR, inputs rotated
+across copies larger than L2, the metadata every results JSON carries and where it is written
+(``results/<question>_<device>.json``, one current file per question and device)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import statistics
 import threading
 import time
@@ -18,7 +20,19 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Timing", "time_graph", "time_graphs", "interleaved", "copies_for_l2", "environment", "write_results"]
+__all__ = [
+    "RESULTS",
+    "Timing",
+    "time_graph",
+    "time_graphs",
+    "interleaved",
+    "copies_for_l2",
+    "device_slug",
+    "environment",
+    "write_results",
+]
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 L2_FALLBACK_BYTES = 60 * 2**20  # H100/H200 L2 is 50 MB; rotate through more than this
 
@@ -169,6 +183,18 @@ def environment() -> dict:
         "python": platform.python_version(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def device_slug(name: str | None = None) -> str:
+    """The device part of a results file's name: the GPU's model (``"NVIDIA H100 80GB HBM3"`` ->
+    ``"h100"``, ``"NVIDIA H200"`` -> ``"h200"``), ``"cpu"`` without a GPU; ``name`` defaults to
+    GPU 0's."""
+    if name is None:
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    for token in re.split(r"[\s_-]+", name.replace("NVIDIA", "")):
+        if re.fullmatch(r"[A-Za-z]+\d+[A-Za-z]*", token):  # the model (H100, A100, L40S), not "80GB"
+            return token.lower()
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "gpu"
 
 
 def write_results(path: str | Path, rows: list[dict], **extra: object) -> Path:

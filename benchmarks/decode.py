@@ -15,7 +15,7 @@ and IQR of 50 replays of 10 calls; the states rotated over copies larger than L2
 whose other layers evict them). Achieved bandwidth counts the state read and written (8·D² bytes
 per head) plus q, k, v, z and o, and is given as a fraction of a 1 GiB device-to-device copy timed
 in the same run (fp32, graph-replayed). Checks every timed step against the torch step first. Writes
-``decode_<gpu>.json``.
+``decode_step_<gpu>.json``.
 
 Attention part: ``kernels.attention.decode.decode_attention`` (split-KV, the launch
 ``configs.decode_config`` chooses, and every other tile and split count it may run) against
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import copies_for_l2, time_graph, write_results  # noqa: E402
+from _timing import copies_for_l2, device_slug, time_graph, write_results  # noqa: E402
 
 from kernels.attention import configs as attention_configs  # noqa: E402
 from kernels.attention.configs import DecodeConfig  # noqa: E402
@@ -324,7 +324,7 @@ def main_attention(args: argparse.Namespace) -> None:
     for r in rows:
         if "tbps" in r:
             r["copy_fraction"] = r["tbps"] / copy_tbps
-    name = torch.cuda.get_device_name(0).split()[-1].lower()
+    name = device_slug(torch.cuda.get_device_name(0))
     path = write_results(
         Path(args.out) / f"decode_attention_{name}{'_sweep' if args.sweep else '_quick' if args.quick else ''}.json",
         rows,
@@ -371,9 +371,9 @@ def main() -> None:
             f"{peer['median_us']:7.2f} µs | {peer['median_us'] / ours['median_us']:5.2f}x",
             flush=True,
         )
-    name = torch.cuda.get_device_name(0).split()[-1].lower()
+    name = device_slug(torch.cuda.get_device_name(0))
     path = write_results(
-        Path(args.out) / f"decode_{name}.json",
+        Path(args.out) / f"decode_step_{name}.json",
         rows,
         copy_tbps=copy_tbps,
         peer="kernels.linear_attention.reference.step (fp32 torch ops on the same bf16 inputs / fp32 state)",

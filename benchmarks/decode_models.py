@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import write_results  # noqa: E402
+from _timing import RESULTS, device_slug, write_results  # noqa: E402
 from decode import _copy_tbps  # noqa: E402
 
 from hardware_profiles import load_profile  # noqa: E402
@@ -107,8 +107,7 @@ def main() -> None:
     peer = max(copy_tbps)
     for r in rows:
         r["copy_fraction"] = r["tbps"] / peer
-    gpu = torch.cuda.get_device_name(0).split()[-1].lower()
-    out = args.out or Path(__file__).resolve().parent / "results" / f"decode_models_{gpu}.json"
+    out = args.out or RESULTS / f"decode_models_{device_slug(torch.cuda.get_device_name(0))}.json"
     write_results(
         out,
         rows,

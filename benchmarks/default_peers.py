@@ -32,7 +32,7 @@ speed-up is 1 up to timing noise, and the summary counts those rows apart from t
 kernels of ours (``misses_on_our_kernels``). Each row also times the peer twice, in two graphs
 in the same rotation (``--no-control`` skips it): that ratio is the noise of a tie on that row,
 and the summary gives its 95th percentile per op and how many misses fall within it.
-``--list`` prints the grids and exits (no GPU needed). Writes ``default_peers_<gpu>.json``.
+``--list`` prints the grids and exits (no GPU needed). Writes ``default_peers[_<only>]_<gpu>.json``.
 ``--gpu-lock FILE`` takes the lock file of ``model_vs_compile.py --procs``
 (``/tmp/model_vs_compile_gpu0.lock``) through each shape, so the grid runs while that script's
 compiles (CPU work) go on, and neither times while the other uses the GPU.
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._timing import GpuLock, copies_for_l2, time_graph, time_graphs, write_results  # noqa: E402
+from benchmarks._timing import RESULTS, GpuLock, copies_for_l2, device_slug, time_graph, time_graphs, write_results  # noqa: E402
 
 DTYPE = torch.bfloat16
 TOLERANCE = 2e-2
@@ -251,7 +251,7 @@ def attention_rows(quick: bool, rope: bool = False) -> list[dict]:
         ours, peer = _time_pair(
             [partial(fa.flash_attention_qkv, c, H, causal=True) for c in copies], [partial(sdpa, *v) for v in views]
         )
-        forced = {"skipped": "--rope (see default_peers_h200_attention_triton_only.json)"}
+        forced = {"skipped": "--rope (FA2 forced is timed without it)"}
         if not rope:
             try:
                 forced = _time([partial(sdpa_flash, *v) for v in views])
@@ -473,7 +473,7 @@ def timing_text(*, control: bool, gpu_lock: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--quick", action="store_true", help="the shapes the issue quotes only")
     parser.add_argument("--only", choices=("attention", "linear", "linear_attention"))
     parser.add_argument("--list", action="store_true", help="print the grids and exit")
@@ -506,9 +506,9 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("default_peers.py times GPU kernels: no CUDA device here (--list works anywhere)")
     rows, notes = [], {}
-    name = torch.cuda.get_device_name(0).split()[-1].lower()
+    name = device_slug(torch.cuda.get_device_name(0))
     only = f"_{args.only}" if args.only else ""
-    out = Path(args.out) / f"default_peers_{name}{only}{'_quick' if args.quick else ''}.json"
+    out = Path(args.out) / f"default_peers{only}_{name}{'_quick' if args.quick else ''}.json"
     timing = timing_text(control=_CONTROL[0], gpu_lock=args.gpu_lock)
     streamed: list[dict] = []
 

@@ -33,7 +33,7 @@ done). ``--gpus N`` runs N processes, each on its own GPU (``CUDA_VISIBLE_DEVICE
 every N-th row (``--shard K/N``), and merges their files; ``--skip-done`` leaves out rows an
 earlier call already timed:
 
-    python benchmarks/model_vs_compile.py --gpus 8 --skip-done benchmarks/results/model_vs_compile_merged.json
+    python benchmarks/model_vs_compile.py --gpus 8 --skip-done benchmarks/results/model_vs_compile_h200.json
 
 Most of a compile is CPU work (tracing, lowering, Triton and ptxas compiles), so ``--procs P`` runs
 P processes per GPU. They share the GPU through one lock file per GPU: every GPU timing of a row
@@ -79,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks._timing import GpuLock, copies_for_l2, time_graph, write_results  # noqa: E402
+from benchmarks._timing import RESULTS, GpuLock, copies_for_l2, device_slug, time_graph, write_results  # noqa: E402
 from nas.latency import memory, parse_shape  # noqa: E402
 from nas.latency.calibrate import random_archs  # noqa: E402
 from nas.spec import ArchSpec  # noqa: E402
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start", type=int, default=0, help="first architecture of this run's slice")
     parser.add_argument("--count", type=int, help="architectures in this run's slice (default: to the end)")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--list", action="store_true", help="print the architectures and exit")
     parser.add_argument(
         "--no-compile",
@@ -577,7 +577,7 @@ def _run(
         if any(codes) and not stopped:
             raise SystemExit(f"shards exited with {codes}")
         return
-    name = torch.cuda.get_device_name(0).split()[-1].lower()
+    name = device_slug(torch.cuda.get_device_name(0))
     suffix = "" if (args.start, stop) == (0, len(archs)) else f"_{args.start}-{stop - 1}"
     suffix += "_ours_only" if args.no_compile else ""
     suffix += f"_shard{args.shard[0]}of{args.shard[1]}" if args.shard else ""

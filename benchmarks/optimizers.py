@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._timing import Timing, environment
+from benchmarks._timing import RESULTS, Timing, device_slug, environment
 from kernels.optim import triton as fused
 from kernels.optim.configs import NORM_SWEEP, SWEEP, StepConfig, norm_config, step_config
 from nas.optim import AdamW, GradOptions
@@ -314,7 +314,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="also time every StepConfig in configs.SWEEP (AdamW)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--profile", type=Path, help="write a cProfile summary of nas.optim.AdamW.step here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -382,9 +382,8 @@ def main() -> None:
         "sweep": sweep,
         "kernels": _kernel_facts(),
     }
-    slug = re.sub(r"[^a-z0-9]+", "_", env["gpu"].lower().replace("nvidia", "")).strip("_")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"optimizers_{slug}.json"
+    path = args.out / f"optimizers_{device_slug(env['gpu'])}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
 
     print(

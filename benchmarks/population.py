@@ -43,7 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._timing import RESULTS, device_slug  # noqa: E402
+
 TARGET = 0.90  # the share of fresh-seed retrainings the interval must hold
 
 
@@ -305,9 +306,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "argv": sys.argv[1:],
     }
-    tag = "cpu"
-    if args.device == "cuda":
-        tag = next((g.lower() for g in ("H100", "H200") if g in device), "gpu")
+    tag = device_slug(device) if args.device == "cuda" else "cpu"
     out = args.out or RESULTS / f"population_{args.question}_{tag}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")

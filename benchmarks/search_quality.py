@@ -49,7 +49,7 @@ Scores:
   if one trained, ``not proposed`` if the sampler never drew it there (always proposed under
   random sampling: that run reaches every trial number of the other one).
 
-Prints the tables and writes ``search_quality.json`` (``search_quality_quick.json`` with --quick).
+Prints the tables and writes ``search_quality_cpu.json`` (``search_quality_cpu_quick.json`` with --quick).
 """
 
 from __future__ import annotations
@@ -495,7 +495,7 @@ def main() -> None:
     parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, help="default all (tpe random with --quick)")
     parser.add_argument("--trials", type=int, help="trained trials per run; default 40 (12 with --quick)")
     parser.add_argument("--jobs", type=int, default=1, help="studies run at once, each in its own process")
-    parser.add_argument("--quick", action="store_true", help="smoke run; writes search_quality_quick.json")
+    parser.add_argument("--quick", action="store_true", help="smoke run; writes search_quality_cpu_quick.json")
     parser.add_argument(
         "--prune", choices=["both", "off"], default="both", help="off: only the arms without early stopping"
     )
@@ -541,7 +541,7 @@ def main() -> None:
 
     import torch
 
-    out = Path(args.out) / ("search_quality_quick.json" if args.quick else "search_quality.json")
+    out = Path(args.out) / ("search_quality_cpu_quick.json" if args.quick else "search_quality_cpu.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nas.train as train_module  # noqa: E402
-from benchmarks._timing import environment, write_results  # noqa: E402
+from benchmarks._timing import device_slug, environment, write_results  # noqa: E402
 from nas.models import build  # noqa: E402
 from nas.spec import ArchSpec, LayerSpec, TrainSpec  # noqa: E402
 from nas.tasks import load_task  # noqa: E402
@@ -380,9 +380,8 @@ def main() -> None:
         if (g, n) != ("0", 1)
     }
     print(summary)
-    gpu = (env["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "_")
     path = write_results(
-        Path(args.out) / f"train_throughput_{gpu}{args.tag}.json",
+        Path(args.out) / f"train_throughput_{device_slug(env['gpu'] or 'cpu')}{args.tag}.json",
         rows,
         summary=summary,
         gpu_count=torch.cuda.device_count(),

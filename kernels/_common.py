@@ -237,7 +237,7 @@ def pdl(t: Tensor) -> dict[str, int | bool]:
     let the next launch be scheduled now (``pdl_early``). Empty (a plain launch) off sm_90, under
     the interpreter, or after ``set_pdl(False)``. What it buys: in a forward of ~30 small
     dependent launches (a model at 1×256), the next kernel is launched, and with 2 resident and
-    waiting, when the previous one ends (``benchmarks/pdl_chain.py``)."""
+    waiting, when the previous one ends (docs/benchmarks.md)."""
     forced = _PDL_FORCED[0]
     if forced is False or _interpreted() or not device.is_cuda(t.device):
         return {}
@@ -249,7 +249,7 @@ def after_library(t: Tensor) -> dict[str, int | bool]:
     """The launch keywords for a kernel on ``t``'s device launched right after a library kernel
     (cuBLAS's matmul in the linear's cuBLAS route): ``pdl``'s inside a ``pdl_early`` scope (the
     early trigger), a plain launch elsewhere. H200 (torch 2.11, cuBLAS's nvjet kernels;
-    benchmarks/results/pdl_after_library_h200.json): outside a scope the epilogue pass launched
+    docs/benchmarks.md): outside a scope the epilogue pass launched
     plain took 0.96-0.99x the time of the PDL launch at 11 linear shapes (777x200->800 + GELU:
     5.65 vs 5.84 us) and whole models at 8x1024 did not move (median 1.002x); inside one (models
     at 1x256) PDL saved 1.6 % at the median (up to 5 %)."""

@@ -522,7 +522,7 @@ class _Steps:
                 rows = logits.reshape(self.P, -1, *logits.shape[1:])
                 loss = torch.stack([self.task.loss(rows[p], ys[p]) for p in range(self.P)])
         # keep the grad tensors (zero them): their addresses stay put, so the fused optimizer's
-        # pointer tables are built once, not every step (benchmarks/results/optimizer_host_h200.json),
+        # pointer tables are built once, not every step (docs/benchmarks.md, optimizer steps),
         # and a captured step's backward accumulates into the tensors it was captured with
         self.opt.zero_grad(set_to_none=False)
         loss.sum().backward()  # the variants' parameters are disjoint: each gets its own loss's gradient

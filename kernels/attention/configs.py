@@ -57,7 +57,7 @@ class AttentionConfig:
 
 
 # sm_90, per head dim. Measured on an H200 (torch 2.11, triton 3.6, causal bf16, B·L = 16384,
-# benchmarks/results/kernels_attention.json): the tuner took 128/64/4w/4s at D = 64 and
+# docs/benchmarks.md, earlier experiments): the tuner took 128/64/4w/4s at D = 64 and
 # 128/128/8w/3s at D = 128 for every L in 1024-4096 (with RoPE at D = 128: 128/64/8w/3s, as the
 # 128×128 tile then needs 256 KB of shared memory and is skipped); 229-399 TFLOP/s.
 HOPPER: dict[int, tuple[AttentionConfig, ...]] = {
@@ -94,14 +94,14 @@ def attention_configs(device: torch.device, head_dim: int) -> tuple[AttentionCon
 
 # Route (``kernels/attention/triton.py``): torch's ``F.scaled_dot_product_attention`` with its
 # default backend instead of the Triton kernel, where it measured faster. On an H200 (torch 2.11,
-# triton 3.6, causal bf16, benchmarks/results/default_peers_h200_attention_triton_only.json, 72 shapes with
+# triton 3.6, causal bf16, tests/kernels/data/default_peers_h200_attention_triton_only.json, 72 shapes with
 # L 333-8192, B·H 4-512, D 32-128) the default backend is cuDNN's wgmma flash kernel and the
 # Triton kernel ran 0.37-0.92x its speed at 66 of them (median 0.75x; worst at many heads and
 # short rows, 32x16x333x64: 137.5 vs 50.5 µs). It won only where cuDNN's grid leaves SMs idle:
 # few heads over long rows (B·H = 4 at L = 8192: 1.20-1.41x; B·H = 15 at L = 2048, D 32 / 128:
 # 1.07-1.13x, but 0.92x at D 64, so that one stays with SDPA). With RoPE the SDPA route adds a
 # rotary pass over q and k (half the bytes of qkv, read and written), while the fused kernel
-# rotates in-kernel at +47-72 % of its time (kernels_attention.json): SDPA there too.
+# rotates in-kernel at +47-72 % of its time (docs/benchmarks.md): SDPA there too.
 SDPA_TRITON_MAX_HEADS = 4  # B·H at most this many ...
 SDPA_TRITON_MIN_LENGTH = 8192  # ... over at least this many rows: the Triton kernel without RoPE
 
@@ -155,14 +155,14 @@ class DecodeConfig:
 # Decode is a stream over the cache: 2·D·(bytes per element) per row read, 4·D FLOPs per row (one
 # dot for the score, one axpy for the output), so 1 FLOP/byte in bf16 — memory-bound on any GPU.
 # Measured on an H200 (torch 2.11, triton 3.6, bf16, H = 8, benchmarks/results/
-# decode_attention_h200*.json): the CUDA-core walk (dot=False) streamed at most ~3.0 TB/s (its
-# loads are not pipelined across blocks); the matmul walk (dot=True) lets Triton pipeline them
-# and reaches cuDNN's SDPA (itself at ~4.4 TB/s of reads, 104 % of an SM copy's read + write).
-# The sweep of every tile x split count (decode_attention_h200_sweep_b1.json, _b8_b64.json: N 4K-128K)
+# decode_attention_h200.json, earlier runs in docs/benchmarks.md): the CUDA-core walk
+# (dot=False) streamed at most ~3.0 TB/s (its loads are not pipelined across blocks); the matmul
+# walk (dot=True) lets Triton pipeline them and reaches cuDNN's SDPA (itself at ~4.4 TB/s of
+# reads, 104 % of an SM copy's read + write).
+# The sweep of every tile x split count (``decode.py --sweep``, N 4K-128K; docs/benchmarks.md)
 # put the fastest launches at one or two programs per SM, not at the 8 first chosen. Where they
 # were within a few percent of SDPA, rounds that time SDPA and every candidate in turn
-# (benchmarks/decode_close_calls.py, benchmarks/results/decode_close_calls_h200*.json and
-# decode_close_calls_h200_first.log: medians of 3 rounds) chose:
+# (medians of 3 rounds; the decode close calls in docs/benchmarks.md) chose:
 # - D = 64: 128-row tiles, 3 stages (96 KB of shared memory: two programs fit an SM) at two
 #   programs per SM. vs SDPA: B1 N16K 1.046x (the 256-row tile at one per SM: 0.956x), B1 N32K
 #   1.018x (0.997x), B8 N4K 0.999x (0.984x), B8 N16K 1.010x (0.986x).

@@ -88,7 +88,7 @@ class LinearConfig:
 
 # H100/H200 (sm_90): tl.dot lowers to wgmma, one 64-row instruction per warpgroup (4 warps).
 # Picked from `--sweep` on an H200 (bf16 linear + bias + GELU, d = 128-1024, tokens 2048 and
-# 16384, CUDA-graph timed; "linear_sweep" in benchmarks/results/kernels_linear_norm.json): the
+# 16384, CUDA-graph timed; the linear sweep in docs/benchmarks.md, earlier experiments): the
 # three fastest of configs.SWEEP per K range; the sweep's fastest at every swept shape is among them.
 # K ≥ 512: big tiles, most FLOPs per byte loaded; 128×128 with 3 stages (98 KB) lets two
 # programs share an SM, so one's GELU epilogue overlaps the other's main loop.
@@ -151,7 +151,7 @@ INTERPRETER_TMA = LinearConfig(16, 16, 16, 2, 4, 1, tma=True)
 ALL = tuple(
     dict.fromkeys((*HOPPER, *HOPPER_SHORT_K, *DEFAULT, SMALL_M, *HOPPER_TMA))
 )  # everything the tuners may be handed
-# Candidates `benchmarks/kernels_linear_norm.py --sweep` times on the GPU at hand: the Hopper list
+# Candidates for a tile sweep on the GPU at hand (docs/benchmarks.md): the Hopper list
 # plus shallower pipelines whose smaller shared-memory footprint lets 2-4 programs share an SM
 # (one program's epilogue overlapping another's main loop), and taller/wider tiles.
 SWEEP = tuple(
@@ -200,9 +200,9 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
 # kernel's masked stores do not care). Otherwise, where cuBLAS's matmul (torch.addmm, bias in
 # its epilogue) followed by this package's in-place epilogue kernel (activation, residual) beats
 # the one fused Triton kernel. Measured on an H200 (torch 2.11, triton 3.6; the fused kernel
-# alone in benchmarks/results/default_peers_h200_linear_fused_only.json, each row against cuBLAS
+# alone in tests/kernels/data/default_peers_h200_linear_fused_only.json, each row against cuBLAS
 # F.linear + the separate torch ops, CUDA-graph replays; the route's own rows in
-# default_peers_h200_linear.json):
+# benchmarks/results/default_peers_linear_h200.json):
 # - no activation and no residual: the fused kernel has nothing to fuse, and its main loop ran
 #   0.36-0.70× cuBLAS's (3000×200→800: 21.1 vs 7.6 µs; 16384×256→1024: 31.6 vs 22.0);
 # - K not a multiple of 16 elements: Triton specialises integer arguments divisible by 16, so
@@ -227,14 +227,14 @@ CUBLAS_GELU_MIN_OUTPUT = 1 << 24
 # loop keeps up with cuBLAS's: K up to NORM_FUSED_MAX_K and fewer than NORM_FUSED_MAX_X elements of
 # x (M bucket × K). Elsewhere the norm is a launch of its own and the rules above pick the route:
 # cuBLAS or the fused kernel without it. H200 (bf16, qkv N = 3K no activation / MLP up N = 4K
-# GELU; fused against the better of norm + cuBLAS and the unfolded path, in
-# linear_norm_fold_h200_tile_stats.json, which summed the statistics from the dot's tile: a
-# separate load, as the kernels now do, took 9-23 % longer in linear_norm_diagnose_h200.json, so
+# GELU; fused against the better of norm + cuBLAS and the unfolded path, in the norm-fold run of
+# docs/benchmarks.md, which summed the statistics from the dot's tile: a
+# separate load, as the kernels now do, took 9-23 % longer, so
 # the margins below shrink by about that much):
 # - K = 96: fused 0.70-0.95x the time at M 256-8192 (M 8192 qkv: 6.6 vs 9.4 µs);
 # - K = 256: 0.77-0.93x at M 256-1024 (M 1024 MLP up: 7.0 vs 7.6 LayerNorm), gone with the load;
 # - K = 512: 1.05-1.78x at every M (M 256 qkv: 9.8 vs 5.5): the pointer kernel's long-K main loop.
-# Whole models with the rule as it stands: folded against unfolded in linear_norm_fold_h200.json.
+# Whole models with the rule as it stands: folded against unfolded in docs/benchmarks.md.
 NORM_FUSED_MAX_K = 128
 NORM_FUSED_MAX_X = 1 << 20
 

@@ -72,7 +72,7 @@ def _gelu(v):
     It replaced libdevice's erff, which takes more instructions; on an H200 that made no
     measurable difference at short K (16384×128→512: 21.8 vs 22.5 µs, 2048×128→512: 5.0 both),
     where linear + GELU still takes about twice the kernel without the activation, so the
-    epilogue's cost there lies elsewhere (not yet found; kernels_linear_norm.json).
+    epilogue's cost there lies elsewhere (not yet found; docs/benchmarks.md).
     """
     a = tl.abs(v) * 0.7071067811865476
     t = tl.math.fdiv(1.0, 1.0 + 0.3275911 * a)  # approximate reciprocal (2 ulp): far inside the 1.5e-7
@@ -113,7 +113,7 @@ def _stats_add(shift, s1, s2, a, k_ok, NORM: tl.constexpr):
     this alone, not reuse the tile they feed the dot: summed from that tile, some rows came out
     wrong on an H200 (triton 3.6: 12 of 88 tiling × shape × norm runs, rmsnorm on the 64×128
     2-stage tile and both kernels' largest; never with a load of their own, which costs 9-23 %
-    of the kernel's time at M 256-2048; benchmarks/results/linear_norm_diagnose_h200.json)."""
+    of the kernel's time at M 256-2048; docs/benchmarks.md)."""
     if NORM == "rmsnorm":
         v = a.to(tl.float32)
         s2 += tl.sum(v * v, 1)

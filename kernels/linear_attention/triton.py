@@ -21,7 +21,7 @@ to memory. The alternative (fla's chunk kernels: states per chunk to memory, the
 output pass) buys parallelism over T with two launches and 2·D²·T/C state bytes; here the V split
 and, when B·H·D/BV programs leave SMs idle, the sequence split (``configs.split_for``) supply it.
 
-Measured on an H200 (bf16, benchmarks/results/linear_attention_split_h200.json): the split takes
+Measured on an H200 (bf16, docs/benchmarks.md): the split takes
 the model benchmark's small mixers from 11.2 to 8.8 µs (B1 H4 D32 L256, identity) and 17.8 to
 11.3 µs (elu+1), B8 H8 D32 L512 from 17.8 to 14.1 / 31.2 to 19.1 µs; once the grid fills the
 SMs (B·H·D/32 ≥ 2 per SM) two segments cost 19-52% more and it stays unsplit. Against fla-core 0.6
@@ -37,8 +37,8 @@ few chunks, and building tensor descriptors on the device made pass 2 run at hal
 kernel. The prefix forward: pass 2's grid alone, each program summing the state of the chunks
 before its own — one launch and no state in memory, for short walks on small grids. The fused
 kernel runs everything off sm_90 and at D = 16. Measured on an H200 (132 shapes × maps, each route
-forced: linear_attention_routes_h200.json; the identity map at D = 32 over full grids, the fused
-kernel's until pass 1 prefetched k: linear_attention_pass_variants_h200_kt.json).
+forced: tests/kernels/data/linear_attention_routes_h200.json; the identity map at D = 32 over full grids, the fused
+kernel's until pass 1 prefetched k: tests/kernels/data/linear_attention_pass_variants_h200_kt.json).
 
 Precision: φq·φkᵀ, scores·v and φkᵀ·v take input-dtype operands with fp32 accumulation (the
 tensor-core path). The fused kernel keeps S in fp32 for φq·S (tf32 operands on GPU); the two
@@ -510,7 +510,7 @@ def _two_pass_out_kernel(
     z = tl.zeros([HEAD_DIM], tl.float32)
     if PREFIX:  # S = Σ φ(k)ᵀv over the full chunks before this one, rounded once as pass 1 stores it
         S = tl.zeros([HEAD_DIM, BLOCK_V], tl.float32)
-        # k transposed as loaded, [D, CHUNK], as in pass 1: prefetched like v (kernel_resources.py)
+        # k transposed as loaded, [D, CHUNK], as in pass 1: prefetched like v (ptxas -v)
         k_cols = K + b * stride_kb + h * stride_kh + tl.trans(d) + tl.trans(r) * stride_kt
         v_rows = V + b * stride_vb + h * stride_vh + r * stride_vt + cols[None, :]
         for j in range(0, c):
@@ -826,7 +826,7 @@ def linear_attention(
             if is_cuda(q.device) and min(config.block_v, D) < min(64, D):
                 # 32-column blocks at D ≥ 64 gave wrong outputs (rel. err. 1.2) or an illegal
                 # address on the H200 (triton 3.6), with tensor descriptors and with plain loads
-                # alike (linear_attention_two_pass_h200_groups.json), while the interpreter runs
+                # alike (docs/benchmarks.md), while the interpreter runs
                 # them right (test_two_pass_every_config): a GPU-only fault, not yet explained
                 raise ValueError(f"a {kind} on a GPU needs block_v ≥ min(64, D), got {config.block_v} at D={D}")
             if isinstance(config, PrefixConfig):

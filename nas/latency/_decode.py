@@ -23,7 +23,7 @@ Jet-Nemotron name the KV cache the cost that dominates long-context decoding). I
 each byte class × its own cost per byte. The KV cache is one class per kernel head dim
 (``KV_HEAD_DIMS``): the split-KV kernel streams rows of one head's dim, and short rows move fewer
 bytes per instruction — on the H200 a MiB of cache at head dim 16 cost ~0.9 µs, at 128 ~0.28
-(``benchmarks/results/decode_refit_h200.json``: one cost for every dim left the 95th percentile of
+(``docs/benchmarks.md``, decode predictor: one cost for every dim left the 95th percentile of
 held-out error at 35 %, one per dim at 24 %).
 """
 

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 # streaming kernels roughly 80-90 % of datasheet bandwidth. Replaced by measured fractions.
 DEFAULT_FLOPS_FRACTION = 0.6
 DEFAULT_BANDWIDTH_FRACTION = 0.8
-# The roofline's error on the H200 (benchmarks/results/predictor_h200.json, "uncalibrated"
+# The roofline's error on the H200 (docs/benchmarks.md, predictor: the "uncalibrated"
 # baseline: 95th percentile of |predicted / measured - 1| over the held-out architectures).
 UNCALIBRATED_INTERVAL = 0.75
 TRANSFER_WIDENING = 3.0  # a guess, not checked on another GPU: see the module docstring

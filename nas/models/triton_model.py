@@ -39,7 +39,7 @@ __all__ = ["TritonModel", "to_triton"]
 
 # Forwards (B·T) and decoding steps (B) of at most this many tokens launch their kernels with the
 # early PDL trigger (``kernels._common.pdl_early``), larger ones with the wait only. H200, 8 archs
-# (benchmarks/results/pdl_models_h200.json): at 1×256 the early trigger took 0.92× the plain
+# (docs/benchmarks.md, programmatic dependent launch): at 1×256 the early trigger took 0.92× the plain
 # launches' time (median; the wait alone 0.96×), at 8×1024 it cost 1.01–1.10× where the wait alone
 # was 0.98–1.00×: the next kernel's programs, resident early, crowd the SMs a multi-wave grid still
 # needs.

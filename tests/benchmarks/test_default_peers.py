@@ -145,12 +145,12 @@ def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
     lock = str(tmp_path / "gpu0.lock")
     with pytest.raises(RuntimeError, match="cut short"):
         dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--gpu-lock", lock])
-    saved = json.loads((tmp_path / "default_peers_h200_attention_quick.json").read_text())
+    saved = json.loads((tmp_path / "default_peers_attention_h200_quick.json").read_text())
     assert saved["complete"] is False and len(saved["results"]) == 1
     assert saved["gpu_lock"] == lock and lock in saved["timing"]  # a file cut short says the GPU was shared too
     monkeypatch.setattr(dp, "attention_rows", rows)
     dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "default_peers_h200_attention_quick.json").read_text())
+    saved = json.loads((tmp_path / "default_peers_attention_h200_quick.json").read_text())
     assert saved["complete"] is True and len(saved["results"]) == 2 and saved["summary"]["attention"]["rows"] == 2
 
 
@@ -167,7 +167,7 @@ def test_the_file_says_whether_the_gpu_was_shared(tmp_path, monkeypatch):
     monkeypatch.setattr(
         dp, "attention_rows", lambda quick, rope=False: [dp._row("attention", case, timing, timing, "sdpa", 1.0, 0.0)]
     )
-    saved = tmp_path / "default_peers_h200_attention_quick.json"
+    saved = tmp_path / "default_peers_attention_h200_quick.json"
     lock = str(tmp_path / "gpu0.lock")
     dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--gpu-lock", lock])
     shared = json.loads(saved.read_text())

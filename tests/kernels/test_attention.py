@@ -214,7 +214,7 @@ def test_route_rule_against_the_measured_rows() -> None:
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks/results/default_peers_h200_attention_triton_only.json"
+    path = Path(__file__).resolve().parent / "data/default_peers_h200_attention_triton_only.json"
     rows = json.loads(path.read_text())["results"]
     assert len(rows) == 72
     for r in rows:

@@ -392,12 +392,12 @@ def _route_estimate_us(row: dict) -> float:
 
 def test_route_rule_against_the_h200_rows_it_was_read_from() -> None:
     """Every row of the H200 run of the fused kernel alone
-    (``benchmarks/results/default_peers_h200_linear_fused_only.json``) where the fused kernel or
+    (``tests/kernels/data/default_peers_h200_linear_fused_only.json``) where the fused kernel or
     the cuBLAS route (estimated from the same run) is faster by more than 5 %: the rule picks it."""
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks/results/default_peers_h200_linear_fused_only.json"
+    path = Path(__file__).resolve().parent / "data/default_peers_h200_linear_fused_only.json"
     rows = [r for r in json.loads(path.read_text())["results"] if r["op"] == "linear"]
     assert len(rows) >= 30
     decided = 0

@@ -214,7 +214,7 @@ def test_forward_route_against_the_measured_rows() -> None:
     import json
     from pathlib import Path
 
-    results = Path(__file__).resolve().parents[2] / "benchmarks/results"
+    results = Path(__file__).resolve().parent / "data"
     rows = json.loads((results / "linear_attention_routes_h200.json").read_text())["results"]
     again = json.loads((results / "linear_attention_pass_variants_h200_kt.json").read_text())["results"]
     again = {(r["B"], r["H"], r["L"], r["D"]): r for r in again}
@@ -323,7 +323,7 @@ def test_deep_pass_1_is_the_fastest_depth_measured_at_every_sparse_grid() -> Non
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks/results/linear_attention_pass_variants_h200_kt.json"
+    path = Path(__file__).resolve().parent / "data/linear_attention_pass_variants_h200_kt.json"
     rows = json.loads(path.read_text())["results"]
     assert len(rows) == 12
     sparse = 0
@@ -415,7 +415,7 @@ def test_two_pass_rule_against_the_measured_rows() -> None:
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks/results/linear_attention_two_pass_h200_focus.json"
+    path = Path(__file__).resolve().parent / "data/linear_attention_two_pass_h200_focus.json"
     rows = json.loads(path.read_text())["results"]
     assert len(rows) == 27
     for r in rows:

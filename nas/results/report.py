@@ -21,6 +21,8 @@ import plotly.graph_objects as go
 from optuna.trial import TrialState
 from plotly.subplots import make_subplots
 
+from hardware_profiles import HardwareProfile
+from nas.latency import parse_shape, predict, predict_decode
 from nas.results.fidelity import fidelity, pairs
 from nas.results.pareto import accuracy_epsilon, completed, default_pick, front, primary_cost, reference_point
 from nas.search.objectives import Objective
@@ -494,25 +496,49 @@ def _families(breakdown: tuple[tuple[str, float], ...], names: dict[str, str]) -
     return {k: v for k, v in out.items() if v > 0}
 
 
+def _latency_split(r: TrialRecord, metric: str, profile: HardwareProfile | None, setup) -> tuple[dict, str] | None:
+    """``r``'s latency for ``metric`` by op (ms, summing to the latency shown for it) and where the
+    split comes from. A measured latency is one graph replay with no per-op times: it is split in
+    the shares of the cost model's prediction (the search's own, or one made now for the study's
+    profile), scaled to the measured total, and says so."""
+    shown = r.latency_of(metric)
+    if shown is None:
+        return None
+    if shown.breakdown:
+        return dict(shown.breakdown), f"{shown.source} on {shown.device}"
+    model = r.searched_latency(metric)
+    if (model is None or not model.breakdown) and profile is not None and r.arch is not None and setup is not None:
+        if metric == "latency_ms":
+            model = predict(r.arch, parse_shape(setup.latency_shape), profile)
+        elif metric == "decode_latency_ms" and setup.context:
+            model = predict_decode(r.arch, setup.decode_batch, setup.context, profile)
+    if model is None or not model.breakdown or model.median_ms <= 0:
+        return None
+    scale = shown.median_ms / model.median_ms
+    split = {op: ms * scale for op, ms in model.breakdown}
+    return split, f"measured on {shown.device}, split in the cost model's shares ({profile.name if profile else '?'})"
+
+
 def _breakdown(study: optuna.Study, epsilon: float | None = None) -> go.Figure | None:
     """Where the front's latency goes: a stacked bar per front trial of the forward (and, with a
-    decode objective, the decode step) by kernel family, from the latency's own breakdown (the
-    cost model's per-launch terms when predicted, the timed kernels when measured)."""
+    decode objective, the decode step) by kernel family, adding up to the latency the table shows:
+    a prediction's own per-launch terms, or a measurement split in the cost model's shares."""
     shown = sorted(front(study, epsilon), key=lambda r: r.latency_ms)
-    panels = [("forward", lambda r: r.latency, _FORWARD_FAMILIES)]
+    profile, setup = study_profile(study), study_setup(study)
+    panels = [("forward", "latency_ms", _FORWARD_FAMILIES)]
     if "decode_latency_ms" in {o.metric for o in study_objectives(study)}:
-        panels.append(("decode step", lambda r: r.decode_latency, _DECODE_FAMILIES))
+        panels.append(("decode step", "decode_latency_ms", _DECODE_FAMILIES))
     bars: list[tuple[str, list[str], dict[str, list[float]], list[str]]] = []
-    for title, latency_of, names in panels:
-        rows = [(r, lat) for r in shown if (lat := latency_of(r)) is not None and lat.breakdown]
+    for title, metric, names in panels:
+        rows = [(r, found) for r in shown if (found := _latency_split(r, metric, profile, setup)) is not None]
         if not rows:
             continue
         labels = [f"#{r.number} {r.arch_summary}" for r, _ in rows]
-        per = [_families(lat.breakdown, names) for _, lat in rows]
+        per = [_families(tuple(split.items()), names) for _, (split, _) in rows]
         order = list(dict.fromkeys(names.values()))
         seen = dict.fromkeys(f for p in per for f in p)
         families = sorted(seen, key=lambda f: order.index(f) if f in order else len(order))
-        sources = [f"{lat.source} on {lat.device}" for _, lat in rows]
+        sources = [source for _, (_, source) in rows]
         bars.append((title, labels, {f: [p.get(f, 0.0) for p in per] for f in families}, sources))
     if not bars:
         return None

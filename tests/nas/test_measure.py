@@ -283,3 +283,45 @@ def test_the_real_measurer_times_a_two_trial_study(tmp_path, capsys):
     for r in trained:
         assert r.latency.predicted and r.measured.latency.source == "measured" and r.measured.latency.median_ms > 0
         assert r.measured.device == torch.cuda.get_device_name() and r.measured.latency.shape == LatencyShape(1, 256)
+
+
+def test_the_report_splits_a_measured_latency_in_the_cost_models_shares(searched, tmp_path, fake, capsys):
+    """After nas measure, the report's breakdown bars add up to the measured latency (the table's),
+    in the prediction's shares, and say so; a prediction's own bars are its per-launch terms."""
+    from nas.results.report import figures
+
+    storage = _copy(searched, tmp_path)
+    assert main(["measure", "--study", "m", "--storage", storage]) == 0
+    capsys.readouterr()
+    study = _study(storage)
+    fig = figures(study)["breakdown"]
+    for r in front(study):
+        label = f"#{r.number} {r.arch_summary}"
+        parts = {t.name: t.x[list(t.y).index(label)] for t in fig.data if label in t.y}
+        assert sum(parts.values()) == pytest.approx(r.measured.latency.median_ms, rel=1e-9)
+        predicted = dict(r.latency.breakdown)  # the shares: 1.5x every predicted term here
+        assert parts["embedding"] == pytest.approx(1.5 * predicted["embed"], rel=1e-9)
+        first = next(t for t in fig.data if label in t.y)
+        source = first.customdata[list(first.y).index(label)]
+        assert source.startswith(f"measured on {H200}, split in the cost model's shares")
+
+
+def test_a_latency_measured_by_the_search_is_split_in_a_fresh_predictions_shares():
+    """A study measured during its search stored no prediction: the split is predicted now for the
+    study's profile and shape, and scaled to the measured total."""
+    from types import SimpleNamespace
+
+    from nas.results.report import _latency_split
+    from nas.spec import ArchSpec, LayerSpec
+
+    arch = ArchSpec(64, (LayerSpec("attention", heads=2), LayerSpec("none")), 32, 32, "token")
+    shape = LatencyShape(1, 256)
+    lat = Latency(0.05, 0.001, "measured", H200, "bf16", shape)
+    r = TrialRecord(number=3, state=optuna.trial.TrialState.COMPLETE, arch=arch, latency=lat)
+    setup = SimpleNamespace(latency_shape="1x256", context=None, decode_batch=1)
+    split, source = _latency_split(r, "latency_ms", load_profile("h200"), setup)
+    model = dict(predict(arch, shape, load_profile("h200")).breakdown)
+    assert sum(split.values()) == pytest.approx(0.05, rel=1e-12) and set(split) == set(model)
+    ratios = {op: split[op] / model[op] for op in model if model[op] > 0}
+    assert max(ratios.values()) == pytest.approx(min(ratios.values()), rel=1e-9)  # the model's shares
+    assert source == f"measured on {H200}, split in the cost model's shares (h200)"

@@ -237,7 +237,7 @@ def pdl(t: Tensor) -> dict[str, int | bool]:
     let the next launch be scheduled now (``pdl_early``). Empty (a plain launch) off sm_90, under
     the interpreter, or after ``set_pdl(False)``. What it buys: in a forward of ~30 small
     dependent launches (a model at 1×256), the next kernel is launched, and with 2 resident and
-    waiting, when the previous one ends (docs/benchmarks.md)."""
+    waiting, when the previous one ends (docs/benchmarks.md, earlier experiments)."""
     forced = _PDL_FORCED[0]
     if forced is False or _interpreted() or not device.is_cuda(t.device):
         return {}
@@ -248,11 +248,8 @@ def pdl(t: Tensor) -> dict[str, int | bool]:
 def after_library(t: Tensor) -> dict[str, int | bool]:
     """The launch keywords for a kernel on ``t``'s device launched right after a library kernel
     (cuBLAS's matmul in the linear's cuBLAS route): ``pdl``'s inside a ``pdl_early`` scope (the
-    early trigger), a plain launch elsewhere. H200 (torch 2.11, cuBLAS's nvjet kernels;
-    docs/benchmarks.md): outside a scope the epilogue pass launched
-    plain took 0.96-0.99x the time of the PDL launch at 11 linear shapes (777x200->800 + GELU:
-    5.65 vs 5.84 us) and whole models at 8x1024 did not move (median 1.002x); inside one (models
-    at 1x256) PDL saved 1.6 % at the median (up to 5 %)."""
+    early trigger), a plain launch elsewhere: after cuBLAS's kernels PDL pays only inside the scope
+    (a small model's chain of launches) and costs a little outside it (docs/benchmarks.md, earlier experiments)."""
     keywords = pdl(t)
     return keywords if keywords.get("PDL") == 2 else {}
 

@@ -409,7 +409,7 @@ class SearchSpace:
         """SpaceError unless every (d_model, heads) gives a head dim the GPU kernels run (the
         kernels' rule, ``padded_head_dim``). A search asks it whether latency is measured or
         predicted: a prediction is of those kernels too, and a candidate none of them runs could
-        only get a roofline guess, about 2x below the calibrated model on the H200, which put it
+        only get a roofline guess, far below the calibrated model's predictions, which put it
         first on a front of calibrated predictions (and ``--pick latency`` exported it)."""
         from kernels.attention import SUPPORTED_HEAD_DIMS, padded_head_dim  # loads torch: only when measuring
 

@@ -56,10 +56,8 @@ class AttentionConfig:
             raise ValueError(f"AttentionConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
 
 
-# sm_90, per head dim. Measured on an H200 (torch 2.11, triton 3.6, causal bf16, B·L = 16384,
-# docs/benchmarks.md, earlier experiments): the tuner took 128/64/4w/4s at D = 64 and
-# 128/128/8w/3s at D = 128 for every L in 1024-4096 (with RoPE at D = 128: 128/64/8w/3s, as the
-# 128×128 tile then needs 256 KB of shared memory and is skipped); 229-399 TFLOP/s.
+# sm_90, per head dim: the tilings the tuner picked over L = 1024-4096 (docs/benchmarks.md, earlier experiments);
+# with RoPE at D = 128 the 128×128 tile needs 256 KB of shared memory and is skipped, so 128/64/8w/3s is there too.
 HOPPER: dict[int, tuple[AttentionConfig, ...]] = {
     16: (AttentionConfig(128, 64, 4, 3), AttentionConfig(64, 64, 4, 3)),
     32: (AttentionConfig(128, 64, 4, 3), AttentionConfig(128, 128, 8, 3)),
@@ -92,16 +90,9 @@ def attention_configs(device: torch.device, head_dim: int) -> tuple[AttentionCon
     return _BY_CAPABILITY.get(torch.cuda.get_device_capability(device), DEFAULT)[head_dim]
 
 
-# Route (``kernels/attention/triton.py``): torch's ``F.scaled_dot_product_attention`` with its
-# default backend instead of the Triton kernel, where it measured faster. On an H200 (torch 2.11,
-# triton 3.6, causal bf16, tests/kernels/data/default_peers_h200_attention_triton_only.json, 72 shapes with
-# L 333-8192, B·H 4-512, D 32-128) the default backend is cuDNN's wgmma flash kernel and the
-# Triton kernel ran 0.37-0.92x its speed at 66 of them (median 0.75x; worst at many heads and
-# short rows, 32x16x333x64: 137.5 vs 50.5 µs). It won only where cuDNN's grid leaves SMs idle:
-# few heads over long rows (B·H = 4 at L = 8192: 1.20-1.41x; B·H = 15 at L = 2048, D 32 / 128:
-# 1.07-1.13x, but 0.92x at D 64, so that one stays with SDPA). With RoPE the SDPA route adds a
-# rotary pass over q and k (half the bytes of qkv, read and written), while the fused kernel
-# rotates in-kernel at +47-72 % of its time (docs/benchmarks.md): SDPA there too.
+# Route: torch's ``F.scaled_dot_product_attention`` (default backend: cuDNN's wgmma flash kernel on sm_90) is faster
+# except where its grid leaves SMs idle, few heads over long rows, and there only without RoPE (rotating K in-kernel
+# costs more than SDPA's rotary pass): tests/kernels/data/default_peers_h200_attention_triton_only.json.
 SDPA_TRITON_MAX_HEADS = 4  # B·H at most this many ...
 SDPA_TRITON_MIN_LENGTH = 8192  # ... over at least this many rows: the Triton kernel without RoPE
 
@@ -152,28 +143,14 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.splits must be in 1..{DECODE_MAX_SPLITS}, got {self.splits}")
 
 
-# Decode is a stream over the cache: 2·D·(bytes per element) per row read, 4·D FLOPs per row (one
-# dot for the score, one axpy for the output), so 1 FLOP/byte in bf16 — memory-bound on any GPU.
-# Measured on an H200 (torch 2.11, triton 3.6, bf16, H = 8, benchmarks/results/
-# decode_attention_h200.json, earlier runs in docs/benchmarks.md): the CUDA-core walk
-# (dot=False) streamed at most ~3.0 TB/s (its loads are not pipelined across blocks); the matmul
-# walk (dot=True) lets Triton pipeline them and reaches cuDNN's SDPA (itself at ~4.4 TB/s of
-# reads, 104 % of an SM copy's read + write).
-# The sweep of every tile x split count (``decode.py --sweep``, N 4K-128K; docs/benchmarks.md)
-# put the fastest launches at one or two programs per SM, not at the 8 first chosen. Where they
-# were within a few percent of SDPA, rounds that time SDPA and every candidate in turn
-# (medians of 3 rounds; the decode close calls in docs/benchmarks.md) chose:
-# - D = 64: 128-row tiles, 3 stages (96 KB of shared memory: two programs fit an SM) at two
-#   programs per SM. vs SDPA: B1 N16K 1.046x (the 256-row tile at one per SM: 0.956x), B1 N32K
-#   1.018x (0.997x), B8 N4K 0.999x (0.984x), B8 N16K 1.010x (0.986x).
-# - D = 128: 64-row tiles for slices under DECODE_LONG_SLICE rows (B1 N4K, 256-row slices: 1.099x,
-#   the best), 128-row tiles with 4 warps (192 KB: one program per SM) from 1024-row slices, at
-#   one program per SM. B1 N16K 1.064x (64-row tiles: 0.999x), B1 N32K 1.020x (128 rows / 8 warps:
-#   0.980x), B8 N4K 1.023x (1.012x).
-# - More heads than SMs (B64 H8: one slice per head, several waves of programs): 2-stage tiles
-#   (64 KB: three programs fit an SM) hide the wave tails: B64 N4K D64 128/4w/2s 0.990x vs SDPA
-#   (the 3-stage 128-row tile: 0.825x, the 256-row one 0.958x), N16K 1.005x; B64 N4K D128
-#   64/4w/2s 1.013x (128 rows / 8 warps: 0.987x).
+# Decode is a stream over the cache: 2·D·(bytes per element) per row read, 4·D FLOPs per row (one dot for the
+# score, one axpy for the output), so 1 FLOP/byte in bf16 — memory-bound on any GPU. The matmul walk (dot=True)
+# lets Triton pipeline the loads across blocks, which the CUDA-core walk cannot, and so keeps up with cuDNN's SDPA.
+# The launches (their rows against SDPA: benchmarks/results/decode_attention_h200.json):
+# - D = 64: 128-row tiles, 3 stages (96 KB of shared memory: two programs fit an SM) at two programs per SM;
+# - D = 128: 64-row tiles for slices under DECODE_LONG_SLICE rows, else 128-row tiles with 4 warps (192 KB: one
+#   program per SM), at one program per SM;
+# - more heads than SMs (DECODE_MANY_HEADS, several waves): 2-stage tiles (64 KB: three fit an SM) hide the tails.
 # sm_90, per head dim: (the tile for slices shorter than DECODE_LONG_SLICE rows, the tile for
 # longer ones, the tile when the heads alone fill the SMs (DECODE_MANY_HEADS), then the other
 # tiles the tests run and the benchmark sweeps).
@@ -208,11 +185,10 @@ DECODE_INTERPRETER = (
     DecodeConfig(16, 4, 1, dot=True, fused=False),
 )
 DECODE_INTERPRETER_SPLIT_ROWS = 64
-# The split: B·H × splits programs, at most DECODE_PROGRAMS_PER_SM[D] per SM (one resident wave
-# of equal slices, each program streaming one long slice), in slices of at least
-# DECODE_MIN_SLICE rows (a shorter slice's partial write and share of the combine do not pay for
-# themselves: the first sweep put the best slice at 128 rows for a 1K cache). Chosen from the
-# capacity, fixed at CUDA-graph capture: the kernel skips the splits past each sequence's position.
+# The split: B·H × splits programs, at most DECODE_PROGRAMS_PER_SM[D] per SM (one resident wave of equal slices,
+# each program streaming one long slice), in slices of at least DECODE_MIN_SLICE rows (a shorter slice's partial
+# write and share of the combine do not pay for themselves). Chosen from the capacity, fixed at CUDA-graph
+# capture: the kernel skips the splits past each sequence's position.
 DECODE_PROGRAMS_PER_SM: dict[int, int] = {16: 1, 32: 1, 64: 2, 128: 1}
 DECODE_MIN_SLICE = 128
 DECODE_LONG_SLICE = 1024

@@ -24,8 +24,7 @@ RoPE (Su et al. 2021, half-split layout of ``nas.models.mixers.apply_rope``): ch
 pairs with d + D/2. A tile is read as its two halves, rotated in fp32 with the cos/sin rows of
 its positions, and interleaved back into ``[N, D]`` (join + permute + reshape), so one matmul
 of depth D follows whatever D is. K is rotated per (query block, key block): the price of
-needing no separate rotation launch. Measured on an H200 (causal bf16, L = 1024-4096): +47-72%
-over the same kernel without RoPE, yet 1.6-2.3× faster than torch's ``apply_rope`` + SDPA.
+needing no separate rotation launch, which is why RoPE shapes take the SDPA route on sm_90.
 
 Route. Where torch's ``F.scaled_dot_product_attention`` (its default backend: cuDNN's flash
 kernel on an H200) measured faster, ``flash_attention`` calls it instead, after ``_rope_kernel``

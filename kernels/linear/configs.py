@@ -75,23 +75,18 @@ class LinearConfig:
     def smem_bytes(self, element_size: int) -> int:
         """Shared memory held by the pipelined x and weight tiles, (BM + BN)·BK·size·stages; the
         TMA kernel adds its output staging tile (BM·BN·size) and, flattened, a residual tile too.
-        Against Triton 3.6's sm_90 compile of the TMA kernel with a residual epilogue (bf16) this
-        is within 40 bytes for every ``SWEEP`` tiling without warp specialization, which adds up
-        to 16 KB (e.g. 128×128×64 s4 flattened: 196608 vs 196648; 128×256×64 s3: 212992 vs
-        213016; 128×256×64 s3 flattened: 278528, over the limit); test_linear.py checks it for
-        ``HOPPER_TMA`` with the installed Triton."""
+        Against Triton's sm_90 compile of the TMA kernel with a residual epilogue (bf16) this is
+        within 40 bytes for every ``SWEEP`` tiling without warp specialization, which adds up to
+        16 KB; test_linear.py checks it for ``HOPPER_TMA`` with the installed Triton."""
         pipeline = (self.block_m + self.block_n) * self.block_k * element_size * self.num_stages
         if not self.tma:
             return pipeline
         return pipeline + self.block_m * self.block_n * element_size * (2 if self.flatten else 1)
 
 
-# H100/H200 (sm_90): tl.dot lowers to wgmma, one 64-row instruction per warpgroup (4 warps).
-# Picked from `--sweep` on an H200 (bf16 linear + bias + GELU, d = 128-1024, tokens 2048 and
-# 16384, CUDA-graph timed; the linear sweep in docs/benchmarks.md, earlier experiments): the
-# three fastest of configs.SWEEP per K range; the sweep's fastest at every swept shape is among them.
-# K ≥ 512: big tiles, most FLOPs per byte loaded; 128×128 with 3 stages (98 KB) lets two
-# programs share an SM, so one's GELU epilogue overlaps the other's main loop.
+# H100/H200 (sm_90): tl.dot lowers to wgmma, one 64-row instruction per warpgroup (4 warps). The three fastest of
+# SWEEP per K range (docs/benchmarks.md, earlier experiments). K ≥ 512: big tiles, most FLOPs per byte loaded;
+# 128×128 with 3 stages (98 KB) lets two programs share an SM, so one's GELU epilogue overlaps the other's main loop.
 HOPPER = (
     LinearConfig(128, 256, 64, 8, 8, 3),
     LinearConfig(256, 128, 64, 8, 8, 3),
@@ -119,23 +114,17 @@ SMALL_M = LinearConfig(64, 64, 64, 1, 4, 4)
 # TRITON_INTERPRET on CPU (tests): the smallest tiles, so odd test shapes span several tiles
 # with ragged edges in M, N and K, and a group of 2 exercises the grouped tile order.
 INTERPRETER = LinearConfig(16, 16, 16, 2, 4, 1)
-# The persistent TMA kernel (one program per SM walks the output tiles; x and W tiles arrive by
-# bulk tensor copies, no per-element addresses). `--sweep` on an H200 (bf16 linear + bias + GELU,
-# triton 3.6): at K = 1024 the flattened 128×128 w8 s4 tiling ran 40.9 µs at M = 2048 and 307.7 µs
-# at M = 16384 against 43.4 and 338.6 for the pointer kernel's best; at K = 128 every TMA tiling
-# lost (the main loop is two K steps, nothing to pipeline). Hence ``prefers_tma``: long K only.
-# 128×256 flattened failed to compile in the GPU tests with a residual epilogue (278 KB of shared
-# memory, over the 227 KB limit: flattening keeps the epilogue tiles beside the pipeline's).
+# The persistent TMA kernel (one program per SM walks the output tiles; x and W tiles arrive by bulk tensor copies,
+# no per-element addresses) pays at long K only: at short K two K steps leave nothing to pipeline (``prefers_tma``).
+# No 128×256 flattened: with a residual epilogue it needs more than sm_90's 227 KB of shared memory.
 HOPPER_TMA = (
     LinearConfig(128, 128, 64, 8, 8, 4, tma=True, flatten=True),
     LinearConfig(128, 256, 64, 8, 8, 3, tma=True),
     LinearConfig(64, 128, 64, 8, 4, 4, tma=True, flatten=True),
 )
-# One program per tile through descriptors, for short K, where the pointer kernel's per-element
-# addresses cost it 254-255 registers (spilling at 64×128 and 128×128 with 4 warps) and so 2
-# programs per SM, while these tilings compile to 72-133 registers (Triton 3.6 → ptxas for sm_90a,
-# GELU epilogue): several programs per SM, one's epilogue overlapping another's loads. Offline
-# numbers only; in SWEEP until an H200 sweep says whether they win.
+# One program per tile through descriptors, for short K, where the pointer kernel's per-element addresses take
+# enough registers to spill and leave few programs per SM; these compile to far fewer (ptxas -v, sm_90a), so one's
+# epilogue can overlap another's loads. In SWEEP until a GPU sweep says whether they win.
 _TMA_PER_TILE = (
     LinearConfig(64, 64, 64, 1, 4, 2, tma=True, persistent=False),
     LinearConfig(64, 128, 64, 8, 4, 2, tma=True, persistent=False),
@@ -194,47 +183,21 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
     return capability == (9, 0) and k > SHORT_K_MAX and m_bucket_ > SMALL_M_MAX
 
 
-# Never where a row of x or y is not 16-byte aligned (K or N not a multiple of 8 bf16/fp16
-# elements): cuBLAS then runs kernels without its fast paths (H200, calibration kernel grid,
-# no epilogue: 16384×512→5003 took 995 µs, 8192×512→3001 313 µs, 256×512→5003 34 µs; the fused
-# kernel's masked stores do not care). Otherwise, where cuBLAS's matmul (torch.addmm, bias in
-# its epilogue) followed by this package's in-place epilogue kernel (activation, residual) beats
-# the one fused Triton kernel. Measured on an H200 (torch 2.11, triton 3.6; the fused kernel
-# alone in tests/kernels/data/default_peers_h200_linear_fused_only.json, each row against cuBLAS
-# F.linear + the separate torch ops, CUDA-graph replays; the route's own rows in
-# benchmarks/results/default_peers_linear_h200.json):
-# - no activation and no residual: the fused kernel has nothing to fuse, and its main loop ran
-#   0.36-0.70× cuBLAS's (3000×200→800: 21.1 vs 7.6 µs; 16384×256→1024: 31.6 vs 22.0);
-# - K not a multiple of 16 elements: Triton specialises integer arguments divisible by 16, so
-#   rows of K = 200 are loaded without vector loads: 0.42-0.70× at every M (16384×200→800 + GELU:
-#   108 vs 45 µs);
-# - K > SHORT_K_MAX on sm_90: 0.59-0.82× at M ≤ 3000 (777×4096→1024: 26.9 vs 15.8 µs); only the
-#   persistent TMA kernel at M > 8192 with N ≥ K kept up (16384×1024→4096 + GELU 1.04×,
-#   16384×384→1536 1.06×; 16384×4096→1024 0.96×);
-# - short K with N ≥ CUBLAS_MIN_N (0.90-1.02× at K = 96, N = 4096) and GELU over outputs of
-#   CUBLAS_GELU_MIN_OUTPUT elements or more (16384×256→1024: 0.93×; ReLU/SiLU/residual there won,
-#   1.05-1.27×).
-# - ReLU after a bias, no residual: cuBLASLt fuses bias + ReLU into its own epilogue
-#   (torch._addmm_activation; profiled: nvjet_…_relubias), as fast as the plain matmul
-#   (16384×256→1024: 22.3 µs against 31.4 fused, 38.3 cuBLAS + torch ReLU).
-# Elsewhere the fused kernel won: 1.04-1.49× at K = 96-256 with GELU, SiLU or a residual. Its
-# main loop never beat cuBLAS's (it was slower than the plain matmul at every measured shape):
-# it wins where the pass over the output it saves costs more than that.
+# Never where a row of x or y is not 16-byte aligned (K or N not a multiple of 8 bf16/fp16 elements): cuBLAS then
+# runs kernels without its fast paths, and the fused kernel's masked stores do not care. Otherwise cuBLAS's matmul
+# (torch.addmm, bias in its epilogue) and then this package's in-place epilogue kernel, wherever the fused kernel's
+# slower main loop costs more than the pass over the output it saves:
+# - no activation and no residual: nothing to fuse;
+# - ReLU after a bias, no residual: cuBLASLt fuses bias + ReLU into its own epilogue (torch._addmm_activation);
+# - K not a multiple of 16: Triton specialises integer arguments divisible by 16, so such rows load without vectors;
+# - K > SHORT_K_MAX on sm_90, except the persistent TMA kernel at M > 8192 with N ≥ K;
+# - short K with N ≥ CUBLAS_MIN_N, or GELU over CUBLAS_GELU_MIN_OUTPUT output elements or more.
+# The rows: tests/kernels/data/default_peers_h200_linear_fused_only.json (the fused kernel against cuBLAS + torch).
 CUBLAS_MIN_N = 4096
 CUBLAS_GELU_MIN_OUTPUT = 1 << 24
-# A norm before the linear (RMSNorm / LayerNorm; ``linear(..., norm=)``): the fused kernel sums its
-# rows' statistics in its main loop, saving the norm's launch and its pass over x, where its main
-# loop keeps up with cuBLAS's: K up to NORM_FUSED_MAX_K and fewer than NORM_FUSED_MAX_X elements of
-# x (M bucket × K). Elsewhere the norm is a launch of its own and the rules above pick the route:
-# cuBLAS or the fused kernel without it. H200 (bf16, qkv N = 3K no activation / MLP up N = 4K
-# GELU; fused against the better of norm + cuBLAS and the unfolded path, in the norm-fold run of
-# docs/benchmarks.md, which summed the statistics from the dot's tile: a
-# separate load, as the kernels now do, took 9-23 % longer, so
-# the margins below shrink by about that much):
-# - K = 96: fused 0.70-0.95x the time at M 256-8192 (M 8192 qkv: 6.6 vs 9.4 µs);
-# - K = 256: 0.77-0.93x at M 256-1024 (M 1024 MLP up: 7.0 vs 7.6 LayerNorm), gone with the load;
-# - K = 512: 1.05-1.78x at every M (M 256 qkv: 9.8 vs 5.5): the pointer kernel's long-K main loop.
-# Whole models with the rule as it stands: folded against unfolded in docs/benchmarks.md.
+# A norm before the linear (``linear(..., norm=)``): the fused kernel sums its rows' statistics in its main loop,
+# saving the norm's launch and pass over x, where that loop keeps up with cuBLAS's: K ≤ NORM_FUSED_MAX_K and
+# M bucket × K < NORM_FUSED_MAX_X (docs/benchmarks.md, earlier experiments). Elsewhere the norm runs on its own.
 NORM_FUSED_MAX_K = 128
 NORM_FUSED_MAX_X = 1 << 20
 

@@ -2,10 +2,9 @@
 
 A decoding step runs every linear layer on B rows (one token per sequence), so it reads the
 whole weight ``[N, K]`` to do 2·B·N·K FLOPs: B FLOP per byte, memory-bound for any B ≤ 64. The
-forward's tiles (``kernels.linear.triton``) give a 1024-wide layer 8-32 programs, a few of the
-H200's 132 SMs, and stream weights at ~0.4 TB/s of its 4.2 (docs/benchmarks.md, whole-model
-decode: 1.3 ms per step of a 16-block width-1024 model whose
-weights are 465 MiB). Here the K dimension is split too: programs (column block, K slice, row
+forward's tiles (``kernels.linear.triton``) give a 1024-wide layer 8-32 programs, a few of an
+H200's 132 SMs, which stream the weights far below its bandwidth (docs/benchmarks.md, decode).
+Here the K dimension is split too: programs (column block, K slice, row
 block) each stream a ``[BLOCK_N, K/SPLIT_K]`` slice of the weight once — reads N·K elements in
 all, plus M·K of x per column block — and add their fp32 partial ``[BLOCK_M, BLOCK_N]`` into a
 workspace with atomics. The last program of a column block (an acq_rel ticket, as the linear-

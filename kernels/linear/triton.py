@@ -58,7 +58,7 @@ from kernels.norm.reference import EPS as NORM_EPS
 
 __all__ = ["linear", "last_route", "last_tuned_config", "set_route", "set_tma", "tma_programs"]
 
-_AUTOTUNE_CALLS, _AUTOTUNE_REPLAYS = 20, 10  # per candidate: ~7 ms at the largest NAS shape
+_AUTOTUNE_CALLS, _AUTOTUNE_REPLAYS = 20, 10  # per candidate: launches per graph, graph replays timed
 
 
 @triton.jit
@@ -69,10 +69,8 @@ def _gelu(v):
     erfc(a) ≈ t·(a1 + t(a2 + t(a3 + t(a4 + t·a5))))·e^(−a²), t = 1/(1 + p·a). Forming Φ(x) as
     1 − Φ(−|x|) for x ≥ 0 and Φ(−|x|) below avoids the cancellation in 1 + erf(x) for negative x.
     Max |error| over [−10, 10] is 4e-7 (torch's own fp32 GELU: 1.2e-6, both against float64).
-    It replaced libdevice's erff, which takes more instructions; on an H200 that made no
-    measurable difference at short K (16384×128→512: 21.8 vs 22.5 µs, 2048×128→512: 5.0 both),
-    where linear + GELU still takes about twice the kernel without the activation, so the
-    epilogue's cost there lies elsewhere (not yet found; docs/benchmarks.md).
+    It takes fewer instructions than libdevice's erff; at short K the GELU epilogue still costs more
+    than its arithmetic explains, for a reason not yet found (docs/benchmarks.md).
     """
     a = tl.abs(v) * 0.7071067811865476
     t = tl.math.fdiv(1.0, 1.0 + 0.3275911 * a)  # approximate reciprocal (2 ulp): far inside the 1.5e-7
@@ -111,9 +109,7 @@ def _stats_add(shift, s1, s2, a, k_ok, NORM: tl.constexpr):
     """The running sums plus the ``[BM, BK]`` x tile ``a`` (its columns valid where ``k_ok``;
     masked columns arrive as zeros, which RMSNorm's Σx² may keep). The kernels load ``a`` for
     this alone, not reuse the tile they feed the dot: summed from that tile, some rows came out
-    wrong on an H200 (triton 3.6: 12 of 88 tiling × shape × norm runs, rmsnorm on the 64×128
-    2-stage tile and both kernels' largest; never with a load of their own, which costs 9-23 %
-    of the kernel's time at M 256-2048; docs/benchmarks.md)."""
+    wrong on sm_90 (triton 3.6; docs/benchmarks.md, earlier experiments), never with a load of their own."""
     if NORM == "rmsnorm":
         v = a.to(tl.float32)
         s2 += tl.sum(v * v, 1)
@@ -448,10 +444,9 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 def _bench(fn: Callable[[], object], quantiles: Sequence[float]) -> list[float]:
     """The tuner's timing of one candidate (ms at ``quantiles``), by CUDA-graph replay.
 
-    ``triton.testing.do_bench`` records its events around each Python launch (~20 µs of host
-    time), which swamps the few-µs kernels of small NAS shapes: on an H200 it picked a tiling
-    that ran 11.8 µs over one that ran 5.1. A graph of _AUTOTUNE_CALLS launches leaves only
-    device time between the events.
+    ``triton.testing.do_bench`` records its events around each Python launch, so host time swamps
+    the few-microsecond kernels of small NAS shapes and it picks the wrong tiling. A graph of
+    _AUTOTUNE_CALLS launches leaves only device time between the events.
     """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

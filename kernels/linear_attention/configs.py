@@ -105,14 +105,9 @@ class StepConfig:
             raise ValueError(f"StepConfig.block_v must be a power of two >= 4, got {self.block_v}")
 
 
-# sm_90, per head dim: 64-token chunks as fla's chunk kernels use; V split 2-4 ways so B·H = 64
-# gives 128-256 programs; 8 warps at D = 128, where 4 spill (the fp32 φq and state tiles). Without
-# the sequence split, 64/32/4w/2s won at every length for identity and elu+1 on an H200 (torch
-# 2.11, triton 3.6, bf16, B = 8, H = 16, D = 64, L = 256-4096). The autotuner picks the tiling;
-# the sequence split comes from ``split_for``. The single-stage tilings come from the offline
-# compile report (ptxas -v, Triton 3.6, sm_90; docs/benchmarks.md): at D = 64, block_v 32, the
-# identity map needs 76 KB of shared memory with 2 stages (2 programs per SM) and 52 KB with 1
-# (3 per SM, by registers); they are offered to the autotuner but have not yet been timed on a GPU.
+# sm_90, per head dim: 64-token chunks as fla's chunk kernels use; V split 2-4 ways so B·H = 64 gives 128-256
+# programs; 8 warps at D = 128, where 4 spill (the fp32 φq and state tiles). The single-stage tilings fit one more
+# program per SM (ptxas -v); they are offered to the autotuner but not yet timed on a GPU.
 HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
     16: (ChunkConfig(64, 16, 4, 2), ChunkConfig(32, 16, 4, 2)),
     32: (ChunkConfig(64, 32, 4, 2), ChunkConfig(64, 16, 4, 2), ChunkConfig(64, 32, 4, 1)),
@@ -125,14 +120,9 @@ HOPPER: dict[int, tuple[ChunkConfig, ...]] = {
     ),
     128: (ChunkConfig(64, 32, 8, 2), ChunkConfig(64, 16, 8, 2), ChunkConfig(64, 64, 8, 2)),
 }
-# Sequence split: split s costs the prefix sums (segment i re-reads i/s of k and v: +19-52% time at
-# s = 2 once the SMs are full) and pays only when the unsplit grid leaves SMs idle. Measured on an
-# H200 (bf16, chunk 64, block_v 32; identity / elu+1 µs, s = 1 → best):
-#   B1 H4 D32 L256 (4 programs):      11.2 → 8.8 (s4) / 17.8 → 11.3 (s4)
-#   B8 H8 D32 L512 (64 programs):     17.8 → 14.1 (s4) / 31.2 → 19.1 (s4)
-#   B8 H16 D64 L256-4096 (256):       s1 best at every length, s2 +22-52%
-#   B32 H8 D64 L1024 (512):           s1 best (81.7 vs 108.4 at s2)
-# hence: the largest power of two that keeps the grid within SPLIT_PROGRAMS_PER_SM programs per SM.
+# Sequence split: split s costs the prefix sums (segment i re-reads i/s of k and v) and pays only when the unsplit
+# grid leaves SMs idle (docs/benchmarks.md, earlier experiments); hence the largest power of two that keeps the
+# grid within SPLIT_PROGRAMS_PER_SM programs per SM.
 SPLIT_PROGRAMS_PER_SM = 2
 MAX_SPLIT = 16
 
@@ -153,13 +143,9 @@ DEFAULT = (ChunkConfig(64, 32, 4, 2),)
 # masked tail; 16 value channels so D = 32 splits across two programs; two segments so the second
 # starts from a prefix sum (and is empty at one chunk).
 INTERPRETER = (ChunkConfig(16, 16, 4, 1, split=2),)
-# The decode step is memory-bound (8·D² state bytes per head) and, at small batch, latency-bound:
-# B·H programs alone leave most SMs idle (B1 H8: 8 of 132), so the state's columns are split
-# over programs until the grid has STEP_PROGRAMS_PER_SM programs per SM, the widest block first
-# (fewer, larger transfers once the GPU is full). Down to 8 columns: on an H200 (triton 3.6,
-# docs/benchmarks.md, decode close calls) 8 columns × 8 warps beat 16 × 4 at every D = 128 shape short
-# of 2 programs per SM (B1 H4-H32, B4 H8: 3.29-4.85 µs against 4.32-5.28; B1 H8 3.49 against
-# 4.47) and 8 × 4 at D = 64 (B1 H8: 3.00 against 3.46; 4 columns × 2 warps, 2.79, is not taken).
+# The decode step is memory-bound (8·D² state bytes per head); at small batch B·H programs leave most SMs idle, so
+# the state's columns are split until the grid has STEP_PROGRAMS_PER_SM programs per SM, the widest block first,
+# down to 8 columns, which beat 16 on grids short of that (docs/benchmarks.md, earlier experiments).
 STEP_BLOCK_V = (64, 32, 16, 8)
 STEP_PROGRAMS_PER_SM = 2
 STEP = StepConfig(block_v=64, num_warps=4)  # a full grid at D = 64: whole 64-column tiles (8 warps at D = 128)
@@ -217,11 +203,9 @@ class PrefixConfig:
         _power_of_two("PrefixConfig", "block_v", self.block_v)
 
 
-# sm_90 (H200, triton 3.6, bf16; docs/benchmarks.md, two-pass groups,
-# 27 shapes): the first is the route's launch — 64-token chunks, whole 64-wide state blocks (D ≥ 64),
-# 4 warps in both passes — the fastest or within 10 % of it at 22 of the 27; the rest are tested
-# beside it. Pass 1's pipeline depth is left to ``two_pass_states_stages``. Value blocks narrower
-# than min(64, D) are refused on the GPU (see ``linear_attention``).
+# sm_90: the first is the route's launch (64-token chunks, whole 64-wide state blocks, 4 warps in both passes;
+# docs/benchmarks.md, earlier experiments); the rest are tested beside it. Pass 1's depth is left to
+# ``two_pass_states_stages``; value blocks narrower than min(64, D) are refused on the GPU.
 TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
     16: (TwoPassConfig(64, 16, 16, 4, 2),),
     32: (TwoPassConfig(64, 32, 32, 4, 2), TwoPassConfig(128, 32, 32, 4, 2)),
@@ -238,35 +222,21 @@ TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
 }
 
 
-# The identity map's route on sm_90 for bf16: the two passes at every measured head dim. The fused
-# kernel kept D = 32 at B·H ≥ 128 over ≥ 2048 tokens, where its grid is full and it ran about 4 %
-# faster (tests/kernels/data/linear_attention_two_pass_h200_focus.json: B16 H8 L2048 D32 53.4 vs
-# 55.3 µs), until pass 1 loaded k transposed (prefetched with v) and walked four stages deep: now
-# the passes take 38.4 µs there against the fused kernel's 52.6 (L4097: 70.6 vs 99.7;
-# tests/kernels/data/linear_attention_pass_variants_h200_kt.json and
-# benchmarks/results/default_peers_linear_attention_h200.json). Elsewhere the passes ran 1.07-3.97x the
-# fused kernel's speed (B2 H2 L4097 D64: 17.0 vs 54.0; B16 H8 L333 D128: 37.6 vs 55.8). D = 16 was
-# not measured and stays fused.
+# The identity map's route on sm_90 for bf16: the two passes at every measured head dim; with pass 1 loading k
+# transposed (prefetched with v) and pipelined deep they beat the fused kernel on full grids too
+# (tests/kernels/data/linear_attention_pass_variants_h200_kt.json). D = 16 was not measured and stays fused.
 def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
     """Whether the bf16 identity-map forward at ``B·H = batch_heads`` rows of ``length`` and head
     dim ``head_dim`` runs as two passes rather than the fused kernel: a fixed rule per shape,
     measured on sm_90 (above), so a captured graph always launches the same kernels. Other GPUs
     keep the fused kernel until measured."""
-    del batch_heads, length  # no shape on sm_90 is faster fused any more (above)
+    del batch_heads, length  # every measured shape on sm_90 runs faster as two passes (above)
     return capability == (9, 0) and head_dim in (32, 64, 128)
 
 
-# The bf16 forward's route on sm_90 per feature map (H200, triton 3.6, 44 shapes × 3 maps, each
-# route forced: tests/kernels/data/linear_attention_routes_h200.json). The normalized maps (z = Σ φ(k)
-# carried beside S) ran the two passes 1.2-5.6x faster than the fused kernel wherever a walk is
-# long or the grid full (B2 H2 L4097 D64 elu+1: 18.8 against 94.4 µs; B16 H8 L4097 D128: 932 against
-# 1084), and the prefix forward faster than both on the shortest walks on small grids (B1 H16 L256
-# D64 elu+1: 9.3 against 12.6 and 13.7). The identity map's prefix forward beat the two passes up
-# to a walk of PREFIX_IDENTITY[D][0] chunks while B·H·chunks² stays within PREFIX_IDENTITY[D][1]
-# (its redundant prefix reads grow with it): B3 H5 L1000 D64 8.5 against 10.7 µs, B1 H4 L256 D32
-# 3.1 against 4.8, B16 H8 L333 D128 32.4 against 36.6, B8 H1 L1024 D128 11.2 against 16.1; not at
-# B8 H8 L1024 D64 (B·H·chunks² 16384: 22.4 against 21.6) or D32 over 16 chunks (B8 H1 L1024: 7.9
-# against 6.0). The fused kernel keeps every map off sm_90 and at D16 (not measured).
+# The bf16 forward's route on sm_90 per feature map: the one-launch prefix forward for walks of at most [D][0]
+# chunks while its redundant prefix reads, B·H·chunks², stay within [D][1]; the two passes otherwise. The rows
+# these bounds rest on (each route forced): tests/kernels/data/linear_attention_routes_h200.json.
 PREFIX_IDENTITY: dict[int, tuple[int, int]] = {32: (9, 4608), 64: (32, 8192), 128: (32, 4608)}
 PREFIX_NORMALIZED: dict[int, tuple[int, int]] = {32: (8, 512), 64: (8, 512)}
 
@@ -295,11 +265,9 @@ def forward_route(capability: tuple[int, int], batch_heads: int, length: int, he
 # put the carry between the passes on the path from 3 chunks up.
 TWO_PASS_INTERPRETER = TwoPassConfig(16, 16, 16, 4, 1, group=2)
 
-# The prefix forward's launches (route "prefix") on sm_90, the route's first: whole min(64, D)-column
-# value blocks (narrower ones are refused on the GPU, as for the two passes), 4 warps and a prefix
-# loop three stages deep were the fastest or within 3 % of it at every identity-map shape of
-# tests/kernels/data/linear_attention_routes_h200.json (D 128: 3.9 against 5.4 µs with 8 warps × 2 stages at B1 H4
-# L256; 32-token chunks 2 % ahead at B1 H4 L256 D64); the rest are the alternatives timed there.
+# The prefix forward's launches (route "prefix") on sm_90, the route's first: whole min(64, D)-column value blocks
+# (narrower ones are refused on the GPU), 4 warps and a 3-stage prefix loop, the fastest or close to it at every
+# identity-map shape of tests/kernels/data/linear_attention_routes_h200.json; the rest are the alternatives timed there.
 PREFIX_HOPPER: dict[int, tuple[PrefixConfig, ...]] = {
     16: (PrefixConfig(64, 16, 4, 2),),
     32: (PrefixConfig(64, 32, 4, 3), PrefixConfig(64, 32, 4, 2), PrefixConfig(32, 32, 4, 3)),
@@ -329,36 +297,18 @@ def prefix_config(device: torch.device, head_dim: int) -> PrefixConfig:
     return replace(PREFIX_INTERPRETER, block_v=min(PREFIX_INTERPRETER.block_v, head_dim))
 
 
-# Pass 1's groups: a program walking its chunks in order is bound by one SM's share of the memory
-# bandwidth (B·H = 4 at 4097 tokens kept 8 of 132 SMs busy for 33 sequential chunks), so while the
-# state blocks alone leave most SMs idle (fewer than TWO_PASS_GROUP_BELOW of them per SM), the
-# chunks are split into groups until the grid holds TWO_PASS_STATE_PROGRAMS_PER_SM programs per
-# SM. Each extra group costs its fp32 D×D total written, scanned, and read again by every pass-2
-# program of the group: on an H200 (docs/benchmarks.md) groups made
-# B·H = 128 at D = 64 slower (333 tokens: 25.8 µs in 2 groups against 18.9 µs in one), and B·H ≤ 15
-# 1.3-3.6x faster (2x2x4097 D64: 16.2 µs in 65 groups against 44.2 µs in one). Once pass 1 walks
-# three stages deep (``two_pass_states_stages``), one group of 64 blocks (B·H = 64 at D = 64) beat
-# the groups the earlier threshold of 0.5 per SM gave (B8 H8 L1024: 23.0 µs in one against 29.1 in
-# 6; B4 H16 L4096: 82.6 against 88.4 in 5), while 16 blocks still gain from them (B2 H8 L1000 D64:
-# 14.0 against 20.4; tests/kernels/data/linear_attention_two_pass_h200_focus.json).
+# Pass 1's groups: a program's chunk walk is bound by one SM's share of the bandwidth, so while the state blocks
+# leave most SMs idle (< TWO_PASS_GROUP_BELOW per SM) the chunks are split into groups up to
+# TWO_PASS_STATE_PROGRAMS_PER_SM programs per SM. Each group adds an fp32 D×D total (written, scanned, re-read by
+# pass 2), which fuller grids do not earn back (tests/kernels/data/linear_attention_two_pass_h200_focus.json).
 TWO_PASS_GROUP_BELOW = 0.25
-# A short walk stays in one group: the carry scan's launch and the fp32 totals cost more than the
-# few sequential chunks they save (H200, docs/benchmarks.md, B·H = 4: 333
-# tokens = 6 chunks of 64, one group 6.1-8.6 µs against 7.0-10.4 µs in groups of one chunk; at 8-9
-# chunks a tie within 0.5 µs).
+# A short walk stays in one group: the carry scan's launch and the fp32 totals cost more than the few sequential
+# chunks they save (docs/benchmarks.md, earlier experiments).
 TWO_PASS_ONE_GROUP_UP_TO = 8
 TWO_PASS_STATE_PROGRAMS_PER_SM = 2
-# Pass 1's software pipeline depth (a config's states_stages None): a grid of few programs per SM
-# is bound by each program's chain of chunk loads, which deeper stages prefetch further ahead; a
-# fuller grid is bound by how many programs fit on an SM, which the deeper buffers cut. H200
-# (docs/benchmarks.md, pass variants, route launch, 3 stages against 2): up to 3 programs
-# per SM 0.97-1.21x (B16 H8 L4097 D64, 128 programs: 141.6 vs 164.2 µs; B4 H8 L2048 D128: 60.9 vs
-# 73.6), at 512 programs 0.94-1.0x (B16 H8 L4097 D128: 442.3 vs 413.8). Once k is prefetched with v
-# (transposed load), 4 stages against 3 at up to 3 programs per SM, whole forward
-# (tests/kernels/data/linear_attention_pass_variants_h200_kt.json): 0.90-0.99x the time at all 11 such shapes
-# (B16 H8 L4097 D32: 70.6 vs 78.7 µs; B4 H16 L4096 D64: 74.6 vs 82.0; B4 H8 L2048 D128: 58.9 vs
-# 60.5; B2 H2 L4097 D64: 16.0 vs 16.2); at 512 programs 1.09x slower (B16 H8 L4097 D128: 446.4 vs
-# 408.5 at pass 2's 2 stages), so the threshold stays.
+# Pass 1's pipeline depth (a config's states_stages None): a grid of few programs per SM is bound by each program's
+# chain of chunk loads, which deeper stages prefetch further ahead; a fuller one by how many programs fit an SM,
+# which deeper buffers cut (tests/kernels/data/linear_attention_pass_variants_h200_kt.json).
 TWO_PASS_DEEP_STAGES = 4
 TWO_PASS_DEEP_UP_TO = 3  # pass-1 programs per SM
 # The carry scan: TILE state entries per program, BLOCK_G groups per step (a [16, 256] fp32 tile).

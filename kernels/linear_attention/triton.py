@@ -21,24 +21,19 @@ to memory. The alternative (fla's chunk kernels: states per chunk to memory, the
 output pass) buys parallelism over T with two launches and 2·D²·T/C state bytes; here the V split
 and, when B·H·D/BV programs leave SMs idle, the sequence split (``configs.split_for``) supply it.
 
-Measured on an H200 (bf16, docs/benchmarks.md): the split takes
-the model benchmark's small mixers from 11.2 to 8.8 µs (B1 H4 D32 L256, identity) and 17.8 to
-11.3 µs (elu+1), B8 H8 D32 L512 from 17.8 to 14.1 / 31.2 to 19.1 µs; once the grid fills the
-SMs (B·H·D/32 ≥ 2 per SM) two segments cost 19-52% more and it stays unsplit. Against fla-core 0.6
-``chunk_linear_attn`` the fused kernel runs the unnormalized identity map at 0.42-1.03× fla's
-speed, while the normalized maps, which fla leaves to extra torch launches, run 1.75-2.6× faster.
+The sequence split pays only while the unsplit grid leaves SMs idle, and a fully occupied grid stays unsplit
+(``configs.split_for``). How each route compares with fla-core's ``chunk_linear_attn`` is in the linear-attention
+rows of docs/benchmarks.md.
 
 On sm_90 (bf16) the forward takes one of three routes per shape and feature map
 (``configs.forward_route``). The two passes: pass 1 writes the state (and z for the normalized
 maps) before every chunk, walking the chunks in groups in parallel when the state blocks alone
 leave SMs idle (a small scan then carries each group's total to the next), and pass 2 computes
 every chunk's outputs at once. Both read with plain masked loads: a program there handles one or a
-few chunks, and building tensor descriptors on the device made pass 2 run at half fla's output
-kernel. The prefix forward: pass 2's grid alone, each program summing the state of the chunks
-before its own — one launch and no state in memory, for short walks on small grids. The fused
-kernel runs everything off sm_90 and at D = 16. Measured on an H200 (132 shapes × maps, each route
-forced: tests/kernels/data/linear_attention_routes_h200.json; the identity map at D = 32 over full grids, the fused
-kernel's until pass 1 prefetched k: tests/kernels/data/linear_attention_pass_variants_h200_kt.json).
+few chunks, too few to amortise building tensor descriptors on the device. The prefix forward: pass 2's
+grid alone, each program summing the state of the chunks before its own — one launch and no state in
+memory, for short walks on small grids. The fused kernel runs everything off sm_90 and at D = 16. The
+rule rests on every route forced at every shape: tests/kernels/data/linear_attention_routes_h200.json.
 
 Precision: φq·φkᵀ, scores·v and φkᵀ·v take input-dtype operands with fp32 accumulation (the
 tensor-core path). The fused kernel keeps S in fp32 for φq·S (tf32 operands on GPU); the two
@@ -376,7 +371,7 @@ def _two_pass_states_kernel(
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     # Plain masked loads, not tensor descriptors: a program here walks a group of a few chunks,
-    # too short to amortise building descriptors on the device (pass 2 ran 2x slower with them).
+    # too short to amortise building descriptors on the device.
     # k is loaded transposed, [BLOCK_K, CHUNK] (key columns down, tokens across), so it goes to
     # the matmul as it came, through shared memory; a [CHUNK, BLOCK_K] load transposed in
     # registers cost a layout conversion and its barriers in every step of this sequential walk.

@@ -44,11 +44,9 @@ class StepConfig:
             raise ValueError(f"StepConfig.num_warps must be one of 1, 2, 4, 8, 16, 32, got {self.num_warps}")
 
 
-# H200 (sm_90), 25M fp32 params in 50 tensors, torch 2.11 / triton 3.6, two sweeps: for the AdamW
-# step 512/2, 512/4, 1024/4 and 1024/8 tie (173.7-174.1 µs, 95% of copy bandwidth; IQR ~1.3 µs);
-# 2048/8 176, 1024/2 214, 4096/8 233, 4096/2 442. 1024/4 gives each thread 8 fp32 elements per
-# tensor: two 16-B loads each of p, g, m, v in flight. The norm: 4096/4 34.0 µs, 2048/4 35.3,
-# 8192/x ~36, 16384/8 42.7.
+# sm_90: the AdamW step's best blocks tie near copy bandwidth; 1024/4 gives each thread 8 fp32 elements per tensor,
+# two 16-B loads each of p, g, m, v in flight. The norm's reduction is fastest at 4096-element blocks (the sweep
+# of both: benchmarks/results/optimizers_h200.json).
 HOPPER = StepConfig(block=1024, num_warps=4)
 HOPPER_NORM = StepConfig(block=4096, num_warps=4)
 # Other CUDA GPUs until measured: the same shapes.

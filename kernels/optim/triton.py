@@ -30,8 +30,8 @@ Nesterov / coupled decay, clip and noise on/off, alignment and block size. Adam-
 at different step counts (a param that missed some grads) need different bias corrections, so
 they go in one launch per distinct step; a group stepped together is one launch.
 
-Measured (benchmarks/results/optimizers_h200.json): on an H200 every rule streams at ~95% of
-the device-to-device copy bandwidth measured in the same run.
+Every rule streams close to the device-to-device copy bandwidth measured in the same run
+(benchmarks/results/optimizers_h200.json).
 """
 
 from __future__ import annotations

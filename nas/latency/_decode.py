@@ -22,9 +22,8 @@ Jet-Nemotron name the KV cache the cost that dominates long-context decoding). I
 ``nas profiles calibrate --decode``), which predicts the step as launches × a per-launch cost plus
 each byte class × its own cost per byte. The KV cache is one class per kernel head dim
 (``KV_HEAD_DIMS``): the split-KV kernel streams rows of one head's dim, and short rows move fewer
-bytes per instruction — on the H200 a MiB of cache at head dim 16 cost ~0.9 µs, at 128 ~0.28
-(``docs/benchmarks.md``, decode predictor: one cost for every dim left the 95th percentile of
-held-out error at 35 %, one per dim at 24 %).
+bytes per instruction, so a MiB of cache costs more at a small head dim than at a large one; one
+cost for every dim predicted held-out steps worse (``docs/benchmarks.md``, earlier experiments).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The calibrated per-kernel cost model: fitting (``fit_kernels``, ``fit_forwards``) and evaluation.
 
 Two stages, both non-negative least squares on *relative* error (each row divided by its
-measured time, so a 5 µs kernel counts as much as a 5 ms one):
+measured time, so a microsecond kernel counts as much as a millisecond one):
 
 1. per kernel class, ``t(launch) = c · x`` over the launch features of ``nas.latency._launches``
    (isolated kernels timed on a grid of shapes, each in a CUDA graph of back-to-back launches,

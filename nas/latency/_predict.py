@@ -83,8 +83,7 @@ TRANSFER_WIDENING = 3.0  # a guess, not checked on another GPU: see the module d
 TRANSFER_MIN_INTERVAL = 0.25
 FINGERPRINT_WIDENING = 2.0
 EXTRAPOLATION_WIDENING = 2.0  # a guess, like TRANSFER_WIDENING: past the checked shapes nothing was measured
-# the further past, the less the check says: a 1M-token context 32x past the checked one is no
-# ±27 % guess as a context just past it is
+# the further past, the less the check says: the interval widens with every doubling past the checked shape
 EXTRAPOLATION_WIDENING_PER_DOUBLING = 1.0
 _MODEL_DTYPES = ("bf16", "fp16")
 

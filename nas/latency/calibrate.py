@@ -215,7 +215,7 @@ def kernel_grid() -> list[KernelCase]:
                 for fm in ("identity", "elu+1"):
                     cases.append(_case("linear_attention", B=1, T=T, H=H, D=D, feature_map=fm))
     # the identity map over full grids (B·H ≥ 128 over ≥ 2048 tokens): the two passes with many
-    # programs per SM, which no shape above reaches (at D = 32 the fused kernel's until 2026-12-04)
+    # programs per SM, which no shape above reaches
     for D in (32, 64):
         for B, H, T in ((8, 16, 2048), (32, 8, 2048), (16, 16, 4096)):
             cases.append(_case("linear_attention", B=B, T=T, H=H, D=D, feature_map="identity"))

@@ -17,7 +17,7 @@ the model's result. Weights are cast once to ``dtype`` at construction (bf16 on 
 the CPU interpreter tests compare with the torch model tightly).
 
 Capturing the forward in a CUDA graph per input shape (``capture``) is what makes its latency
-that of the kernels rather than of Python (issue: eager ~911 µs vs ~99 µs replayed, d128×4).
+that of the kernels rather than of Python's launch overhead, which dominates small models.
 """
 
 from __future__ import annotations
@@ -37,12 +37,9 @@ from nas.models.mixers import rope_tables
 
 __all__ = ["TritonModel", "to_triton"]
 
-# Forwards (B·T) and decoding steps (B) of at most this many tokens launch their kernels with the
-# early PDL trigger (``kernels._common.pdl_early``), larger ones with the wait only. H200, 8 archs
-# (docs/benchmarks.md, programmatic dependent launch): at 1×256 the early trigger took 0.92× the plain
-# launches' time (median; the wait alone 0.96×), at 8×1024 it cost 1.01–1.10× where the wait alone
-# was 0.98–1.00×: the next kernel's programs, resident early, crowd the SMs a multi-wave grid still
-# needs.
+# Forwards (B·T) and decoding steps (B) of at most this many tokens launch their kernels with the early PDL trigger
+# (``kernels._common.pdl_early``), larger ones with the wait only: on a multi-wave grid the next kernel's programs,
+# resident early, crowd the SMs the grid still needs (docs/benchmarks.md, earlier experiments).
 PDL_EARLY_MAX_TOKENS = 256
 _ROPE_BASE_LEN = 256  # rotary tables are grown (doubled) on demand past this length
 

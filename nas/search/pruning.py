@@ -44,11 +44,9 @@ from nas.search import record
 
 __all__ = ["COST_BAND", "ETA", "MARGIN", "CostAwarePruner", "best_case", "rung"]
 
-# How optimistic: on 20 full-information runs (MQAR of benchmarks/search_quality.py, random and
-# TPE, seeds 0-9, every trial trained to the end with its rungs recorded), the linear bound with a
-# 0.02 margin would have stopped the run's most accurate trial in 5 of 20 runs; the square with
-# 0.05 in none (it stops 6 % of the trials and saves 5 % of the training time; an oracle that
-# knew every final accuracy at the first rung would save 38 %).
+# How optimistic: on full-information runs of the search-quality MQAR (every trial trained to the end, its rungs
+# recorded), the linear bound with a 0.02 margin would have stopped some runs' most accurate trial, the square
+# with 0.05 none, while still stopping trials early (docs/benchmarks.md, earlier experiments).
 MARGIN = 0.05  # accuracy a dominating trial must beat the best case by
 ETA = 3  # successive halving: the best 1/ETA at a rung go on
 COST_BAND = 2.0  # successive halving compares trials whose latency and memory are within this factor

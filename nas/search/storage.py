@@ -93,7 +93,7 @@ def _heartbeat_seconds() -> int:
 
 def resolve_storage(storage: str | None) -> str:
     """``--storage`` if given, else ``$NAS_STORAGE``, else the embedded default journal file.
-    An empty ``--storage ""`` is refused: it used to fall through to the default file silently."""
+    An empty ``--storage ""`` is refused rather than falling through to the default file silently."""
     if storage is not None and not storage.strip():
         raise StorageError(f"--storage must be a journal file path or an RDB URL, got {storage!r}")
     return storage or settings.get().storage or DEFAULT_STORAGE

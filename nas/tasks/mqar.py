@@ -21,7 +21,7 @@ recall-throughput tradeoff", §3, recall against recurrent state size). The gap 
 the mean key→query distance grows with ``seq_len`` (and with ``num_kv_pairs``).
 
 Learnability. From scratch, a search-sized training stays on MQAR's plateau (loss ln(V/2)) once
-T ≥ 128-256 (``docs/benchmarks.md``, long-MQAR learnability), with random or zero filler
+T ≥ 128-256 (``docs/benchmarks.md``, earlier experiments), with random or zero filler
 and with ``short_frac`` (a share of training rows holding a shorter instance). A length
 curriculum over steps does learn: ``curriculum_len=L, curriculum_frac=f`` adds ``n_train`` rows
 of an MQAR of length L (pairs capped at L/4), and the first f of the training steps draw from them

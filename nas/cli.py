@@ -88,9 +88,9 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from nas.results.pareto import PickError
     from nas.results.report import ReportError
     from nas.results.verify import VerifyError
+    from nas.search.config import SearchError
     from nas.search.faults import FaultError
     from nas.search.storage import StorageError
-    from nas.search.study import SearchError
     from nas.search.workers import WorkerError
     from nas.settings import SettingsError
     from nas.space import SpaceError

@@ -183,7 +183,7 @@ def data_flag(parser: argparse.ArgumentParser, what: str) -> None:
 
 def open_existing(args: argparse.Namespace) -> tuple[optuna.Study, str]:
     from nas.search.storage import resolve_storage
-    from nas.search.study import open_study
+    from nas.search.studies import open_study
 
     storage = resolve_storage(args.storage)
     return open_study(args.study, storage, create=False), storage

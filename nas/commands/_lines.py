@@ -25,8 +25,8 @@ class TrialLines:
     processes several finish between two polls, and each line used to show the count at the poll."""
 
     def __init__(self, study: optuna.Study, trials: int, *, show_all: bool) -> None:
+        from nas.search.loop import n_complete
         from nas.search.record import study_profile
-        from nas.search.study import n_complete
 
         self._trials, self._show_all = trials, show_all
         self._profile = study_profile(study)  # the target GPU, whose memory a trial's is compared with
@@ -158,7 +158,8 @@ def print_untrained(study: optuna.Study) -> None:
     from optuna.trial import TrialState
 
     from nas.search import record
-    from nas.search.study import n_infeasible, n_pruned, n_truncated, not_retrained
+    from nas.search.loop import n_infeasible, n_pruned, n_truncated
+    from nas.search.resume import not_retrained
 
     skipped, truncated, pruned = n_infeasible(study), n_truncated(study), n_pruned(study)
     if failed := study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> None:
     from nas.results.export import export
     from nas.results.pareto import DEFAULT_PICK, accuracy_epsilon, more_accurate_within_epsilon, pair_epsilon, pick
     from nas.search.record import study_objectives
-    from nas.search.study import resolve_device
+    from nas.search.start import resolve_device
 
     if args.data is not None and args.retrain_steps is None:
         raise UsageError("--data names the data to retrain on: it needs --retrain-steps")

@@ -28,9 +28,9 @@ from nas.commands.verify import verify_after_search
 if TYPE_CHECKING:
     import optuna
 
+    from nas.search.config import SearchConfig
     from nas.search.objective import TrialContext
     from nas.search.record import VerifySettings
-    from nas.search.study import SearchConfig
     from nas.search.workers import Slot
 
 
@@ -194,7 +194,8 @@ def run(args: argparse.Namespace) -> None:
     from optuna.trial import TrialState
 
     from nas.search import record
-    from nas.search.study import n_complete, prepare
+    from nas.search.loop import n_complete
+    from nas.search.start import prepare
     from nas.search.workers import parse_gpus, plan_slots
 
     verify = _verify_settings(args)
@@ -234,8 +235,8 @@ def _verify_settings(args: argparse.Namespace) -> VerifySettings | None:
 
 def _config(args: argparse.Namespace, *, device: str) -> SearchConfig:
     """The search the flags ask for (``device``: cpu for several CPU workers)."""
+    from nas.search.config import SearchConfig
     from nas.search.storage import resolve_storage
-    from nas.search.study import SearchConfig
 
     return SearchConfig(
         space=args.space,
@@ -311,7 +312,7 @@ def _search_with_progress(
     )
 
     from nas.results.pareto import front
-    from nas.search.study import n_complete, run_search
+    from nas.search.loop import n_complete, run_search
 
     columns = (
         TextColumn("[progress.description]{task.description}"),

@@ -21,8 +21,8 @@ def run(args: argparse.Namespace) -> None:
     from optuna.trial import TrialState
 
     from nas.results.fidelity import fidelity
+    from nas.search.loop import n_complete, n_infeasible, n_truncated
     from nas.search.storage import open_storage, resolve_storage
-    from nas.search.study import n_complete, n_infeasible, n_truncated
 
     storage = resolve_storage(args.storage)
     store = open_storage(storage, write=False)

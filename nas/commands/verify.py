@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> None:
     from nas.results.export import study_task
     from nas.results.verify import MAX_WORKERS, VerifyError, check_settings, plan, run_verify
     from nas.search.record import VerifySettings, study_setup
+    from nas.search.start import resolve_device
     from nas.search.storage import open_storage
-    from nas.search.study import resolve_device
 
     asked = VerifySettings(steps_factor=args.steps_factor, seeds=args.seeds, random=args.random)
     check_settings(asked)  # before the storage is opened

@@ -280,62 +280,8 @@ def export(
     except OSError as e:
         raise ExportError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     try:
-        record = {
-            "format": "hybrid-nas-bundle/1",
-            "arch": arch.to_dict(),
-            "arch_hash": arch_hash(arch),
-            "train": train.to_dict(),
-            "task": task_config,
-            "study": study.study_name,
-            "trial": trial.number,
-            "retrained_steps": retrain_steps,
-            "trained": trained,
-            "objectives": [o.name for o in study_objectives(study)],
-            # by TrialRecord.value: a latency nas measure timed since the search, else the stored one
-            "metrics": {**_known_metrics(trial), "accuracy": accuracy},
-            # the search's accuracy is a mean over seeds: its spread and what was trained (a
-            # retrained bundle's accuracy is of one run, so it has neither)
-            "accuracy_interval": trial.accuracy_interval if retrain_steps is None else None,
-            "population": dict(trial.population) if trial.population and retrain_steps is None else None,
-            "latency": lat.to_dict() if (lat := trial.latency_of("latency_ms")) is not None else None,
-            # the search's prediction of a latency nas measure timed since (None: not measured)
-            "predicted_latency": lat.to_dict() if (lat := trial.prediction_of("latency_ms")) is not None else None,
-            "generation": _generation(trial, setup),
-            "latency_label": trial.latency_label(),
-            "proxy_fidelity": _proxy_fidelity(study, trial),
-            "memory": dict(trial.memory),
-            # a memory objective over the target GPU's memory, in words (empty: it fits, or unknown)
-            "over_device_memory": trial.over_device(study_objectives(study), study_profile(study)),
-            "params": trial.params,
-            "versions": _versions(),
-            "exported": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "onnx": {
-                "opset": ONNX_OPSET,
-                "inputs": {"tokens": "int64 [batch, seq]"},
-                "outputs": {
-                    "logits": "float32 [batch, seq, n_out]" if arch.readout == "token" else "float32 [batch, n_out]"
-                },
-                "external_data": None,
-            },
-        }
-        write_onnx(model, staging / "model.onnx")
-        seq_len = (task_config or {}).get("seq_len")  # an .npz task's config has none
-        if mismatch := check_onnx(model, staging / "model.onnx", None if seq_len is None else int(seq_len)):
-            raise ExportError(f"the exported ONNX graph is wrong, so no bundle was written: {mismatch}")
-        written = {p.name for p in staging.iterdir()}
-        if extra := written - {"model.onnx", ONNX_DATA}:  # a bundle --force could not replace later
-            raise ExportError(f"the ONNX exporter wrote {', '.join(sorted(extra))} too, so no bundle was written")
-        if ONNX_DATA in written:
-            record["onnx"]["external_data"] = ONNX_DATA
-        (staging / "arch.json").write_text(json.dumps(record, indent=2) + "\n")
-        save_file(
-            {k: v.contiguous() for k, v in model.state_dict().items()},
-            str(staging / "model.safetensors"),
-            metadata={"arch_hash": arch_hash(arch)},
-        )
-        # safetensors creates its file private (0600); the bundle is meant to be shared like its other files
-        (staging / "model.safetensors").chmod((staging / "arch.json").stat().st_mode & 0o777)
-        (staging / "card.md").write_text(_card(record))
+        record = _arch_record(study, trial, arch, train, task_config, setup, retrain_steps, trained, accuracy)
+        _write_bundle(model, record, staging, task_config)
         check_out(out, storage, force=force)  # again: a retraining may have run for minutes since
         _move_in(staging, out)
     finally:
@@ -343,6 +289,83 @@ def export(
             shutil.rmtree(staging)
     logger.info("exported trial %d of %s to %s", trial.number, study.study_name, out)
     return out
+
+
+def _arch_record(
+    study: optuna.Study,
+    trial: TrialRecord,
+    arch: ArchSpec,
+    train: TrainSpec,
+    task_config: dict[str, Any] | None,
+    setup: SearchSetup | None,
+    retrain_steps: int | None,
+    trained: dict[str, Any],
+    accuracy: float | None,
+) -> dict[str, Any]:
+    """The bundle's ``arch.json``: what was exported, from which trial, and what it costs."""
+    return {
+        "format": "hybrid-nas-bundle/1",
+        "arch": arch.to_dict(),
+        "arch_hash": arch_hash(arch),
+        "train": train.to_dict(),
+        "task": task_config,
+        "study": study.study_name,
+        "trial": trial.number,
+        "retrained_steps": retrain_steps,
+        "trained": trained,
+        "objectives": [o.name for o in study_objectives(study)],
+        # by TrialRecord.value: a latency nas measure timed since the search, else the stored one
+        "metrics": {**_known_metrics(trial), "accuracy": accuracy},
+        # the search's accuracy is a mean over seeds: its spread and what was trained (a
+        # retrained bundle's accuracy is of one run, so it has neither)
+        "accuracy_interval": trial.accuracy_interval if retrain_steps is None else None,
+        "population": dict(trial.population) if trial.population and retrain_steps is None else None,
+        "latency": lat.to_dict() if (lat := trial.latency_of("latency_ms")) is not None else None,
+        # the search's prediction of a latency nas measure timed since (None: not measured)
+        "predicted_latency": lat.to_dict() if (lat := trial.prediction_of("latency_ms")) is not None else None,
+        "generation": _generation(trial, setup),
+        "latency_label": trial.latency_label(),
+        "proxy_fidelity": _proxy_fidelity(study, trial),
+        "memory": dict(trial.memory),
+        # a memory objective over the target GPU's memory, in words (empty: it fits, or unknown)
+        "over_device_memory": trial.over_device(study_objectives(study), study_profile(study)),
+        "params": trial.params,
+        "versions": _versions(),
+        "exported": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "onnx": {
+            "opset": ONNX_OPSET,
+            "inputs": {"tokens": "int64 [batch, seq]"},
+            "outputs": {
+                "logits": "float32 [batch, seq, n_out]" if arch.readout == "token" else "float32 [batch, n_out]"
+            },
+            "external_data": None,
+        },
+    }
+
+
+def _write_bundle(
+    model: HybridModel, record: dict[str, Any], staging: Path, task_config: dict[str, Any] | None
+) -> None:
+    """Write the bundle's files into ``staging``: the ONNX graph (checked against ``model``), then
+    ``arch.json``, the weights and the model card; ExportError when the graph is wrong."""
+    write_onnx(model, staging / "model.onnx")
+    seq_len = (task_config or {}).get("seq_len")  # an .npz task's config has none
+    if mismatch := check_onnx(model, staging / "model.onnx", None if seq_len is None else int(seq_len)):
+        raise ExportError(f"the exported ONNX graph is wrong, so no bundle was written: {mismatch}")
+    written = {p.name for p in staging.iterdir()}
+    if extra := written - {"model.onnx", ONNX_DATA}:  # a bundle --force could not replace later
+        raise ExportError(f"the ONNX exporter wrote {', '.join(sorted(extra))} too, so no bundle was written")
+    if ONNX_DATA in written:
+        record["onnx"]["external_data"] = ONNX_DATA
+    (staging / "arch.json").write_text(json.dumps(record, indent=2) + "\n")
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(staging / "model.safetensors"),
+        metadata={"arch_hash": arch_hash(model.arch)},
+    )
+    # safetensors creates its file private (0600); the bundle is meant to be shared like its other files
+    (staging / "model.safetensors").chmod((staging / "arch.json").stat().st_mode & 0o777)
+    (staging / "card.md").write_text(_card(record))
 
 
 def _known_metrics(trial: TrialRecord) -> dict[str, float]:

@@ -254,6 +254,19 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
                 hoverinfo="text",
             )
         )
+    _add_staircase(fig, best, cost)
+    _add_pick_and_budget(fig, study, cost, budgets, epsilon)
+    fig.update_layout(
+        title=f"Accuracy vs {cost.name.replace('_', ' ')}",
+        xaxis_title=_axis(study, cost),
+        yaxis_title="accuracy",
+        template="plotly_white",
+        height=520,
+    )
+    return fig
+
+
+def _add_staircase(fig: go.Figure, best: list[TrialRecord], cost: Objective) -> None:
     # The staircase joins the trials that stay optimal in this 2D view (each more accurate than
     # every cheaper one); the others are on the front only through another objective.
     stairs, best_acc = [], -1.0
@@ -271,6 +284,12 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
             hoverinfo="skip",
         )
     )
+
+
+def _add_pick_and_budget(
+    fig: go.Figure, study: optuna.Study, cost: Objective, budgets: dict, epsilon: float | None
+) -> None:
+    """``nas export``'s default pick, starred, and the latency budget as a dashed line."""
     if (chosen := default_pick(study, epsilon)) is not None:  # a note, not a trace: the point keeps its hover
         fig.add_annotation(
             x=_cost(chosen, cost),
@@ -289,14 +308,6 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
             line_color="black",
             annotation_text=f"max latency {budgets['max_latency_ms']:g} ms",
         )
-    fig.update_layout(
-        title=f"Accuracy vs {cost.name.replace('_', ' ')}",
-        xaxis_title=_axis(study, cost),
-        yaxis_title="accuracy",
-        template="plotly_white",
-        height=520,
-    )
-    return fig
 
 
 def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | None:

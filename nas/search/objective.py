@@ -36,7 +36,7 @@ from nas.latency import (
 from nas.models import build
 from nas.search import faults, gpu_share, pruning, record
 from nas.space import SearchSpace
-from nas.spec import ArchSpec, arch_hash
+from nas.spec import ArchSpec, Candidate, arch_hash
 from nas.tasks import Task
 from nas.train import (
     Budget,
@@ -158,26 +158,10 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         return TrialState.PRUNED, None
     arch = cand.arch
     params = count_params(arch)
-    scoring_start = time.perf_counter()
-    try:
-        costs, waited = _score_latency(ctx, arch, fault)
-    except KernelError as e:
-        record.write_failure(trial, f"{type(e).__name__}: {e}")
+    costs = _score(ctx, trial, cand, params, fault)
+    if costs is None:
         return TrialState.FAIL, None
-    lat = costs.latency
-    record.write_scored(
-        trial,
-        arch,
-        cand.train,
-        params,
-        lat,
-        costs.memory,
-        latency_seconds=time.perf_counter() - scoring_start - waited,
-        wait_seconds=waited,
-        prefill=costs.prefill,
-        decode=costs.decode,
-    )
-    cons = _constraints(ctx.budgets, lat, costs.total_mb, params)
+    cons = _constraints(ctx.budgets, costs.latency, costs.total_mb, params)
     for key, value in cons.items():
         trial.set_constraint(key, value)
     broken = [k for k, v in cons.items() if v > 0]
@@ -200,7 +184,42 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         len(cand.train.lr_multipliers),
         ctx.device,
     )
+    result = _train(ctx, trial, cand, fault, start)
+    if isinstance(result, TrialState):
+        return result, None
+    _record_trained(ctx, trial, cand, result, costs)
+    return TrialState.COMPLETE, _values(ctx, result.accuracy, costs)
 
+
+def _score(ctx: TrialContext, trial: optuna.Trial, cand: Candidate, params: int, fault: str | None) -> _Costs | None:
+    """Score the candidate's costs and record them with it; None when its kernels failed (the
+    trial's failure is recorded)."""
+    scoring_start = time.perf_counter()
+    try:
+        costs, waited = _score_latency(ctx, cand.arch, fault)
+    except KernelError as e:
+        record.write_failure(trial, f"{type(e).__name__}: {e}")
+        return None
+    record.write_scored(
+        trial,
+        cand.arch,
+        cand.train,
+        params,
+        costs.latency,
+        costs.memory,
+        latency_seconds=time.perf_counter() - scoring_start - waited,
+        wait_seconds=waited,
+        prefill=costs.prefill,
+        decode=costs.decode,
+    )
+    return costs
+
+
+def _train(
+    ctx: TrialContext, trial: optuna.Trial, cand: Candidate, fault: str | None, start: float
+) -> PopulationResult | TrialState:
+    """Train the candidate within the trial's budgets (``start``: when the trial started, for
+    ``--trial-timeout``); a training stopped early or failed is recorded, and its state returned."""
     # a baseline is trained in full, by neither the pruner nor the wall-clock guard stopped: it is
     # the yardstick the front is read against (a busy box cut all-attention at 177/300 steps);
     # --trial-timeout, the hard deadline, still holds
@@ -222,8 +241,8 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         return True
 
     try:
-        result = train_population(
-            arch,
+        return train_population(
+            cand.arch,
             ctx.task,
             cand.train,
             device=ctx.device,
@@ -236,17 +255,22 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         record.write_pruned(trial, step=e.step, reason=stop_reasons[-1], curve=e.curve, seconds=e.seconds)
         logger.info("trial %d: stopped early (%s)", trial.number, stop_reasons[-1])
         _release_memory(ctx.device)
-        return TrialState.PRUNED, None
+        return TrialState.PRUNED
     except TrainingDiverged as e:
         reason = f"diverged: {e}"
     except TrainingOOM as e:
         reason = str(e)
     except TrialTimeout as e:
         reason = f"exceeded --trial-timeout of {timeout:g} s ({e})"
-    if reason is not None:
-        record.write_failure(trial, reason)
-        _release_memory(ctx.device)
-        return TrialState.FAIL, None
+    record.write_failure(trial, reason)
+    _release_memory(ctx.device)
+    return TrialState.FAIL
+
+
+def _record_trained(
+    ctx: TrialContext, trial: optuna.Trial, cand: Candidate, result: PopulationResult, costs: _Costs
+) -> None:
+    """Record a trained candidate: its curve, accuracy, population and weights."""
     record.write_trained(
         trial,
         curve=result.curve,
@@ -268,11 +292,10 @@ def evaluate(ctx: TrialContext, trial: optuna.Trial) -> tuple[TrialState, list[f
         result.steps,
         result.seconds,
         result.stopped,
-        lat.median_ms,
-        lat.source,
+        costs.latency.median_ms,
+        costs.latency.source,
         costs.total_mb,
     )
-    return TrialState.COMPLETE, _values(ctx, result.accuracy, costs)
 
 
 def _population(result: PopulationResult, spec) -> dict:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from nas.cli import _front_table, main
+from nas.cli import main
+from nas.commands._front import front_table as _front_table
 from nas.latency import Latency, parse_shape
 from nas.results.pareto import epsilon_dominates, front, level, pair_epsilon, pick
 from nas.results.report import figures, front_table_html, write_html

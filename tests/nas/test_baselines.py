@@ -166,7 +166,7 @@ def test_a_requeued_baseline_keeps_its_label(tmp_path):
 def _table_and_report(tmp_path, study: str, flags: list[str]):
     """Search the tiny space with ``flags``; the final table, its columns, the row of trial 0 (the
     all-attention baseline) and the report's HTML."""
-    from nas.cli import _front_table
+    from nas.commands._front import front_table as _front_table
     from nas.search.storage import open_storage
 
     storage = str(tmp_path / "s.journal")

@@ -1122,7 +1122,7 @@ def test_trials_that_finish_between_two_polls_each_show_their_own_count(tmp_path
 
     from optuna.trial import TrialState, create_trial
 
-    from nas.cli import _TrialLines
+    from nas.commands._lines import TrialLines as _TrialLines
     from nas.search.record import TrialRecord
     from nas.search.study import open_study
     from nas.spec import ArchSpec, LayerSpec, TrainSpec
@@ -1155,7 +1155,7 @@ def test_trials_that_finish_between_two_polls_each_show_their_own_count(tmp_path
 def test_a_pruned_trial_gets_a_line_with_its_rung_and_reason():
     from optuna.trial import TrialState
 
-    from nas.cli import _trial_line
+    from nas.commands._lines import trial_line as _trial_line
     from nas.search.record import TrialRecord
 
     r = TrialRecord(4, TrialState.PRUNED, arch_summary="A", pruned_at=2, prune_reason="rung at step 2/16: …")
@@ -1166,7 +1166,7 @@ def test_an_over_budget_baseline_is_named_in_its_line():
     """Trained baselines were named in their line, ones over a budget were not (a new-user audit)."""
     from optuna.trial import TrialState
 
-    from nas.cli import _trial_line
+    from nas.commands._lines import trial_line as _trial_line
     from nas.search.record import TrialRecord
 
     why = "breaks the hard budget on params (1.2e+05 > 2e+03)"

@@ -103,7 +103,7 @@ def test_report_header_names_the_context_not_the_forward_shape(decode_study, tmp
 
 def test_table_and_export_card_show_decode_latency_and_cache_bytes(decode_study, capsys):
     study, storage, tmp = decode_study
-    from nas.cli import _front_table
+    from nas.commands._front import front_table as _front_table
 
     table = _front_table(study)
     headers = [str(c.header) for c in table.columns]

@@ -12,8 +12,8 @@ from optuna.trial import TrialState, create_trial
 
 from nas.latency import Latency, parse_shape
 from nas.results.pareto import front
+from nas.search import loop as study_module
 from nas.search import record
-from nas.search import study as study_module
 from nas.search.pruning import MARGIN, CostAwarePruner, best_case, rung
 from nas.search.record import TrialRecord
 from nas.search.study import (

@@ -385,7 +385,7 @@ def test_a_resume_with_an_edited_profile_file_is_refused(tmp_path, tiny_space, m
 def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, tiny_space, monkeypatch, caplog):
     """A newer package's recalibrated h200.yaml (or --target auto on another GPU): the study keeps
     predicting with the profile it was created with, and says so."""
-    import nas.search.study as study_module
+    import nas.search.start as study_module
 
     ctx, _ = prepare(_config(tmp_path, tiny_space, target="h200"))
     recorded = ctx.profile
@@ -400,7 +400,7 @@ def test_a_shipped_profile_that_changed_since_keeps_the_recorded_one(tmp_path, t
 def test_a_study_named_before_names_held_its_settings_keeps_resuming(tmp_path, tiny_space, monkeypatch):
     """A decode study an older version created took the name <space>-<task>-<target>: it resumes
     under it, but only a run of its settings does (a study of other settings is another one)."""
-    import nas.search.study as study_module
+    import nas.search.studies as study_module
 
     decode = dict(study=None, objectives=("accuracy", "decode_latency"), context=64)
     named = study_module.study_name
@@ -427,7 +427,7 @@ def test_a_profile_path_names_the_study_by_its_file_name(tmp_path, tiny_space, m
     """``--target profiles/my.yaml`` named the study ``tiny-mqar-profiles/my.yaml``, a name
     ``nas search --study`` refuses, and ``--task npz:path=d.npz`` named it ``tiny-npz-…`` (every
     file given that way, one name); a study named either way (or both) keeps resuming under its name."""
-    import nas.search.study as study_module
+    import nas.search.studies as study_module
 
     monkeypatch.chdir(tmp_path)
     _profile_file(tmp_path / "profiles" / "my.yaml")

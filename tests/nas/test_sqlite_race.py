@@ -97,7 +97,7 @@ def test_a_trial_another_process_finished_is_left_as_that_process_recorded_it(tm
             other_process_finishes(trial.number)
         return real_start(trial)
 
-    monkeypatch.setattr("nas.search.study.evaluate", racing)
+    monkeypatch.setattr("nas.search.loop.evaluate", racing)
     monkeypatch.setattr(record, "write_start", claimed_late)
     with caplog.at_level("WARNING", logger="nas.search.study"):
         study = run_search(_config(tmp_path, baselines=False))

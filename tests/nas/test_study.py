@@ -68,7 +68,7 @@ def test_rerun_resumes_to_the_requested_count(tmp_path, tiny_space):
 def test_hard_budget_skips_training_and_is_infeasible(tmp_path, tiny_space, monkeypatch):
     """Nothing fits 10 parameters: every candidate is recorded untrained, none counts toward
     --trials, and the search stops after MAX_UNTRAINED_IN_A_ROW of them with a message."""
-    monkeypatch.setattr("nas.search.study.MAX_UNTRAINED_IN_A_ROW", 4)
+    monkeypatch.setattr("nas.search.loop.MAX_UNTRAINED_IN_A_ROW", 4)
     config = _config(tmp_path, tiny_space, trials=3, max_params=10)
     with pytest.raises(
         SearchError,
@@ -111,7 +111,7 @@ def test_divergence_fails_the_trial_and_the_study_goes_on(tmp_path, monkeypatch)
     path.write_text(space)
     config = _config(tmp_path, path, trials=1)
     ctx, study = prepare(config)
-    monkeypatch.setattr("nas.search.study.MAX_FAILURES_IN_A_ROW", 3)
+    monkeypatch.setattr("nas.search.loop.MAX_FAILURES_IN_A_ROW", 3)
     with pytest.raises(SearchError, match="3 trials in a row failed"):
         run_search(config, ctx_study=(ctx, study))
     failed = study.get_trials(states=(TrialState.FAIL,))
@@ -143,7 +143,7 @@ def test_a_trial_whose_process_died_before_claiming_it_is_failed_after_the_grace
     on it for good (a resume after kill -9 hung on one)."""
     import datetime
 
-    import nas.search.study as study_mod
+    import nas.search.loop as study_mod
 
     config = _config(tmp_path, tiny_space, trials=1)
     ctx, study = prepare(config)
@@ -164,7 +164,7 @@ def test_a_trial_whose_process_died_before_claiming_it_is_failed_after_the_grace
 def test_a_trial_is_claimed_before_anything_else_runs(tmp_path, tiny_space, monkeypatch):
     """The search records its pid and host on a trial right after taking it: a process killed at
     any later point leaves a trial that stale-trial recovery can attribute."""
-    import nas.search.study as study_mod
+    import nas.search.loop as study_mod
 
     config = _config(tmp_path, tiny_space, trials=1)
     ctx, study = prepare(config)
@@ -268,7 +268,7 @@ def test_a_study_keeps_one_kind_of_latency(tmp_path, tiny_space, monkeypatch):
     measurement on is refused with one line, and the study is left as it was."""
     run_search(_config(tmp_path, tiny_space, trials=1))
     before = (tmp_path / "s.journal").read_bytes()
-    monkeypatch.setattr("nas.search.study.resolve_measure", lambda *a: True)
+    monkeypatch.setattr("nas.search.start.resolve_measure", lambda *a: True)
     with pytest.raises(SearchError, match="holds predicted latencies and this run would record measured"):
         prepare(_config(tmp_path, tiny_space, trials=2))
     assert (tmp_path / "s.journal").read_bytes() == before
@@ -303,7 +303,7 @@ def test_measuring_needs_head_dims_the_kernels_run(tmp_path, monkeypatch):
         .replace("heads: [1, 2]", "heads: [2]")
     )
     for measure in (False, True):
-        monkeypatch.setattr("nas.search.study.resolve_measure", lambda *a, m=measure: m)
+        monkeypatch.setattr("nas.search.start.resolve_measure", lambda *a, m=measure: m)
         with pytest.raises(SpaceError, match="layer.heads: 2 heads on d_model=512 give head dim 256"):
             prepare(_config(tmp_path, space, trials=1, study="wide"))
     monkeypatch.undo()
@@ -333,7 +333,7 @@ def test_ctrl_c_in_any_form_records_the_trial_interrupted(tmp_path, tiny_space, 
         raise ValueError("raised while stopping")
 
     fake = {"plain": plain, "wrapped": _wrapped_interrupt, "flag only": flag_only}[raised]
-    monkeypatch.setattr("nas.search.study.evaluate", fake)
+    monkeypatch.setattr("nas.search.loop.evaluate", fake)
     config = _config(tmp_path, tiny_space, trials=2)
     with pytest.raises(KeyboardInterrupt):
         run_search(config)
@@ -345,7 +345,7 @@ def test_ctrl_c_in_any_form_records_the_trial_interrupted(tmp_path, tiny_space, 
 def test_ctrl_c_re_queues_the_trial_it_stopped_and_a_resume_trains_it(tmp_path, tiny_space, monkeypatch):
     """A Ctrl-C during a baseline lost it for good (kill -9 re-queued it): the interrupted trial's
     parameters, and its baseline label, are queued again, and the resume trains them first."""
-    from nas.search import study as study_module
+    from nas.search import loop as study_module
 
     real = study_module.evaluate
 
@@ -371,7 +371,7 @@ def test_an_error_without_ctrl_c_is_not_an_interrupt(tmp_path, tiny_space, monke
     def boom(*_a, **_k):
         raise ValueError("a bug")
 
-    monkeypatch.setattr("nas.search.study.evaluate", boom)
+    monkeypatch.setattr("nas.search.loop.evaluate", boom)
     with pytest.raises(ValueError, match="a bug"):
         run_search(_config(tmp_path, tiny_space, trials=1))
 
@@ -416,7 +416,7 @@ def test_a_completed_configuration_is_not_trained_again(tmp_path, monkeypatch):
     """Two configurations and --trials 3: both are trained once; repeats are pruned with
     ``duplicate_of`` and, many in a row, stop the search (the space is exhausted). A repeat that
     was asked for (enqueued) is trained."""
-    monkeypatch.setattr("nas.search.study.MAX_UNTRAINED_IN_A_ROW", 10)
+    monkeypatch.setattr("nas.search.loop.MAX_UNTRAINED_IN_A_ROW", 10)
     # the guard for a space that repeats anyway: a countable one this small is refused up front
     # (test_space.py), so it is made to look uncountable here
     monkeypatch.setattr("nas.space.SearchSpace.configurations", lambda self: None)

@@ -1,0 +1,60 @@
+"""What a search run is asked to do (``SearchConfig``: the CLI's flags, or a worker's reading of
+its study), and the error for a search that cannot start as asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nas.search.objectives import DEFAULT_OBJECTIVES
+from nas.search.storage import DEFAULT_STORAGE
+
+__all__ = ["SearchConfig", "SearchError"]
+
+
+class SearchError(ValueError):
+    """A search cannot start as asked (bad study/config combination); the message says why."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything that defines a search run. ``study`` None derives a name from space/task/target.
+    ``space_yaml`` (the space file's text, as a study records it) takes precedence over ``space``;
+    ``worker`` labels this worker's progress lines (sampling depends on trial numbers only)."""
+
+    space: str = "hybrid_small"
+    task: str | None = None  # None: the space's default task
+    trials: int = 20
+    timeout: float | None = None
+    study: str | None = None
+    storage: str = DEFAULT_STORAGE
+    sampler: str | None = None  # None: what the study recorded ("tpe" for a new one)
+    target: str = "auto"
+    latency_shape: str = "1x256"
+    max_latency_ms: float | None = None
+    max_params: int | None = None
+    max_memory_mb: float | None = None
+    trial_timeout: float | None = None
+    seed: int | None = None  # None: what the study recorded (0 for a new one)
+    device: str = "auto"
+    space_yaml: str | None = None
+    worker: int = 0
+    joins: bool = False  # a worker: the task is the study's as recorded, whatever its path names here
+    data: str | None = None  # a worker: the study's data file at another path here (the same bytes)
+    # Latency: True = measure the candidates' kernels on this GPU, False = predict from the profile,
+    # None = measure when the search runs on a CUDA device and targets it (--target auto, or the
+    # profile of the local GPU), otherwise predict.
+    measure: bool | None = None
+    # Early stopping on known costs (nas.search.pruning): None = what the study recorded (off for a new one)
+    prune: bool | None = None
+    # Queue the reference architectures (nas.search.baselines) when this run creates the study
+    baselines: bool = True
+    # What the study optimises (nas.search.objectives names); the generation objectives are
+    # measured for decode_batch sequences at context tokens each
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    context: int | None = None
+    decode_batch: int = 1
+    # the training's wall-clock guard in seconds instead of the space's max_train_seconds (the
+    # study records it for its workers, as it does the budgets)
+    max_train_seconds: float | None = None
+    # a resume re-queues the study's truncated trials, to train them in full on top of ``trials``
+    retrain_truncated: bool = False

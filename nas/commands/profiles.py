@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -30,10 +33,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cal.add_argument(
         "--decode-archs", type=positive_int, default=36, help="random architectures for --decode (× 5 shapes)"
     )
+    refit = psub.add_parser(
+        "refit", help="fit the latency model from saved timing rows (calibrate --rows) of one or several runs"
+    )
+    refit.add_argument(
+        "--rows", nargs="+", required=True, metavar="JSON", help="calibrate --rows files of one GPU kind"
+    )
+    refit.add_argument("--profile", default=None, help="profile name or YAML path (default: the one listing the GPU)")
+    refit.add_argument("--out", default=None, help="where to write the refitted profile (default: over the profile)")
 
 
 def run(args: argparse.Namespace) -> None:
     from hardware_profiles import list_profiles, load_profile
+
+    if args.action == "refit":
+        _refit(args)
+        return
 
     if args.action == "list":
         from nas.latency import prediction_status
@@ -94,3 +109,94 @@ def run(args: argparse.Namespace) -> None:
     else:
         p = load_profile(args.name)
         write_raw(Path(p.path).read_text())
+
+
+ROWS_KEYS = ("gpu", "sm_count", "kernels_fingerprint", "date", "kernel_rows", "fit_rows")
+
+
+def _pooled_rows(paths: Sequence[str]) -> dict[str, Any]:
+    """The timing rows of several ``nas profiles calibrate --rows`` files, pooled: every kernel row,
+    and every whole-model row tagged with the run it came from (``fit`` then predicts each run from
+    the others). CalibrationError names the file and what is wrong: unreadable, not a rows file,
+    another GPU, SM count or kernels than the first file's."""
+    from nas.latency.calibrate import CalibrationError
+
+    pooled: dict[str, Any] = {"kernel_rows": [], "model_rows": [], "dates": [], "runs": {}}
+    first: dict[str, Any] | None = None
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise CalibrationError(f"--rows {path}: cannot read it ({e.strerror or e})") from None
+        except ValueError as e:
+            raise CalibrationError(f"--rows {path}: not JSON ({e})") from None
+        missing = [k for k in ROWS_KEYS if not isinstance(data, dict) or k not in data]
+        if missing:
+            raise CalibrationError(f"--rows {path}: not a nas profiles calibrate --rows file (no {', '.join(missing)})")
+        first = first or data
+        for key in ("gpu", "sm_count", "kernels_fingerprint"):
+            if data[key] != first[key]:
+                raise CalibrationError(
+                    f"--rows {path}: {key} {data[key]!r}, but {paths[0]} has {first[key]!r}: pool the rows of one "
+                    f"GPU kind timed with the same kernels"
+                )
+        run = f"{Path(path).name} {data['date']}"
+        rows = [
+            {"run": run, **row} for key in ("fit_rows", "check_rows", "held_out_rows") for row in data.get(key) or ()
+        ]
+        runs = {row["run"] for row in rows}
+        if twice := runs & set(pooled["runs"]):
+            raise CalibrationError(
+                f"--rows {path}: run {sorted(twice)[0]!r} is in {pooled['runs'][sorted(twice)[0]]} too; "
+                f"give each timing run once"
+            )
+        pooled["runs"].update(dict.fromkeys(runs, path))
+        pooled["kernel_rows"] += data["kernel_rows"]
+        pooled["model_rows"] += rows
+        pooled["dates"].append(str(data["date"]))
+    assert first is not None
+    pooled.update(
+        {k: first.get(k, "") for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "sm_count")}
+    )
+    pooled["date"] = max(pooled.pop("dates"))
+    return pooled
+
+
+def _refit(args: argparse.Namespace) -> None:
+    """``nas profiles refit --rows A.json [B.json ...]``: the kernel model fitted on the pooled rows
+    of several timing runs (several leases or machines of one GPU kind), written into the profile."""
+    from hardware_profiles import detect_profile, load_profile
+    from nas.latency.calibrate import CalibrationError, calibration_section, fit, write_calibration
+
+    pooled = _pooled_rows(args.rows)
+    profile = load_profile(args.profile) if args.profile else detect_profile(pooled["gpu"])
+    if profile is None:
+        raise CalibrationError(
+            f"no shipped profile lists {pooled['gpu']!r}, the GPU the rows were timed on; pass --profile PATH of one"
+        )
+    if not profile.lists(pooled["gpu"]) or profile.sm_count != pooled["sm_count"]:
+        raise CalibrationError(
+            f"--profile {profile.name} describes {', '.join(profile.device_names)} with {profile.sm_count} SMs; the "
+            f"rows were timed on {pooled['gpu']} with {pooled['sm_count']}"
+        )
+    model, report = fit(pooled["kernel_rows"], pooled["model_rows"], sm_count=pooled["sm_count"])
+    env = {k: pooled[k] for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")}
+    path = write_calibration(
+        profile, calibration_section(model, report, env, pooled["sm_count"]), args.out or profile.path
+    )
+    runs = len(pooled["runs"])
+    console.print(
+        f"fitted on {len(pooled['kernel_rows'])} kernel rows and {len(pooled['model_rows'])} forwards from {runs} "
+        f"run(s) on {pooled['gpu']}: interval ±{report['interval']:.1%}",
+        soft_wrap=True,
+    )
+    lines = [(f"cross-validated {shape}", s) for shape, s in (report.get("cv") or {}).items()]
+    lines += [(f"run {run} from the others", s["all"]) for run, s in (report.get("across_runs") or {}).items()]
+    for name, s in lines:
+        console.print(
+            f"{name}: {s['within_10pct']:.1%} within ±10 %, "
+            f"95th pct |error| {s['p95_abs_error']:.1%} ({s['n']} forwards)",
+            soft_wrap=True,
+            markup=False,
+        )
+    console.print(f"wrote {path}")

@@ -20,10 +20,9 @@ the same rows: FLOPs only (one scale per shape, fitted on the calibration's whol
 ``--calibration-rows``) and the uncalibrated roofline. Writes ``predictor_<gpu>.json`` with GPU
 name, versions, date.
 
-``--refit ROWS``: fits the profile's calibration on the CPU from saved GPU rows — the kernel grid,
-and every whole-model row (fit, check and held-out sets of every run in the file; ``run`` tells
-the runs apart) — and writes it into ``--profile``. ``--dry-run``: the ``--gpu`` path without a
-GPU (rows get the prediction × noise as their "measured" time), to test the command.
+To refit a profile from saved rows (one run's or several): ``nas profiles refit --rows A.json …``.
+``--dry-run``: the ``--gpu`` path without a GPU (rows get the prediction × noise as their
+"measured" time), to test the command.
 """
 
 from __future__ import annotations
@@ -152,21 +151,6 @@ def run_gpu(args: argparse.Namespace) -> Path:
     return rows_path
 
 
-def refit(rows_path: Path, profile_arg: str, out: str | None) -> Path:
-    """Fit the calibration from saved rows (kernel grid, fit set, check set timed on the GPU) and
-    write it into the profile, with the GPU, versions, fingerprint and date of the timing run."""
-    data = json.loads(rows_path.read_text())
-    profile = load_profile(profile_arg)
-    model_rows = [r for key in ("fit_rows", "check_rows", "held_out_rows") for r in data[key]]
-    model, rep = fit(data["kernel_rows"], model_rows, sm_count=data["sm_count"])
-    env = {k: data[k] for k in ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")}
-    path = write_calibration(profile, calibration_section(model, rep, env, data["sm_count"]), out or profile.path)
-    print(f"wrote {path}; interval ±{rep['interval']:.1%}")
-    for name in ("cv", "across_runs"):
-        print(name, json.dumps(rep.get(name), indent=1))
-    return path
-
-
 def _flops(arch: ArchSpec, shape: str) -> float:
     return float(sum(op.flops for op in op_costs(arch, parse_shape(shape))))
 
@@ -278,7 +262,6 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="measure (and with --calibrate, calibrate) on this GPU")
     parser.add_argument("--calibrate", action="store_true", help="calibrate the profile first (with --gpu)")
     parser.add_argument("--rows", default=None, help="report from saved rows (predictor_rows.json)")
-    parser.add_argument("--refit", default=None, help="fit the calibration from saved rows into --profile")
     parser.add_argument("--profile", default="h200", help="profile name or YAML path to predict with")
     parser.add_argument("--archs", type=int, default=160, help="held-out architectures (× 3 shapes)")
     parser.add_argument("--fit-archs", type=int, default=50)
@@ -303,8 +286,6 @@ def main() -> None:
         rows = run_gpu(args)
         profile = str(Path(args.out) / Path(load_profile(args.profile).path).name) if args.calibrate else args.profile
         report(rows, profile, Path(args.out), rows if args.calibrate else Path(args.calibration_rows))
-    elif args.refit:
-        refit(Path(args.refit), args.profile, None)
     elif args.rows:
         report(Path(args.rows), args.profile, Path(args.out), Path(args.calibration_rows))
     else:

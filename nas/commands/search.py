@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> None:
     print_untrained(study)
     print_front(study)
     if verify is not None:
-        verify_after_search(study, verify, ctx)
+        verify_after_search(study, verify, ctx, workers=verify_workers(gpus, args.trials_per_gpu, ctx.device))
     else:
         print_fidelity(study, table=False)  # a resumed study verified before: its numbers so far
     # commands to paste into a shell: a name or path with a space or a quote is quoted
@@ -400,3 +400,12 @@ def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:
         return False
     optuna.delete_study(study_name=study.study_name, storage=open_storage(storage))
     return True
+
+
+def verify_workers(gpus: list[str] | None, per_gpu: int | None, device) -> int:  # noqa: ANN001 — a torch.device
+    """How many long runs ``--verify`` trains at once: on a GPU, as many as the search ran trials
+    per GPU (all on the parent's device, which one small model leaves mostly idle); on the CPU one,
+    whatever ``--workers`` was (processes there share the same cores)."""
+    from kernels.device import is_cuda
+
+    return (per_gpu or 1) if gpus and is_cuda(device) else 1

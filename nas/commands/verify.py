@@ -120,9 +120,10 @@ def verify_line(i: int, n: int, planned: Planned, row: Verified, seconds: float 
     )
 
 
-def verify_after_search(study: optuna.Study, settings: VerifySettings, ctx: TrialContext) -> None:
+def verify_after_search(study: optuna.Study, settings: VerifySettings, ctx: TrialContext, workers: int = 1) -> None:
     """``nas search --verify N``: nas verify on the study just searched, on its task and device,
-    drawing the random trials with the study's seed; a study with nothing to verify says so."""
+    drawing the random trials with the study's seed, ``workers`` long runs at once (the search's
+    processes per GPU on a GPU); a study with nothing to verify says so."""
     from nas.results.verify import VerifyError, plan, run_verify
     from nas.search.record import study_setup
 
@@ -134,9 +135,10 @@ def verify_after_search(study: optuna.Study, settings: VerifySettings, ctx: Tria
         console.print(f"--verify: nothing to retrain: {e}", soft_wrap=True)
         return
     console.print(
-        f"verifying: the front and {settings.random} random trial(s) at {settings.steps_factor:g}× their steps",
+        f"verifying: the front and {settings.random} random trial(s) at {settings.steps_factor:g}× their steps"
+        + (f", {workers} at once" if workers > 1 else ""),
         soft_wrap=True,
     )
     note_replaced(study, settings)
-    run_verify(study, settings, ctx.task, ctx.device, on_row=verify_line)
+    run_verify(study, settings, ctx.task, ctx.device, on_row=verify_line, workers=workers)
     print_fidelity(study, table=True)

@@ -284,3 +284,14 @@ def test_bad_input_one_line_exit_2_storage_untouched(searched, capsys, argv, wor
     assert len(err.splitlines()) == 1 and err.startswith("nas") and words in err, err
     assert hashlib.sha256(searched.read_bytes()).hexdigest() == before
     assert verified(_study(str(searched))) == {}
+
+
+def test_search_verify_trains_as_many_at_once_as_the_search_did_per_gpu():
+    import torch
+
+    from nas.commands.search import verify_workers
+
+    assert verify_workers(["0"], 4, torch.device("cuda", 0)) == 4
+    assert verify_workers(["0", "1"], None, torch.device("cuda", 0)) == 1
+    assert verify_workers(None, None, torch.device("cpu")) == 1  # --workers N on the CPU: one long run at a time
+    assert verify_workers(["0"], 4, torch.device("cpu")) == 1

@@ -52,6 +52,10 @@ _SCHEMA_RETRIES = 3
 # a SQLite file a reading command opens must hold these, with their rows: Optuna creates or stamps
 # what it misses on opening, and a reader must write nothing (``_check_sqlite``)
 _OPTUNA_SCHEMA = ("studies", "version_info", "alembic_version")
+# server-database storages this process opened, by (pid, URL, write, heartbeat): each holds an
+# SQLAlchemy engine whose pool keeps connections open until the engine is collected, so opening one
+# per call (a poll loop, an API user's loop) ran a server out of connections ("too many clients")
+_SERVER_STORAGES: dict[tuple[int, str, bool, int], RDBStorage] = {}
 
 
 class StorageError(ValueError):
@@ -191,8 +195,13 @@ def open_storage(storage: str, *, write: bool = True) -> BaseStorage:
         if storage.startswith(("postgresql://", "postgres://")):
             # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; this project ships psycopg2
             storage = "postgresql+psycopg2://" + storage.split("://", 1)[1]
-        with claim_lock(storage) if write else contextlib.nullcontext():  # one process creates a new file's tables
-            return _open_rdb(storage, scheme, shown, write=write)
+        if database is not None:  # a file can be replaced between calls: opened afresh each time
+            with claim_lock(storage) if write else contextlib.nullcontext():  # one process creates its tables
+                return _open_rdb(storage, scheme, shown, write=write)
+        key = (os.getpid(), storage, write, _heartbeat_seconds())  # an engine must not cross a fork
+        if (cached := _SERVER_STORAGES.get(key)) is None:
+            cached = _SERVER_STORAGES[key] = _open_rdb(storage, scheme, shown, write=write)
+        return cached
     path = Path(storage)
     if path.is_dir():
         raise StorageError(f"storage {storage!r} is a directory; give a journal file path such as {DEFAULT_STORAGE}")

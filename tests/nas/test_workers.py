@@ -122,3 +122,28 @@ def test_heartbeat_requeues_a_trial_of_a_dead_remote_worker(tmp_path, postgres_u
     retried = [t for t in trials if t.system_attrs.get("failed_trial") == remote.number]
     assert len(retried) == 1 and retried[0].params["depth"] == remote.params["depth"]
     assert len([t for t in trials if t.state == TrialState.COMPLETE]) == 2
+
+
+def _server_connections(url: str) -> int:
+    """Client connections the PostgreSQL server holds now, counted by the server itself."""
+    import psycopg2
+
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("select count(*) from pg_stat_activity where backend_type = 'client backend'")
+        (count,) = cur.fetchone()
+    conn.close()
+    return int(count) - 1  # less the connection asking
+
+
+def test_opening_a_server_storage_in_a_loop_holds_a_bounded_number_of_connections(tmp_path, postgres_url):
+    """A poll loop (or an API user's loop) that opens the storage per call reuses one engine: the
+    server's connection count does not grow with the number of calls (it reached the server's limit
+    of 100 when each call made an engine whose pool kept its connection)."""
+    name = _start(tmp_path, postgres_url, trials=1, steps=1)
+    assert open_storage(postgres_url) is open_storage(postgres_url)
+    assert open_storage(postgres_url, write=False) is not open_storage(postgres_url)  # a reader creates nothing
+    before = _server_connections(postgres_url)
+    for _ in range(100):
+        _trials(name, postgres_url)
+    # the other tests' workers may open or close connections meanwhile: allow them some room
+    assert _server_connections(postgres_url) - before < 20

@@ -37,7 +37,15 @@ from nas.tasks import Task, TaskError, load_task, task_file
 if TYPE_CHECKING:
     from nas.latency import LatencyShape
 
-__all__ = ["FP8_CAPABILITY", "check_fp8", "prepare", "resolve_device", "resolve_measure", "resolve_target"]
+__all__ = [
+    "FP8_CAPABILITY",
+    "check_fp8",
+    "device_capability",
+    "prepare",
+    "resolve_device",
+    "resolve_measure",
+    "resolve_target",
+]
 
 # one logger for the study's lines, whichever module of it writes them (``nas -v`` shows its name)
 logger = logging.getLogger("nas.search.study")
@@ -96,6 +104,11 @@ def check_fp8(space: SearchSpace, capability: tuple[int, int] | None) -> None:
     )
 
 
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of ``device`` (9.0 for an H100), None for a CPU."""
+    return tuple(torch.cuda.get_device_capability(device)) if is_cuda(device) else None
+
+
 def _load_space(config: SearchConfig) -> SearchSpace:
     if config.space_yaml is not None:  # a file without `name:` was recorded under its file name
         return parse_space_text(config.space_yaml, f"{config.space} (as recorded in the study)", config.space)
@@ -122,7 +135,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         check_recorded_space(name, stored, space)
     task, task_spec = _task(config, name, stored, space, task_spec, seed, objectives)
     profile, device, measure = _latency(config, name, stored)
-    check_fp8(space, torch.cuda.get_device_capability(device) if is_cuda(device) else None)
+    check_fp8(space, device_capability(device))
     prune = bool(stored.prune if config.prune is None and stored is not None else config.prune)
     if stored is not None and stored.prune != prune:
         raise SearchError(

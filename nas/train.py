@@ -223,10 +223,12 @@ def evaluate_stored(
 ) -> list[float] | None:
     """Each variant's accuracy with its KV cache, recurrent state and weights rounded as its
     architecture's precision fields store them (``HybridModel.stored_precision``), over the whole
-    test split; None for an architecture at full precision, where it is the plain evaluation's.
-    ``model`` is one model or a ``Population``, whose variants are scored one at a time as plain
-    models; a variant marked in ``skip`` (diverged) is not scored (NaN)."""
-    if model.arch.full_precision:
+    test split; None for an architecture at full precision, where it is the plain evaluation's
+    (and for a module that is no candidate: it has no architecture). ``model`` is one model or a
+    ``Population``, whose variants are scored one at a time as plain models; a variant marked in
+    ``skip`` (diverged) is not scored (NaN)."""
+    arch = getattr(model, "arch", None)
+    if arch is None or arch.full_precision:
         return None
     variants = model.size if isinstance(model, Population) else 1
     out = []

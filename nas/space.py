@@ -384,7 +384,7 @@ class SearchSpace:
         layer = self.layer
         styles = product(n(layer.get("activation")), n(layer.get("norm")))
         ratio = layer["mlp_ratio"]
-        ratios, empty = n(ratio), int(0 in ratio.values())  # a range starts at its low end: 0 is drawn when it is low
+        ratios, empty = n(ratio), int(0 in ratio.values())  # 0: a choice, or a range's low end (its first grid point)
         # one block's configurations by what it holds: A(ttention), L(inear attention), M(LP only), E(mpty)
         kinds = {"A": 0, "L": 0, "M": 0, "E": 0}
         for mixer in layer["mixer"].values():
@@ -548,7 +548,7 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
                     f"divide every width in {list(d_model.values())}",
                 )
 
-    precision = _precision(r, raw.get("precision"), layer, mixers)
+    precision = _precision(r, raw, layer, mixers)
     if "linear_attention" in mixers and "feature_map" not in layer:
         raise r.fail(
             "layer.feature_map", f"is required when linear_attention is a choice; allowed {list(FEATURE_MAPS)}"
@@ -573,11 +573,11 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
     )
 
 
-def _precision(r: _Reader, raw: Any, layer: dict[str, Choice], mixers: set[str]) -> dict[str, Choice]:
-    """The study-wide ``precision:`` fields (none when the space has no such block). A field is
-    given in one place, study-wide or per layer; a narrower dtype is offered only where a mixer that
-    holds it can be drawn (an fp8 KV cache with no attention in the space would change nothing)."""
-    precision = r.section("precision", raw, _PRECISION_FIELDS) if raw is not None else {}
+def _precision(r: _Reader, raw: dict, layer: dict[str, Choice], mixers: set[str]) -> dict[str, Choice]:
+    """The study-wide ``precision:`` fields of the space ``raw`` (none when it has no such block).
+    A field is given in one place, study-wide or per layer; a narrower dtype is offered only where a
+    mixer that holds it can be drawn (an fp8 KV cache with no attention in the space would change nothing)."""
+    precision = r.section("precision", raw["precision"], _PRECISION_FIELDS) if "precision" in raw else {}
     for name, allowed in PRECISION_FIELDS.items():
         if name in precision and name in layer:
             raise r.fail(

@@ -710,6 +710,7 @@ def test_precision_fields_under_layer_are_per_layer_choices(tmp_path):
             RANGES + "precision:\n  kv_cache: [fp8]\n", ["precision.kv_cache", "unknown field"], id="unknown-field"
         ),
         pytest.param(RANGES + "precision: [fp8]\n", ["precision", "mapping"], id="not-a-mapping"),
+        pytest.param(RANGES + "precision:\n", ["precision", "mapping"], id="no-value"),
         pytest.param(
             RANGES + "precision:\n  kv_dtype: {low: 1, high: 2}\n", ["precision.kv_dtype", "list"], id="range"
         ),

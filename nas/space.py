@@ -6,7 +6,9 @@ A space is data: the shipped YAML files live in the ``search_spaces`` package (s
 the shipped ones. Each searched field is either a list of choices
 (a categorical) or a range mapping ``{low, high[, log][, step]}``; a scalar fixes the value.
 Conditional choices are explicit: ``heads`` and ``short_conv`` are drawn only for layers with a
-mixer, ``feature_map`` only for linear attention, ``momentum``/``nesterov`` only for SGD.
+mixer, ``feature_map`` only for linear attention, ``momentum``/``nesterov`` only for SGD, and the
+precision fields (``kv_dtype``, ``state_dtype``, ``weight_dtype``: study-wide under ``precision:``
+or per layer under ``layer:``) only where a layer holds what they store.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from nas.spec import (
     MIXERS,
     NORMS,
     OPTIMIZERS,
+    PRECISION_FIELDS,
     ArchSpec,
     Candidate,
     LayerSpec,
@@ -104,7 +108,12 @@ _LAYER_FIELDS: dict[str, tuple[Any, bool]] = {
     "mlp_ratio": (float, True),
     "activation": (ACTIVATIONS, False),
     "norm": (NORMS, False),
+    **{name: (allowed, False) for name, allowed in PRECISION_FIELDS.items()},
 }
+# how a deployment stores the KV cache, state and weights: study-wide choices (one draw per candidate)
+_PRECISION_FIELDS: dict[str, tuple[Any, bool]] = {name: (allowed, False) for name, allowed in PRECISION_FIELDS.items()}
+# the mixer a precision field needs (weights: every block with a mixer or an MLP)
+_HOLDER = {"kv_dtype": "attention", "state_dtype": "linear_attention"}
 _TRAIN_FIELDS: dict[str, tuple[Any, bool]] = {
     "optimizer": (OPTIMIZERS, True),
     "lr": (float, True),
@@ -125,7 +134,7 @@ DEFAULT_LR_MULTIPLIERS = (0.5, 1.0, 2.0)
 MAX_SEEDS = 16
 MAX_LR_MULTIPLIERS = 8
 _POPULATION_FIELDS = ("seeds", "lr_multipliers")  # train fields that are fixed settings, never searched
-_TOP_FIELDS = {"name", "description", "task", "depth", "d_model", "layer", "train", "max_train_seconds"}
+_TOP_FIELDS = {"name", "description", "task", "depth", "d_model", "layer", "precision", "train", "max_train_seconds"}
 
 
 @dataclass(frozen=True)
@@ -317,7 +326,8 @@ class _Reader:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """A validated space. ``layer`` and ``train`` map field names to their Choice."""
+    """A validated space. ``layer``, ``train`` and ``precision`` (the study-wide dtypes; empty: the
+    space has no ``precision:``) map field names to their Choice."""
 
     name: str
     description: str
@@ -332,14 +342,24 @@ class SearchSpace:
     # every candidate trains as a population of seeds x learning rates (train.seeds, train.lr_multipliers)
     seeds: int = DEFAULT_SEEDS
     lr_multipliers: tuple[float, ...] = DEFAULT_LR_MULTIPLIERS
+    precision: dict[str, Choice] = dataclass_field(default_factory=dict)
 
     def sample(self, trial: optuna.Trial, task: Task, study_seed: int = 0) -> Candidate:
         """Draw one candidate through ``trial`` (parameter names ``depth``, ``d_model``,
-        ``layer{i}.<field>``, ``train.<field>``) sized for ``task``. Its training seed derives from
-        ``study_seed`` and the configuration (``nas.spec.training_seed``), not from the trial."""
+        ``layer{i}.<field>``, ``precision.<field>``, ``train.<field>``) sized for ``task``. Its
+        training seed derives from ``study_seed`` and the configuration (``nas.spec.training_seed``),
+        not from the trial. A study-wide precision field is drawn once, when some layer holds what
+        it stores, and applies to every such layer."""
         depth = self.depth.suggest(trial, "depth")
         d_model = self.d_model.suggest(trial, "d_model")
         layers = tuple(self._sample_layer(trial, i) for i in range(depth))
+        shared = {
+            name: choice.suggest(trial, f"precision.{name}")
+            for name, choice in self.precision.items()
+            if any(layer.stores(name) for layer in layers)
+        }
+        if shared:
+            layers = tuple(replace(la, **{k: v for k, v in shared.items() if la.stores(k)}) for la in layers)
         arch = ArchSpec(d_model, layers, task.vocab_size, task.n_out, task.readout)
         fields = {"optimizer": self.train["optimizer"].suggest(trial, "train.optimizer")}
         for field, choice in self.train.items():
@@ -352,8 +372,8 @@ class SearchSpace:
     def configurations(self) -> int | None:
         """How many distinct candidates (architecture and recipe) ``sample`` can draw, or None when
         a field is a continuous range. Fields a draw skips (heads and conv for MLP-only blocks, the
-        feature map outside linear attention, SGD's momentum for the other optimizers) count only
-        where they are drawn."""
+        feature map outside linear attention, SGD's momentum for the other optimizers, a precision
+        field where no layer holds what it stores) count only where they are drawn."""
 
         def n(choice: Choice | None) -> int | None:
             return 1 if choice is None else choice.count()
@@ -362,20 +382,43 @@ class SearchSpace:
             return None if None in counts else math.prod(counts)
 
         layer = self.layer
-        shared = product(n(layer.get("mlp_ratio")), n(layer.get("activation")), n(layer.get("norm")))
-        per_layer = 0
+        styles = product(n(layer.get("activation")), n(layer.get("norm")))
+        ratio = layer["mlp_ratio"]
+        ratios, empty = n(ratio), int(0 in ratio.values())  # 0: a choice, or a range's low end (its first grid point)
+        # one block's configurations by what it holds: A(ttention), L(inear attention), M(LP only), E(mpty)
+        kinds = {"A": 0, "L": 0, "M": 0, "E": 0}
         for mixer in layer["mixer"].values():
-            own = product(n(layer.get("heads")), n(layer.get("short_conv"))) if mixer != "none" else 1
+            if mixer == "none":
+                if ratios is None or styles is None:
+                    return None
+                kinds["M"] += (ratios - empty) * styles * n(layer.get("weight_dtype"))
+                kinds["E"] += empty * styles
+                continue
+            own = product(
+                ratios, styles, n(layer.get("heads")), n(layer.get("short_conv")), n(layer.get("weight_dtype"))
+            )
             if mixer == "linear_attention":
-                own = product(own, n(layer.get("feature_map")))
-            if (count := product(shared, own)) is None:
+                own = product(own, n(layer.get("feature_map")), n(layer.get("state_dtype")))
+            else:
+                own = product(own, n(layer.get("kv_dtype")))
+            if own is None:
                 return None
-            per_layer += count
+            kinds["A" if mixer == "attention" else "L"] += own
         widths, depth = self.d_model.count(), self.depth
         if widths is None or depth.count() is None:
             return None
+        # a study-wide precision field is drawn when some block of the stack holds what it stores
+        wide = {name: n(self.precision.get(name)) for name in PRECISION_FIELDS}
+        factor = {
+            frozenset(present): (wide["kv_dtype"] if "A" in present else 1)
+            * (wide["state_dtype"] if "L" in present else 1)
+            * (wide["weight_dtype"] if present & {"A", "L", "M"} else 1)
+            for present in _subsets(kinds)
+        }
         depths = depth.choices or range(int(depth.low), int(depth.high) + 1, int(depth.step or 1))
-        stacks = sum(per_layer ** int(d) for d in depths)
+        stacks = sum(
+            _exactly(present, kinds, int(d)) * factor[frozenset(present)] for d in depths for present in _subsets(kinds)
+        )
         recipes = 0
         for optimizer in self.train["optimizer"].values():
             skipped = ("optimizer",) if optimizer == "sgd" else ("optimizer", "momentum", "nesterov")
@@ -384,6 +427,11 @@ class SearchSpace:
                 return None
             recipes += count
         return widths * stacks * recipes
+
+    def offers_fp8(self) -> bool:
+        """Whether a candidate can store its KV cache or weights in fp8."""
+        found = [*self.precision.items(), *self.layer.items()]
+        return any(name in PRECISION_FIELDS and "fp8" in choice.values() for name, choice in found)
 
     def differences(self, other: SearchSpace) -> list[str]:
         """``field: ours -> theirs`` for each field on which ``other`` samples or trains candidates
@@ -401,6 +449,7 @@ class SearchSpace:
             "depth": self.depth,
             "d_model": self.d_model,
             **{f"layer.{k}": v for k, v in self.layer.items()},
+            **{f"precision.{k}": v for k, v in self.precision.items()},
             **{f"train.{k}": v for k, v in self.train.items()},
             "max_train_seconds": self.max_train_seconds,
         }
@@ -440,7 +489,24 @@ class SearchSpace:
                 fields["short_conv"] = pick("short_conv")
         if mixer == "linear_attention":
             fields["feature_map"] = pick("feature_map")
-        return LayerSpec(**fields)
+        spec = LayerSpec(**fields)
+        dtypes = {name: pick(name) for name in PRECISION_FIELDS if name in self.layer and spec.stores(name)}
+        return replace(spec, **dtypes) if dtypes else spec
+
+
+def _subsets(kinds: dict[str, int]) -> list[set[str]]:
+    """Every set of block kinds (``configurations``'s A, L, M, E), the empty one included."""
+    names = sorted(kinds)
+    return [{k for i, k in enumerate(names) if mask >> i & 1} for mask in range(1 << len(names))]
+
+
+def _exactly(present: set[str], kinds: dict[str, int], depth: int) -> int:
+    """Stacks of ``depth`` blocks drawn from ``kinds`` (configurations per kind) that hold every
+    kind of ``present`` and no other (inclusion-exclusion over the kinds left out)."""
+    return sum(
+        (-1) ** (len(present) - len(sub)) * sum(kinds[k] for k in sub) ** depth
+        for sub in _subsets({k: kinds[k] for k in present})
+    )
 
 
 def _shown(value: Choice | float | None) -> str:
@@ -482,6 +548,7 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
                     f"divide every width in {list(d_model.values())}",
                 )
 
+    precision = _precision(r, raw, layer, mixers)
     if "linear_attention" in mixers and "feature_map" not in layer:
         raise r.fail(
             "layer.feature_map", f"is required when linear_attention is a choice; allowed {list(FEATURE_MAPS)}"
@@ -502,7 +569,29 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
         source,
         seeds=seeds,
         lr_multipliers=lr_multipliers,
+        precision=precision,
     )
+
+
+def _precision(r: _Reader, raw: dict, layer: dict[str, Choice], mixers: set[str]) -> dict[str, Choice]:
+    """The study-wide ``precision:`` fields of the space ``raw`` (none when it has no such block).
+    A field is given in one place, study-wide or per layer; a narrower dtype is offered only where a
+    mixer that holds it can be drawn (an fp8 KV cache with no attention in the space would change nothing)."""
+    precision = r.section("precision", raw["precision"], _PRECISION_FIELDS) if "precision" in raw else {}
+    for name, allowed in PRECISION_FIELDS.items():
+        if name in precision and name in layer:
+            raise r.fail(
+                f"layer.{name}",
+                f"is also given under precision:; give it once, study-wide (precision.{name}) or per layer",
+            )
+        where, choice = (
+            (f"precision.{name}", precision[name]) if name in precision else (f"layer.{name}", layer.get(name))
+        )
+        holder = _HOLDER.get(name)
+        if choice is not None and holder is not None and holder not in mixers and set(choice.values()) - {allowed[0]}:
+            what = name.removesuffix("_dtype")
+            raise r.fail(where, f"stores the {what} of {holder} layers, and layer.mixer offers no {holder}")
+    return precision
 
 
 def parse_space_text(text: str, source: str, default_name: str | None = None) -> SearchSpace:

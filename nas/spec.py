@@ -20,6 +20,10 @@ __all__ = [
     "NORMS",
     "OPTIMIZERS",
     "READOUTS",
+    "KV_DTYPES",
+    "STATE_DTYPES",
+    "WEIGHT_DTYPES",
+    "PRECISION_FIELDS",
     "LayerSpec",
     "ArchSpec",
     "TrainSpec",
@@ -34,6 +38,22 @@ ACTIVATIONS = ("gelu", "relu", "silu")
 NORMS = ("layernorm", "rmsnorm")
 OPTIMIZERS = ("sgd", "adamw", "radam", "lion")
 READOUTS = ("token", "last")  # per-position logits, or one prediction from the last position
+# How a deployed model stores what a decode step reads, widest first: the first of each is what the
+# library's kernels store today and the default (no rounding in the evaluation, nothing written to
+# an ArchSpec's JSON); the others are narrower and evaluated rounded (nas.models.precision)
+KV_DTYPES = ("bf16", "fp8")  # softmax attention's KV cache
+STATE_DTYPES = ("fp32", "bf16")  # linear attention's recurrent state and normalizer
+WEIGHT_DTYPES = ("bf16", "fp8")  # the blocks' linear layers' weights
+# field -> (allowed, which layers it applies to)
+PRECISION_FIELDS: dict[str, tuple[str, ...]] = {
+    "kv_dtype": KV_DTYPES,
+    "state_dtype": STATE_DTYPES,
+    "weight_dtype": WEIGHT_DTYPES,
+}
+
+
+_APPLIES = {"kv_dtype": "attention", "state_dtype": "linear_attention", "weight_dtype": "blocks with a mixer or an MLP"}
+_SHORT = {"kv_dtype": "kv", "state_dtype": "state", "weight_dtype": "weights"}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -49,6 +69,11 @@ class LayerSpec:
     ``short_conv`` is the kernel size of a depthwise causal convolution over the q, k, v
     projections (0 = none), as in fla / Based (Arora et al. 2024); it lets one layer see the
     previous tokens, which associative recall needs. ``mlp_ratio`` 0 means the block has no MLP.
+
+    ``kv_dtype``, ``state_dtype`` and ``weight_dtype`` say how a deployment stores the block's KV
+    cache (attention only), recurrent state (linear attention only) and linear-layer weights (a
+    block with a mixer or an MLP): at their defaults, the widest, as the library's kernels store
+    them today. They change the evaluation and the memory, never the training (``nas.models.precision``).
     """
 
     mixer: str
@@ -58,6 +83,9 @@ class LayerSpec:
     mlp_ratio: float = 4.0
     activation: str = "gelu"
     norm: str = "layernorm"
+    kv_dtype: str = KV_DTYPES[0]
+    state_dtype: str = STATE_DTYPES[0]
+    weight_dtype: str = WEIGHT_DTYPES[0]
 
     def __post_init__(self) -> None:
         _check(self.mixer in MIXERS, f"mixer {self.mixer!r} is not one of {list(MIXERS)}")
@@ -78,6 +106,38 @@ class LayerSpec:
         _check(self.mlp_ratio >= 0, f"mlp_ratio must be >= 0, got {self.mlp_ratio}")
         _check(self.activation in ACTIVATIONS, f"activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
         _check(self.norm in NORMS, f"norm {self.norm!r} is not one of {list(NORMS)}")
+        for name, allowed in PRECISION_FIELDS.items():
+            value = getattr(self, name)
+            _check(value in allowed, f"{name} {value!r} is not one of {list(allowed)}")
+            # a dtype of something the block does not hold stays at its default: one spelling per
+            # architecture, so its arch_hash and training seed do not depend on a no-op field
+            _check(
+                value == allowed[0] or self.stores(name),
+                f"{name} applies only to {_APPLIES[name]} (got {value!r} for mixer {self.mixer!r})",
+            )
+
+    def stores(self, field: str) -> bool:
+        """Whether the block holds what precision ``field`` is about: a KV cache (attention), a
+        recurrent state (linear attention), linear layers (a mixer or an MLP)."""
+        if field == "kv_dtype":
+            return self.mixer == "attention"
+        if field == "state_dtype":
+            return self.mixer == "linear_attention"
+        return self.mixer != "none" or self.mlp_ratio > 0
+
+    @property
+    def full_precision(self) -> bool:
+        """Every precision field at its default (the widest)."""
+        return all(getattr(self, name) == allowed[0] for name, allowed in PRECISION_FIELDS.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON: the precision fields only where they differ from the default, so the dict and
+        ``arch_hash`` of an architecture without them are what they were before the fields existed."""
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if k not in PRECISION_FIELDS or v != PRECISION_FIELDS[k][0]
+        }
 
     def code(self) -> str:
         """One letter for the mixer: A(ttention), L(inear attention), M(LP-only)."""
@@ -117,11 +177,35 @@ class ArchSpec:
         return len(self.layers)
 
     def summary(self) -> str:
-        """Short human string, e.g. ``A L L M | d=128``."""
-        return f"{' '.join(layer.code() for layer in self.layers)} | d={self.d_model}"
+        """Short human string, e.g. ``A L L M | d=128``, and ``A L | d=64 | kv fp8`` for an
+        architecture stored below full precision (``precision_text``)."""
+        text = f"{' '.join(layer.code() for layer in self.layers)} | d={self.d_model}"
+        return f"{text} | {precision}" if (precision := self.precision_text()) else text
+
+    @property
+    def full_precision(self) -> bool:
+        """Every layer stores KV cache, state and weights at the default (widest) dtypes."""
+        return all(layer.full_precision for layer in self.layers)
+
+    def at_full_precision(self) -> ArchSpec:
+        """The same network with every precision field at its default: what is trained."""
+        defaults = {name: allowed[0] for name, allowed in PRECISION_FIELDS.items()}
+        return dataclasses.replace(self, layers=tuple(dataclasses.replace(la, **defaults) for la in self.layers))
+
+    def precision_text(self) -> str:
+        """``kv fp8, state bf16, weights fp8``: the dtypes that differ from the defaults, each as the
+        value shared by the layers it applies to, or the per-layer values in layer order
+        (``kv fp8/bf16``); empty at full precision."""
+        parts = []
+        for name, allowed in PRECISION_FIELDS.items():
+            dtypes = [getattr(la, name) for la in self.layers if la.stores(name)]
+            if any(v != allowed[0] for v in dtypes):
+                shown = dtypes[0] if len(set(dtypes)) == 1 else "/".join(dtypes)
+                parts.append(f"{_SHORT[name]} {shown}")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"layers": [dataclasses.asdict(la) for la in self.layers]}
+        return dataclasses.asdict(self) | {"layers": [la.to_dict() for la in self.layers]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ArchSpec:
@@ -226,9 +310,13 @@ def _digest_int(text: str) -> int:
 
 def training_seed(study_seed: int, arch: ArchSpec, train: TrainSpec) -> int:
     """The training seed of a configuration in a study seeded with ``study_seed``: a digest of the
-    seed, the architecture and every recipe field but ``seed`` itself. It does not depend on the
-    trial number, so a re-queued, resumed or retrained trial, and the same configuration in another
-    study with the same seed, train the same."""
+    seed, the architecture (at full precision: its dtypes are not trained) and every recipe field
+    but ``seed`` itself. It does not depend on the trial number, so a re-queued, resumed or
+    retrained trial, and the same configuration in another study with the same seed, train the
+    same (and so do the same network's candidates at other precisions)."""
     recipe = {k: v for k, v in train.to_dict().items() if k != "seed"}
-    blob = json.dumps({"arch": arch.to_dict(), "train": recipe}, sort_keys=True, separators=(",", ":"))
+    # the precision fields change how a model is evaluated, not how it is trained: a network
+    # trains the same whichever dtypes it is later stored at, so their accuracies compare
+    trained = arch.at_full_precision()
+    blob = json.dumps({"arch": trained.to_dict(), "train": recipe}, sort_keys=True, separators=(",", ":"))
     return _digest_int(f"{study_seed}:{blob}")

@@ -30,6 +30,7 @@ __all__ = [
     "TrialTimeout",
     "accuracy_interval",
     "evaluate",
+    "evaluate_stored",
     "evaluate_variants",
     "lr_factor",
     "rung_steps",
@@ -87,12 +88,17 @@ class Budget:
 
 @dataclass(frozen=True)
 class TrainResult:
+    """``accuracy`` is at the architecture's stored precision (``evaluate_stored``); where that is
+    narrower than full precision, ``full_precision_accuracy`` is the same model's at its own
+    (None at full precision: the two are one number)."""
+
     accuracy: float  # on the test split, over scored positions
     test_loss: float
     steps: int  # optimizer steps actually taken
     seconds: float
     stopped: str  # "completed" or "time budget"
     curve: tuple[tuple[int, float], ...] = field(default=())  # (step, mean train loss of the window)
+    full_precision_accuracy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,12 @@ class PopulationResult:
     learning rate's mean over seeds and ``interval`` the half-width of its interval (None with
     one seed: no spread to measure); ``accuracies[i][s]`` is (lr ``multipliers[i]``, seed
     ``seeds[s]``)'s accuracy, None where it diverged. ``model`` is ``kept``'s trained model:
-    (seed index, lr factor, its own accuracy), the best seed at the best learning rate."""
+    (seed index, lr factor, its own accuracy), the best seed at the best learning rate.
+
+    Every accuracy is at the architecture's stored precision (``evaluate_stored``), and the best
+    learning rate and kept seed are chosen on it; for an architecture stored narrower than full
+    precision, ``full_precision_accuracy`` is the same learning rate's mean over the same seeds at
+    the models' own precision (None at full precision), so the difference is the choice's cost."""
 
     accuracy: float
     interval: float | None
@@ -116,6 +127,7 @@ class PopulationResult:
     accuracies: tuple[tuple[float | None, ...], ...]
     kept: tuple[int, float, float]
     model: torch.nn.Module
+    full_precision_accuracy: float | None = None
 
 
 # The share of retrainings with fresh seeds the accuracy interval is meant to hold: a two-sided
@@ -203,6 +215,34 @@ def evaluate_variants(
             loss_sum[p] += torch.where(t > 0, task.loss(per_variant[p], y) * t, 0.0)
     model.train()
     return hits.float() / total.clamp(min=1), loss_sum / total.clamp(min=1)
+
+
+@torch.no_grad()
+def evaluate_stored(
+    model: torch.nn.Module, task: Task, device: torch.device, skip: list[bool] | None = None
+) -> list[float] | None:
+    """Each variant's accuracy with its KV cache, recurrent state and weights rounded as its
+    architecture's precision fields store them (``HybridModel.stored_precision``), over the whole
+    test split; None for an architecture at full precision, where it is the plain evaluation's
+    (and for a module that is no candidate: it has no architecture). ``model`` is one model or a
+    ``Population``, whose variants are scored one at a time as plain models; a variant marked in
+    ``skip`` (diverged) is not scored (NaN)."""
+    arch = getattr(model, "arch", None)
+    if arch is None or arch.full_precision:
+        return None
+    variants = model.size if isinstance(model, Population) else 1
+    out = []
+    for p in range(variants):
+        if skip is not None and skip[p]:
+            out.append(math.nan)
+            continue
+        one = model.variant(p) if isinstance(model, Population) else model
+        one.stored_precision(True)
+        try:
+            out.append(evaluate(one, task, device)[0])
+        finally:
+            one.stored_precision(False)
+    return out
 
 
 class Share(Protocol):
@@ -330,13 +370,18 @@ class _Run:
     stopped: str
     losses: torch.Tensor  # [steps taken, P] on the host
     window: int
+    # each variant's accuracy at its own precision where ``accuracy`` is at a narrower stored one
+    full_accuracy: list[float] | None = None
 
     def only(self) -> TrainResult:
         """The result of a one-variant training (``train``)."""
         if self.diverged[0] is not None:
             step, why = self.diverged[0]
             raise TrainingDiverged(why, step)
-        return TrainResult(self.accuracy[0], self.test_loss[0], self.steps, self.seconds, self.stopped, self.curve(0))
+        full = self.full_accuracy[0] if self.full_accuracy is not None else None
+        return TrainResult(
+            self.accuracy[0], self.test_loss[0], self.steps, self.seconds, self.stopped, self.curve(0), full
+        )
 
     def curve(self, p: int) -> tuple[tuple[int, float], ...]:
         """Variant ``p``'s learning curve: (step, mean training loss of the window) per window."""
@@ -357,6 +402,7 @@ class _Run:
         keep = max(alive[best_m], key=lambda p: (self.accuracy[p], -p))
         spreads = [[self.accuracy[p] for p in ps] for ps in alive.values()]
         kept = model.variant(keep) if isinstance(model, Population) else model
+        full = self.full_accuracy
         return PopulationResult(
             accuracy=means[best_m],
             interval=accuracy_interval(spreads, 1 / max(1, task.scored_targets)),
@@ -373,6 +419,7 @@ class _Run:
             ),
             kept=(v.seed_index[keep], v.multipliers[keep], self.accuracy[keep]),
             model=kept,
+            full_precision_accuracy=None if full is None else sum(full[p] for p in alive[best_m]) / len(alive[best_m]),
         )
 
 
@@ -450,8 +497,14 @@ def _loop(model, steps, task, spec, variants, sched, gens, budget, step_hook, on
             diverged[p] = (step, "test loss is not finite")
         elif diverged[p] is None and loss_p > ceiling:
             diverged[p] = (step, f"test loss {loss_p:.3g} is over {_over(ceiling)}")
+    full_l = None
+    stored = evaluate_stored(model, task, device, [d is not None for d in diverged])
+    if stored is not None:  # the objective is the accuracy as deployed; the model's own is kept beside it
+        accuracy_l, full_l = stored, accuracy_l
     seconds = clock.elapsed()
-    return _Run(variants, accuracy_l, test_loss_l, diverged, step, seconds, stopped, losses[:step].cpu(), _window(spec))
+    return _Run(
+        variants, accuracy_l, test_loss_l, diverged, step, seconds, stopped, losses[:step].cpu(), _window(spec), full_l
+    )
 
 
 GRAPH_WARMUP = 2  # eager steps of each stage before its step is captured: lazy initialisation happens there

@@ -17,7 +17,7 @@ import yaml
 
 import search_spaces
 from nas.space import Choice, SearchSpace, SpaceError, list_spaces, load_space, parse_space_text
-from nas.spec import Candidate, training_seed
+from nas.spec import PRECISION_FIELDS, ArchSpec, Candidate, LayerSpec, TrainSpec, arch_hash, training_seed
 from nas.tasks import Task, load_task
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -60,8 +60,19 @@ def check_candidate(space: SearchSpace, cand: Candidate, params: dict[str, Any],
                 value = getattr(layer, field)
                 assert within(space.layer[field], value), f"layer{i}.{field}={value!r} not in {space.layer[field]}"
                 expected[f"layer{i}.{field}"] = value
+        for field, allowed in PRECISION_FIELDS.items():  # drawn where the layer stores what it is about
+            if layer.stores(field) and field in space.layer:
+                assert within(space.layer[field], getattr(layer, field))
+                expected[f"layer{i}.{field}"] = getattr(layer, field)
+            elif field not in space.precision:
+                assert getattr(layer, field) == allowed[0]  # never drawn: the default
         if layer.mixer == "none":
             assert layer.heads == 0 and layer.short_conv == 0 and layer.feature_map is None
+    for field, choice in space.precision.items():  # study-wide: one draw, every layer that stores it
+        holders = [getattr(la, field) for la in arch.layers if la.stores(field)]
+        if holders:
+            assert len(set(holders)) == 1 and within(choice, holders[0])
+            expected[f"precision.{field}"] = holders[0]
     for field, choice in space.train.items():
         if field in ("momentum", "nesterov") and tr.optimizer != "sgd":
             continue
@@ -79,6 +90,8 @@ def _choice(space: SearchSpace, name: str) -> Choice:
     if name in ("depth", "d_model"):
         return getattr(space, name)
     section, field = name.split(".")
+    if section == "precision":
+        return space.precision[field]
     return space.train[field] if section == "train" else space.layer[field]
 
 
@@ -619,3 +632,216 @@ def test_a_search_asking_for_more_trials_than_the_space_holds_is_refused(tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds 1 distinct configuration(s)" in err, err
     assert not storage.exists()
+
+
+# ---------------------------------------------------------------- precision fields
+
+PRECISION = """\
+precision:
+  kv_dtype: [bf16, fp8]
+  state_dtype: [fp32, bf16]
+  weight_dtype: [bf16, fp8]
+"""
+
+
+def test_a_precision_block_draws_one_dtype_per_candidate_for_the_layers_that_store_it(tmp_path):
+    """precision: fields are study-wide choices: one Optuna parameter each (precision.kv_dtype),
+    drawn only when some layer holds what it stores, and applied to every such layer."""
+    path = tmp_path / "p.yaml"
+    path.write_text(RANGES + PRECISION)
+    space = load_space(path)
+    assert set(space.precision) == set(PRECISION_FIELDS)
+    seen = sample_many(space, stub_task(), n=60)  # check_candidate checks the parameters
+    assert {"attention", "linear_attention", "none"} <= seen
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    narrower = set()
+    for _ in range(60):
+        arch = space.sample(study.ask(), stub_task()).arch
+        narrower |= set(arch.precision_text().replace(",", "").split()[::2])
+    assert narrower == {"kv", "state", "weights"}  # each field drawn narrower at least once
+
+
+def test_precision_fields_under_layer_are_per_layer_choices(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        edit(RANGES, "  mlp_ratio:", "  kv_dtype: [bf16, fp8]\n  weight_dtype: [fp8]\n  mlp_ratio:")
+        + "precision:\n  state_dtype: [fp32, bf16]\n"
+    )
+    space = load_space(path)
+    assert set(space.precision) == {"state_dtype"} and {"kv_dtype", "weight_dtype"} <= set(space.layer)
+    sample_many(space, stub_task(), n=40)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    kv = set()
+    for _ in range(40):
+        trial = study.ask()
+        arch = space.sample(trial, stub_task()).arch
+        attention = [la.kv_dtype for la in arch.layers if la.mixer == "attention"]
+        kv.add(tuple(attention))
+        # a fixed single choice is no parameter, and still applies to every layer with linears
+        assert all(la.weight_dtype == "fp8" for la in arch.layers if la.stores("weight_dtype"))
+        assert not any(k.endswith("weight_dtype") for k in trial.params)
+    assert any(len(set(k)) == 2 for k in kv)  # two attention layers of one candidate at different dtypes
+
+
+@pytest.mark.parametrize(
+    "content, names",
+    [
+        pytest.param(
+            RANGES + "precision:\n  kv_dtype: [bf16, fp4]\n",
+            ["precision.kv_dtype", "'fp4'", "['bf16', 'fp8']"],
+            id="unknown-kv-dtype",
+        ),
+        pytest.param(
+            RANGES + "precision:\n  state_dtype: [fp8]\n",
+            ["precision.state_dtype", "'fp8'", "['fp32', 'bf16']"],
+            id="fp8-state",
+        ),
+        pytest.param(
+            RANGES + "precision:\n  weight_dtype: [int4]\n",
+            ["precision.weight_dtype", "'int4'"],
+            id="unknown-weight-dtype",
+        ),
+        pytest.param(
+            edit(RANGES, "  mlp_ratio:", "  kv_dtype: [e5m2]\n  mlp_ratio:"),
+            ["layer.kv_dtype", "'e5m2'"],
+            id="layer-dtype",
+        ),
+        pytest.param(
+            RANGES + "precision:\n  kv_cache: [fp8]\n", ["precision.kv_cache", "unknown field"], id="unknown-field"
+        ),
+        pytest.param(RANGES + "precision: [fp8]\n", ["precision", "mapping"], id="not-a-mapping"),
+        pytest.param(RANGES + "precision:\n", ["precision", "mapping"], id="no-value"),
+        pytest.param(
+            RANGES + "precision:\n  kv_dtype: {low: 1, high: 2}\n", ["precision.kv_dtype", "list"], id="range"
+        ),
+        pytest.param(RANGES + "precision:\n  kv_dtype: []\n", ["precision.kv_dtype", "empty"], id="empty"),
+        pytest.param(
+            edit(RANGES, "  mlp_ratio:", "  kv_dtype: [fp8]\n  mlp_ratio:") + "precision:\n  kv_dtype: [bf16]\n",
+            ["layer.kv_dtype", "precision:", "once"],
+            id="both-places",
+        ),
+        pytest.param(
+            edit(RANGES, "mixer: [attention, linear_attention, none]", "mixer: [linear_attention, none]")
+            + "precision:\n  kv_dtype: [bf16, fp8]\n",
+            ["precision.kv_dtype", "no attention"],
+            id="kv-without-attention",
+        ),
+    ],
+)
+def test_a_bad_precision_field_is_one_line_naming_it(tmp_path, content, names):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    with pytest.raises(SpaceError) as err:
+        load_space(path)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+    for name in names:
+        assert name in msg, f"{name!r} missing from: {msg}"
+
+
+def test_a_bad_precision_field_exits_2_through_the_cli(tmp_path, capsys):
+    from nas.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(RANGES + "precision:\n  kv_dtype: [fp16]\n")
+    storage = tmp_path / "s.journal"
+    assert main(["search", "--space", str(path), "--trials", "1", "--storage", str(storage)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "precision.kv_dtype: 'fp16' is not one of ['bf16', 'fp8']" in err, err
+    assert not storage.exists()
+
+
+def test_a_space_without_precision_is_unchanged(tmp_path):
+    """No precision: block: no precision parameter, every candidate at full precision, the same
+    recorded fields (a resume compares them) and the same configurations count."""
+    path = tmp_path / "p.yaml"
+    path.write_text(RANGES)
+    space = load_space(path)
+    assert space.precision == {} and not any(k.startswith("precision") for k in space._searched())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        trial = study.ask()
+        assert space.sample(trial, stub_task()).arch.full_precision
+        assert not any("dtype" in k for k in trial.params)
+    finite = parse_space_text(SMALL_FINITE, "finite.yaml")
+    assert finite.configurations() == 56 * 9
+    with_it = parse_space_text(SMALL_FINITE + PRECISION, "finite.yaml")
+    assert with_it.differences(finite) == [f"precision.{k}: {v} -> (absent)" for k, v in with_it.precision.items()]
+
+
+def test_configurations_counts_the_precision_draws():
+    """The brute-force sampler's distinct candidates of a finite space with precision choices,
+    study-wide and per layer, are as many as ``configurations`` says (a study-wide field counts only
+    for the stacks that hold what it stores)."""
+    from nas.tasks import load_task
+
+    task = load_task("mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=16,n_test=8")
+    small = SMALL_FINITE.replace("  mlp_ratio: [1.0]", "  mlp_ratio: [0, 1.0]").replace(
+        "short_conv: [0, 3]", "short_conv: [0]"
+    )
+    small = (
+        small.replace("  momentum: [0.9, 0.5]\n", "")
+        .replace("{low: 2, high: 6, step: 2}", "[2]")
+        .replace("[sgd, adamw]", "[adamw]")
+    )
+    for text in (
+        small + PRECISION,
+        edit(small, "  mlp_ratio:", "  kv_dtype: [bf16, fp8]\n  weight_dtype: [bf16, fp8]\n  mlp_ratio:"),
+    ):
+        space = parse_space_text(text, "finite.yaml")
+        seen = set()
+        study = optuna.create_study(sampler=optuna.samplers.BruteForceSampler(seed=0))
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        try:
+            study.optimize(
+                lambda t, space=space, seen=seen: seen.add(repr(space.sample(t, task))) or 0.0, n_trials=5000
+            )
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+        assert len(seen) == len(study.trials) == space.configurations()
+
+
+def test_default_precision_leaves_the_json_and_hash_of_an_architecture_as_they_were():
+    """The precision fields are left out of an ArchSpec's JSON at their defaults: an architecture
+    without them keeps the dict, arch_hash and training seed it had before they existed (values
+    computed at 15aef22, the commit before them); a narrower one differs in its hash only, and
+    trains as its full-precision network does."""
+    arch = ArchSpec(
+        32,
+        (
+            LayerSpec("attention", heads=2),
+            LayerSpec("linear_attention", heads=2, feature_map="elu+1", short_conv=4),
+            LayerSpec("none", mlp_ratio=2),
+        ),
+        16,
+        16,
+    )
+    assert arch_hash(arch) == "aa6f1a14a793d772"
+    assert training_seed(7, arch, TrainSpec()) == 314327625
+    assert all(
+        set(la) == {"mixer", "heads", "feature_map", "short_conv", "mlp_ratio", "activation", "norm"}
+        for la in arch.to_dict()["layers"]
+    )
+    fp8 = dataclasses.replace(arch, layers=(dataclasses.replace(arch.layers[0], kv_dtype="fp8"), *arch.layers[1:]))
+    assert fp8.to_dict()["layers"][0]["kv_dtype"] == "fp8" and ArchSpec.from_dict(fp8.to_dict()) == fp8
+    assert arch_hash(fp8) != arch_hash(arch) and fp8.at_full_precision() == arch
+    assert training_seed(7, fp8, TrainSpec()) == training_seed(7, arch, TrainSpec())
+    assert fp8.summary() == "A L M | d=32 | kv fp8" and arch.summary() == "A L M | d=32"
+
+
+@pytest.mark.parametrize(
+    "layer, message",
+    [
+        (
+            dict(mixer="linear_attention", heads=1, feature_map="relu", kv_dtype="fp8"),
+            "kv_dtype applies only to attention",
+        ),
+        (dict(mixer="attention", heads=1, state_dtype="bf16"), "state_dtype applies only to linear_attention"),
+        (dict(mixer="none", mlp_ratio=0, weight_dtype="fp8"), "weight_dtype applies only to blocks"),
+        (dict(mixer="attention", heads=1, kv_dtype="fp4"), "kv_dtype 'fp4' is not one of ['bf16', 'fp8']"),
+    ],
+)
+def test_a_layer_refuses_a_dtype_it_does_not_store(layer, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LayerSpec(**layer)

@@ -6,7 +6,17 @@ per-kernel cost model on a GPU.
 
 from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 
-from ._costs import DTYPE_BYTES, LINEAR_ATTENTION_CHUNK, OpCost, count_params, mlp_hidden, op_costs
+from ._costs import (
+    DTYPE_BYTES,
+    LINEAR_ATTENTION_CHUNK,
+    PRECISION_BYTES,
+    SCALE_BYTES,
+    OpCost,
+    count_params,
+    mlp_hidden,
+    op_costs,
+    weight_bytes,
+)
 from ._decode import CacheEstimate, DecodeWork, cache_memory, decode_work
 from ._launches import Launch, launches
 from ._measure import LatencyCache, cache_key, decode_fingerprint, kernels_fingerprint, measure
@@ -25,7 +35,7 @@ from ._predict import (
     prediction_status,
     transfer_ratios,
 )
-from ._result import LATENCY_KINDS, SOURCES, Latency
+from ._result import LATENCY_KINDS, SOURCES, UNPRICED, Latency, unpriced_precision
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
@@ -46,12 +56,15 @@ __all__ = [
     "LINEAR_ATTENTION_CHUNK",
     "Launch",
     "SOURCES",
+    "UNPRICED",
     "STATE_BYTES",
     "Latency",
     "LatencyCache",
     "LatencyShape",
     "MemoryEstimate",
     "OpCost",
+    "PRECISION_BYTES",
+    "SCALE_BYTES",
     "PredictionStatus",
     "cache_key",
     "cache_memory",
@@ -65,9 +78,11 @@ __all__ = [
     "memory",
     "mlp_hidden",
     "op_costs",
+    "weight_bytes",
     "parse_shape",
     "predict",
     "predict_decode",
     "prediction_status",
     "transfer_ratios",
+    "unpriced_precision",
 ]

@@ -31,11 +31,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hardware_profiles import DTYPES
-from nas.spec import ArchSpec, LayerSpec
+from nas.spec import KV_DTYPES, WEIGHT_DTYPES, ArchSpec, LayerSpec
 
 from ._shape import LatencyShape
 
-__all__ = ["DTYPE_BYTES", "LINEAR_ATTENTION_CHUNK", "OpCost", "count_params", "mlp_hidden", "op_costs"]
+__all__ = [
+    "DTYPE_BYTES",
+    "LINEAR_ATTENTION_CHUNK",
+    "PRECISION_BYTES",
+    "SCALE_BYTES",
+    "OpCost",
+    "count_params",
+    "kv_bytes",
+    "kv_scale_bytes",
+    "mlp_hidden",
+    "op_costs",
+    "state_bytes",
+    "weight_bytes",
+]
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 from kernels.attention import padded_head_dim  # noqa: E402 (the kernels' head-dim rule)
@@ -62,6 +75,53 @@ class OpCost:
 def mlp_hidden(layer: LayerSpec, d_model: int) -> int:
     """Hidden width ``H = max(1, round(mlp_ratio · d_model))``; 0 when the layer has no MLP."""
     return max(1, round(layer.mlp_ratio * d_model)) if layer.mlp_ratio > 0 else 0
+
+
+# Bytes per element of the precision fields' dtypes (``nas.spec``), and of the fp32 scale kept per
+# group of fp8 values (``nas.models.precision``: one per sequence and head of a KV cache, one per
+# output channel of a weight)
+PRECISION_BYTES = {"fp8": 1, "bf16": 2, "fp32": 4}
+SCALE_BYTES = 4
+
+
+def kv_bytes(layer: LayerSpec, size: int) -> int:
+    """Bytes per element of an attention layer's KV cache: ``size`` (the run's dtype, as the
+    kernels store it) at the default ``kv_dtype``, else that dtype's."""
+    return size if layer.kv_dtype == KV_DTYPES[0] else PRECISION_BYTES[layer.kv_dtype]
+
+
+def kv_scale_bytes(layer: LayerSpec) -> int:
+    """Bytes of one sequence's fp8 KV scales in an attention layer: one fp32 scale per head for K
+    and one for V (0 at the default ``kv_dtype``)."""
+    return 0 if layer.kv_dtype == KV_DTYPES[0] else 2 * layer.heads * SCALE_BYTES
+
+
+def state_bytes(layer: LayerSpec) -> int:
+    """Bytes per element of a linear-attention layer's state and normalizer (fp32 by default)."""
+    return PRECISION_BYTES[layer.state_dtype]
+
+
+def _linear_weights(layer: LayerSpec, d: int) -> tuple[int, int]:
+    """(weight elements, output channels) of a block's linear layers: QKV and out for a mixer,
+    up and down for an MLP (their biases are not weights a ``weight_dtype`` stores)."""
+    elements = channels = 0
+    if layer.mixer != "none":
+        elements, channels = 4 * d * d, 4 * d
+    if hidden := mlp_hidden(layer, d):
+        elements, channels = elements + 2 * d * hidden, channels + hidden + d
+    return elements, channels
+
+
+def weight_bytes(arch: ArchSpec, size: int) -> int:
+    """Bytes of ``arch``'s parameters at ``size`` bytes each, except the linear weights of a block
+    whose ``weight_dtype`` is narrower: at that dtype's bytes, plus one fp32 scale per output
+    channel. Equal to ``count_params(arch) · size`` at full precision."""
+    total = count_params(arch) * size
+    for layer in arch.layers:
+        if layer.weight_dtype != WEIGHT_DTYPES[0]:
+            elements, channels = _linear_weights(layer, arch.d_model)
+            total += elements * (PRECISION_BYTES[layer.weight_dtype] - size) + channels * SCALE_BYTES
+    return total
 
 
 def _norm_params(norm: str, d: int) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 from kernels.attention.configs import SUPPORTED_HEAD_DIMS, padded_head_dim
 from nas.spec import ArchSpec
 
-from ._costs import DTYPE_BYTES, count_params, mlp_hidden
+from ._costs import DTYPE_BYTES, count_params, kv_bytes, kv_scale_bytes, mlp_hidden, state_bytes, weight_bytes
 
 __all__ = [
     "DECODE_FEATURES",
@@ -103,18 +103,23 @@ class CacheEstimate:
 
 def cache_memory(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "bf16") -> CacheEstimate:
     """What decoding ``arch`` keeps resident at ``context`` tokens for ``batch`` sequences (see
-    ``CacheEstimate``); KV cache and conv windows in ``dtype``, states in fp32."""
+    ``CacheEstimate``); conv windows in ``dtype``; each layer's KV cache in ``dtype`` or its
+    ``kv_dtype`` (fp8: one byte an element plus an fp32 scale per sequence, head and K or V), its
+    states and normalizers in its ``state_dtype`` (fp32 by default), its linear weights in its
+    ``weight_dtype`` (``weight_bytes``). What the bytes would be if a kernel stored them so: the
+    decoder (``TritonDecoder``) stores bf16 KV caches and weights and fp32 states today."""
     size = _check(context, batch, dtype)
     kv = state = conv = 0
     for layer in arch.layers:
         if layer.mixer == "attention":
-            kv += 2 * context * layer.heads * _kernel_head_dim(arch, layer.heads) * size
+            kv += 2 * context * layer.heads * _kernel_head_dim(arch, layer.heads) * kv_bytes(layer, size)
+            kv += kv_scale_bytes(layer)
         elif layer.mixer == "linear_attention":
             p = _kernel_head_dim(arch, layer.heads)
-            state += layer.heads * (p * p + (p if layer.feature_map != "identity" else 0)) * STATE_BYTES
+            state += layer.heads * (p * p + (p if layer.feature_map != "identity" else 0)) * state_bytes(layer)
         if layer.mixer != "none" and layer.short_conv:  # the window of the padded heads' qkv channels
             conv += (layer.short_conv - 1) * 3 * layer.heads * _kernel_head_dim(arch, layer.heads) * size
-    return CacheEstimate(context, batch, kv * batch, state * batch, conv * batch, count_params(arch) * size)
+    return CacheEstimate(context, batch, kv * batch, state * batch, conv * batch, weight_bytes(arch, size))
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,10 @@ def _kv_class(head_dim: int) -> int:
 
 
 def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "bf16") -> DecodeWork:
-    """What one step of ``batch`` sequences at ``context`` tokens launches and moves."""
+    """What one step of ``batch`` sequences at ``context`` tokens launches and moves, as the
+    library's decoder runs it: at the kernels' own dtypes (bf16 KV cache and weights, fp32
+    states), whatever the architecture's precision fields say (no kernel stores them narrower
+    yet; a latency predicted from it says so, ``unpriced_precision``)."""
     size = _check(context, batch, dtype)
     d, B = arch.d_model, batch
     launches = 1 + 2 + 1  # embedding gather; final norm + head; position counter

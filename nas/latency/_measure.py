@@ -31,7 +31,7 @@ from kernels.device import CUDA, cuda_available, gpu_name, is_cuda, l2_bytes, re
 from kernels.errors import KernelCompileError, KernelError, KernelLaunchError, KernelMismatchError
 from nas import settings
 from nas.latency._memory import memory
-from nas.latency._result import Latency
+from nas.latency._result import Latency, unpriced_precision
 from nas.latency._shape import LatencyShape
 from nas.spec import arch_hash
 
@@ -414,15 +414,23 @@ def measure(
     reps = max(20, reps)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     gpu = gpu_name(device)
+    # keyed by the network at full precision: the kernels run every precision field alike
     key = cache_key(
-        arch_hash(model.arch), shape, dtype_name, gpu, torch.__version__, triton.__version__, kernels_fingerprint()
+        arch_hash(model.arch.at_full_precision()),
+        shape,
+        dtype_name,
+        gpu,
+        torch.__version__,
+        triton.__version__,
+        kernels_fingerprint(),
     )
     cache = cache or LatencyCache()
     if (hit := cache.get(key)) is not None:
-        return hit
+        return unpriced_precision(hit, model.arch)
 
     with torch.cuda.device(device):
-        return _measure(model.to(device).eval(), shape, device, reps, dtype, dtype_name, gpu, key, cache)
+        found = _measure(model.to(device).eval(), shape, device, reps, dtype, dtype_name, gpu, key, cache)
+    return unpriced_precision(found, model.arch)
 
 
 def _measure(

@@ -24,7 +24,7 @@ from kernels.errors import KernelMismatchError
 from nas.spec import arch_hash
 
 from ._measure import MISMATCH_LIMIT, SPREAD_LIMIT, LatencyCache, cache_key, decode_fingerprint, kernel_errors
-from ._result import Latency
+from ._result import Latency, unpriced_precision
 from ._shape import LatencyShape
 
 __all__ = ["CHECK_PROMPT", "CHECK_STEPS", "STEPS_PER_SAMPLE", "measure_decode"]
@@ -58,7 +58,7 @@ def measure_decode(
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     gpu = gpu_name(device)
     key = cache_key(
-        arch_hash(model.arch),
+        arch_hash(model.arch.at_full_precision()),  # the kernels run every precision alike
         f"decode {shape}",
         dtype_name,
         gpu,
@@ -68,7 +68,7 @@ def measure_decode(
     )
     cache = cache or LatencyCache()
     if (hit := cache.get(key)) is not None:
-        return hit
+        return unpriced_precision(hit, model.arch)
     with torch.cuda.device(device):
         model = model.to(device).eval()
         with kernel_errors():
@@ -87,7 +87,7 @@ def measure_decode(
         kind="decode",
     )
     cache.put(key, latency)
-    return latency
+    return unpriced_precision(latency, model.arch)
 
 
 def _checked(model: torch.nn.Module, batch: int, device: torch.device, dtype: torch.dtype):

@@ -7,12 +7,12 @@ from typing import Any
 
 from nas.spec import ArchSpec
 
-from ._costs import DTYPE_BYTES, count_params, op_costs
+from ._costs import DTYPE_BYTES, count_params, kv_bytes, kv_scale_bytes, op_costs, state_bytes, weight_bytes
 from ._shape import LatencyShape
 
 __all__ = ["STATE_BYTES", "MemoryEstimate", "memory"]
 
-STATE_BYTES = 4  # linear-attention states accumulate in fp32 whatever the activation dtype
+STATE_BYTES = 4  # linear-attention states accumulate in fp32 whatever the activation dtype (the default state_dtype)
 _MIB = 2**20
 
 
@@ -35,21 +35,26 @@ class MemoryEstimate:
 def memory(arch: ArchSpec, shape: LatencyShape, *, dtype: str = "bf16") -> MemoryEstimate:
     """Memory of ``arch`` at ``shape`` with weights and activations in ``dtype``.
 
-    KV cache: K and V ``[T, d]`` per attention layer per sequence (2·T·d elements, ``dtype``).
-    Recurrent state: ``heads`` states of ``[Dh, Dh]`` per linear-attention layer per sequence
-    (fp32). Peak activation: the largest live set of any op of ``op_costs``.
+    KV cache: K and V ``[T, d]`` per attention layer per sequence (2·T·d elements, ``dtype``, or
+    the layer's ``kv_dtype`` with its per-head fp32 scales). Recurrent state: ``heads`` states of
+    ``[Dh, Dh]`` per linear-attention layer per sequence (its ``state_dtype``, fp32 by default).
+    Weights: ``dtype``, a block's linear weights at its ``weight_dtype`` (``weight_bytes``). Peak
+    activation: the largest live set of any op of ``op_costs``.
     """
     ops = op_costs(arch, shape, dtype=dtype)  # validates dtype
     size = DTYPE_BYTES[dtype]
     d, batch, seq = arch.d_model, shape.batch, shape.seq_len
     params = count_params(arch)
-    attention = sum(layer.mixer == "attention" for layer in arch.layers)
-    kv_cache = attention * 2 * seq * d * batch * size
-    state = (
-        sum(layer.heads * (d // layer.heads) ** 2 for layer in arch.layers if layer.mixer == "linear_attention")
-        * batch
-        * STATE_BYTES
+    kv_cache = batch * sum(
+        2 * seq * d * kv_bytes(layer, size) + kv_scale_bytes(layer)
+        for layer in arch.layers
+        if layer.mixer == "attention"
+    )
+    state = batch * sum(
+        layer.heads * (d // layer.heads) ** 2 * state_bytes(layer)
+        for layer in arch.layers
+        if layer.mixer == "linear_attention"
     )
     peak = max(op.live_bytes for op in ops)
-    weights = params * size
+    weights = weight_bytes(arch, size)
     return MemoryEstimate(params, weights, peak, kv_cache, state, (weights + peak + kv_cache + state) / _MIB)

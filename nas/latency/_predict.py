@@ -28,6 +28,11 @@ predicted, with the interval multiplied by ``EXTRAPOLATION_WIDENING`` at the edg
 plus ``EXTRAPOLATION_WIDENING_PER_DOUBLING`` for each doubling past it (``_extrapolation``),
 ``extrapolated`` in the basis and a note naming the checked range.
 
+Every prediction is of the kernels the library runs, at their own dtypes: an architecture whose
+precision fields store its KV cache, state or weights narrower (fp8, bf16 state) is predicted as
+if it stored them as the kernels do, and its latency says so (``unpriced_precision``: a note, and
+``not priced at kv fp8`` in its label). No fp8 or bf16-state kernel exists to calibrate against.
+
 Roofline details: each op of ``op_costs`` takes ``max(flops / (peak · f_flops), bytes /
 (bandwidth · f_bw)) + kernels · launch_overhead``; matmul ops use the dtype's tensor-core peak,
 the others the fp32 vector peak; the fractions come from the profile's ``calibrated:`` section
@@ -50,7 +55,7 @@ from ._costs import op_costs
 from ._decode import DECODE_FEATURES, decode_work, expand_coefficients
 from ._launches import launches
 from ._model import KernelModel
-from ._result import Latency
+from ._result import Latency, unpriced_precision
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
@@ -246,10 +251,10 @@ def predict(
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
             if overhead := model.overhead_us(shape.tokens):
                 breakdown.append(("graph", overhead * 1e-3))
-            return _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes)
-    return _predicted(
-        profile, dtype, shape, _roofline(arch, shape, profile, dtype), UNCALIBRATED_INTERVAL, "uncalibrated"
-    )
+            found = _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes)
+            return unpriced_precision(found, arch)
+    roofline = _roofline(arch, shape, profile, dtype)
+    return unpriced_precision(_predicted(profile, dtype, shape, roofline, UNCALIBRATED_INTERVAL, "uncalibrated"), arch)
 
 
 @functools.cache
@@ -319,13 +324,15 @@ def predict_decode(
             basis = f"transferred from {source.name}"
         basis += ", extrapolated" if beyond else ""
         breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
-        return _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")
+        found = _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")
+        return unpriced_precision(found, arch)
     fraction = profile.calibrated.bandwidth_fraction or DEFAULT_BANDWIDTH_FRACTION
     us_per_mib = 2**20 / (profile.bandwidth_bytes_per_s * fraction) * 1e6
     launch_us = profile.calibrated.launch_overhead_us or profile.launch_overhead_us
     coef = [launch_us, *(us_per_mib for _ in DECODE_FEATURES[1:])]
     breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
-    return _predicted(profile, dtype, shape, breakdown, UNCALIBRATED_INTERVAL, "uncalibrated", kind="decode")
+    found = _predicted(profile, dtype, shape, breakdown, UNCALIBRATED_INTERVAL, "uncalibrated", kind="decode")
+    return unpriced_precision(found, arch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from hardware_profiles import DTYPES
 
 from ._shape import LatencyShape, parse_shape
 
-__all__ = ["LATENCY_KINDS", "SOURCES", "Latency"]
+if TYPE_CHECKING:
+    from nas.spec import ArchSpec
+
+__all__ = ["LATENCY_KINDS", "SOURCES", "UNPRICED", "Latency", "unpriced_precision"]
 
 SOURCES = ("predicted", "measured")
 # what was timed: the forward over ``shape`` (batch x tokens), or one decoding step of ``shape.batch``
 # sequences that hold ``shape.seq_len`` tokens each (their KV cache / state at that context)
 LATENCY_KINDS = ("forward", "decode")
+# the note naming an architecture's precision fields that a latency does not price (``unpriced_precision``)
+UNPRICED = "unpriced precision"
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,14 @@ class Latency:
 
     def label(self) -> str:
         """``predicted (h200, calibrated 2026-12-01, ±6 %)``, ``predicted (transferred from h200,
-        ±15 %)``, ``predicted (uncalibrated, ±70 %)`` or ``measured (NVIDIA H200)``."""
+        ±15 %)``, ``predicted (uncalibrated, ±70 %)`` or ``measured (NVIDIA H200)``; with ``not
+        priced at kv fp8`` inside the brackets for a latency of the kernels' own dtypes where the
+        architecture stores something narrower (``unpriced_precision``)."""
+        unpriced = dict(self.notes).get(UNPRICED)
+        caveat = f"not priced at {unpriced}" if unpriced else ""
         if not self.predicted:
-            return f"measured ({self.device})"
-        parts = [p for p in (self.basis, f"±{self.interval * 100:.0f} %" if self.interval else "") if p]
+            return f"measured ({self.device}{f', {caveat}' if caveat else ''})"
+        parts = [p for p in (self.basis, caveat, f"±{self.interval * 100:.0f} %" if self.interval else "") if p]
         return f"predicted ({', '.join(parts)})" if parts else "predicted"
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,3 +129,14 @@ class Latency:
             basis=str(data.get("basis", "")),
             kind=str(data.get("kind", "forward")),
         )
+
+
+def unpriced_precision(latency: Latency, arch: ArchSpec) -> Latency:
+    """``latency`` of ``arch`` marked, when its precision fields store something narrower than the
+    kernels do (``ArchSpec.full_precision``): no kernel of the library stores an fp8 KV cache, a
+    bf16 state or fp8 weights yet, so what was timed or predicted is the model at the kernels' own
+    dtypes (bf16 KV cache and weights, fp32 state). The note (``UNPRICED``) names the fields and
+    ``label()`` says they are not priced, so the number is not read as the narrower deployment's."""
+    if arch.full_precision:
+        return latency
+    return replace(latency, notes=(*latency.notes, (UNPRICED, arch.precision_text())))

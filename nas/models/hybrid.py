@@ -1,5 +1,9 @@
 """``HybridModel``: embedding, pre-norm residual blocks (mixer + MLP), final norm, head; and
-token-by-token decoding (``prefill`` a prompt, then ``step``) over a ``DecodeCache``."""
+token-by-token decoding (``prefill`` a prompt, then ``step``) over a ``DecodeCache``.
+
+``stored_precision()`` switches the forward to the architecture's precision fields: KV cache,
+recurrent state and linear-layer weights rounded as they would be stored (``nas.models.precision``);
+training and decoding run at the model's own precision."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from torch import nn
 
 from nas.models.decode import DecodeCache, LayerCache
 from nas.models.mixers import LinearAttention, SelfAttention
+from nas.models.precision import StoredLinear
 from nas.spec import ArchSpec, LayerSpec
 
 __all__ = ["HybridModel", "Block"]
@@ -38,7 +43,7 @@ class Block(nn.Module):
         if spec.mlp_ratio > 0:
             hidden = max(1, round(spec.mlp_ratio * d_model))
             self.mlp = nn.Sequential(
-                nn.Linear(d_model, hidden), _ACTIVATIONS[spec.activation](), nn.Linear(hidden, d_model)
+                StoredLinear(d_model, hidden), _ACTIVATIONS[spec.activation](), StoredLinear(hidden, d_model)
             )
         self.norm2 = _norm(spec.norm, d_model) if self.mlp is not None else None
 
@@ -57,6 +62,21 @@ class Block(nn.Module):
     def residual_projections(self) -> list[nn.Linear]:
         """The projections whose output is added into the residual stream (mixer out, MLP down)."""
         return [m for m in (self.mixer.out if self.mixer is not None else None, self.mlp_down) if m is not None]
+
+    def linears(self) -> list[StoredLinear]:
+        """The block's linear layers, whose weights its ``weight_dtype`` stores."""
+        mixer = list(self.mixer.linears()) if self.mixer is not None else []
+        return mixer + [m for m in (self.mlp_up, self.mlp_down) if m is not None]
+
+    def stored_precision(self, on: bool) -> None:
+        """Round what the block's precision fields narrow (``on``), or nothing (off)."""
+        spec = self.spec
+        if isinstance(self.mixer, SelfAttention):
+            self.mixer.kv_fp8 = on and spec.kv_dtype == "fp8"
+        if isinstance(self.mixer, LinearAttention):
+            self.mixer.state_dtype = spec.state_dtype if on else "fp32"
+        for linear in self.linears():
+            linear.fp8 = on and spec.weight_dtype == "fp8"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mixer is not None:
@@ -86,6 +106,7 @@ class HybridModel(nn.Module):
     def __init__(self, arch: ArchSpec) -> None:
         super().__init__()
         self.arch = arch
+        self.at_stored_precision = False
         self.embed = nn.Embedding(arch.vocab_size, arch.d_model)
         self.blocks = nn.ModuleList(Block(arch.d_model, layer) for layer in arch.layers)
         self.norm = _norm(arch.layers[-1].norm, arch.d_model)
@@ -102,6 +123,17 @@ class HybridModel(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
+    def stored_precision(self, on: bool = True) -> HybridModel:
+        """Make the forward compute (``on``) as a deployment storing the KV cache, recurrent state
+        and linear-layer weights at the architecture's precision fields would: each rounded where
+        it is stored (``nas.models.precision``), the rest of the math unchanged; or (off, the
+        default) at the model's own precision. The parameters are never changed. Returns the model.
+        At full precision (every field at its default) nothing is rounded either way."""
+        for block in self.blocks:
+            block.stored_precision(on)
+        self.at_stored_precision = on
+        return self
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)  # [B, T, d]
         for block in self.blocks:
@@ -111,6 +143,11 @@ class HybridModel(nn.Module):
         return self.head(self.norm(x))
 
     def _check_generates(self, op: str) -> None:
+        if self.at_stored_precision and not self.arch.full_precision:
+            raise ValueError(
+                f"{op}: decoding at the stored precision ({self.arch.precision_text()}) is not modelled; "
+                f"call stored_precision(False) first (the forward evaluates it)"
+            )
         if self.arch.readout != "token":
             raise ValueError(
                 f"{op}: readout {self.arch.readout!r} gives one output per sequence; decoding needs readout 'token'"

@@ -11,6 +11,7 @@ from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
 from kernels.linear_attention.reference import FEATURE_MAP_FNS
 from kernels.linear_attention.reference import step as linear_attention_step
 from nas.models.decode import LayerCache
+from nas.models.precision import StoredLinear, fp8_per_head, linear_attention_stored_state
 
 __all__ = ["FEATURE_MAP_FNS", "LinearAttention", "SelfAttention", "causal_depthwise_conv", "causal_linear_attention"]
 
@@ -113,13 +114,17 @@ class _HeadsMixer(nn.Module):
     def __init__(self, d_model: int, heads: int, short_conv: int) -> None:
         super().__init__()
         self.heads = heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.qkv = StoredLinear(d_model, 3 * d_model)
         self.conv = (
             nn.Conv1d(3 * d_model, 3 * d_model, short_conv, groups=3 * d_model, padding=short_conv - 1)
             if short_conv
             else None
         )
-        self.out = nn.Linear(d_model, d_model)
+        self.out = StoredLinear(d_model, d_model)
+
+    def linears(self) -> tuple[StoredLinear, StoredLinear]:
+        """The projections whose weights ``weight_dtype`` stores (``Block.stored_precision``)."""
+        return self.qkv, self.out
 
     def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v ``[B, H, T, Dh]`` and the projection before the conv ``[B, T, 3d]`` (for a prefill)."""
@@ -163,11 +168,15 @@ class SelfAttention(_HeadsMixer):
     The rotary tables are kept between forwards (a plain attribute, not a buffer: never in the
     state dict) and sliced to T, as a deployed model keeps them; rows are computed one position at
     a time, so a slice equals the tables computed at T. An export traces them from T instead, so
-    the exported graph takes any sequence length."""
+    the exported graph takes any sequence length.
+
+    ``kv_fp8`` (set by ``Block.stored_precision``, off in training): the forward attends over its
+    keys (after RoPE) and values as an fp8 KV cache stores them (``fp8_per_head``)."""
 
     def __init__(self, d_model: int, heads: int, short_conv: int) -> None:
         super().__init__(d_model, heads, short_conv)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_fp8 = False
 
     def _tables(self, T: int, D: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if _exporting():
@@ -182,6 +191,8 @@ class SelfAttention(_HeadsMixer):
         q, k, v, raw = self._split(x)
         cos, sin = self._tables(q.shape[2], q.shape[3], q)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_fp8:
+            k, v = fp8_per_head(k), fp8_per_head(v)
         return self._merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)), k, v, raw
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -209,12 +220,16 @@ class LinearAttention(_HeadsMixer):
     Positive feature maps (elu+1, relu) are normalized as in Katharopoulos et al. 2020; the
     identity map can make the normalizer vanish, so it is left unnormalized and q is scaled
     by D^-1/2 instead, as in fla's ``chunk_linear_attn``.
+
+    ``state_dtype`` (set by ``Block.stored_precision``; "fp32" in training): at "bf16" the forward
+    runs token by token with its state stored in bf16 (``linear_attention_stored_state``).
     """
 
     def __init__(self, d_model: int, heads: int, feature_map: str, short_conv: int) -> None:
         super().__init__(d_model, heads, short_conv)
         self.feature_map = feature_map
         self.normalize = feature_map != "identity"
+        self.state_dtype = "fp32"
 
     def _mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The output ``[B, T, d]``, φ(k) and v ``[B, H, T, Dh]``, the raw projection."""
@@ -223,6 +238,9 @@ class LinearAttention(_HeadsMixer):
         q, k = phi(q), phi(k)
         if not self.normalize:
             q = q * q.shape[-1] ** -0.5
+        if self.state_dtype != "fp32":
+            o = linear_attention_stored_state(q, k, v, normalize=self.normalize, dtype=self.state_dtype)
+            return self._merge(o.to(q.dtype)), k, v, raw
         return self._merge(causal_linear_attention(q, k, v, normalize=self.normalize)), k, v, raw
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

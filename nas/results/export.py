@@ -37,7 +37,7 @@ from nas.search.record import TrialRecord, population_text, study_objectives, st
 from nas.search.setup import SearchSetup
 from nas.search.storage import artifact_dir, file_in_the_way, open_artifact_store, output_clash
 from nas.space import LIMITS
-from nas.spec import ArchSpec, LayerSpec, TrainSpec, arch_hash
+from nas.spec import PRECISION_FIELDS, ArchSpec, LayerSpec, TrainSpec, arch_hash
 from nas.tasks import MAX_VOCAB, Task, TaskError, task_moved
 
 __all__ = ["ONNX_OPSET", "ExportError", "check_out", "export", "load", "study_task", "trial_model"]
@@ -143,14 +143,18 @@ def _load_weights(
     return model
 
 
-def _retrain(trial: TrialRecord, task: Task, steps: int, device: str) -> tuple[HybridModel, float, dict[str, Any]]:
-    """(model, accuracy, what training did) for ``trial``'s candidate trained ``steps`` steps afresh."""
+def _retrain(
+    trial: TrialRecord, task: Task, steps: int, device: str
+) -> tuple[HybridModel, float, float | None, dict[str, Any]]:
+    """(model, accuracy, accuracy at full precision, what training did) for ``trial``'s candidate
+    trained ``steps`` steps afresh (the accuracy at its stored precision, ``nas.train.train``)."""
     from nas.train import train
 
     spec = dataclasses.replace(trial.train, steps=steps)
     model = build(trial.arch, task, seed=spec.seed)
     result = train(model, task, spec, device=device)
-    return model.to("cpu").eval(), result.accuracy, {"steps": result.steps, "stopped": result.stopped}
+    trained = {"steps": result.steps, "stopped": result.stopped}
+    return model.to("cpu").eval(), result.accuracy, result.full_precision_accuracy, trained
 
 
 def study_task(study: optuna.Study, data: str | None = None) -> Task:
@@ -261,11 +265,11 @@ def export(
     setup = study_setup(study)
     task_config = dict(setup.task_config) if setup is not None and setup.task_config else None
     if retrain_steps is None:
-        model, accuracy = trial_model(trial, storage), trial.accuracy
+        model, accuracy, full = trial_model(trial, storage), trial.accuracy, trial.full_precision_accuracy
         # the steps the search actually trained: a time budget may have stopped it before train.steps
         trained = {"steps": trial.steps_done, "stopped": trial.stopped}
     else:
-        model, accuracy, trained = _retrain(trial, study_task(study, data), retrain_steps, device)
+        model, accuracy, full, trained = _retrain(trial, study_task(study, data), retrain_steps, device)
     arch = model.arch
     train = trial.train
     if retrain_steps is not None:
@@ -280,7 +284,7 @@ def export(
     except OSError as e:
         raise ExportError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     try:
-        record = _arch_record(study, trial, arch, train, task_config, setup, retrain_steps, trained, accuracy)
+        record = _arch_record(study, trial, arch, train, task_config, setup, retrain_steps, trained, accuracy, full)
         _write_bundle(model, record, staging, task_config)
         check_out(out, storage, force=force)  # again: a retraining may have run for minutes since
         _move_in(staging, out)
@@ -301,6 +305,7 @@ def _arch_record(
     retrain_steps: int | None,
     trained: dict[str, Any],
     accuracy: float | None,
+    full_precision_accuracy: float | None = None,
 ) -> dict[str, Any]:
     """The bundle's ``arch.json``: what was exported, from which trial, and what it costs."""
     return {
@@ -316,6 +321,8 @@ def _arch_record(
         "objectives": [o.name for o in study_objectives(study)],
         # by TrialRecord.value: a latency nas measure timed since the search, else the stored one
         "metrics": {**_known_metrics(trial), "accuracy": accuracy},
+        # how the KV cache, state and weights are stored, and what that costs in accuracy
+        "precision": _precision_record(arch, accuracy, full_precision_accuracy),
         # the search's accuracy is a mean over seeds: its spread and what was trained (a
         # retrained bundle's accuracy is of one run, so it has neither)
         "accuracy_interval": trial.accuracy_interval if retrain_steps is None else None,
@@ -366,6 +373,26 @@ def _write_bundle(
     # safetensors creates its file private (0600); the bundle is meant to be shared like its other files
     (staging / "model.safetensors").chmod((staging / "arch.json").stat().st_mode & 0o777)
     (staging / "card.md").write_text(_card(record))
+
+
+def _precision_record(arch: ArchSpec, accuracy: float | None, full: float | None) -> dict[str, Any] | None:
+    """``arch.json``'s ``precision``: each layer's dtypes (those that apply to it), the accuracy at
+    them (``metrics.accuracy``) against the same weights' at full precision, and how the values
+    are rounded; None for an architecture at full precision."""
+    if arch.full_precision:
+        return None
+    layers = [{name: getattr(la, name) for name in PRECISION_FIELDS if la.stores(name)} for la in arch.layers]
+    return {
+        "summary": arch.precision_text(),
+        "layers": layers,
+        "accuracy": accuracy,
+        "full_precision_accuracy": full,
+        "accuracy_cost": None if accuracy is None or full is None else full - accuracy,
+        "rounding": (
+            "fp8 e4m3 with fp32 scales (amax / 448): per sequence and head for the KV cache, per output "
+            "channel for linear weights; a bf16 state rounded after each token's update"
+        ),
+    }
 
 
 def _known_metrics(trial: TrialRecord) -> dict[str, float]:
@@ -479,7 +506,7 @@ def _card(r: dict[str, Any]) -> str:
 | accuracy{retrained} | {m["accuracy"]:.4f}{_accuracy_spread(r)} |
 | latency | {m["latency_ms"]:.4g} ms{spread}, **{label}** ({lat.get("dtype", "?")}, shape {lat.get("shape", "?")}) |
 | memory | {m["memory_mb"]:.4g} MiB (weights + peak activations + KV cache / state) |
-{_generation_rows(r)}| parameters | {r["params"]:,} |
+{_generation_rows(r)}{_precision_row(r)}| parameters | {r["params"]:,} |
 {_over_memory_text(r)}
 Searched for: {", ".join(r.get("objectives") or ["accuracy", "latency", "memory"])}.
 {_fidelity_text(r)}
@@ -501,10 +528,33 @@ logits = model(tokens)                        # tokens: int64 [batch, seq]
 ```
 
 ONNX (opset {r["onnx"]["opset"]}): input `tokens` int64 `[batch, seq]`, output `logits`
-{r["onnx"]["outputs"]["logits"]}; `batch` and `seq` are dynamic axes.{_external_data_text(r)}
+{r["onnx"]["outputs"]["logits"]}; `batch` and `seq` are dynamic axes.{_external_data_text(r)}{_precision_text(r)}
 
 Versions: {", ".join(f"{k} {v}" for k, v in r["versions"].items())}. Exported {r["exported"]}.
 """
+    )
+
+
+def _precision_row(r: dict[str, Any]) -> str:
+    """The card's row for an architecture stored below full precision (empty at full precision)."""
+    p = r.get("precision")
+    if not p:
+        return ""
+    full, cost = p.get("full_precision_accuracy"), p.get("accuracy_cost")
+    against = "" if full is None else f"; at full precision {full:.4f} (cost {cost:+.4f})"
+    return f"| precision | {p['summary']}: accuracy {r['metrics']['accuracy']:.4f} at it{against} |\n"
+
+
+def _precision_text(r: dict[str, Any]) -> str:
+    """The card's note on what a load computes for an architecture stored below full precision."""
+    p = r.get("precision")
+    if not p:
+        return ""
+    return (
+        f"\n\nPrecision ({p['summary']}): `nas.load` gives a model whose forward rounds as stored "
+        f"({p['rounding']}), as the search scored it; `model.stored_precision(False)` computes at full "
+        f"precision, as `model.onnx` does. The latency is of the kernels' own dtypes (bf16 KV cache and "
+        f"weights, fp32 state): no fp8 or bf16-state kernel prices the narrower storage yet."
     )
 
 
@@ -559,11 +609,19 @@ def _layer_text(layer: Any) -> str:
     """One block on the card: its mixer, heads, conv and MLP, then its norm (layernorm or rmsnorm)."""
     mlp = f"MLP×{layer.mlp_ratio:g} {layer.activation}" if layer.mlp_ratio else ""
     if layer.mixer == "none":
-        return f"{mlp} ({layer.norm})" if mlp else "empty block"
+        return f"{mlp} ({layer.norm}{_dtypes_text(layer)})" if mlp else "empty block"
     mixer = "attention" if layer.mixer == "attention" else f"linear attention ({layer.feature_map})"
     conv = f" + conv{layer.short_conv}" if layer.short_conv else ""
     heads = f"{layer.heads} head" + ("s" if layer.heads != 1 else "")
-    return f"{mixer}, {heads}{conv}" + (f" + {mlp}" if mlp else "") + f" ({layer.norm})"
+    return f"{mixer}, {heads}{conv}" + (f" + {mlp}" if mlp else "") + f" ({layer.norm}{_dtypes_text(layer)})"
+
+
+def _dtypes_text(layer: LayerSpec) -> str:
+    """``, kv fp8, weights fp8``: a block's precision fields that differ from the default."""
+    narrower = [
+        (name, getattr(layer, name)) for name, allowed in PRECISION_FIELDS.items() if getattr(layer, name) != allowed[0]
+    ]
+    return "".join(f", {name.removesuffix('_dtype').replace('weight', 'weights')} {value}" for name, value in narrower)
 
 
 # what a bundle's arch dict may hold (ArchSpec, LayerSpec), by field: (kind, low, high) for the
@@ -584,6 +642,7 @@ _LAYER_FIELDS: dict[str, tuple[str, float, float]] = {
     "mlp_ratio": ("number", LIMITS["layer.mlp_ratio"].low, LIMITS["layer.mlp_ratio"].high),
     "activation": ("str", 0, 0),
     "norm": ("str", 0, 0),
+    **{name: ("str", 0, 0) for name in PRECISION_FIELDS},
 }
 _REQUIRED = {f.name for f in dataclasses.fields(ArchSpec) if f.default is dataclasses.MISSING}
 _LAYER_REQUIRED = {f.name for f in dataclasses.fields(LayerSpec) if f.default is dataclasses.MISSING}
@@ -661,9 +720,12 @@ def _bundle_record(path: Path) -> dict[str, Any]:
 
 
 def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonModel:
-    """Rebuild the model of an export bundle: ``backend="torch"`` → ``HybridModel`` (eval, CPU);
-    ``backend="triton"`` → its ``TritonModel`` (bf16 kernels on the current CUDA device; capture
-    it with ``.capture(tokens)`` for graph replay).
+    """Rebuild the model of an export bundle: ``backend="torch"`` → ``HybridModel`` (eval, CPU),
+    whose forward rounds its KV cache, state and weights as the architecture's precision fields
+    store them, as the search scored it (``HybridModel.stored_precision``; off at full precision);
+    ``backend="triton"`` → its ``TritonModel`` (bf16 kernels on the current CUDA device, at the
+    kernels' own dtypes whatever the precision fields say; capture it with ``.capture(tokens)``
+    for graph replay).
 
     ExportError (one line) for anything that is not a bundle this version can rebuild as exported:
     a newer or unknown ``format``; an arch dict with unknown fields, wrong types or sizes past the
@@ -699,4 +761,6 @@ def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonMod
         fix="the files are of different exports (or arch.json was edited); re-export the trial",
     )
     model.eval()
-    return to_triton(model.cuda()) if backend == "triton" else model
+    if backend == "triton":  # the kernels store at their own dtypes: no fp8 or bf16-state kernel yet
+        return to_triton(model.cuda())
+    return model.stored_precision(not arch.full_precision)

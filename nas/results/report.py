@@ -88,9 +88,27 @@ def _predicted(r: TrialRecord, metric: str) -> str:
     return f"; {html.escape(lat.source)} {lat.median_ms:.4g}{_spread(lat)} ms ({html.escape(lat.label())})"
 
 
-def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
+def _precision_hover(r: TrialRecord, searched: bool) -> str | None:
+    """``kv fp8, weights fp8 (accuracy at it; 0.930 at full precision)``: how the trial stores its KV
+    cache, state and weights; ``full`` at full precision in a study that searches precision
+    (``searched``); None otherwise, and for a trial without an architecture."""
+    if r.arch is None or (r.arch.full_precision and not searched):
+        return None
+    if r.arch.full_precision:
+        return "full (the kernels' dtypes)"
+    full = r.full_precision_accuracy
+    return r.arch.precision_text() + ("" if full is None else f" (accuracy at it; {full:.3f} at full precision)")
+
+
+def _searches_precision(study: optuna.Study) -> bool:
+    """Whether some trial of ``study`` stores its KV cache, state or weights below full precision."""
+    return any(r.arch is not None and not r.arch.full_precision for r in completed(study))
+
+
+def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = (), precision: bool = False) -> str:
     """The trial, its accuracy, memory, forward latency and any other objective of the study
-    (a latency with its spread and how it was obtained; a measured one with its prediction)."""
+    (a latency with its spread and how it was obtained; a measured one with its prediction), and
+    its precision where it is below full, or in a study that searches it (``precision``)."""
     extra = []
     for o in objectives:
         lat = r.latency_of(o.metric)
@@ -108,6 +126,7 @@ def hover_text(r: TrialRecord, objectives: tuple[Objective, ...] = ()) -> str:
             html.escape(one_line(r)),
             f"trial {r.number}: accuracy {r.accuracy_text()}, memory {r.memory_mb:.3g} MiB",
             *([html.escape(f"accuracy: {pop}")] if (pop := r.population_text()) else []),
+            *([html.escape(f"precision: {text}")] if (text := _precision_hover(r, precision)) else []),
             f"latency {r.latency_ms:.4g}{_spread(r.latency_of('latency_ms'))} ms, {html.escape(r.latency_label())}"
             + _predicted(r, "latency_ms"),
             *extra,
@@ -202,7 +221,8 @@ def _cost(r: TrialRecord, o: Objective) -> float:
 def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) -> go.Figure:
     objectives = study_objectives(study)
     cost = primary_cost(objectives)
-    hover = lambda trials: [hover_text(r, objectives) for r in trials]  # noqa: E731
+    searched = _searches_precision(study)
+    hover = lambda trials: [hover_text(r, objectives, searched) for r in trials]  # noqa: E731
     groups = _split(study, epsilon)
     best = groups["front"]
     fig = go.Figure()
@@ -313,6 +333,7 @@ def _add_pick_and_budget(
 def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | None:
     """Accuracy over the study's first two costs; None when it has only one."""
     objectives = study_objectives(study)
+    searched = _searches_precision(study)
     costs = [o for o in objectives if o.metric != "accuracy"]
     if len(costs) < 2:
         return None
@@ -336,7 +357,7 @@ def _front_3d(study: optuna.Study, epsilon: float | None = None) -> go.Figure | 
                 name=name,
                 marker=dict(color=color, size=size),
                 error_z=_accuracy_error(trials) if name == "Pareto front" else None,
-                hovertext=[hover_text(r, objectives) for r in trials],
+                hovertext=[hover_text(r, objectives, searched) for r in trials],
                 hoverinfo="text",
             )
         )

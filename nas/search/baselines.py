@@ -11,7 +11,9 @@ Three known designs, drawn from the study's own space at its middle width and on
 The depth is 4 where the space allows it, else the allowed depth nearest to 4; the width is the
 middle of the space's ``d_model`` values. Every other field takes a fixed, documented pick from
 the space (``_PREFERRED`` where the value exists, else the middle of the choices, the upper of
-two; numeric ranges their middle, geometric for log ranges), so the three differ only in their mixers. A baseline
+two; numeric ranges their middle, geometric for log ranges), so the three differ only in their mixers.
+The precision fields take their widest choice: a reference is scored as the library's kernels
+store it today, so a candidate's narrower dtypes are measured against it. A baseline
 whose mixer the space does not offer, or that has no head count dividing the width, is left out.
 
 They are enqueued once, by the process that creates the study (``nas.search.study.prepare``), so
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nas.space import Choice, SearchSpace
+from nas.spec import PRECISION_FIELDS, LayerSpec
 
 __all__ = ["Baseline", "baselines"]
 
@@ -37,6 +40,7 @@ _PREFERRED: dict[str, Any] = {
     "activation": "gelu",
     "norm": "layernorm",
     "optimizer": "adamw",
+    **{name: allowed[0] for name, allowed in PRECISION_FIELDS.items()},  # the widest: full precision
 }
 _HYBRID_DEPTH = 4
 
@@ -72,6 +76,11 @@ def _pick(field: str, choice: Choice) -> Any:
 def _searched(choice: Choice) -> bool:
     """Whether the field is an Optuna parameter (a fixed single choice is not)."""
     return choice.choices is None or len(choice.choices) > 1
+
+
+def _holds(mixer: str, field: str) -> bool:
+    """Whether a block with ``mixer`` holds what precision ``field`` stores (``LayerSpec.stores``)."""
+    return LayerSpec(mixer, heads=1, feature_map="elu+1" if mixer == "linear_attention" else None).stores(field)
 
 
 def _depth(choice: Choice) -> int:
@@ -120,8 +129,14 @@ def baselines(space: SearchSpace) -> list[Baseline]:
                     fields[field] = _pick(field, space.layer[field])
             if mixer == "linear_attention":
                 fields["feature_map"] = _pick("feature_map", space.layer["feature_map"])
+            for name in PRECISION_FIELDS:
+                if name in space.layer and _holds(mixer, name):
+                    fields[name] = _pick(name, space.layer[name])
             for field, value in fields.items():
                 if _searched(space.layer[field]):
                     params[f"layer{i}.{field}"] = value
+        for name, choice in space.precision.items():  # study-wide: drawn when some block holds it
+            if _searched(choice) and any(_holds(mixer, name) for mixer in layers):
+                params[f"precision.{name}"] = _pick(name, choice)
         out.append(Baseline(label, {**params, **train}))
     return out

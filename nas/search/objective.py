@@ -283,12 +283,15 @@ def _record_trained(
         accuracy=result.accuracy,
         accuracy_interval=result.interval,
         population=_population(result, cand.train),
+        full_precision_accuracy=result.full_precision_accuracy,
     )
+    full = result.full_precision_accuracy
     logger.info(
-        "trial %d: accuracy %.3f%s after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MiB",
+        "trial %d: accuracy %.3f%s%s after %d steps in %.1f s (%s); latency %.4g ms (%s), memory %.3g MiB",
         trial.number,
         result.accuracy,
         "" if result.interval is None else f" ±{result.interval:.3f}",
+        "" if full is None else f" at {cand.arch.precision_text()} (full precision {full:.3f})",
         result.steps,
         result.seconds,
         result.stopped,

@@ -86,8 +86,9 @@ __all__ = [
 ]
 
 # 2: the trained accuracy, and the generation costs, as attributes; 3: the accuracy's interval over
-# seeds and the population (seeds x learning rates) it was trained as
-RECORD_VERSION = 3
+# seeds and the population (seeds x learning rates) it was trained as; 4: the accuracy at full
+# precision beside the accuracy, for an architecture stored narrower (its precision fields)
+RECORD_VERSION = 4
 # the default objectives' metric name -> direction, in the order a study of nas search stores its values
 OBJECTIVES: dict[str, str] = {BY_METRIC[m].metric: BY_METRIC[m].direction for m in metrics(DEFAULT_OBJECTIVES)}
 DIRECTIONS = tuple(OBJECTIVES.values())
@@ -200,6 +201,10 @@ class TrialRecord:
     accuracy_interval: float | None = None
     # how it was trained: {"seeds", "lr_multipliers", "lrs", "accuracies" [lr][seed], "best_lr", "weights"}
     population: Mapping[str, Any] | None = None
+    # the same models' accuracy at their own precision, where the architecture's precision fields
+    # store the KV cache, state or weights narrower (the accuracy is then at that precision); None
+    # at full precision, where the two are one number
+    full_precision_accuracy: float | None = None
     # the study's current hard budgets it breaks (``over_budgets``): set by ``records`` / ``record``
     over_budget: tuple[str, ...] = ()
     # its latencies timed by nas measure after the search predicted them (``Measured``), which the
@@ -255,14 +260,22 @@ class TrialRecord:
         if value is None:
             return "?"
         if objective.metric == "accuracy":
-            return objective.format(value) + (_spread_text(self.accuracy_interval) if interval else "")
+            spread = _spread_text(self.accuracy_interval) if interval else ""
+            return objective.format(value) + spread + self._full_precision_text()
         lat = self.latency_of(objective.metric)
         spread = f" ±{lat.interval * 100:.0f}%" if interval and lat is not None and lat.interval else ""
         return objective.format(value) + spread
 
     def accuracy_text(self) -> str:
-        """``0.986 ±0.004`` (the interval over seeds, when the trial recorded one), else ``0.986``."""
-        return f"{self.accuracy:.3f}" + _spread_text(self.accuracy_interval)
+        """``0.986 ±0.004`` (the interval over seeds, when the trial recorded one), else ``0.986``;
+        ``0.962 (full precision 0.986)`` for an architecture stored below full precision."""
+        return f"{self.accuracy:.3f}" + _spread_text(self.accuracy_interval) + self._full_precision_text()
+
+    def _full_precision_text(self) -> str:
+        """`` (full precision 0.986)``: what the stored precision costs, for a trial that has one."""
+        if self.full_precision_accuracy is None:
+            return ""
+        return f" (full precision {self.full_precision_accuracy:.3f})"
 
     def population_text(self) -> str | None:
         """``mean of 3 seeds at lr 3e-03, the best of 3 learning rates``; None for a trial trained once."""
@@ -430,6 +443,7 @@ class TrialRecord:
             decode_latency=Latency.from_dict(decode) if decode else None,
             accuracy_interval=a.get("accuracy_interval"),
             population=a.get("population"),
+            full_precision_accuracy=a.get("full_precision_accuracy"),
             version=int(a.get("record_version", 0)),
         )
 
@@ -468,6 +482,7 @@ class TrialRecord:
             "prune_reason",
             "baseline",
             "accuracy_interval",
+            "full_precision_accuracy",
         ):
             d[name] = getattr(self, name)
         d["population"] = dict(self.population) if self.population is not None else None
@@ -593,14 +608,21 @@ def write_trained(
     accuracy: float,
     accuracy_interval: float | None = None,
     population: Mapping[str, Any] | None = None,
+    full_precision_accuracy: float | None = None,
 ) -> None:
     """The training's outcome. A training the wall-clock guard stopped early is marked infeasible
     by the ``truncated`` constraint (the fraction of planned steps it did not train), so it is
     recorded but stays off the front and out of the hypervolume. A candidate trained as a
     population (seeds x learning rates): ``accuracy`` is the best learning rate's mean over seeds,
     ``accuracy_interval`` the half-width of its spread over seeds (None for one seed) and
-    ``population`` what was trained (``TrialRecord.population``); both None for a single run."""
-    extra = {"accuracy_interval": accuracy_interval, "population": dict(population) if population else None}
+    ``population`` what was trained (``TrialRecord.population``); both None for a single run. For
+    an architecture stored below full precision ``accuracy`` is at that precision and
+    ``full_precision_accuracy`` the same models' at their own (None at full precision)."""
+    extra = {
+        "accuracy_interval": accuracy_interval,
+        "population": dict(population) if population else None,
+        "full_precision_accuracy": full_precision_accuracy,
+    }
     for key, value in {
         "curve": [list(p) for p in curve],
         "train_seconds": round(seconds, 3),

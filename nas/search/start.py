@@ -37,7 +37,15 @@ from nas.tasks import Task, TaskError, load_task, task_file
 if TYPE_CHECKING:
     from nas.latency import LatencyShape
 
-__all__ = ["prepare", "resolve_device", "resolve_measure", "resolve_target"]
+__all__ = [
+    "FP8_CAPABILITY",
+    "check_fp8",
+    "device_capability",
+    "prepare",
+    "resolve_device",
+    "resolve_measure",
+    "resolve_target",
+]
 
 # one logger for the study's lines, whichever module of it writes them (``nas -v`` shows its name)
 logger = logging.getLogger("nas.search.study")
@@ -78,6 +86,29 @@ def resolve_measure(measure: bool | None, target: str, profile: HardwareProfile,
     return measure
 
 
+# the first CUDA compute capability with fp8 tensor cores (Ada, sm_89; Hopper is 9.0)
+FP8_CAPABILITY = (8, 9)
+
+
+def check_fp8(space: SearchSpace, capability: tuple[int, int] | None) -> None:
+    """SearchError when ``space`` can store KV caches or weights in fp8 and the study's device is a
+    GPU of compute ``capability`` below ``FP8_CAPABILITY`` (None: not a CUDA device, where the
+    rounding is a reference computed in torch): a candidate picked for fp8 could not run so on it."""
+    if capability is None or tuple(capability) >= FP8_CAPABILITY or not space.offers_fp8():
+        return
+    major, minor = capability
+    raise SearchError(
+        f"{space.source}: precision: fp8 needs a GPU of compute capability "
+        f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (Ada, Hopper); this device is {major}.{minor}: "
+        f"drop fp8 from the space's precision choices, or search on such a GPU"
+    )
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of ``device`` (9.0 for an H100), None for a CPU."""
+    return tuple(torch.cuda.get_device_capability(device)) if is_cuda(device) else None
+
+
 def _load_space(config: SearchConfig) -> SearchSpace:
     if config.space_yaml is not None:  # a file without `name:` was recorded under its file name
         return parse_space_text(config.space_yaml, f"{config.space} (as recorded in the study)", config.space)
@@ -104,6 +135,7 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         check_recorded_space(name, stored, space)
     task, task_spec = _task(config, name, stored, space, task_spec, seed, objectives)
     profile, device, measure = _latency(config, name, stored)
+    check_fp8(space, device_capability(device))
     prune = bool(stored.prune if config.prune is None and stored is not None else config.prune)
     if stored is not None and stored.prune != prune:
         raise SearchError(

@@ -1229,3 +1229,78 @@ def test_the_readme_decode_example_after_the_quickstart_is_its_own_study(tmp_pat
 
     names = {s.study_name for s in optuna.get_all_study_summaries(open_storage("runs/studies.journal"))}
     assert names == {"ci_tiny-mqar-auto", name}
+
+
+PRECISION_BLOCK = "precision:\n  kv_dtype: [bf16, fp8]\n  state_dtype: [fp32, bf16]\n  weight_dtype: [fp8]\n"
+
+
+def _precision_space(tmp_path: Path, block: str = PRECISION_BLOCK) -> Path:
+    """hybrid_tiny as `nas spaces hybrid_tiny` prints it, renamed, with a precision: block."""
+    from nas.space import load_space
+
+    path = tmp_path / "tiny_precision.yaml"
+    path.write_text(load_space("hybrid_tiny").text.replace("name: hybrid_tiny", "name: tiny_precision") + block)
+    return path
+
+
+@pytest.mark.slow
+def test_a_tiny_study_with_precision_records_both_accuracies(tmp_path, capsys, monkeypatch):
+    """hybrid_tiny plus a precision: block, end to end: every trial stores its weights in fp8 (a
+    fixed choice), draws its KV cache and state dtypes; its accuracy (the objective) is at that
+    precision and the full-precision accuracy of the same models is recorded beside it and shown in
+    the final table; memory counts the fp8 weights. A resume without the block is refused."""
+    from nas.latency import weight_bytes
+    from nas.search.record import records
+    from nas.search.storage import open_storage
+
+    monkeypatch.setenv("COLUMNS", "300")
+    space, storage = _precision_space(tmp_path), str(tmp_path / "p.journal")
+    argv = ["search", "--space", str(space), "--trials", "4", "--storage", storage, "--study", "p", "--device", "cpu"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(full precision " in out and "weights fp8" in out
+    study = optuna.load_study(study_name="p", storage=open_storage(storage))
+    trained = [r for r in records(study) if r.trained]
+    assert len(trained) == 4
+    narrow = [r for r in trained if not r.arch.full_precision]
+    assert len(narrow) >= 3  # the baselines, at least: their blocks all hold weights
+    for r in narrow:
+        assert 0.0 <= r.accuracy <= 1.0 and 0.0 <= r.full_precision_accuracy <= 1.0
+        assert r.values["accuracy"] == r.trained_accuracy  # the objective is the stored precision's
+        assert all(la.weight_dtype == "fp8" for la in r.arch.layers if la.stores("weight_dtype"))
+        assert r.memory["weight_bytes"] == weight_bytes(r.arch, 2) < r.params * 2
+        assert "weights fp8" in r.arch_summary
+    for t in study.get_trials():
+        attention = any(la.mixer == "attention" for la in records(study)[t.number].arch.layers)
+        assert ("precision.kv_dtype" in t.params) == attention and "precision.weight_dtype" not in t.params
+    unchanged = tmp_path / "without.yaml"
+    unchanged.write_text(space.read_text().replace(PRECISION_BLOCK, ""))
+    assert main(["search", "--space", str(unchanged), "--trials", "5", "--storage", storage, "--study", "p"]) == 2
+    assert "precision.kv_dtype: [bf16, fp8] -> (absent)" in capsys.readouterr().err
+
+
+def test_fp8_on_a_gpu_older_than_ada_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """check_fp8 takes the device's compute capability, so the refusal is tested on a CPU: below
+    8.9 a space offering fp8 is one line and exit 2 before any study is written; a CPU (None), an
+    H100 (9.0) and a space without fp8 go on."""
+    from nas.search import start
+    from nas.search.config import SearchError
+    from nas.space import load_space
+
+    space = load_space(_precision_space(tmp_path))
+    with pytest.raises(
+        SearchError, match=r"fp8 needs a GPU of compute capability 8\.9 or newer .* this device is 8\.0"
+    ):
+        start.check_fp8(space, (8, 0))
+    for capability in (None, (8, 9), (9, 0)):
+        start.check_fp8(space, capability)
+    start.check_fp8(load_space(_precision_space(tmp_path, "precision:\n  state_dtype: [bf16]\n")), (7, 5))
+    start.check_fp8(load_space("hybrid_tiny"), (7, 5))
+
+    monkeypatch.setattr(start, "device_capability", lambda device: (8, 6))  # an A10's, say
+    storage = tmp_path / "s.journal"
+    argv = ["search", "--space", str(_precision_space(tmp_path)), "--trials", "1", "--storage", str(storage)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "this device is 8.6" in err, err
+    assert not storage.exists()

@@ -626,3 +626,49 @@ def test_an_edited_size_is_checked_against_the_weights_before_anything_is_built(
     monkeypatch.setattr(export_module, "build", no_build)
     with pytest.raises(ExportError, match=r"do not fit the architecture \(embed.weight is \[\d+, \d+\]"):
         nas.load(edited)
+
+
+def test_a_trial_stored_below_full_precision_exports_and_loads_with_its_dtypes(tmp_path):
+    """A study whose candidates store an fp8 KV cache and weights and a bf16 state: arch.json and
+    the card state the dtypes and the accuracy against full precision; nas.load rebuilds the model
+    with them, and its forward rounds as the search scored it (its accuracy on the study's task is
+    the kept weights' recorded one); model.onnx is the full-precision model's."""
+    from nas.results.export import study_task
+    from nas.train import evaluate
+
+    block = "precision:\n  kv_dtype: [fp8]\n  state_dtype: [bf16]\n  weight_dtype: [fp8]\n"
+    storage = str(tmp_path / "s.journal")
+    space = write_space(tmp_path, steps=10, extra=block)
+    assert main(["search", "--space", str(space), "--trials", "3", "--storage", storage, "--study", "q"]) == 0
+    st = optuna.load_study(study_name="q", storage=open_storage(storage))
+    r = next(r for r in records(st) if r.trained and {la.mixer for la in r.arch.layers} >= {"attention"})
+    assert r.arch.precision_text().startswith("kv fp8") and r.full_precision_accuracy is not None
+    out = tmp_path / "bundle"
+    assert main(["export", "--study", "q", "--storage", storage, "--trial", str(r.number), "--out", str(out)]) == 0
+    record = json.loads((out / "arch.json").read_text())
+    attention = next(i for i, la in enumerate(r.arch.layers) if la.mixer == "attention")
+    assert record["arch"]["layers"][attention]["kv_dtype"] == "fp8"
+    assert record["precision"]["layers"][attention] == {"kv_dtype": "fp8", "weight_dtype": "fp8"}
+    assert record["precision"]["summary"] == r.arch.precision_text()
+    assert record["metrics"]["accuracy"] == r.accuracy == record["precision"]["accuracy"]
+    assert record["precision"]["full_precision_accuracy"] == r.full_precision_accuracy
+    assert record["precision"]["accuracy_cost"] == pytest.approx(r.full_precision_accuracy - r.accuracy)
+    card = (out / "card.md").read_text()
+    assert f"| precision | {r.arch.precision_text()}: accuracy {r.accuracy:.4f} at it; at full precision" in card
+    assert "not priced at kv fp8" in card and "stored_precision(False)" in card
+
+    loaded = nas.load(out)
+    assert loaded.arch == r.arch and loaded.at_stored_precision
+    stored = trial_model(r, storage)
+    tokens = torch.randint(0, r.arch.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = stored(tokens)
+        assert torch.equal(loaded(tokens), stored.stored_precision()(tokens))
+        assert not torch.equal(loaded(tokens), full)
+    task = study_task(st)
+    assert evaluate(loaded, task, torch.device("cpu"))[0] == r.population["weights"]["accuracy"]
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out / "model.onnx"))
+    (onnx,) = session.run(None, {"tokens": tokens.numpy()})
+    np.testing.assert_allclose(onnx, full.numpy(), rtol=1e-4, atol=1e-4)

@@ -189,7 +189,7 @@ def test_the_accuracy_s_spread_and_population_round_trip_and_older_trials_read_n
     stored = json.loads(json.dumps(r.to_dict()))  # as a study stores user attributes
     back = TrialRecord.from_dict(r.number, r.state, stored, r.values)
     assert back == r and (back.accuracy_interval, back.population) == (0.004, POPULATION)
-    assert back.accuracy_text() == "0.900 ±0.004" and back.version == RECORD_VERSION == 3
+    assert back.accuracy_text() == "0.900 ±0.004" and back.version == RECORD_VERSION == 4
     assert back.population_text() == "mean of 3 seeds at lr 3e-03, the best of 3 learning rates"
     older = {k: v for k, v in stored.items() if k not in ("accuracy_interval", "population")} | {"record_version": 2}
     old = TrialRecord.from_dict(r.number, r.state, older, r.values)

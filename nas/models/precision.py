@@ -1,0 +1,116 @@
+"""What a model computes when its KV cache, recurrent state and weights are stored narrower than
+it was trained: the torch reference of the precision fields of ``LayerSpec``.
+
+Training runs at its own precision (fp32 on a CPU, bf16 autocast on a GPU); a deployment may store
+what a decode step reads in fewer bytes. These functions round a tensor as it would be stored and
+give it back in its own dtype (quantize, then dequantize), so the forward that follows is the
+model's own math on the stored values:
+
+- ``fp8_per_head``: a KV cache in fp8 e4m3 with one scale per sequence and head;
+- ``fp8_per_channel``: a linear layer's weight in fp8 e4m3 with one scale per output channel;
+- ``bf16``: a value stored in bf16 (round to nearest even);
+- ``linear_attention_stored_state``: causal linear attention in recurrent form whose state (and
+  normalizer) is rounded to bf16 after each token's update, where a decode step stores it.
+
+Scale rule (both fp8 roundings): ``scale = amax / FP8_MAX`` over the group that shares it, so the
+group's largest magnitude maps onto e4m3's largest finite value, 448; each element is stored as
+``fp8(x / scale)`` (round to nearest even, e4m3's subnormals below 2^-6) and read back as that
+times ``scale`` (fp32). A group that is all zeros takes scale 1 (stored exactly). The scale
+itself is kept in fp32 (``nas.latency`` counts its bytes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
+
+__all__ = [
+    "FP8_DTYPE",
+    "FP8_MAX",
+    "StoredLinear",
+    "bf16",
+    "fp8_per_channel",
+    "fp8_per_head",
+    "fp8_scaled",
+    "linear_attention_stored_state",
+]
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448: e4m3's largest finite value
+
+
+def fp8_scaled(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``x`` stored in fp8 e4m3 with one scale per group of the elements that share every index
+    but ``dims`` (the module docstring's scale rule), read back in ``x``'s dtype."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=dims, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return ((xf / scale).to(FP8_DTYPE).float() * scale).to(x.dtype)
+
+
+def fp8_per_head(x: torch.Tensor) -> torch.Tensor:
+    """Keys or values ``[B, H, T, Dh]`` as an fp8 KV cache stores them: one scale per sequence and
+    head, from the amax over that head's ``T`` positions and ``Dh`` channels (the scale a prefill
+    of the whole sequence picks; the rows of every position share it)."""
+    return fp8_scaled(x, (2, 3))
+
+
+def fp8_per_channel(weight: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight ``[out, in]`` stored in fp8: one scale per output channel (row),
+    from the amax over its ``in`` inputs. The bias is not rounded (it stays at the model's dtype)."""
+    return fp8_scaled(weight, (1,))
+
+
+def bf16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` stored in bf16 (round to nearest even), read back in its own dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def linear_attention_stored_state(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, normalize: bool, dtype: str
+) -> torch.Tensor:
+    """Causal linear attention token by token, its state stored at ``dtype`` ("fp32" or "bf16").
+
+    q, k, v: ``[B, H, T, D]`` with the feature map applied (and q scaled, for the identity map),
+    as ``nas.models.mixers.causal_linear_attention`` takes them; returns ``[B, H, T, D]`` fp32.
+    As the decode step (``kernels.linear_attention.reference.step``) runs each token:
+    S_t = round(S_{t-1} + φ(k_t) v_tᵀ) and, normalized, z_t = round(z_{t-1} + φ(k_t)), each sum
+    taken in fp32 from the stored value; o_t = φ(q_t)·S_t [/ (φ(q_t)·z_t + EPS)] reads the values
+    as stored. ``round`` is ``bf16`` for "bf16" and nothing for "fp32" (then this is the chunked
+    form's math in another summation order: equal to fp32 round-off). The loop over T costs T
+    small launches, which is why training keeps the chunked form.
+    """
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"state dtype {dtype!r} is not one of ['fp32', 'bf16']")
+    store = bf16 if dtype == "bf16" else (lambda t: t)
+    q, k, v = q.float(), k.float(), v.float()
+    B, H, T, D = q.shape
+    state = q.new_zeros(B, H, D, v.shape[-1])
+    z = q.new_zeros(B, H, D)
+    out = q.new_empty(B, H, T, v.shape[-1])
+    with torch.autocast(q.device.type, enabled=False):  # the state's sums are fp32 under autocast too
+        for t in range(T):
+            qt, kt = q[:, :, t], k[:, :, t]
+            state = store(state + kt.unsqueeze(-1) * v[:, :, t].unsqueeze(-2))
+            o = (qt.unsqueeze(-1) * state).sum(-2)  # [B, H, Dv]
+            if normalize:
+                z = store(z + kt)
+                o = o / ((qt * z).sum(-1, keepdim=True) + NORMALIZER_EPS)
+            out[:, :, t] = o
+    return out
+
+
+class StoredLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters and state-dict names) whose forward, while ``fp8`` is set,
+    multiplies by its weight as fp8 stores it (``fp8_per_channel``); the parameters themselves are
+    never rounded, so training, the stored weights and the exports are the model's own."""
+
+    fp8: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fp8:
+            return super().forward(x)
+        return F.linear(x, fp8_per_channel(self.weight), self.bias)

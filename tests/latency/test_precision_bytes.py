@@ -1,0 +1,113 @@
+"""Memory at each layer's precision fields (fp8 1 byte, bf16 2, fp32 4, plus fp8's fp32 scales), and
+latencies that say they do not price them (no kernel stores fp8 or a bf16 state yet)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hardware_profiles import load_profile
+from nas.latency import (
+    UNPRICED,
+    LatencyShape,
+    cache_memory,
+    count_params,
+    decode_work,
+    memory,
+    predict,
+    predict_decode,
+    unpriced_precision,
+    weight_bytes,
+)
+from nas.spec import ArchSpec, LayerSpec
+
+D, HEADS, CONTEXT, BATCH = 64, 4, 1000, 3
+ATTN = LayerSpec("attention", heads=HEADS, mlp_ratio=2)
+LIN = LayerSpec("linear_attention", heads=HEADS, feature_map="elu+1", mlp_ratio=0)
+MLP = LayerSpec("none", mlp_ratio=3)
+
+
+def _arch(attn: dict | None = None, lin: dict | None = None, mlp: dict | None = None) -> ArchSpec:
+    layers = (dataclasses.replace(ATTN, **(attn or {})), dataclasses.replace(LIN, **(lin or {})))
+    return ArchSpec(D, (*layers, dataclasses.replace(MLP, **(mlp or {}))), 32, 32)
+
+
+FULL = _arch()
+# the blocks' linear weights (elements, output channels): attention QKV + out + MLP up/down at ratio 2,
+# linear attention QKV + out, the MLP-only block's up/down at ratio 3
+ATTN_W, ATTN_ROWS = 4 * D * D + 2 * D * 2 * D, 4 * D + 2 * D + D
+LIN_W, LIN_ROWS = 4 * D * D, 4 * D
+MLP_W, MLP_ROWS = 2 * D * 3 * D, 3 * D + D
+
+
+def test_full_precision_counts_as_before():
+    c = cache_memory(FULL, CONTEXT, BATCH)
+    assert c.kv_cache_bytes == BATCH * 2 * CONTEXT * D * 2  # bf16
+    assert c.state_bytes == BATCH * HEADS * (16 * 16 + 16) * 4  # fp32 state and normalizer
+    assert c.weight_bytes == count_params(FULL) * 2 == weight_bytes(FULL, 2)
+    m = memory(FULL, LatencyShape(BATCH, 100))
+    assert (m.kv_cache_bytes, m.recurrent_state_bytes) == (BATCH * 2 * 100 * D * 2, BATCH * HEADS * 16 * 16 * 4)
+
+
+def test_the_kv_cache_counts_its_dtype_and_its_per_head_scales():
+    fp8 = _arch(attn={"kv_dtype": "fp8"})
+    scales = 2 * HEADS * 4  # an fp32 scale per head for K and for V, per sequence
+    assert cache_memory(fp8, CONTEXT, BATCH).kv_cache_bytes == BATCH * (2 * CONTEXT * D * 1 + scales)
+    assert memory(fp8, LatencyShape(BATCH, 100)).kv_cache_bytes == BATCH * (2 * 100 * D * 1 + scales)
+    # the rest is as at full precision
+    full, narrow = cache_memory(FULL, CONTEXT, BATCH), cache_memory(fp8, CONTEXT, BATCH)
+    assert (narrow.state_bytes, narrow.conv_bytes, narrow.weight_bytes) == (
+        full.state_bytes,
+        full.conv_bytes,
+        full.weight_bytes,
+    )
+
+
+def test_the_state_counts_its_dtype():
+    bf16 = _arch(lin={"state_dtype": "bf16"})
+    assert cache_memory(bf16, CONTEXT, BATCH).state_bytes == BATCH * HEADS * (16 * 16 + 16) * 2
+    assert memory(bf16, LatencyShape(BATCH, 100)).recurrent_state_bytes == BATCH * HEADS * 16 * 16 * 2
+
+
+@pytest.mark.parametrize(
+    "narrow, elements, rows",
+    [
+        ({"attn": {"weight_dtype": "fp8"}}, ATTN_W, ATTN_ROWS),
+        ({"lin": {"weight_dtype": "fp8"}}, LIN_W, LIN_ROWS),
+        ({"mlp": {"weight_dtype": "fp8"}}, MLP_W, MLP_ROWS),
+    ],
+)
+def test_a_block_s_linear_weights_count_one_byte_and_a_scale_per_output_channel(narrow, elements, rows):
+    arch = _arch(**narrow)
+    full = count_params(arch) * 2
+    expected = full - elements * 2 + elements * 1 + rows * 4  # biases, norms, embedding, head stay bf16
+    assert weight_bytes(arch, 2) == expected
+    assert cache_memory(arch, CONTEXT, BATCH).weight_bytes == expected
+    assert memory(arch, LatencyShape(BATCH, 100)).weight_bytes == expected
+    assert weight_bytes(arch, 4) == count_params(arch) * 4 - elements * 3 + rows * 4  # at fp32 activations
+
+
+def test_everything_narrow_is_cheaper_and_the_cache_memory_objective_sees_it():
+    narrow = _arch(attn={"kv_dtype": "fp8", "weight_dtype": "fp8"}, lin={"state_dtype": "bf16", "weight_dtype": "fp8"})
+    full, small = cache_memory(FULL, CONTEXT, BATCH), cache_memory(narrow, CONTEXT, BATCH)
+    assert small.kv_cache_bytes < full.kv_cache_bytes and small.state_bytes < full.state_bytes
+    assert small.total_mb < full.total_mb
+
+
+def test_latencies_do_not_price_a_precision_no_kernel_runs():
+    """Predicted at the kernels' own dtypes (the decode step's bytes are a bf16 KV cache's), and
+    said so: a note and the label; an architecture at full precision is predicted as before."""
+    h200 = load_profile("h200")
+    narrow = _arch(attn={"kv_dtype": "fp8"}, lin={"state_dtype": "bf16"})
+    assert decode_work(narrow, CONTEXT, BATCH) == decode_work(FULL, CONTEXT, BATCH)
+    for full, lat in (
+        (predict(FULL, LatencyShape(1, 256), h200), predict(narrow, LatencyShape(1, 256), h200)),
+        (predict_decode(FULL, BATCH, CONTEXT, h200), predict_decode(narrow, BATCH, CONTEXT, h200)),
+    ):
+        assert lat.median_ms == full.median_ms and lat.interval == full.interval
+        assert dict(lat.notes)[UNPRICED] == "kv fp8, state bf16" and UNPRICED not in dict(full.notes)
+        assert "not priced at kv fp8, state bf16" in lat.label() and "not priced" not in full.label()
+    measured = dataclasses.replace(predict(FULL, LatencyShape(1, 256), h200), source="measured", device="NVIDIA H200")
+    assert unpriced_precision(measured, narrow).label() == "measured (NVIDIA H200, not priced at kv fp8, state bf16)"
+    assert unpriced_precision(measured, FULL) is measured

@@ -96,9 +96,8 @@ def _seeded_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
         # each co-occurring set jointly (benchmarks/search_quality.py: higher front hypervolume)
         with warnings.catch_warnings():  # multivariate/group are marked experimental in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # 5 random trials before the model (Optuna's default: 10): at 40 trials on the
-            # benchmark's space, 1.22x random's hypervolume at equal wall-clock (p 0.006) against
-            # 1.16x (p 0.07) with 10 (docs/benchmarks.md, search quality)
+            # 5 random trials before the model (Optuna's default: 10): higher front hypervolume at
+            # 40 trials than 10 (docs/benchmarks.md, search quality, the TPE variants at ea29bfa)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=TPE_STARTUP)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)

@@ -1,10 +1,12 @@
 """Which sampler finds a better front, per trial and per second of wall-clock, with and without early stopping?
 
-    python benchmarks/search_quality.py [--seeds 0 … 9] [--samplers tpe nsga2 gp random] [--trials 40] [--jobs 2]
-    python benchmarks/search_quality.py --quick        # smoke run: 2 seeds, tpe and random, 12 trials
+    python -m benchmarks search_quality [--seeds 0 … 9] [--samplers tpe nsga2 gp random] [--trials 80] [--jobs 2]
+    python -m benchmarks search_quality --quick        # smoke run: 2 seeds, tpe and random, 12 trials
+    python -m benchmarks search_quality --device cuda --samplers tpe random --prune off --jobs 4
 
 Runs ``nas search``'s engine (CPU, one torch thread, latency predicted for the h200 profile) on
-a small MQAR task for every (seed, sampler, early stopping off/on): each run is one study of
+a small MQAR task (``--device cuda``: on GPU 0 with each candidate's latency measured there, on
+``hybrid_small`` unless ``--space`` names another) for every (seed, sampler, early stopping off/on): each run is one study of
 ``--trials`` trained trials in its own journal file, with the engine's defaults otherwise (its
 baseline trials included: the same three reference architectures open every study and count
 toward ``--trials``; ``--no-baselines`` leaves them out). Every trial is saved (state,
@@ -49,7 +51,13 @@ Scores:
   if one trained, ``not proposed`` if the sampler never drew it there (always proposed under
   random sampling: that run reaches every trial number of the other one).
 
-Prints the tables and writes ``search_quality_cpu.json`` (``search_quality_cpu_quick.json`` with --quick).
+- Proxy fidelity (``--verify N``, default 5): after each run of the default arm, ``nas verify``
+  retrains its front and N random trials at 4× their steps (not counted in the run's wall-clock);
+  per seed the Spearman and Kendall correlation of the search's accuracy with the long runs', and
+  of the parameter count's, and their medians (``summary.fidelity``).
+
+Prints the tables and writes ``search_quality_cpu.json`` (``search_quality_<gpu>.json`` with
+``--device cuda``; ``_quick`` before ``.json`` with --quick).
 """
 
 from __future__ import annotations
@@ -80,6 +88,7 @@ from scipy.stats import mannwhitneyu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._timing import device_slug  # noqa: E402
 from nas.results.pareto import reference_point as front_reference  # noqa: E402
 from nas.search.record import OBJECTIVES, TrialRecord  # noqa: E402
 from nas.search.setup import SAMPLERS  # noqa: E402
@@ -90,6 +99,7 @@ WALL_FRACTIONS = (0.25, 0.5, 1.0)  # wall-clock budgets, as fractions of the sho
 # smaller trial budgets scored too (``trials N``), where a run reached them: 20 is the default
 # study's --trials, so the table shows what the sampler gives a user who runs the default
 CURVE_TRIALS = (20, 40)
+VERIFY_FACTOR = 4.0  # the long runs of the proxy-fidelity check: nas verify's default
 DEFAULT_TRIALS = 80  # per run: the default study's 20 is too few for a model-based sampler to pay (see CURVE_TRIALS)
 FRONT = ("complete",)  # trial states on the engine's front: trained, feasible, not truncated
 COUNTED = ("complete", "truncated")  # trained trials: what --trials counts
@@ -151,7 +161,7 @@ def trial_state(r: TrialRecord) -> str:
 
 
 @functools.cache
-def warm_up(space: str) -> None:
+def warm_up(space: str, device: str = "cpu") -> None:
     """Run a throwaway one-trial study in this process, once: the first trial of a process pays
     for lazy imports and torch's first-call set-up (~1.2 s here, 3-6 times a trial), which would
     otherwise be charged to whichever run a process starts first."""
@@ -159,7 +169,7 @@ def warm_up(space: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run_search(
-            SearchConfig(space=space, trials=1, storage=str(Path(tmp) / "warm.journal"), sampler="random", device="cpu")
+            SearchConfig(space=space, trials=1, storage=str(Path(tmp) / "warm.journal"), sampler="random", device=device)
         )
 
 
@@ -171,9 +181,10 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     from nas.search.record import record
     from nas.search.study import SearchConfig, open_study, run_search
 
+    device = job.get("device", "cpu")
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warm_up(job["space"])
+    warm_up(job["space"], device)
     name, error = arm_name(job["sampler"], job["prune"]), None
     started = dt.datetime.now()  # naive local time, as Optuna's trial timestamps read back
     clock = time.perf_counter()
@@ -188,12 +199,15 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
                 seed=job["seed"],
                 prune=job["prune"],
                 baselines=job["baselines"],
-                device="cpu",
+                device=device,
             )
         )
     except Exception as e:  # noqa: BLE001 - one broken run is recorded, not allowed to end the benchmark
         error = f"{type(e).__name__}: {e}"
-    seconds = time.perf_counter() - clock
+    seconds = time.perf_counter() - clock  # the search's wall-clock: the verify below is not part of it
+    fidelity = None
+    if error is None and job.get("verify", 0) > 0 and (job["sampler"], job["prune"]) == DEFAULT_ARM:
+        fidelity = verify_run(name, job["storage"], job["verify"], job["seed"], device)
     study = open_study(name, job["storage"], create=False)
     trials = []
     for t in study.get_trials(deepcopy=False):
@@ -221,8 +235,43 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         "trials_asked": job["trials"],
         "seconds": seconds,
         "error": error,
+        "fidelity": fidelity,
         "trials": trials,
     }
+
+
+def verify_run(name: str, storage: str, random: int, seed: int, device: str) -> dict[str, Any] | None:
+    """``nas verify`` on the finished study: its front and ``random`` other trials retrained at
+    ``VERIFY_FACTOR`` × their steps with one fresh seed; the proxy's and the parameter count's rank
+    correlations with the long runs (``nas.results.fidelity``), None with too few trials."""
+    import torch
+
+    from nas.results.export import study_task
+    from nas.results.fidelity import fidelity
+    from nas.results.verify import run_verify
+    from nas.search.record import VerifySettings
+    from nas.search.storage import open_storage
+
+    study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    settings = VerifySettings(steps_factor=VERIFY_FACTOR, seeds=1, random=random, seed=seed)
+    run_verify(study, settings, study_task(study), torch.device(device))
+    found = fidelity(study)
+    return None if found is None else found.to_dict()
+
+
+def fidelity_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The proxy's fidelity over the runs that verified: each seed's Spearman and Kendall (proxy
+    and parameter count against the long runs) and their medians."""
+    rows = [(r["seed"], r["fidelity"]) for r in runs if r.get("fidelity")]
+    if not rows:
+        return None
+    keys = ("spearman", "kendall", "params_spearman", "params_kendall")
+    out: dict[str, Any] = {"seeds": [seed for seed, _ in rows], "steps_factor": rows[0][1]["steps_factor"]}
+    for key in keys:
+        xs = [f[key] for _, f in rows if f.get(key) is not None]
+        out[key] = {"median": statistics.median(xs) if xs else None, "values": xs}
+    out["trials"] = [f["trials"] for _, f in rows]
+    return out
 
 
 def run_all(jobs: list[dict[str, Any]], workers: int) -> list[dict[str, Any]]:
@@ -467,6 +516,13 @@ def print_report(summary: dict[str, Any], saved: dict[str, Any], trials: int) ->
             f"{arm['pruned']['median']:7.1f} {arm['run_seconds']['median']:7.1f} "
             f"{arm['trial_seconds']['median']:8.1f} {arm['train_seconds']['median']:8.1f}"
         )
+    if (fid := summary.get("fidelity")) is not None:
+        print(
+            f"\nproxy fidelity of the default arm ({len(fid['seeds'])} runs; front + random trials at "
+            f"{fid['steps_factor']:g}x steps, medians): Spearman {_num(fid['spearman']['median'])}, "
+            f"Kendall {_num(fid['kendall']['median'])}; parameter count {_num(fid['params_spearman']['median'])}, "
+            f"{_num(fid['params_kendall']['median'])}"
+        )
     print("\nearly stopping: time saved for the same number of candidates (trial durations; training seconds)")
     print(
         f"  {'sampler':8s} {'median':>7s} {'min':>7s} {'pooled':>7s} {'train':>7s}   best configuration (run without)"
@@ -479,6 +535,16 @@ def print_report(summary: dict[str, Any], saved: dict[str, Any], trials: int) ->
         )
 
 
+def space_text(name_or_path: str) -> str:
+    """The YAML text of a shipped space (by name) or a space file, as the results record it."""
+    from importlib import resources
+
+    path = Path(name_or_path)
+    if not (name_or_path.endswith((".yaml", ".yml")) or path.exists()):
+        path = Path(str(resources.files("search_spaces"))) / f"{name_or_path}.yaml"
+    return path.read_text()
+
+
 def git_commit() -> str | None:
     """The repository's HEAD (with ``+dirty`` when the tree differs from it), or None outside git."""
     root = Path(__file__).resolve().parent.parent
@@ -488,6 +554,10 @@ def git_commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def cpu_description() -> str:
@@ -526,8 +596,31 @@ def main() -> None:
     parser.add_argument(
         "--no-baselines", dest="baselines", action="store_false", help="studies without the engine's reference trials"
     )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: train on GPU 0 and measure each candidate's latency there (default space hybrid_small); "
+        "writes search_quality_<gpu>.json",
+    )
+    parser.add_argument(
+        "--space", help="a space name or YAML file instead of the benchmark's own (default: its MQAR space on the CPU)"
+    )
+    parser.add_argument(
+        "--verify",
+        type=int,
+        default=5,
+        metavar="N",
+        help="after each default-arm run, retrain its front and N random trials at 4x steps and report the "
+        "proxy's rank correlation (0: off; not counted in the run's wall-clock)",
+    )
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.exit(2, "search_quality.py: --device cuda needs a CUDA device; none is visible\n")
     seeds = args.seeds or ([0, 1] if args.quick else list(range(10)))
     samplers = args.samplers or (["tpe", "random"] if args.quick else list(SAMPLERS))
     trials = args.trials or (12 if args.quick else DEFAULT_TRIALS)
@@ -535,8 +628,12 @@ def main() -> None:
 
     start, load = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        space = Path(tmp) / "space.yaml"
-        space.write_text(SPACE.format(task=TASK))
+        space_arg = args.space or ("hybrid_small" if args.device == "cuda" else None)
+        if space_arg is None:
+            space = Path(tmp) / "space.yaml"
+            space.write_text(SPACE.format(task=TASK))
+        else:
+            space = space_arg
         order = schedule(seeds, samplers, (False,) if args.prune == "off" else (False, True))
         jobs = [
             {
@@ -546,6 +643,8 @@ def main() -> None:
                 "trials": trials,
                 "baselines": args.baselines,
                 "space": str(space),
+                "device": args.device,
+                "verify": args.verify,
                 "storage": str(Path(tmp) / f"{arm_name(sampler, prune)}-{seed}.journal"),
             }
             for seed, sampler, prune in order
@@ -555,7 +654,7 @@ def main() -> None:
     scored = [run for run in runs if run["error"] is None]
     errors = [f"seed {r['seed']} {arm_name(r['sampler'], r['prune'])}: {r['error']}" for r in runs if r["error"]]
     reference = reference_point(scored)
-    summary = summarise(scored, reference)
+    summary = summarise(scored, reference) | {"fidelity": fidelity_summary(scored)}
     saved = savings(scored)
     print_report(summary, saved, trials)
     print(f"\n{len(runs)} runs in {wall:.0f} s with --jobs {args.jobs}; reference point (losses) {reference}")
@@ -565,7 +664,8 @@ def main() -> None:
 
     import torch
 
-    out = Path(args.out) / ("search_quality_cpu_quick.json" if args.quick else "search_quality_cpu.json")
+    slug = "cpu" if args.device == "cpu" else device_slug()
+    out = Path(args.out) / f"search_quality_{slug}{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -577,8 +677,9 @@ def main() -> None:
         "jobs": args.jobs,
         "load_average": {"start": list(load), "end": list(os.getloadavg())},
         "wall_seconds": wall,
-        "task": TASK,
-        "space": SPACE.format(task=TASK),
+        "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(0),
+        "task": TASK if space_arg is None else None,
+        "space": SPACE.format(task=TASK) if space_arg is None else space_text(space_arg),
         "samplers": samplers,
         "seeds": seeds,
         "trials": trials,

@@ -181,3 +181,58 @@ def test_json_keeps_one_line_per_trial_and_reads_back():
     text = to_json(payload)
     assert json.loads(text) == payload
     assert sum(line.lstrip().startswith('{"number"') for line in text.splitlines()) == 2
+
+
+def test_smaller_trial_budgets_are_scored_where_every_run_reached_them():
+    from benchmarks.search_quality import CURVE_TRIALS
+
+    trials = [_trial(n, acc=0.1 + 0.01 * n) for n in range(45)]
+    runs = [_run(trials, seed=s) for s in range(3)] + [_run(trials, sampler="tpe", seed=s) for s in range(3)]
+    summary = summarise(runs, [0.0, 2.0, 2.0])
+    hv = summary["arms"]["tpe"]["hypervolume"]
+    assert {f"trials {n}" for n in CURVE_TRIALS if n < 45} <= set(hv)  # 20 and 40 are below the 45 asked
+    assert hv["trials 20"]["median"] < hv["trials 40"]["median"] < hv["trials"]["median"]  # later trials are better
+    short = summarise([_run(trials[:30], seed=0), _run(trials[:30], sampler="tpe", seed=0)], [0.0, 2.0, 2.0])
+    assert "trials 40" not in short["arms"]["tpe"]["hypervolume"]  # never scored past what a run asked
+
+
+def test_fidelity_is_summarised_over_the_runs_that_verified():
+    from benchmarks.search_quality import fidelity_summary
+
+    f = {"steps_factor": 4.0, "trials": 9, "spearman": 0.8, "kendall": 0.6, "params_spearman": 0.5}
+    runs = [
+        _run([_trial(0)], sampler="tpe", seed=0) | {"fidelity": f},
+        _run([_trial(0)], sampler="tpe", seed=1) | {"fidelity": f | {"spearman": 0.6, "params_kendall": 0.4}},
+        _run([_trial(0)], seed=0) | {"fidelity": None},
+    ]
+    out = fidelity_summary(runs)
+    assert out["seeds"] == [0, 1] and out["trials"] == [9, 9]
+    assert out["spearman"]["median"] == pytest.approx(0.7) and out["kendall"]["values"] == [0.6, 0.6]
+    assert out["params_kendall"]["values"] == [0.4]  # a missing correlation is left out, not zero
+    assert fidelity_summary([_run([_trial(0)])]) is None
+
+
+def test_cuda_mode_without_a_gpu_is_one_line_and_exit_2():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "search_quality", "--device", "cuda", "--quick"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["search_quality.py: --device cuda needs a CUDA device; none is visible"]
+
+
+def test_space_text_reads_a_shipped_space_or_a_file(tmp_path):
+    from benchmarks.search_quality import space_text
+
+    assert "name: hybrid_small" in space_text("hybrid_small")
+    (tmp_path / "s.yaml").write_text("name: mine\n")
+    assert space_text(str(tmp_path / "s.yaml")) == "name: mine\n"

@@ -147,20 +147,18 @@ def _generate_mixed(
     return x, y
 
 
-def _mqar(
+def _check(
     name: str,
-    seed: int,
     vocab_size: int,
     seq_len: int,
     num_kv_pairs: int,
     power_a: float,
-    n_train: int,
-    n_test: int,
-    random_non_queries: bool = True,
-    short_frac: float = 0.0,
-    curriculum_len: int = 0,
-    curriculum_frac: float = 0.0,
-) -> Task:
+    rows: int,
+    short_frac: float,
+    curriculum_len: int,
+    curriculum_frac: float,
+) -> None:
+    """Refuse an MQAR configuration that cannot be generated, naming the parameter (TaskError)."""
     require(num_kv_pairs >= 1, name, f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
     require(
         vocab_size // 2 - 1 >= num_kv_pairs,
@@ -168,7 +166,7 @@ def _mqar(
         f"vocab_size={vocab_size} has too few keys for num_kv_pairs={num_kv_pairs} "
         f"(need vocab_size >= {2 * num_kv_pairs + 2})",
     )
-    require_sizes(name, vocab_size, seq_len, n_train + n_test)
+    require_sizes(name, vocab_size, seq_len, rows)
     require(
         seq_len >= 4 * num_kv_pairs,
         name,
@@ -188,6 +186,25 @@ def _mqar(
             f"curriculum_len must be in [4, seq_len={seq_len}), got {curriculum_len}",
         )
         require(0 < curriculum_frac < 1, name, f"curriculum_frac must be in (0, 1), got {curriculum_frac}")
+
+
+def _mqar(
+    name: str,
+    seed: int,
+    vocab_size: int,
+    seq_len: int,
+    num_kv_pairs: int,
+    power_a: float,
+    n_train: int,
+    n_test: int,
+    random_non_queries: bool = True,
+    short_frac: float = 0.0,
+    curriculum_len: int = 0,
+    curriculum_frac: float = 0.0,
+) -> Task:
+    _check(
+        name, vocab_size, seq_len, num_kv_pairs, power_a, n_train + n_test, short_frac, curriculum_len, curriculum_frac
+    )
     train_rng, test_rng = streams(name, seed, n_train, n_test)
     shape = (vocab_size, seq_len, num_kv_pairs, power_a, random_non_queries)
     if short_frac > 0:

@@ -279,7 +279,7 @@ def _print_start(
     if (warning := memory_warning(ctx)) is not None:
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
     if args.retrain_truncated:
-        config = dataclasses.replace(config, trials=config.trials + len(ctx.retrained))
+        config = dataclasses.replace(config, trials=ctx.budgets.trials)  # --trials and the re-queued ones
         console.print(
             f"re-queued {len(ctx.retrained)} truncated trial(s) ({', '.join(map(str, ctx.retrained))}) to train in "
             f"full, on top of --trials: {config.trials} trained trials to reach"

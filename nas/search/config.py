@@ -3,9 +3,10 @@ its study), and the error for a search that cannot start as asked."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from nas.search.objectives import DEFAULT_OBJECTIVES
+from nas.search.setup import StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE
 
 __all__ = ["SearchConfig", "SearchError"]
@@ -58,3 +59,8 @@ class SearchConfig:
     max_train_seconds: float | None = None
     # a resume re-queues the study's truncated trials, to train them in full on top of ``trials``
     retrain_truncated: bool = False
+
+    @property
+    def budgets(self) -> StudyBudgets:
+        """The trial count and hard budgets this run asks for (what its study records)."""
+        return StudyBudgets(**{f.name: getattr(self, f.name) for f in fields(StudyBudgets)})

@@ -238,31 +238,7 @@ def _config(args: argparse.Namespace, *, device: str) -> SearchConfig:
     from nas.search.config import SearchConfig
     from nas.search.storage import resolve_storage
 
-    return SearchConfig(
-        space=args.space,
-        task=args.task,
-        trials=args.trials,
-        timeout=args.timeout,
-        study=args.study,
-        storage=resolve_storage(args.storage),
-        sampler=args.sampler,
-        target=args.target,
-        latency_shape=args.latency_shape,
-        max_latency_ms=args.max_latency_ms,
-        max_params=args.max_params,
-        max_memory_mb=args.max_memory_mb,
-        trial_timeout=args.trial_timeout,
-        max_train_seconds=args.max_train_seconds,
-        retrain_truncated=args.retrain_truncated,
-        seed=args.seed,
-        measure=args.measure,
-        prune=args.prune,
-        baselines=args.baselines,
-        device=device,
-        objectives=args.objectives,
-        context=args.context,
-        decode_batch=args.decode_batch,
-    )
+    return SearchConfig.parse(args, storage=resolve_storage(args.storage), device=device)
 
 
 def _print_start(
@@ -279,7 +255,7 @@ def _print_start(
     if (warning := memory_warning(ctx)) is not None:
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
     if args.retrain_truncated:
-        config = dataclasses.replace(config, trials=config.trials + len(ctx.retrained))
+        config = dataclasses.replace(config, trials=ctx.budgets.trials)  # --trials and the re-queued ones
         console.print(
             f"re-queued {len(ctx.retrained)} truncated trial(s) ({', '.join(map(str, ctx.retrained))}) to train in "
             f"full, on top of --trials: {config.trials} trained trials to reach"

@@ -28,9 +28,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from nas.search.loop import n_complete, run_search, worker_config
+    from nas.search.loop import n_complete, run_search
     from nas.search.record import record, study_objectives, study_profile
     from nas.search.storage import resolve_storage
+    from nas.search.studies import worker_config
 
     config = worker_config(
         args.study,

@@ -1,11 +1,15 @@
-"""What a search run is asked to do (``SearchConfig``: the CLI's flags, or a worker's reading of
-its study), and the error for a search that cannot start as asked."""
+"""What a search run is asked to do (``SearchConfig``, parsed once at the edge by
+``SearchConfig.parse``: from the CLI's flags, or from a study's record under a worker's flags),
+and the error for a search that cannot start as asked."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from nas.search.objectives import DEFAULT_OBJECTIVES
+from nas.search.setup import StudyBudgets
 from nas.search.storage import DEFAULT_STORAGE
 
 __all__ = ["SearchConfig", "SearchError"]
@@ -58,3 +62,22 @@ class SearchConfig:
     max_train_seconds: float | None = None
     # a resume re-queues the study's truncated trials, to train them in full on top of ``trials``
     retrain_truncated: bool = False
+
+    @property
+    def budgets(self) -> StudyBudgets:
+        """The trial count and hard budgets this run asks for (what its study records)."""
+        return StudyBudgets(**{f.name: getattr(self, f.name) for f in fields(StudyBudgets)})
+
+    @classmethod
+    def parse(cls, *sources: object, **given: Any) -> SearchConfig:
+        """The request from named values: the CLI's flags (its argparse namespace), or a study's
+        record (its ``SearchSetup`` and ``StudyBudgets``) under a worker's flags. A later source
+        overrides an earlier one, ``given`` last. A name that is no field here is no part of the
+        request (the CLI's ``--gpus``, the record's ``profile``), and a None is a value not given
+        (a flag left out: the default here, or what an earlier source says); both are skipped."""
+        names = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for source in (*sources, given):
+            named = source if isinstance(source, Mapping) else vars(source)
+            values.update({k: v for k, v in named.items() if k in names and v is not None})
+        return cls(**values)

@@ -22,10 +22,8 @@ from optuna.trial import FrozenTrial, TrialState
 from nas.search import interrupt, record
 from nas.search.config import SearchConfig, SearchError
 from nas.search.objective import TrialContext, evaluate
-from nas.search.setup import StudyBudgets
 from nas.search.start import prepare
 from nas.search.storage import claim_lock
-from nas.search.studies import open_study
 
 __all__ = [
     "n_complete",
@@ -34,7 +32,6 @@ __all__ = [
     "n_truncated",
     "recover_stale_trials",
     "run_search",
-    "worker_config",
 ]
 
 # one logger for the study's lines, whichever module of it writes them (``nas -v`` shows its name)
@@ -124,51 +121,6 @@ def n_truncated(study: optuna.Study) -> int:
 
 def _n_running(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-
-
-def worker_config(
-    study: str,
-    storage: str,
-    *,
-    trials: int | None = None,
-    device: str = "auto",
-    worker: int | None = None,
-    timeout: float | None = None,
-    data: str | None = None,
-) -> SearchConfig:
-    """The SearchConfig a worker joining ``study`` runs with, read back from what the study recorded
-    (``data``: the study's data file at another path on this host)."""
-    existing = open_study(study, storage, create=False)
-    setup, budgets = record.study_setup(existing), record.study_budgets(existing) or StudyBudgets()
-    if setup is None:
-        raise SearchError(f"study {study!r} in {storage} was not started by nas search; start it with nas search")
-    return SearchConfig(
-        space=setup.space,
-        space_yaml=setup.space_yaml,
-        task=setup.task,
-        joins=True,
-        data=data,
-        trials=trials or budgets.trials,
-        timeout=timeout,
-        study=study,
-        storage=storage,
-        sampler=setup.sampler,
-        target=setup.target,
-        latency_shape=setup.latency_shape,
-        max_latency_ms=budgets.max_latency_ms,
-        max_params=budgets.max_params,
-        max_memory_mb=budgets.max_memory_mb,
-        trial_timeout=budgets.trial_timeout,
-        max_train_seconds=budgets.max_train_seconds,
-        seed=setup.seed,
-        device=device,
-        measure=setup.measure,
-        prune=setup.prune,
-        worker=os.getpid() if worker is None else worker,
-        objectives=setup.objectives,
-        context=setup.context,
-        decode_batch=setup.decode_batch,
-    )
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ from nas.latency import (
 )
 from nas.models import build
 from nas.search import faults, gpu_share, pruning, record
+from nas.search.setup import StudyBudgets
 from nas.space import SearchSpace
 from nas.spec import ArchSpec, Candidate, arch_hash
 from nas.tasks import Task
@@ -48,21 +49,9 @@ from nas.train import (
     train_population,
 )
 
-__all__ = ["Budgets", "TrialContext", "evaluate"]
+__all__ = ["TrialContext", "evaluate"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Hard limits: a candidate over one is recorded (infeasible) without being trained."""
-
-    max_latency_ms: float | None = None
-    max_params: int | None = None
-    max_memory_mb: float | None = None
-    trial_timeout: float | None = None  # seconds for the whole trial; past it the trial fails
-    # the training's wall-clock guard instead of the space's max_train_seconds (None: the space's)
-    max_train_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +63,7 @@ class TrialContext:
     profile: HardwareProfile
     shape: LatencyShape
     device: torch.device
-    budgets: Budgets
+    budgets: StudyBudgets  # the trial count and hard limits: a candidate over a limit is not trained
     artifacts: FileSystemArtifactStore
     measure: bool = False  # time the TritonModel on this GPU instead of predicting
     objectives: tuple[str, ...] = tuple(record.OBJECTIVES)  # the study's objective metric names, in value order
@@ -97,7 +86,7 @@ class _Costs:
     decode: Latency | None = None
 
 
-def _constraints(budgets: Budgets, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
+def _constraints(budgets: StudyBudgets, lat: Latency, mem_mb: float, params: int) -> dict[str, float]:
     """Constraint values (≤ 0 is feasible) for the budgets that were set."""
     out = {}
     if budgets.max_latency_ms is not None:

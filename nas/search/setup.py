@@ -98,12 +98,14 @@ class SearchSetup:
 
 @dataclass(frozen=True)
 class StudyBudgets:
-    """The trial count and hard budgets the latest run of a study asked for."""
+    """The trial count and hard budgets a run asks for: the study records the latest run's (its
+    workers and report read them), and each trial checks the hard ones (a candidate over a limit
+    is recorded, infeasible, without being trained)."""
 
     max_latency_ms: float | None = None
     max_params: int | None = None
     max_memory_mb: float | None = None
-    trial_timeout: float | None = None
+    trial_timeout: float | None = None  # seconds for the whole trial; past it the trial fails
     trials: int = 20
     # the wall-clock guard on each training, in seconds, instead of the space's max_train_seconds
     # (--max-train-seconds; None: the space's)

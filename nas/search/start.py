@@ -5,6 +5,7 @@ study is opened, so a refused command writes nothing."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import optuna
@@ -15,7 +16,7 @@ from kernels.device import DeviceError, gpu_name, is_cuda, resolve
 from nas.search import faults, record
 from nas.search.baselines import baselines
 from nas.search.config import SearchConfig, SearchError
-from nas.search.objective import Budgets, TrialContext
+from nas.search.objective import TrialContext
 from nas.search.objectives import needs_context, parse_objectives
 from nas.search.pruning import CostAwarePruner
 from nas.search.resume import (
@@ -171,12 +172,10 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
         decode_batch=config.decode_batch,
     )
     _record_setup(study, name, stored, setup)
-    budgets = Budgets(
-        config.max_latency_ms, config.max_params, config.max_memory_mb, config.trial_timeout, config.max_train_seconds
-    )
     # re-queued truncated trials are trained on top of --trials: each was counted once already
     retrained = requeue_truncated(study) if config.retrain_truncated and stored is not None else ()
-    _record_budgets(study, name, config.trials + len(retrained), budgets)
+    budgets = replace(config.budgets, trials=config.trials + len(retrained))
+    _record_budgets(study, name, budgets)
     pruner = CostAwarePruner(start_of=task.stage1_steps) if prune else None
     if pruner is not None:
         study.pruner = pruner  # what Trial.should_prune would ask (optuna-native tools see it)
@@ -340,20 +339,12 @@ def _record_setup(study: optuna.Study, name: str, stored: SearchSetup | None, se
         )
 
 
-def _record_budgets(study: optuna.Study, name: str, trials: int, budgets: Budgets) -> None:
-    """Record this run's budgets in the study, ``trials`` the trained trials to reach."""
-    recorded = StudyBudgets(
-        trials=trials,
-        max_latency_ms=budgets.max_latency_ms,
-        max_params=budgets.max_params,
-        max_memory_mb=budgets.max_memory_mb,
-        trial_timeout=budgets.trial_timeout,
-        max_train_seconds=budgets.max_train_seconds,
-    )
+def _record_budgets(study: optuna.Study, name: str, budgets: StudyBudgets) -> None:
+    """Record this run's budgets in the study, ``budgets.trials`` the trained trials to reach."""
     before = record.study_budgets(study)
-    if before != recorded:
+    if before != budgets:
         if before is not None:  # a resume that changes them says so: they are the study's, not this run's
-            changes = ", ".join(before.changes(recorded))
+            changes = ", ".join(before.changes(budgets))
             logger.warning(
                 "study %r: recorded budgets changed (%s); workers, the front, the report and nas export use the "
                 "new ones, for the trials trained before too (the stored constraints and the hypervolume keep "
@@ -361,7 +352,7 @@ def _record_budgets(study: optuna.Study, name: str, trials: int, budgets: Budget
                 name,
                 changes,
             )
-        record.write_study_budgets(study, recorded)  # the latest run's budgets: workers and the report read them
+        record.write_study_budgets(study, budgets)  # the latest run's budgets: workers and the report read them
 
 
 def _check_objectives(config: SearchConfig) -> tuple[str, ...]:

@@ -1,9 +1,10 @@
 """A study of ``nas search`` in storage: the name a search's study gets (and the names older
-versions gave, under which a study keeps resuming), and opening or creating one with the
-directions and metric names of its objectives."""
+versions gave, under which a study keeps resuming), opening or creating one with the
+directions and metric names of its objectives, and the request a worker joining it runs."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ import optuna
 from nas.search import record
 from nas.search.config import SearchConfig, SearchError
 from nas.search.objectives import BY_METRIC, DEFAULT_OBJECTIVES, metrics, parse_objectives
-from nas.search.setup import SearchSetup
+from nas.search.setup import SearchSetup, StudyBudgets
 from nas.search.storage import open_storage
 from nas.space import SearchSpace
 from nas.tasks import task_file
@@ -21,7 +22,15 @@ from nas.tasks import task_file
 if TYPE_CHECKING:
     from nas.latency import LatencyShape
 
-__all__ = ["DIRECTIONS", "METRICS", "open_study", "recorded_setup", "resumed_name", "study_name"]
+__all__ = [
+    "DIRECTIONS",
+    "METRICS",
+    "open_study",
+    "recorded_setup",
+    "resumed_name",
+    "study_name",
+    "worker_config",
+]
 
 METRICS = tuple(record.OBJECTIVES)  # the objectives a study of nas search records, in value order
 DIRECTIONS = record.DIRECTIONS
@@ -34,6 +43,37 @@ def recorded_setup(name: str, storage: str) -> SearchSetup | None:
     except ValueError:
         return None
     return record.study_setup(existing)
+
+
+def worker_config(
+    study: str,
+    storage: str,
+    *,
+    trials: int | None = None,
+    device: str = "auto",
+    worker: int | None = None,
+    timeout: float | None = None,
+    data: str | None = None,
+) -> SearchConfig:
+    """The request of a worker joining ``study``: what the study recorded (its setup, and the
+    latest run's budgets), under this worker's flags (None: the study's; ``data``: the study's
+    data file at another path on this host), parsed as the CLI's flags are."""
+    existing = open_study(study, storage, create=False)
+    setup = record.study_setup(existing)
+    if setup is None:
+        raise SearchError(f"study {study!r} in {storage} was not started by nas search; start it with nas search")
+    return SearchConfig.parse(
+        setup,
+        record.study_budgets(existing) or StudyBudgets(),
+        trials=trials,
+        timeout=timeout,
+        study=study,
+        storage=storage,
+        device=device,
+        worker=os.getpid() if worker is None else worker,
+        joins=True,
+        data=data,
+    )
 
 
 def study_name(

@@ -13,9 +13,9 @@ resumed or parallel run continues the sequence instead of replaying it, and a se
 from scratch proposes the same first trials.
 
 This module is the face of the search's study, split by job (as Optuna re-exports its private
-modules): ``config`` (what a run is asked to do), ``studies`` (a study's name, opening one),
-``start`` (the checks and ``prepare``), ``resume`` (a resume checked against its record),
-``sampler`` and ``loop`` (``run_search``, workers joining a study).
+modules): ``config`` (what a run is asked to do), ``studies`` (a study's name, opening one,
+a joining worker's request), ``start`` (the checks and ``prepare``), ``resume`` (a resume checked
+against its record), ``sampler`` and ``loop`` (``run_search``).
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from nas.search.loop import (
     n_truncated,
     recover_stale_trials,
     run_search,
-    worker_config,
 )
 from nas.search.resume import not_retrained, requeue_truncated
 from nas.search.sampler import TPE_STARTUP, make_sampler
 from nas.search.setup import SAMPLERS
 from nas.search.start import prepare, resolve_device, resolve_measure, resolve_target
-from nas.search.studies import DIRECTIONS, METRICS, open_study, study_name
+from nas.search.studies import DIRECTIONS, METRICS, open_study, study_name, worker_config
 
 __all__ = [
     "DIRECTIONS",

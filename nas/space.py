@@ -574,10 +574,13 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
 
 
 def _precision(r: _Reader, raw: dict, layer: dict[str, Choice], mixers: set[str]) -> dict[str, Choice]:
-    """The study-wide ``precision:`` fields of the space ``raw`` (none when it has no such block).
-    A field is given in one place, study-wide or per layer; a narrower dtype is offered only where a
-    mixer that holds it can be drawn (an fp8 KV cache with no attention in the space would change nothing)."""
+    """The study-wide ``precision:`` fields of the space ``raw`` (none when it has no such block; a
+    block holds at least one, as ``layer:`` and ``train:`` do). A field is given in one place,
+    study-wide or per layer; a narrower dtype is offered only where a mixer that holds it can be
+    drawn (an fp8 KV cache with no attention in the space would change nothing)."""
     precision = r.section("precision", raw["precision"], _PRECISION_FIELDS) if "precision" in raw else {}
+    if "precision" in raw and not precision:  # `precision: {}` was meant to hold choices, as a bare one was
+        raise r.fail("precision", f"holds no field; give one of {list(PRECISION_FIELDS)}, or leave the block out")
     for name, allowed in PRECISION_FIELDS.items():
         if name in precision and name in layer:
             raise r.fail(

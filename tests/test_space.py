@@ -711,6 +711,7 @@ def test_precision_fields_under_layer_are_per_layer_choices(tmp_path):
         ),
         pytest.param(RANGES + "precision: [fp8]\n", ["precision", "mapping"], id="not-a-mapping"),
         pytest.param(RANGES + "precision:\n", ["precision", "mapping"], id="no-value"),
+        pytest.param(RANGES + "precision: {}\n", ["precision", "no field", "kv_dtype"], id="empty-block"),
         pytest.param(
             RANGES + "precision:\n  kv_dtype: {low: 1, high: 2}\n", ["precision.kv_dtype", "list"], id="range"
         ),

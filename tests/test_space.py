@@ -727,6 +727,16 @@ def test_precision_fields_under_layer_are_per_layer_choices(tmp_path):
             ["precision.kv_dtype", "no attention"],
             id="kv-without-attention",
         ),
+        pytest.param(
+            edit(
+                edit(RANGES, "mixer: [attention, linear_attention, none]", "mixer: [none]"),
+                "mlp_ratio: {low: 0.0, high: 4.0, step: 0.5}",
+                "mlp_ratio: [0]",
+            )
+            + "precision:\n  weight_dtype: [fp8]\n",
+            ["precision.weight_dtype", "no block", "mixer", "MLP"],
+            id="weights-without-linear-layers",
+        ),
     ],
 )
 def test_a_bad_precision_field_is_one_line_naming_it(tmp_path, content, names):

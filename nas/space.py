@@ -574,10 +574,14 @@ def parse_space(raw: Any, source: str, default_name: str | None = None) -> Searc
 
 
 def _precision(r: _Reader, raw: dict, layer: dict[str, Choice], mixers: set[str]) -> dict[str, Choice]:
-    """The study-wide ``precision:`` fields of the space ``raw`` (none when it has no such block).
-    A field is given in one place, study-wide or per layer; a narrower dtype is offered only where a
-    mixer that holds it can be drawn (an fp8 KV cache with no attention in the space would change nothing)."""
+    """The study-wide ``precision:`` fields of the space ``raw`` (none when it has no such block; a
+    block holds at least one, as ``layer:`` and ``train:`` do). A field is given in one place,
+    study-wide or per layer; a narrower dtype is offered only where a mixer that holds it can be
+    drawn (an fp8 KV cache with no attention in the space would change nothing, and so would fp8
+    weights in a space whose blocks have neither a mixer nor an MLP)."""
     precision = r.section("precision", raw["precision"], _PRECISION_FIELDS) if "precision" in raw else {}
+    if "precision" in raw and not precision:  # `precision: {}` was meant to hold choices, as a bare one was
+        raise r.fail("precision", f"holds no field; give one of {list(PRECISION_FIELDS)}, or leave the block out")
     for name, allowed in PRECISION_FIELDS.items():
         if name in precision and name in layer:
             raise r.fail(
@@ -591,6 +595,15 @@ def _precision(r: _Reader, raw: dict, layer: dict[str, Choice], mixers: set[str]
         if choice is not None and holder is not None and holder not in mixers and set(choice.values()) - {allowed[0]}:
             what = name.removesuffix("_dtype")
             raise r.fail(where, f"stores the {what} of {holder} layers, and layer.mixer offers no {holder}")
+        # linear weights are a mixer's (QKV, out) or an MLP's (up, down): an MLP-only block of
+        # mlp_ratio 0 has none (a range can draw above 0 where its high end is)
+        weighted = mixers - {"none"} or any(v > 0 for v in layer["mlp_ratio"].values())
+        if name == "weight_dtype" and choice is not None and not weighted and set(choice.values()) - {allowed[0]}:
+            raise r.fail(
+                where,
+                "stores the linear weights of blocks with a mixer or an MLP, and no block has either "
+                "(layer.mixer offers only none, layer.mlp_ratio only 0)",
+            )
     return precision
 
 

@@ -711,6 +711,7 @@ def test_precision_fields_under_layer_are_per_layer_choices(tmp_path):
         ),
         pytest.param(RANGES + "precision: [fp8]\n", ["precision", "mapping"], id="not-a-mapping"),
         pytest.param(RANGES + "precision:\n", ["precision", "mapping"], id="no-value"),
+        pytest.param(RANGES + "precision: {}\n", ["precision", "no field", "kv_dtype"], id="empty-block"),
         pytest.param(
             RANGES + "precision:\n  kv_dtype: {low: 1, high: 2}\n", ["precision.kv_dtype", "list"], id="range"
         ),
@@ -725,6 +726,16 @@ def test_precision_fields_under_layer_are_per_layer_choices(tmp_path):
             + "precision:\n  kv_dtype: [bf16, fp8]\n",
             ["precision.kv_dtype", "no attention"],
             id="kv-without-attention",
+        ),
+        pytest.param(
+            edit(
+                edit(RANGES, "mixer: [attention, linear_attention, none]", "mixer: [none]"),
+                "mlp_ratio: {low: 0.0, high: 4.0, step: 0.5}",
+                "mlp_ratio: [0]",
+            )
+            + "precision:\n  weight_dtype: [fp8]\n",
+            ["precision.weight_dtype", "no block", "mixer", "MLP"],
+            id="weights-without-linear-layers",
         ),
     ],
 )

@@ -25,6 +25,7 @@ def print_front(study: optuna.Study) -> None:
 def front_table(study: optuna.Study) -> Table:
     """The front as a table: one column per objective of the study, the baselines below it; ★ marks
     the trial ``nas export`` takes by default (listed below the front when ε-dominated there)."""
+    from nas.latency import shared_labels
     from nas.results.pareto import accuracy_epsilon, completed, default_pick, front
     from nas.search.record import study_objectives, study_profile, study_setup
 
@@ -40,7 +41,7 @@ def front_table(study: optuna.Study) -> Table:
     caption = []
     for o in objectives:
         shown = trials or [r for r in completed(study) if r.trained]  # an empty front still says how
-        sources = sorted({lat.label() for r in shown if (lat := r.latency_of(o.metric)) is not None})
+        sources = shared_labels(lat for r in shown if (lat := r.latency_of(o.metric)) is not None)
         if sources:
             caption.append(f"{o.name.replace('_', ' ')} {'; '.join(sources)}")
     if any(r.measured is not None for r in trials + refs):

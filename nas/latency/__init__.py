@@ -35,7 +35,7 @@ from ._predict import (
     prediction_status,
     transfer_ratios,
 )
-from ._result import LATENCY_KINDS, SOURCES, UNPRICED, Latency, unpriced_precision
+from ._result import LATENCY_KINDS, SOURCES, UNPRICED, Latency, shared_labels, unpriced_precision
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
     "predict",
     "predict_decode",
     "prediction_status",
+    "shared_labels",
     "transfer_ratios",
     "unpriced_precision",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ from ._shape import LatencyShape, parse_shape
 if TYPE_CHECKING:
     from nas.spec import ArchSpec
 
-__all__ = ["LATENCY_KINDS", "SOURCES", "UNPRICED", "Latency", "unpriced_precision"]
+__all__ = ["LATENCY_KINDS", "SOURCES", "UNPRICED", "Latency", "shared_labels", "unpriced_precision"]
 
 SOURCES = ("predicted", "measured")
 # what was timed: the forward over ``shape`` (batch x tokens), or one decoding step of ``shape.batch``
@@ -140,3 +141,15 @@ def unpriced_precision(latency: Latency, arch: ArchSpec) -> Latency:
     if arch.full_precision:
         return latency
     return replace(latency, notes=(*latency.notes, (UNPRICED, arch.precision_text())))
+
+
+def shared_labels(latencies: Iterable[Latency]) -> list[str]:
+    """How many trials' latencies were obtained, for a caption or an axis that says it once: each
+    distinct ``label()`` without its ``not priced at`` caveat, then one caveat where some trial had
+    it. Label by label, the caveat (a trial's own dtypes) made one basis a line per combination of
+    dtypes, and per-layer choices multiply those; each row names its dtypes in its architecture."""
+    found = list(latencies)
+    labels = sorted({replace(lat, notes=tuple(n for n in lat.notes if n[0] != UNPRICED)).label() for lat in found})
+    if any(UNPRICED in dict(lat.notes) for lat in found):
+        labels.append("not priced at the narrower precision a trial stores (the kernels' own dtypes)")
+    return labels

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from plotly.subplots import make_subplots
 
 from hardware_profiles import HardwareProfile
-from nas.latency import parse_shape, predict, predict_decode
+from nas.latency import parse_shape, predict, predict_decode, shared_labels
 from nas.results.fidelity import fidelity, pairs
 from nas.results.pareto import accuracy_epsilon, completed, default_pick, front, primary_cost, reference_point
 from nas.search.objectives import Objective
@@ -207,7 +207,7 @@ def _picks(epsilon: float | None, what: str = "this") -> str:
 
 def _axis(study: optuna.Study, o: Objective) -> str:
     """``latency (ms) (measured (NVIDIA H200))``: the objective and how its values were obtained."""
-    labels = sorted({lat.label() for r in completed(study) if (lat := r.latency_of(o.metric)) is not None})
+    labels = shared_labels(lat for r in completed(study) if (lat := r.latency_of(o.metric)) is not None)
     setup = study_setup(study)
     at = f" at {setup.context:,} tokens × {setup.decode_batch}" if o.context and setup and setup.context else ""
     return f"{o.label}{at}" + (f" ({'; '.join(labels)})" if labels else "")

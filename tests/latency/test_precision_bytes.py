@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from optuna.trial import TrialState
 
 from hardware_profiles import load_profile
 from nas.latency import (
@@ -111,3 +112,47 @@ def test_latencies_do_not_price_a_precision_no_kernel_runs():
     measured = dataclasses.replace(predict(FULL, LatencyShape(1, 256), h200), source="measured", device="NVIDIA H200")
     assert unpriced_precision(measured, narrow).label() == "measured (NVIDIA H200, not priced at kv fp8, state bf16)"
     assert unpriced_precision(measured, FULL) is measured
+
+
+def test_a_caption_or_axis_over_many_trials_names_the_basis_once(tmp_path):
+    """The final table's caption and the report's latency axis list how the trials' latencies were
+    obtained. Each trial's label carries its own ``not priced at`` caveat, which differs with every
+    combination of dtypes (per-layer choices multiply them): listed label by label, a handful of
+    trials repeated one basis four times. They name the basis once, and the caveat once."""
+    from optuna.trial import create_trial
+
+    from nas.commands._front import front_table
+    from nas.results.report import figures
+    from nas.search import record
+    from nas.search.record import TrialRecord
+    from nas.search.setup import SearchSetup
+    from nas.search.study import open_study
+    from nas.spec import TrainSpec
+
+    h200, shape = load_profile("h200"), LatencyShape(1, 256)
+    study = open_study("p", str(tmp_path / "p.journal"))
+    record.write_study_setup(study, SearchSetup("s", "", "mqar", "auto", "h200", "1x256", test_size=64))
+    narrow = ({}, {"kv_dtype": "fp8"}, {"weight_dtype": "fp8"}, {"kv_dtype": "fp8", "weight_dtype": "fp8"})
+    for i, attn in enumerate(narrow):
+        arch = _arch(attn=attn, lin={"state_dtype": "bf16"} if i == 3 else None)
+        acc, mem = 0.5 + 0.1 * i, 0.5 + 0.1 * i  # each more accurate and larger: all on the front
+        r = TrialRecord(
+            i,
+            TrialState.COMPLETE,
+            values={"accuracy": acc, "latency_ms": 0.05, "memory_mb": mem},
+            arch=arch,
+            train=TrainSpec("adamw", 1e-3, 0.0, 0.0, 10, 8),
+            arch_summary=arch.summary(),
+            params=count_params(arch),
+            latency=predict(arch, shape, h200),
+            memory={"total_mb": mem},
+            steps_done=10,
+            trained_accuracy=acc,
+        )
+        study.add_trial(create_trial(values=[acc, 0.05, mem], user_attrs=r.to_dict()))
+    basis = "predicted (h200, calibrated 2026-12-04, ±13 %)"
+    caption = " ".join(str(front_table(study).caption).split())
+    axis = figures(study)["front2d"].layout.xaxis.title.text
+    for text in (caption, axis):
+        assert text.count("predicted (") == 1 and basis in text, text
+        assert text.count("not priced") == 1, text

@@ -69,6 +69,20 @@ def test_a_space_without_a_mixer_or_depth_gets_fewer_references():
     assert baselines(mlp_only) == []
 
 
+def test_the_references_store_the_widest_precision_the_space_offers():
+    """A baseline takes each precision field's widest choice: the default where the space offers
+    it (bf16 KV cache, study-wide or per layer), the only value where one narrower value fixes it
+    (weight_dtype: [fp8] stores every candidate's weights in fp8, the references' too)."""
+    block = "precision:\n  kv_dtype: [bf16, fp8]\n  weight_dtype: [fp8]\n"
+    per_layer = "  mlp_ratio: [0, 2]\n  state_dtype: [bf16, fp32]\n"
+    for space in (_space(**{"train:": block + "train:"}), _space(**{"  mlp_ratio: [0, 2]\n": per_layer})):
+        for ref in baselines(space):
+            arch = space.sample(optuna.trial.FixedTrial(ref.params), _task(space.task)).arch
+            for layer in arch.layers:
+                assert (layer.kv_dtype, layer.state_dtype) == ("bf16", "fp32"), (ref.label, layer)
+                assert layer.weight_dtype == ("fp8" if space.precision else "bf16"), (ref.label, layer)
+
+
 def _baseline_trials(study: optuna.Study) -> list[str]:
     return sorted(record.baseline_of(t) for t in study.get_trials(deepcopy=False) if record.baseline_of(t))
 

@@ -4,15 +4,15 @@
     python -m benchmarks search_quality --quick        # smoke run: 2 seeds, tpe and random, 12 trials
     python -m benchmarks search_quality --device cuda --samplers tpe random --prune off --jobs 4
 
-Runs ``nas search``'s engine (CPU, one torch thread, latency predicted for the h200 profile) on
-a small MQAR task (``--device cuda``: on GPU 0 with each candidate's latency measured there, on
-``hybrid_small`` unless ``--space`` names another) for every (seed, sampler, early stopping off/on): each run is one study of
-``--trials`` trained trials in its own journal file, with the engine's defaults otherwise (its
-baseline trials included: the same three reference architectures open every study and count
-toward ``--trials``; ``--no-baselines`` leaves them out). Every trial is saved (state,
-objectives, configuration, completion time since the run started, duration, training seconds,
-baseline label, why it was stopped), so each number below can be recomputed from the JSON. A
-run that raises is recorded with its error and its trials so far, and left out of every score
+Runs ``nas search``'s engine (CPU, one torch thread, latency predicted for the h200 profile) on a
+small MQAR task (``--device cuda``: on GPU 0 with each candidate's latency measured there, on
+``hybrid_small`` unless ``--space`` names another) for every (seed, sampler, early stopping
+off/on): each run is one study of ``--trials`` trained trials in its own journal file, with the
+engine's defaults otherwise (its baseline trials included: the same three reference architectures
+open every study and count toward ``--trials``; ``--no-baselines`` leaves them out). Every trial is
+saved (state, objectives, configuration, completion time since the run started, duration, training
+seconds, baseline label, why it was stopped), so each number below can be recomputed from the JSON.
+A run that raises is recorded with its error and its trials so far, and left out of every score
 (listed at the end) instead of ending the benchmark.
 
 Order: seed-major; within a seed the 2 × samplers arms (samplers alternating with early stopping
@@ -168,9 +168,8 @@ def warm_up(space: str, device: str = "cpu") -> None:
     from nas.search.study import SearchConfig, run_search
 
     with tempfile.TemporaryDirectory() as tmp:
-        run_search(
-            SearchConfig(space=space, trials=1, storage=str(Path(tmp) / "warm.journal"), sampler="random", device=device)
-        )
+        warm = str(Path(tmp) / "warm.journal")
+        run_search(SearchConfig(space=space, trials=1, storage=warm, sampler="random", device=device))
 
 
 def run_one(job: dict[str, Any]) -> dict[str, Any]:

@@ -343,14 +343,16 @@ def _record_budgets(study: optuna.Study, name: str, budgets: StudyBudgets) -> No
     """Record this run's budgets in the study, ``budgets.trials`` the trained trials to reach."""
     before = record.study_budgets(study)
     if before != budgets:
-        if before is not None:  # a resume that changes them says so: they are the study's, not this run's
-            changes = ", ".join(before.changes(budgets))
+        # a resume that changes a hard budget says so: they are the study's, not this run's; more
+        # (or fewer) --trials alone is how a study is extended and changes no trial's standing
+        changes = before.changes(budgets) if before is not None else []
+        if any(not line.startswith("trials ") for line in changes):
             logger.warning(
                 "study %r: recorded budgets changed (%s); workers, the front, the report and nas export use the "
                 "new ones, for the trials trained before too (the stored constraints and the hypervolume keep "
                 "the budgets each trial was scored under)",
                 name,
-                changes,
+                ", ".join(changes),
             )
         record.write_study_budgets(study, budgets)  # the latest run's budgets: workers and the report read them
 

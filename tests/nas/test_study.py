@@ -476,6 +476,10 @@ def test_a_resume_that_changes_recorded_budgets_says_so(tmp_path, tiny_space, ca
     with caplog.at_level("WARNING", logger="nas.search.study"):
         prepare(_config(tmp_path, tiny_space, trials=2))
         assert not _notes(caplog)  # same settings: nothing to say
+        _, study = prepare(_config(tmp_path, tiny_space, trials=4))
+        assert study.user_attrs["budgets"]["trials"] == 4  # recorded, but more trials alone is no news
+        assert not _notes(caplog)
+        prepare(_config(tmp_path, tiny_space, trials=2))
         _, study = prepare(_config(tmp_path, tiny_space, trials=1, max_latency_ms=5.0))
     assert study.user_attrs["budgets"]["trials"] == 1
     assert _notes(caplog) == [

@@ -185,6 +185,13 @@ LIMITS: dict[str, _Bound] = {
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 
 
+def _as_yaml(item: Any) -> str:
+    """A parsed YAML value as the file spells it, for a message: ``true``, ``null``, ``'fp16'``."""
+    if isinstance(item, bool):
+        return "true" if item else "false"
+    return "null" if item is None else repr(item)
+
+
 class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
@@ -228,11 +235,11 @@ class _Reader:
         """One allowed string, boolean, or number inside the field's ``LIMITS``."""
         if isinstance(kind, tuple):
             if item not in kind:
-                raise self.fail(field, f"{item!r} is not one of {list(kind)}")
+                raise self.fail(field, f"{_as_yaml(item)} is not one of {list(kind)}")
             return item
         if kind is bool:
             if not isinstance(item, bool):
-                raise self.fail(field, f"{item!r} is not true/false")
+                raise self.fail(field, f"{_as_yaml(item)} is not true/false")
             return item
         value = self.number(field, item, kind)
         bound = LIMITS[field]

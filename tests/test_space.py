@@ -762,6 +762,14 @@ def test_a_bad_precision_field_exits_2_through_the_cli(tmp_path, capsys):
     assert not storage.exists()
 
 
+@pytest.mark.parametrize(("value", "shown"), [("true", "true"), ("null", "null"), ("no", "false"), ("1", "1")])
+def test_a_bad_choice_is_named_as_the_yaml_spells_it(tmp_path, value, shown):
+    path = tmp_path / "bad.yaml"
+    path.write_text(RANGES + f"precision:\n  kv_dtype: [{value}]\n")
+    with pytest.raises(SpaceError, match=rf"precision.kv_dtype: {shown} is not one of \['bf16', 'fp8'\]"):
+        load_space(path)
+
+
 def test_a_space_without_precision_is_unchanged(tmp_path):
     """No precision: block: no precision parameter, every candidate at full precision, the same
     recorded fields (a resume compares them) and the same configurations count."""

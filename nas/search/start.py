@@ -99,7 +99,7 @@ def check_fp8(space: SearchSpace, capability: tuple[int, int] | None) -> None:
         return
     major, minor = capability
     raise SearchError(
-        f"{space.source}: precision: fp8 needs a GPU of compute capability "
+        f"{space.source}: fp8 needs a GPU of compute capability "
         f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (Ada, Hopper); this device is {major}.{minor}: "
         f"drop fp8 from the space's precision choices, or search on such a GPU"
     )

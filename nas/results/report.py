@@ -100,6 +100,28 @@ def _precision_hover(r: TrialRecord, searched: bool) -> str | None:
     return r.arch.precision_text() + ("" if full is None else f" (accuracy at it; {full:.3f} at full precision)")
 
 
+# the front's marker per precision setting, in a study that searches precision (the first: full)
+_SETTING_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon", "pentagon", "cross")
+
+
+def _by_precision(trials: list[TrialRecord], searched: bool) -> list[tuple[str | None, list[TrialRecord]]]:
+    """``trials`` grouped by how they store their KV cache, state and weights (``full precision``
+    first, then by name), one group of all with no label where the study does not search it; past
+    ``_SETTING_SYMBOLS`` settings the rest share the last group's label ``other precision``."""
+    if not searched:
+        return [(None, trials)]
+    groups: dict[str, list[TrialRecord]] = {}
+    for r in trials:
+        text = r.arch.precision_text() if r.arch is not None else ""
+        groups.setdefault(text or "full precision", []).append(r)
+    names = sorted(groups, key=lambda name: (name != "full precision", name))
+    keep, rest = names[: len(_SETTING_SYMBOLS) - 1], names[len(_SETTING_SYMBOLS) - 1 :]
+    out = [(name, groups[name]) for name in keep]
+    if rest:
+        out.append((rest[0] if len(rest) == 1 else "other precision", [r for n in rest for r in groups[n]]))
+    return out
+
+
 def _searches_precision(study: optuna.Study) -> bool:
     """Whether some trial of ``study`` stores its KV cache, state or weights below full precision."""
     return any(r.arch is not None and not r.arch.full_precision for r in completed(study))
@@ -246,19 +268,21 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
                 hoverinfo="text",
             )
         )
-    fig.add_trace(
-        go.Scatter(
-            x=[_cost(r, cost) for r in best],
-            y=[r.accuracy for r in best],
-            mode="markers",
-            name=f"Pareto front ({', '.join(o.name.replace('_', ' ') for o in objectives)})",
-            error_x=_error(best, cost.metric),
-            error_y=_accuracy_error(best),
-            marker=dict(color=_FRONT, size=10, line=dict(color="white", width=1)),
-            hovertext=hover(best),
-            hoverinfo="text",
+    front_name = f"Pareto front ({', '.join(o.name.replace('_', ' ') for o in objectives)})"
+    for (setting, trials), symbol in zip(_by_precision(best, searched), _SETTING_SYMBOLS, strict=False):
+        fig.add_trace(
+            go.Scatter(
+                x=[_cost(r, cost) for r in trials],
+                y=[r.accuracy for r in trials],
+                mode="markers",
+                name=front_name if setting is None else f"{front_name}: {setting}",
+                error_x=_error(trials, cost.metric),
+                error_y=_accuracy_error(trials),
+                marker=dict(color=_FRONT, size=10, symbol=symbol, line=dict(color="white", width=1)),
+                hovertext=hover(trials),
+                hoverinfo="text",
+            )
         )
-    )
     refs = [r for r in completed(study) if r.baseline is not None and r.trained]
     if refs:  # the reference architectures, ringed and named wherever they landed
         fig.add_trace(

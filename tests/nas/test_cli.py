@@ -1273,6 +1273,18 @@ def test_a_tiny_study_with_precision_records_both_accuracies(tmp_path, capsys, m
     for t in study.get_trials():
         attention = any(la.mixer == "attention" for la in records(study)[t.number].arch.layers)
         assert ("precision.kv_dtype" in t.params) == attention and "precision.weight_dtype" not in t.params
+    from nas.results.pareto import front
+    from nas.results.report import figures
+
+    fronts = [t for t in figures(study)["front2d"].data if t.name.startswith("Pareto front")]
+    on_front = {r.number: r for r in front(study)}
+    drawn = [(t, n) for t in fronts for n in t.hovertext]
+    assert len(drawn) == len(on_front)  # every front trial once, in the trace of its precision setting
+    for t in fronts:
+        setting = t.name.split(": ", 1)[1]
+        members = [r for r in on_front.values() if (r.arch.precision_text() or "full precision") == setting]
+        assert sorted(t.y) == sorted(r.accuracy for r in members)
+    assert len({t.marker.symbol for t in fronts}) == len(fronts)  # one marker per setting
     unchanged = tmp_path / "without.yaml"
     unchanged.write_text(space.read_text().replace(PRECISION_BLOCK, ""))
     assert main(["search", "--space", str(unchanged), "--trials", "5", "--storage", storage, "--study", "p"]) == 2

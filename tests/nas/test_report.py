@@ -287,3 +287,24 @@ def test_the_3d_front_fits_its_figure_in_a_1400_px_window(study_with_report):
     assert layout.height >= 700 and layout.margin.b <= 20
     eye = layout.scene.camera.eye
     assert min(eye.x, eye.y) >= 1.5 and eye.z < 1.0  # further out than plotly's 1.25 and lower
+
+
+def test_the_front_is_split_by_precision_setting_only_where_searched():
+    """One group per storage setting (full precision first), the overflow past the marker list
+    folded into one; a study that does not search precision keeps one unlabelled group."""
+    from nas.results.report import _SETTING_SYMBOLS, _by_precision
+    from nas.search.record import TrialRecord
+    from nas.spec import ArchSpec, LayerSpec
+
+    def rec(n: int, **dtypes) -> TrialRecord:
+        layer = LayerSpec(mixer="attention", heads=1, **dtypes)
+        arch = ArchSpec(d_model=16, layers=(layer,), vocab_size=8, n_out=8)
+        return TrialRecord(n, optuna.trial.TrialState.COMPLETE, arch=arch)
+
+    trials = [rec(0, kv_dtype="fp8"), rec(1), rec(2, weight_dtype="fp8"), rec(3, kv_dtype="fp8")]
+    assert _by_precision(trials, False) == [(None, trials)]
+    groups = _by_precision(trials, True)
+    assert [name for name, _ in groups] == ["full precision", "kv fp8", "weights fp8"]
+    assert [[r.number for r in rs] for _, rs in groups] == [[1], [0, 3], [2]]
+    many = [rec(i, kv_dtype="fp8", weight_dtype="fp8") for i in range(2)] + trials
+    assert len(_by_precision(many, True)) <= len(_SETTING_SYMBOLS)

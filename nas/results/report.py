@@ -29,6 +29,7 @@ from nas.search.objectives import Objective
 from nas.search.record import TrialRecord, records, study_budgets, study_objectives, study_profile, study_setup
 from nas.search.setup import StudyBudgets
 from nas.search.storage import file_in_the_way, output_clash
+from nas.spec import PRECISION_FIELDS
 
 __all__ = [
     "PLOT_CONFIG",
@@ -445,6 +446,7 @@ def _parallel(study: optuna.Study) -> go.Figure:
         dim("log10 params", [math.log10(max(1, r.params)) for r in trials]),
         dim("log10 lr", [math.log10(r.train.lr) for r in trials]),
         dim("steps", [r.train.steps for r in trials]),
+        *(_precision_dims(trials) if _searches_precision(study) else []),
         *(dim(o.label, [_cost(r, o) for r in trials]) for o in study_objectives(study) if o.metric != "accuracy"),
         dim("accuracy", [r.accuracy for r in trials]),
     ]
@@ -464,6 +466,17 @@ def _parallel(study: optuna.Study) -> go.Figure:
         title=f"Architecture parameters, coloured by accuracy{left_out}", template="plotly_white", height=480
     )
     return fig
+
+
+def _precision_dims(trials: list[TrialRecord]) -> list[dict]:
+    """Per trial, how many of its layers store each field narrower than full precision (``# kv
+    fp8``, ``# state bf16``, ``# weight fp8``): the parallel plot's axes in a study that searches it."""
+    out = []
+    for name, allowed in PRECISION_FIELDS.items():
+        narrow = allowed[-1]
+        counts = [sum(getattr(la, name) == narrow for la in r.arch.layers if la.stores(name)) for r in trials]
+        out.append(dict(label=f"# {name.removesuffix('_dtype')} {narrow}", values=counts))
+    return out
 
 
 def _fidelity(study: optuna.Study, epsilon: float | None = None) -> go.Figure | None:

@@ -1285,6 +1285,9 @@ def test_a_tiny_study_with_precision_records_both_accuracies(tmp_path, capsys, m
         members = [r for r in on_front.values() if (r.arch.precision_text() or "full precision") == setting]
         assert sorted(t.y) == sorted(r.accuracy for r in members)
     assert len({t.marker.symbol for t in fronts}) == len(fronts)  # one marker per setting
+    axes = {d.label: list(d.values) for d in figures(study)["parallel"].data[0].dimensions}
+    assert min(axes["# weight fp8"]) >= 1  # every trained trial stores its block weights in fp8
+    assert {"# kv fp8", "# state bf16"} <= set(axes)
     unchanged = tmp_path / "without.yaml"
     unchanged.write_text(space.read_text().replace(PRECISION_BLOCK, ""))
     assert main(["search", "--space", str(unchanged), "--trials", "5", "--storage", storage, "--study", "p"]) == 2

@@ -106,14 +106,16 @@ COUNTED = ("complete", "truncated")  # trained trials: what --trials counts
 CANDIDATES = ("complete", "truncated", "pruned", "failed")  # trials that went to training
 
 # Small MQAR: half the trials stay near chance and a few reach ~0.99, so the front spans the
-# accuracy range and early stopping has dominating trials to stop against; 40 trials take 20-30 s
-# on one core. max_train_seconds is only a guard: budgets are in steps.
+# accuracy range and early stopping has dominating trials to stop against; a trial trains in about
+# a second on one core. max_train_seconds is only a guard against a runaway candidate, wide enough
+# that a loaded machine truncates none (a truncated trial is off the front and changes what the
+# sampler proposes next, so the scores would depend on the load): budgets are in steps.
 TASK = "mqar:vocab_size=16,seq_len=16,num_kv_pairs=2,n_train=2048,n_test=256"
 SPACE = """\
 name: search_quality
 description: benchmark space (2 blocks max, short training)
 task: {task}
-max_train_seconds: 5
+max_train_seconds: 60
 depth: {{low: 1, high: 2}}
 d_model: [16, 32, 64]
 layer:

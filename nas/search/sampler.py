@@ -14,6 +14,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.search.config import SearchError
+from nas.search.record import baseline_of
 from nas.search.setup import SAMPLERS
 
 __all__ = ["TPE_STARTUP", "make_sampler"]
@@ -43,7 +44,8 @@ class _TrialSeeded(optuna.samplers.BaseSampler):
         self._inner = _seeded_sampler(name, seed)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self._inner = _seeded_sampler(self._name, _trial_seed(self._seed, trial.number))
+        baselines = sum(baseline_of(t) is not None for t in study.get_trials(deepcopy=False))
+        self._inner = _seeded_sampler(self._name, _trial_seed(self._seed, trial.number), baselines=baselines)
         self._inner.before_trial(study, trial)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -86,19 +88,24 @@ class _RungsMaximised:
         return optuna.study.StudyDirection.MAXIMIZE
 
 
-TPE_STARTUP = 5  # trials TPE draws at random before it models the history (baselines count)
+TPE_STARTUP = 5  # trials TPE draws at random before it models the history, besides the baselines
 
 
-def _seeded_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
-    """A seeded sampler; all of them read the constraints set by ``trial.set_constraint``."""
+def _seeded_sampler(name: str, seed: int, *, baselines: int = 0) -> optuna.samplers.BaseSampler:
+    """A seeded sampler; all of them read the constraints set by ``trial.set_constraint``.
+    ``baselines``: the study's reference trials, which TPE models but does not count as its own
+    random exploration (three fixed architectures at one recipe teach it little about the space)."""
     if name == "tpe":
         # group=True: the per-layer parameters exist only for some depths/mixers; grouping models
         # each co-occurring set jointly (benchmarks/search_quality.py: higher front hypervolume)
         with warnings.catch_warnings():  # multivariate/group are marked experimental in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # 5 random trials before the model (Optuna's default: 10): higher front hypervolume at
-            # 40 trials than 10 (docs/benchmarks.md, search quality, the TPE variants at ea29bfa)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=TPE_STARTUP)
+            # 5 random trials of its own before the model: counting the baselines among them left
+            # 2, and TPE then did worse than random sampling up to ~30 trials (docs/benchmarks.md,
+            # search quality: the startup rows)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, n_startup_trials=TPE_STARTUP + baselines
+            )
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
     if name == "gp":

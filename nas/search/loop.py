@@ -50,14 +50,17 @@ MAX_UNTRAINED_IN_A_ROW = 100
 POLL_SECONDS = 1.0  # while other workers finish the last trials of the budget
 
 
-def _pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int, started: int | None = None) -> bool:
+    """Whether the worker process ``pid`` (started at ``started``, ``record.process_start``; None:
+    not recorded) still runs: a live pid whose process started at another time is a reuse."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    now = record.process_start(pid)
+    return started is None or now is None or now == started
 
 
 # A worker records its pid and host right after it takes a trial (``record.write_start``): a
@@ -90,7 +93,7 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
                 logger.warning("trial %d: %s", t.number, reason)
                 recovered.append(t.number)
             continue
-        if r.host != host or r.pid is None or _pid_alive(int(r.pid)):
+        if r.host != host or r.pid is None or _pid_alive(int(r.pid), r.pid_start):
             continue
         if record.fail_stale(study, t, f"worker died (pid {r.pid}); parameters re-queued"):
             recovered.append(t.number)

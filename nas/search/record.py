@@ -32,6 +32,7 @@ import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -187,6 +188,7 @@ class TrialRecord:
     surplus: str | None = None
     requeued_from: int | None = None
     pid: int | None = None
+    pid_start: int | None = None  # its process's start (``process_start``): a reused pid is another process
     host: str | None = None
     latency_seconds: float | None = None
     latency_wait_seconds: float | None = None
@@ -431,6 +433,7 @@ class TrialRecord:
             surplus=a.get("surplus"),
             requeued_from=a.get("requeued_from"),
             pid=a.get("pid"),
+            pid_start=a.get("pid_start"),
             host=a.get("host"),
             latency_seconds=a.get("latency_seconds"),
             latency_wait_seconds=a.get("latency_wait_seconds"),
@@ -475,6 +478,7 @@ class TrialRecord:
             "surplus",
             "requeued_from",
             "pid",
+            "pid_start",
             "host",
             "latency_seconds",
             "latency_wait_seconds",
@@ -556,7 +560,22 @@ def write_start(trial: optuna.Trial) -> None:
     """Who runs the trial (stale-trial recovery reads it) and the record version."""
     trial.set_user_attr("record_version", RECORD_VERSION)
     trial.set_user_attr("pid", os.getpid())
+    if (start := process_start(os.getpid())) is not None:
+        trial.set_user_attr("pid_start", start)
     trial.set_user_attr("host", socket.gethostname())
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``'s 22nd field),
+    or None where there is no such process or no ``/proc``. With the pid it names one process: a
+    pid is reused once its process is gone (threads take pids too), so a busy host can hand a dead
+    worker's pid to another process within seconds."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def write_scored(

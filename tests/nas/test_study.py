@@ -136,6 +136,28 @@ def test_stale_running_trial_is_failed_and_requeued(tmp_path, tiny_space):
     assert len(requeued) == 1 and requeued[0].params == params and requeued[0].state == TrialState.COMPLETE
 
 
+def test_a_dead_workers_pid_reused_by_another_process_is_still_dead(tmp_path, tiny_space):
+    """A worker's pid names its process with the process's start time: when a busy host hands the
+    pid of a killed worker to another process (threads take pids too), its trial is still failed
+    and re-queued instead of being waited on (a resume after kill -9 hung so in CI)."""
+    import os
+
+    import nas.search.loop as study_mod
+    from nas.search.record import process_start
+
+    me = process_start(os.getpid())
+    assert me is not None and me == process_start(os.getpid())  # stable for one process
+    config = _config(tmp_path, tiny_space, trials=1)
+    ctx, study = prepare(config)
+    trial = study.ask()
+    ctx.space.sample(trial, ctx.task)
+    trial.set_user_attr("pid", os.getpid())  # a live pid ...
+    trial.set_user_attr("pid_start", me + 1)  # ... of a process that started later than the worker did
+    trial.set_user_attr("host", socket.gethostname())
+    assert study_mod.recover_stale_trials(study) == [trial.number]
+    assert study_mod._pid_alive(os.getpid(), me) and study_mod._pid_alive(os.getpid(), None)  # no record: kill(0)
+
+
 def test_a_trial_whose_process_died_before_claiming_it_is_failed_after_the_grace(tmp_path, tiny_space, monkeypatch):
     """A trial taken from the study whose process was killed before it recorded its pid (nothing
     says whose it is): left alone within UNCLAIMED_GRACE_S of its start (a live worker is about to

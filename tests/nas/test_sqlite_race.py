@@ -106,7 +106,7 @@ def test_a_trial_another_process_finished_is_left_as_that_process_recorded_it(tm
     if when == "before its claim":
         assert trials[0].user_attrs == {}
     if when == "before its evaluation":  # only the claim made it: nothing of this process's evaluation
-        assert set(trials[0].user_attrs) == {"pid", "host", "record_version"}
+        assert set(trials[0].user_attrs) == {"pid", "pid_start", "host", "record_version"}
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2  # the other process's trial 0 counts
     assert any("trial 0 was finished by another process" in r.getMessage() for r in caplog.records), caplog.text
 

@@ -100,9 +100,9 @@ def _seeded_sampler(name: str, seed: int, *, baselines: int = 0) -> optuna.sampl
         # each co-occurring set jointly (benchmarks/search_quality.py: higher front hypervolume)
         with warnings.catch_warnings():  # multivariate/group are marked experimental in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # 5 random trials of its own before the model: counting the baselines among them left
-            # 2, and TPE then did worse than random sampling up to ~30 trials (docs/benchmarks.md,
-            # search quality: the startup rows)
+            # random trials of its own before the model, the baselines not among them: counted in,
+            # they left TPE too few draws to model the space (docs/benchmarks.md, search quality:
+            # the start-up table)
             return optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True, n_startup_trials=TPE_STARTUP + baselines
             )

@@ -63,8 +63,8 @@ def _pid_alive(pid: int, started: int | None = None) -> bool:
     return started is None or now is None or now == started
 
 
-# A worker records its pid and host right after it takes a trial (``record.write_start``): a
-# RUNNING trial still without them this long after its start lost its process in between (a kill
+# A worker records its host and then its pid right after it takes a trial (``record.write_start``):
+# a RUNNING trial still without a pid this long after its start lost its process in between (a kill
 # in that window), and nothing else would ever fail it (a resume then waited on it for good).
 UNCLAIMED_GRACE_S = 60.0
 
@@ -77,14 +77,15 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
     """Fail RUNNING trials whose worker process on this host is gone and re-queue their params.
 
     Returns the numbers of the trials that were failed. Trials of live processes, or of other
-    hosts (covered by RDB heartbeats), are left alone; so is a trial not yet claimed (no pid),
-    until ``UNCLAIMED_GRACE_S`` after its start (a guard: it is logged when it fires).
+    hosts (covered by RDB heartbeats), are left alone; so is a trial not yet claimed (no pid,
+    whatever else ``record.write_start`` got to write), until ``UNCLAIMED_GRACE_S`` after its start
+    (a guard: it is logged when it fires).
     """
     host, recovered = socket.gethostname(), []
     now = _now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         r = record.record(study, t)
-        if r.pid is None and r.host is None:
+        if r.pid is None:  # written last: a host without it is a claim cut short, not another host's
             started = t.datetime_start
             if started is None or (now - started).total_seconds() < UNCLAIMED_GRACE_S:
                 continue
@@ -93,7 +94,7 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
                 logger.warning("trial %d: %s", t.number, reason)
                 recovered.append(t.number)
             continue
-        if r.host != host or r.pid is None or _pid_alive(int(r.pid), r.pid_start):
+        if r.host != host or _pid_alive(int(r.pid), r.pid_start):
             continue
         if record.fail_stale(study, t, f"worker died (pid {r.pid}); parameters re-queued"):
             recovered.append(t.number)

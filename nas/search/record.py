@@ -557,12 +557,14 @@ def record(study: optuna.Study, trial: FrozenTrial) -> TrialRecord:
 
 
 def write_start(trial: optuna.Trial) -> None:
-    """Who runs the trial (stale-trial recovery reads it) and the record version."""
+    """Who runs the trial (stale-trial recovery reads it) and the record version. Each attribute is
+    its own storage write, so a worker killed between two leaves some without the rest: the pid
+    goes last, and a trial without one counts as unclaimed (``loop.recover_stale_trials``)."""
     trial.set_user_attr("record_version", RECORD_VERSION)
-    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("host", socket.gethostname())
     if (start := process_start(os.getpid())) is not None:
         trial.set_user_attr("pid_start", start)
-    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", os.getpid())
 
 
 def process_start(pid: int) -> int | None:

@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from nas.results.pareto import front
+from nas.search import record
 from nas.search.study import (
     DIRECTIONS,
     METRICS,
@@ -181,6 +182,38 @@ def test_a_trial_whose_process_died_before_claiming_it_is_failed_after_the_grace
     run_search(config, ctx_study=(ctx, study))
     requeued = [t for t in study.get_trials() if t.user_attrs.get("requeued_from") == orphan.number]
     assert len(requeued) == 1 and requeued[0].params == params and requeued[0].state == TrialState.COMPLETE
+
+
+def test_a_worker_killed_at_any_point_of_its_claim_leaves_a_recoverable_trial(tmp_path, tiny_space, monkeypatch):
+    """``record.write_start`` is several storage writes; a worker killed after any of them leaves
+    a trial that recovery fails, at once or after the grace, and never one it waits on for good
+    (a pid without its host read as another host's trial: a resume after kill -9 hung in CI)."""
+    import datetime
+
+    import nas.search.loop as study_mod
+
+    writes: list[tuple[str, object]] = []
+
+    class Recorder:
+        def set_user_attr(self, key, value):
+            writes.append((key, value))
+
+    record.write_start(Recorder())
+    assert {"pid", "host"} <= {k for k, _ in writes}
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    config = _config(tmp_path, tiny_space, trials=1)
+    ctx, study = prepare(config)
+    later = datetime.datetime.now() + datetime.timedelta(seconds=study_mod.UNCLAIMED_GRACE_S + 1)
+    for cut in range(len(writes) + 1):
+        trial = study.ask()
+        for key, value in writes[:cut]:
+            trial.set_user_attr(key, dead.pid if key == "pid" else value)
+        monkeypatch.setattr(study_mod, "_now", datetime.datetime.now)
+        now = study_mod.recover_stale_trials(study)
+        monkeypatch.setattr(study_mod, "_now", lambda: later)
+        assert now + study_mod.recover_stale_trials(study) == [trial.number], writes[:cut]
+        assert study.get_trials()[trial.number].state == TrialState.FAIL
 
 
 def test_a_trial_is_claimed_before_anything_else_runs(tmp_path, tiny_space, monkeypatch):

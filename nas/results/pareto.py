@@ -122,6 +122,30 @@ def epsilon_dominates(
     return no_worse and better
 
 
+def pareto_set(trials: Sequence[TrialRecord], objectives: Sequence[Objective] = _DEFAULT) -> list[TrialRecord]:
+    """The trials no other one dominates (``epsilon_dominates`` at ε 0, no spread), in their order.
+
+    A sweep in order of the objectives (best first, lexicographically): a trial's dominators all
+    come before it, and a dominated dominator's own dominator dominates the trial too, so each
+    trial is compared with the set kept so far only, not with every trial (a search's progress
+    line asks for the front after each of thousands of trials). Trials missing an objective's
+    value neither dominate nor are dominated."""
+
+    def key(r: TrialRecord) -> tuple[float, ...] | None:
+        values = [r.value(o.metric) for o in objectives]
+        if any(v is None for v in values):
+            return None
+        return tuple(-v if o.maximize else v for v, o in zip(values, objectives, strict=True))
+
+    keys = {id(r): key(r) for r in trials}
+    kept: list[TrialRecord] = []
+    for r in sorted((r for r in trials if keys[id(r)] is not None), key=lambda r: keys[id(r)]):
+        if not any(epsilon_dominates(o, r, 0.0, objectives, spread=False) for o in kept):
+            kept.append(r)
+    chosen = {id(r) for r in kept} | {id(r) for r in trials if keys[id(r)] is None}
+    return [r for r in trials if id(r) in chosen]
+
+
 def front(study: optuna.Study, epsilon: float | None = None) -> list[TrialRecord]:
     """Feasible completed trials no other one (ε-)dominates, most accurate first (then by the
     first cost objective). ``epsilon``: see ``accuracy_epsilon`` (None: the study's resolution
@@ -129,8 +153,7 @@ def front(study: optuna.Study, epsilon: float | None = None) -> list[TrialRecord
     objectives = study_objectives(study)
     # the plain Pareto set of the feasible trials, feasible under the study's current budgets
     # (``record.over_budgets``), not Optuna's best_trials, which judge by the stored constraints
-    feasible = [r for r in completed(study) if r.feasible and not r.truncated]
-    best = [r for r in feasible if not any(epsilon_dominates(o, r, 0.0, objectives, spread=False) for o in feasible)]
+    best = pareto_set([r for r in completed(study) if r.feasible and not r.truncated], objectives)
     eps, spread = accuracy_epsilon(study, epsilon), epsilon is None
     kept = [
         r for r in best if not any(epsilon_dominates(o, r, eps, objectives, spread=spread) for o in best if o is not r)

@@ -30,6 +30,7 @@ import dataclasses
 import os
 import re
 import socket
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -536,12 +537,37 @@ def _judged(r: TrialRecord, budgets: StudyBudgets | None, found: Measured | None
     return dataclasses.replace(r, feasible=False, over_budget=broken) if broken else r
 
 
+# Finished trials' records as read from their storage, per storage object and trial object: a
+# finished trial never changes (Optuna refuses writes to it) and the storages hand out the same
+# object for it on every read, so each is parsed once per process. The search loop, the progress
+# line and the front read every trial after each one; parsed afresh, that grew with the study's
+# size (quadratic over a search). A trial object that is not the stored one (a copy, one made by
+# hand) is parsed as before.
+_PARSED: weakref.WeakKeyDictionary[object, dict[int, tuple[FrozenTrial, tuple[str, ...], TrialRecord]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _parsed(study: optuna.Study, trial: FrozenTrial, objectives: tuple[str, ...]) -> TrialRecord:
+    """``TrialRecord.from_trial``, kept for a finished trial (not yet judged: ``_judged`` reads the
+    study's current budgets and measurements on every call)."""
+    if not trial.state.is_finished():
+        return TrialRecord.from_trial(trial, objectives)
+    kept = _PARSED.setdefault(study._storage, {})  # noqa: SLF001 - what the trial objects belong to
+    hit = kept.get(id(trial))
+    if hit is not None and hit[0] is trial and hit[1] == objectives:
+        return hit[2]
+    r = TrialRecord.from_trial(trial, objectives)
+    kept[id(trial)] = (trial, objectives, r)  # holding the trial: its id is not reused while kept
+    return r
+
+
 def records(study: optuna.Study, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
     """Every trial of ``study`` (or those in ``states``) as a record, in trial order, with what
     ``nas measure`` timed (``measured``), judged by the study's current budgets (``over_budgets``)."""
     objectives, budgets, found = objectives_of(study), study_budgets(study), measured(study)
     return [
-        _judged(TrialRecord.from_trial(t, objectives), budgets, found.get(t.number))
+        _judged(_parsed(study, t, objectives), budgets, found.get(t.number))
         for t in study.get_trials(deepcopy=False, states=states)
     ]
 
@@ -550,7 +576,7 @@ def record(study: optuna.Study, trial: FrozenTrial) -> TrialRecord:
     """``trial`` of ``study`` as a record, with its measurement, judged by the study's current budgets."""
     data = study.user_attrs.get(f"{_MEASURED}{trial.number}")
     found = Measured.from_dict(data) if data else None
-    return _judged(TrialRecord.from_trial(trial, objectives_of(study)), study_budgets(study), found)
+    return _judged(_parsed(study, trial, objectives_of(study)), study_budgets(study), found)
 
 
 # ---------------------------------------------------------------- writing (the search loop)

@@ -216,3 +216,27 @@ def test_counts_say_trained_not_completed_and_name_the_failures(tmp_path, capsys
     }
     text = write_html(study, tmp_path / "r.html").read_text()
     assert "2 trained trials, 1 over a budget (not trained), 3 failed (2 diverged, 1 interrupted)" in text
+
+
+def test_the_pareto_sweep_keeps_what_the_pairwise_definition_keeps():
+    """``pareto_set`` compares each trial with the set kept so far only (the progress line asks
+    for the front after every trial of a long search); it keeps exactly the trials no other one
+    dominates, with ties, duplicates, a trial missing a value, and the input order kept."""
+    import random
+
+    from nas.results.pareto import pareto_set
+    from nas.search.objectives import CATALOGUE
+
+    rng = random.Random(0)
+    two = (CATALOGUE["accuracy"], CATALOGUE["latency"])
+    three = (*two, CATALOGUE["memory"])
+    for case in range(200):
+        objectives = three if case % 2 else two
+        n = rng.randrange(1, 40)
+        grid = rng.choice([3, 10, 1000])  # coarse grids make ties and duplicates common
+        trials = [_rec(rng.randrange(grid) / grid, rng.randrange(1, grid), rng.randrange(1, grid)) for _ in range(n)]
+        if case % 5 == 0:
+            trials.append(TrialRecord(0, TrialState.COMPLETE, values={"accuracy": 0.5}))  # costs unknown
+        rng.shuffle(trials)
+        brute = [r for r in trials if not any(epsilon_dominates(o, r, 0.0, objectives, spread=False) for o in trials)]
+        assert [id(r) for r in pareto_set(trials, objectives)] == [id(r) for r in brute], case

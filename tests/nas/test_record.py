@@ -214,3 +214,33 @@ def test_write_trained_stores_the_spread_and_population_and_old_callers_still_wo
     new, old = records(study)
     assert (new.accuracy_interval, new.population, new.trained_accuracy) == (0.004, POPULATION, 0.9)
     assert (old.accuracy_interval, old.population, old.trained_accuracy) == (None, None, 0.9)
+
+
+def test_a_finished_trial_is_parsed_once_and_still_judged_by_the_current_budgets(tmp_path, monkeypatch):
+    """Records of finished trials are kept per process (the loop and the progress line read the
+    whole study after every trial); budgets and measurements written later still apply, a trial
+    object that is not the stored one is parsed afresh, and a running trial is never kept."""
+    from nas.search.study import open_study
+
+    study = open_study("c", str(tmp_path / "c.journal"))
+    latency = Latency(0.5, 0.0, "predicted", "h200", "bf16", parse_shape("1x256"))
+    arch = ArchSpec(16, [LayerSpec("attention", 1)], 16, 16)
+    r = TrialRecord(0, TrialState.COMPLETE, arch=arch, arch_summary=arch.summary(), latency=latency, steps_done=5)
+    study.add_trial(create_trial(values=[0.9, 0.5, 1.0], user_attrs=r.to_dict()))
+    running = study.ask()
+    parsed = []
+    original = TrialRecord.from_trial.__func__
+
+    def counting(cls, trial, *args, **kw):
+        parsed.append(trial.number)
+        return original(cls, trial, *args, **kw)
+
+    monkeypatch.setattr(TrialRecord, "from_trial", classmethod(counting))
+    first = records(study)
+    assert parsed == [0, running.number] and first[0].feasible
+    record.write_study_budgets(study, StudyBudgets(max_latency_ms=0.4))
+    again = records(study)
+    assert parsed == [0, running.number, running.number]  # the finished one was not parsed again
+    assert not again[0].feasible and again[0].over_budget == ("latency_ms",)
+    copy = study.get_trials(deepcopy=True)[0]
+    assert record.record(study, copy).number == 0 and parsed[-1] == 0  # a copy: parsed

@@ -30,7 +30,10 @@ memcpy node in a graph, run by the copy engine at 2.7 TB/s on an H200: no ceilin
 Each shape also times two floors at its own traffic the same way: an SM copy moving the cache's
 bytes (half read, half written) and a read-only ``torch.sum`` over a cache-sized buffer (rows
 ``floor: …``; ``vs_copy_same_bytes`` on ours): a few tens of MB cannot reach the 2 GiB copy's
-bandwidth either. Checks ours against SDPA first. Writes ``decode_attention_<gpu>.json``.
+bandwidth either. Checks ours against SDPA first. Each shape (but under ``--sweep``) also times
+``decode_attention_fp8`` over the same values stored as an fp8 cache (rows ``fp8 …``: half the
+bytes; speed-up against the bf16 "ours"; summary ``fp8_at_32k_b8_up``). Writes
+``decode_attention_<gpu>.json``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from _timing import copies_for_l2, device_slug, time_graph, write_results  # noq
 from kernels.attention import configs as attention_configs  # noqa: E402
 from kernels.attention.configs import DecodeConfig  # noqa: E402
 from kernels.attention.decode import decode_attention  # noqa: E402
+from kernels.attention.decode_fp8 import decode_attention_fp8, fp8_cache  # noqa: E402
 from kernels.linear_attention import configs  # noqa: E402
 from kernels.linear_attention import reference as ref  # noqa: E402
 from kernels.linear_attention.triton import linear_attention_step  # noqa: E402
@@ -240,6 +244,8 @@ def bench_attention(B: int, N: int, D: int, copy_tbps: float, sweep: bool = Fals
         t = time_graph(fns, reps=15 if sweep else 30, per_replay=per_replay)
         rows.append(_row(B, H, N, D, impl, cfg, t, copies, cache_bytes, copy_tbps))
         rows[-1].update({"sdpa_kernels": sdpa_kernels if cfg is None else None, "rel_error_vs_sdpa": err})
+    if not sweep:
+        rows += _bench_fp8(sets, B, N, D, rows[1], copy_tbps, per_replay)
     # Floors at this very traffic, timed the same way: an elementwise copy on the SMs moving the
     # cache's bytes (half read, half written) and a read-only pass (torch.sum) over a cache-sized
     # buffer; at a few tens of MB their ramp and tail are part of what any kernel pays.
@@ -256,9 +262,61 @@ def bench_attention(B: int, N: int, D: int, copy_tbps: float, sweep: bool = Fals
     t = time_graph([lambda r=r: torch.sum(r, dtype=torch.float32) for r in reads], reps=30, per_replay=per_replay)
     rows.append(_row(B, H, N, D, "floor: read of the same bytes (torch.sum)", None, t, copies, cache_bytes, copy_tbps))
     for r in rows:
-        if r.get("config") is not None and "median_us" in r:
+        if r.get("config") is not None and "median_us" in r and "kv_dtype" not in r:  # floors at bf16's bytes
             r["vs_copy_same_bytes"] = rows[-2]["median_us"] / r["median_us"]
             r["vs_read_same_bytes"] = rows[-1]["median_us"] / r["median_us"]
+    return rows
+
+
+def _bench_fp8(sets: list, B: int, N: int, D: int, bf16: dict, copy_tbps: float, per_replay: int) -> list[dict]:
+    """``decode_attention_fp8`` over the same values stored as fp8 caches (``fp8_cache``: per-head
+    scales), at its own launch ("fp8 ours") and at each of the bf16 variants' launches; checked
+    against SDPA in fp32 over the cache as it reads back (sequence 0), and its distance from the
+    bf16 kernel on the unrounded cache recorded. ``bf16``: the bf16 "ours" row (the speed-up's base)."""
+    H = ATTN_HEADS
+    stored = []
+    for q, k, v, pos, o in sets:
+        (kc, ks), (vc, vs) = fp8_cache(k), fp8_cache(v)
+        stored.append((q, kc, vc, ks, vs, pos, o))
+    q, kc, vc, ks, vs, pos, o = stored[0]
+    ours = decode_attention_fp8(q, kc, vc, ks, vs, pos, out=o).float()
+    read_back = [(c[:1].float() * s[:1, :, None, None]) for c, s in ((kc, ks), (vc, vs))]
+    want = F.scaled_dot_product_attention(q[:1, :, None].float(), *read_back).reshape(1, H * D)
+    err = ((ours[:1] - want).norm() / want.norm()).item()
+    if err > 2e-2:
+        raise AssertionError(f"B{B} N{N} D{D} fp8: error {err:.2e} against SDPA over the read-back cache")
+    del read_back, want
+    bf16_out = decode_attention(*sets[0][:4]).float()
+    rounding = ((ours - bf16_out).norm() / bf16_out.norm()).item()
+    chosen = attention_configs.fit_decode_shared(
+        attention_configs.decode_config(
+            torch.device("cuda"), B * H, N, D, torch.cuda.get_device_properties(0).multi_processor_count
+        ),
+        D,
+        1,
+        attention_configs.decode_shared_budget(torch.device("cuda")),
+    )
+    variants = [("fp8 ours", chosen)] + [(f"fp8 {name}", c) for name, c in _variants(B, H, N, D)[1:]]
+    rows, cache_bytes = [], bf16["bytes"] // 2  # one byte an element
+    for impl, cfg in variants:
+        try:
+            decode_attention_fp8(q, kc, vc, ks, vs, pos, out=o, config=cfg)
+        except Exception as exc:  # a tile that does not fit this GPU (shared memory): recorded
+            if impl == "fp8 ours":
+                raise
+            rows.append({"B": B, "H": H, "N": N, "D": D, "impl": impl, "config": cfg, "error": repr(exc)[:300]})
+            continue
+        fns = [lambda t=t, c=cfg: decode_attention_fp8(*t[:6], out=t[6], config=c) for t in stored]
+        t = time_graph(fns, reps=30, per_replay=per_replay)
+        rows.append(_row(B, H, N, D, impl, cfg, t, len(stored), cache_bytes, copy_tbps))
+        rows[-1].update(
+            {
+                "kv_dtype": "fp8_e4m3 (per-head scales)",
+                "rel_error_vs_sdpa_on_read_back": err,
+                "rel_error_vs_bf16_cache": rounding,
+                "speedup_vs_bf16_ours": bf16["median_us"] / t.median_us,
+            }
+        )
     return rows
 
 
@@ -318,6 +376,13 @@ def main_attention(args: argparse.Namespace) -> None:
             f" ({floor['copy_fraction']:5.1%}), read {got[-1]['median_us']:.2f}",
             flush=True,
         )
+        fp8 = next((r for r in got if r["impl"] == "fp8 ours"), None)
+        if fp8 is not None:
+            print(
+                f"    fp8 cache: {fp8['median_us']:9.2f} µs ({fp8['copy_fraction']:5.1%} copy), "
+                f"{fp8['speedup_vs_bf16_ours']:.2f}x the bf16 kernel; rounding {fp8['rel_error_vs_bf16_cache']:.1e}",
+                flush=True,
+            )
     peers.append(_copy_tbps(2, kernel=True))
     copy_tbps = max(peers)
     print(f"copy (end): {peers[1]:.2f} TB/s; peer {copy_tbps:.2f}", flush=True)
@@ -339,8 +404,28 @@ def main_attention(args: argparse.Namespace) -> None:
             for s, o in zip(rows, rows[1:], strict=False)
             if s["impl"] == "sdpa" and o["impl"] == "ours"
         ),
+        **_fp8_summary(rows),
     )
     print(f"wrote {path}")
+
+
+def _fp8_summary(rows: list[dict]) -> dict:
+    """The fp8 cache against the bf16 one at the shapes issue #51 names (N ≥ 32K, B ≥ 8): the
+    median and least speed-up and share of the copy peer, over the "fp8 ours" rows."""
+    long = [r for r in rows if r["impl"] == "fp8 ours" and r["N"] >= 32768 and r["B"] >= 8 and "median_us" in r]
+    if not long:
+        return {}
+    speedups = [r["speedup_vs_bf16_ours"] for r in long]
+    shares = [r["copy_fraction"] for r in long]
+    return {
+        "fp8_at_32k_b8_up": {
+            "shapes": len(long),
+            "median_speedup_vs_bf16": statistics.median(speedups),
+            "min_speedup_vs_bf16": min(speedups),
+            "median_copy_fraction": statistics.median(shares),
+            "min_copy_fraction": min(shares),
+        }
+    }
 
 
 def main() -> None:

@@ -352,3 +352,39 @@ def test_decode_fingerprint_is_the_calibrated_one_and_no_decode_step_reads_forwa
         top |= {t.target.id for t in tree.body if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
         top |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
         assert defined - {"prefers_two_pass"} <= top, (rel, sorted(defined - top))
+
+
+def test_precision_only_kernels_are_in_neither_fingerprint_and_no_timed_code_imports_them():
+    """``PRECISION_ONLY_FILES`` (kernels of stored precisions no latency times yet) can be added
+    and changed without invalidating a calibration; sound only while no file the fingerprints
+    cover imports them, which this checks over the real tree."""
+    import ast
+    from pathlib import Path
+
+    from nas.latency._measure import (
+        _DECODE_MODEL_FILES,
+        PRECISION_ONLY_FILES,
+        decode_source_fingerprint,
+        source_fingerprint,
+    )
+
+    repo = Path(__file__).resolve().parents[2]
+    timed = [repo / "kernels" / "attention" / "decode.py"]
+    base = (source_fingerprint(timed, repo), decode_source_fingerprint(timed, repo))
+    for rel in sorted(PRECISION_ONLY_FILES):
+        assert (repo / rel).is_file(), rel
+        files = [*timed, repo / rel]
+        assert (source_fingerprint(files, repo), decode_source_fingerprint(files, repo)) == base
+    modules = {rel.removesuffix(".py").replace("/", ".") for rel in PRECISION_ONLY_FILES}
+    covered = [
+        f
+        for f in [*(repo / "kernels").rglob("*.py"), *(repo / "nas" / "models" / n for n in _DECODE_MODEL_FILES)]
+        if f.relative_to(repo).as_posix() not in PRECISION_ONLY_FILES
+    ]
+    imports = []
+    for file in covered:
+        for node in ast.walk(ast.parse(file.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            imports += [f"{file.relative_to(repo)}:{node.lineno} {n}" for n in names if n in modules]
+    assert not imports, f"timed code imports precision-only kernels: {imports}"

@@ -14,7 +14,9 @@ v and an fp32 state updated in place, timed as CUDA-graph replays (``_timing.tim
 and IQR of 50 replays of 10 calls; the states rotated over copies larger than L2, as in a model
 whose other layers evict them). Achieved bandwidth counts the state read and written (8·D² bytes
 per head) plus q, k, v, z and o, and is given as a fraction of a 1 GiB device-to-device copy timed
-in the same run (fp32, graph-replayed). Checks every timed step against the torch step first. Writes
+in the same run (fp32, graph-replayed). Checks every timed step against the torch step first. Each
+shape also times ``step_bf16.linear_attention_step_bf16`` on the same values with a bf16 state and
+normalizer (row "ours bf16 state": half the state's bytes, ``speedup_vs_fp32_state``). Writes
 ``decode_step_<gpu>.json``.
 
 Attention part: ``kernels.attention.decode.decode_attention`` (split-KV, the launch
@@ -58,6 +60,7 @@ from kernels.attention.decode import decode_attention  # noqa: E402
 from kernels.attention.decode_fp8 import decode_attention_fp8, fp8_cache  # noqa: E402
 from kernels.linear_attention import configs  # noqa: E402
 from kernels.linear_attention import reference as ref  # noqa: E402
+from kernels.linear_attention.step_bf16 import linear_attention_step_bf16  # noqa: E402
 from kernels.linear_attention.triton import linear_attention_step  # noqa: E402
 
 BATCHES, HEADS, DIMS = (1, 4, 16, 64, 256), (4, 8, 16, 32), (32, 64, 128)
@@ -112,13 +115,26 @@ def bench(B: int, H: int, D: int, feature_map: str, copy_tbps: float) -> list[di
         raise AssertionError(f"B{B} H{H} D{D} {feature_map}: output error {err:.2e}, state error {state_err:.2e}")
     moved = B * H * (8 * D * D + 3 * D * 2 + (8 * D if feature_map != "identity" else 0) + 2 * D)
     cfg = configs.step_config(torch.device("cuda"), B * H, D, torch.cuda.get_device_properties(0).multi_processor_count)
+    # the same steps over a bf16 state and normalizer (state_dtype: bf16): half the state's bytes
+    stored = [(q, k, v, s.to(torch.bfloat16), z.to(torch.bfloat16)) for q, k, v, s, z in sets]
+    q, k, v, s, z = stored[0]
+    s3, z3 = s.clone(), z.clone()
+    bf16_out = linear_attention_step_bf16(q, k, v, s3, z3, feature_map=feature_map).float()
+    bf16_err = ((bf16_out - theirs).norm() / theirs.norm()).item()
+    if bf16_err > 5e-2:
+        raise AssertionError(f"B{B} H{H} D{D} {feature_map}: bf16-state output error {bf16_err:.2e}")
+    moved_bf16 = moved - B * H * (4 * D * D + (4 * D if feature_map != "identity" else 0))
     rows = []
     for impl, fns in (
         ("ours", [lambda t=t: linear_attention_step(*t[:4], t[4], feature_map=feature_map) for t in sets]),
         ("torch step", [lambda t=t: ref.step(*t[:4], t[4], feature_map=feature_map) for t in sets]),
+        (
+            "ours bf16 state",
+            [lambda t=t: linear_attention_step_bf16(*t[:4], t[4], feature_map=feature_map) for t in stored],
+        ),
     ):
         t = time_graph(fns)
-        tbps = moved / (t.median_us * 1e-6) / 1e12
+        tbps = (moved_bf16 if impl == "ours bf16 state" else moved) / (t.median_us * 1e-6) / 1e12
         rows.append(
             {
                 "B": B,
@@ -137,9 +153,11 @@ def bench(B: int, H: int, D: int, feature_map: str, copy_tbps: float) -> list[di
                 "bytes": moved,
                 "tbps": tbps,
                 "copy_fraction": tbps / copy_tbps,
-                "rel_error_vs_torch": err if impl == "ours" else None,
+                "rel_error_vs_torch": err if impl == "ours" else bf16_err if impl == "ours bf16 state" else None,
             }
         )
+    rows[2]["speedup_vs_fp32_state"] = rows[0]["median_us"] / rows[2]["median_us"]
+    rows[2]["bytes"] = moved_bf16
     return rows
 
 
@@ -449,11 +467,12 @@ def main() -> None:
     for B, H, D, fm in cases:
         got = bench(B, H, D, fm, copy_tbps)
         rows += got
-        ours, peer = got
+        ours, peer, half = got
         print(
             f"B{B:<3d} H{H:<2d} D{D:<3d} {fm:8s} ours {ours['median_us']:7.2f} µs (IQR {ours['iqr_us']:.2f}, "
             f"{ours['copy_fraction']:5.1%} of copy, block_v {ours['config']['block_v']}) | torch step "
-            f"{peer['median_us']:7.2f} µs | {peer['median_us'] / ours['median_us']:5.2f}x",
+            f"{peer['median_us']:7.2f} µs | {peer['median_us'] / ours['median_us']:5.2f}x | bf16 state "
+            f"{half['median_us']:7.2f} µs ({half['speedup_vs_fp32_state']:.2f}x the fp32 state)",
             flush=True,
         )
     name = device_slug(torch.cuda.get_device_name(0))

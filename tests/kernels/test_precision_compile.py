@@ -1,0 +1,161 @@
+"""The stored-precision kernels (fp8 KV-cache decode, bf16-state step) compile for the GPUs that
+run them: Triton's own compiler builds each launch the wrappers make down to a cubin for sm_90
+(Hopper) and sm_89 (Ada, the first with fp8), on the CPU, no GPU needed. The interpreter tests
+check what the kernels compute; this checks that the compiled path exists at all (a conversion or
+a ``tl.dot`` operand type the interpreter accepts and the GPU compiler rejects fails here, in CI,
+instead of on a leased GPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+TARGETS = [(90, "sm_90"), (89, "sm_89")]
+
+
+def _compile(fn, signature: dict[str, str], constexprs: dict[str, object], capability: int, **options) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    compiled = triton.compile(
+        ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", capability, 32), options=options
+    )
+    assert compiled.asm.get("cubin"), "no cubin"
+
+
+_I32, _I64 = "i32", "i64"
+_DECODE = {
+    "Q": "*bf16",
+    "KC": "*fp8e4nv",
+    "VC": "*fp8e4nv",
+    "KS": "*fp32",
+    "VS": "*fp32",
+    "POS": "*i32",
+    "O_PART": "*fp32",
+    "LSE": "*fp32",
+    "OUT": "*bf16",
+    "COUNT": "*i32",
+    **dict.fromkeys(("stride_kb", "stride_kh", "stride_kc", "stride_vb", "stride_vh", "stride_vc"), _I64),
+    **dict.fromkeys(("H", "C", "split_rows", "splits"), _I32),
+    "qk_scale": "fp32",
+}
+
+
+def fp8_decode(capability: int, q_dtype: str) -> None:
+    from kernels.attention import decode_fp8
+
+    signature = {**_DECODE, "Q": f"*{q_dtype}", "OUT": f"*{q_dtype}"}
+    for dot, direct, fused, head_dim, block_n in (
+        (True, False, True, 128, 64),
+        (True, True, False, 64, 128),
+        (False, False, False, 32, 64),
+        (False, True, True, 16, 16),
+    ):
+        constexprs = {
+            "DIRECT": direct,
+            "FUSED": fused,
+            "DOT": dot,
+            "PRECISION": "ieee" if q_dtype == "fp32" else None,
+            "HEAD_DIM": head_dim,
+            "BLOCK_N": block_n,
+            "SPLITS_P2": 32,
+            "BLOCK_S": 32,
+            "PDL": False,
+        }
+        _compile(decode_fp8._decode_fp8_split_kernel, signature, constexprs, capability, num_warps=4, num_stages=3)
+
+
+def fp8_append(capability: int, rope: bool) -> None:
+    from kernels.attention import decode_fp8
+
+    signature = {
+        "QKV": "*bf16",
+        "KC": "*fp8e4nv",
+        "VC": "*fp8e4nv",
+        "KS": "*fp32",
+        "VS": "*fp32",
+        "POS": "*i32",
+        "COS": "*fp32",
+        "SIN": "*fp32",
+        "QO": "*bf16",
+        "stride_qkv": _I32,
+        **dict.fromkeys(("stride_kb", "stride_kh", "stride_kc", "stride_vb", "stride_vh", "stride_vc"), _I64),
+        **dict.fromkeys(("stride_cs", "H", "C"), _I32),
+    }
+    for head_dim in (16, 128):
+        constexprs = {"HEAD_DIM": head_dim, "ROPE": rope, "PDL": False}
+        _compile(decode_fp8._rope_append_fp8_kernel, signature, constexprs, capability, num_warps=1)
+
+
+def bf16_state_step(capability: int, feature_map: str) -> None:
+    from kernels.linear_attention import configs as la_configs
+    from kernels.linear_attention import step_bf16
+
+    signature = {
+        **dict.fromkeys(("Q", "K", "V", "OUT"), "*bf16"),
+        **dict.fromkeys(("S", "Z"), "*bf16"),
+        "TICKETS": "*i32",
+        **dict.fromkeys(("stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh", "H"), _I32),
+        "q_scale": "fp32",
+    }
+    normalize = feature_map != "identity"
+    for head_dim in (32, 128):
+        for config in la_configs.step_configs(head_dim):
+            constexprs = {
+                "HEAD_DIM": head_dim,
+                "BLOCK_V": config.block_v,
+                "FEATURE": feature_map,
+                "NORMALIZE": normalize,
+                "HAS_Z": normalize,
+                "PDL": False,
+            }
+            _compile(step_bf16._step_bf16_kernel, signature, constexprs, capability, num_warps=config.num_warps)
+
+
+def main() -> None:
+    """Compile every launch above for every target; one line per failure, exit 1 if any."""
+    cases = [
+        *((fp8_decode, (cap, dtype)) for cap, _ in TARGETS for dtype in ("bf16", "fp16", "fp32")),
+        *((fp8_append, (cap, rope)) for cap, _ in TARGETS for rope in (True, False)),
+        *((bf16_state_step, (cap, fm)) for cap, _ in TARGETS for fm in ("identity", "elu+1", "relu")),
+    ]
+    failed = 0
+    for fn, args in cases:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - each failure reported, the rest still compiled
+            failed += 1
+            print(f"FAILED {fn.__name__}{args}: {type(exc).__name__}: {str(exc)[:2000]}")
+    print(f"compiled {len(cases) - failed} of {len(cases)} case groups")
+    sys.exit(1 if failed else 0)
+
+
+@pytest.mark.skipif(
+    "nvidia" not in getattr(triton.backends, "backends", {}), reason="this Triton has no CUDA backend to compile with"
+)
+def test_the_precision_kernels_compile_for_hopper_and_ada() -> None:
+    """In a process of its own: the tests run the kernels under the interpreter, and an
+    interpreted kernel cannot be handed to the compiler."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {"PYTHONPATH": str(root), "TRITON_DEFAULT_FP_FUSION": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.test_precision_compile"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "compiled 16 of 16 case groups" in run.stdout
+
+
+if __name__ == "__main__":
+    main()

@@ -208,6 +208,22 @@ def write_results(path: str | Path, rows: list[dict], **extra: object) -> Path:
     return path
 
 
+def write_part(path: str | Path, part: str, rows: list[dict], **extra: object) -> Path:
+    """``write_results`` for one part of a question's file (``{"attention": {...}, "step": {...}}``):
+    the file's other parts are kept as they are; atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parts = json.loads(path.read_text())
+    except (OSError, ValueError):
+        parts = {}
+    parts[part] = {**environment(), **extra, "results": rows}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(parts, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def _jsonable(obj: object) -> object:
     return asdict(obj) if hasattr(obj, "__dataclass_fields__") else str(obj)
 

@@ -17,7 +17,7 @@ per head) plus q, k, v, z and o, and is given as a fraction of a 1 GiB device-to
 in the same run (fp32, graph-replayed). Checks every timed step against the torch step first. Each
 shape also times ``step_bf16.linear_attention_step_bf16`` on the same values with a bf16 state and
 normalizer (row "ours bf16 state": half the state's bytes, ``speedup_vs_fp32_state``). Writes
-``decode_step_<gpu>.json``.
+part "step" of ``decode_<gpu>.json``.
 
 Attention part: ``kernels.attention.decode.decode_attention`` (split-KV, the launch
 ``configs.decode_config`` chooses, and every other tile and split count it may run) against
@@ -34,8 +34,8 @@ bytes (half read, half written) and a read-only ``torch.sum`` over a cache-sized
 ``floor: …``; ``vs_copy_same_bytes`` on ours): a few tens of MB cannot reach the 2 GiB copy's
 bandwidth either. Checks ours against SDPA first. Each shape (but under ``--sweep``) also times
 ``decode_attention_fp8`` over the same values stored as an fp8 cache (rows ``fp8 …``: half the
-bytes; speed-up against the bf16 "ours"; summary ``fp8_at_32k_b8_up``). Writes
-``decode_attention_<gpu>.json``.
+bytes; speed-up against the bf16 "ours"; summary ``fp8_at_32k_b8_up``). Writes part "attention" of
+``decode_<gpu>.json`` (each part rewritten by its own run, the other kept).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import copies_for_l2, device_slug, time_graph, write_results  # noqa: E402
+from _timing import copies_for_l2, device_slug, time_graph, write_part  # noqa: E402
 
 from kernels.attention import configs as attention_configs  # noqa: E402
 from kernels.attention.configs import DecodeConfig  # noqa: E402
@@ -408,8 +408,9 @@ def main_attention(args: argparse.Namespace) -> None:
         if "tbps" in r:
             r["copy_fraction"] = r["tbps"] / copy_tbps
     name = device_slug(torch.cuda.get_device_name(0))
-    path = write_results(
-        Path(args.out) / f"decode_attention_{name}{'_sweep' if args.sweep else '_quick' if args.quick else ''}.json",
+    path = write_part(
+        Path(args.out) / f"decode_{name}{'_sweep' if args.sweep else '_quick' if args.quick else ''}.json",
+        "attention",
         rows,
         copy_tbps=copy_tbps,
         copy_tbps_runs=peers,
@@ -476,8 +477,9 @@ def main() -> None:
             flush=True,
         )
     name = device_slug(torch.cuda.get_device_name(0))
-    path = write_results(
-        Path(args.out) / f"decode_step_{name}.json",
+    path = write_part(
+        Path(args.out) / f"decode_{name}{'_quick' if args.quick else ''}.json",
+        "step",
         rows,
         copy_tbps=copy_tbps,
         peer="kernels.linear_attention.reference.step (fp32 torch ops on the same bf16 inputs / fp32 state)",

@@ -146,7 +146,7 @@ class DecodeConfig:
 # Decode is a stream over the cache: 2·D·(bytes per element) per row read, 4·D FLOPs per row (one dot for the
 # score, one axpy for the output), so 1 FLOP/byte in bf16 — memory-bound on any GPU. The matmul walk (dot=True)
 # lets Triton pipeline the loads across blocks, which the CUDA-core walk cannot, and so keeps up with cuDNN's SDPA.
-# The launches (their rows against SDPA: benchmarks/results/decode_attention_h200.json):
+# The launches (their rows against SDPA: benchmarks/results/decode_h200.json, part attention):
 # - D = 64: 128-row tiles, 3 stages (96 KB of shared memory: two programs fit an SM) at two programs per SM;
 # - D = 128: 64-row tiles for slices under DECODE_LONG_SLICE rows, else 128-row tiles with 4 warps (192 KB: one
 #   program per SM), at one program per SM;

@@ -16,7 +16,14 @@
    ``torch.compile(mode="max-autotune")`` with torch's fused AdamW and ``clip_grad_norm_``
    (compile time reported apart). Wall time over ``--steps`` steps after a warm-up, synchronised
    at both ends: what a training loop pays, host included.
-Writes ``train_throughput_<gpu>.json`` (GPU name, versions, date) into ``--out``.
+4. ``--host-scaling`` (CPU, no GPU needed): the host's time per trial as the study grows, the part
+   of a trial that is not training: a hybrid_small-shaped space whose candidates train 2 steps of
+   one seed on a small task, searched by ``nas search`` (default sampler, one thread) up to the
+   largest of ``--sizes`` plus ``--window`` trials; for each size, the next ``--window`` trials'
+   median time inside a trial (sampling, build, scoring, 2 steps) and between trials (the loop's
+   bookkeeping, the progress line), from Optuna's timestamps. Flat in the study's size is the
+   goal; what still grows is the sampler's.
+Writes ``train_throughput_<gpu>.json`` (GPU name, versions, date) into ``--out`` (``_cpu`` without a GPU).
 """
 
 from __future__ import annotations
@@ -290,6 +297,87 @@ def trials_per_hour(
     }
 
 
+HOST_SPACE = """name: host_scaling
+description: hybrid_small's choices, 2 training steps of one seed on a small task
+task: mqar:vocab_size=64,seq_len=32,num_kv_pairs=4,n_train=256,n_test=64
+depth: {low: 1, high: 4}
+d_model: [32, 64, 128]
+layer:
+  mixer: [attention, linear_attention, none]
+  heads: [1, 2, 4]
+  feature_map: [identity, elu+1, relu]
+  short_conv: [4]
+  mlp_ratio: [0, 2, 4]
+  activation: [gelu, silu, relu]
+  norm: [layernorm, rmsnorm]
+train:
+  optimizer: [adamw, lion, radam, sgd]
+  lr: {low: 1.0e-3, high: 2.0e-2, log: true}
+  weight_decay: [0.0, 0.01, 0.1]
+  warmup_frac: [0.0, 0.1]
+  steps: [2]
+  batch_size: [32]
+  momentum: [0.9]
+  nesterov: [false, true]
+  grad_clip: [1.0]
+  seeds: 1
+  lr_multipliers: [1.0]
+"""
+
+
+def host_scaling(sizes: list[int], window: int) -> list[dict]:
+    """Host seconds per trial at each study size in ``sizes`` (the module docstring, part 4)."""
+    import os
+
+    import numpy as np
+    import optuna
+
+    from nas.search.storage import open_storage
+
+    with tempfile.TemporaryDirectory() as tmp:
+        space, journal = Path(tmp) / "space.yaml", Path(tmp) / "s.journal"
+        space.write_text(HOST_SPACE)
+        total = max(sizes) + window
+        cmd = [sys.executable, "-m", "nas", "search", "--space", str(space), "--trials", str(total)]
+        cmd += ["--storage", str(journal), "--study", "s", "--device", "cpu", "--no-baselines", "--seed", "0"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        started = time.perf_counter()
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+        if run.returncode != 0:
+            raise RuntimeError(f"nas search failed ({run.returncode}): {run.stderr[-2000:]}")
+        wall = time.perf_counter() - started
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        trials = [
+            t
+            for t in optuna.load_study(study_name="s", storage=open_storage(str(journal))).get_trials()
+            if t.datetime_complete is not None
+        ]
+    rows = []
+    for size in sizes:
+        part = trials[size : size + window]
+        inside = [(t.datetime_complete - t.datetime_start).total_seconds() for t in part]
+        pairs = zip(part, part[1:], strict=False)
+        between = [(b.datetime_start - a.datetime_complete).total_seconds() for a, b in pairs]
+        span = (part[-1].datetime_complete - part[0].datetime_start).total_seconds()
+        rows.append(
+            {
+                "kind": "host_seconds_per_trial",
+                "study_size": size,
+                "window": len(part),
+                "per_trial_s": round(span / len(part), 4),
+                "inside_median_s": round(float(np.median(inside)), 4),
+                "between_median_s": round(float(np.median(between)), 4),
+                "search_wall_s": round(wall, 1),
+            }
+        )
+        print(
+            f"study size {size:5d}: {rows[-1]['per_trial_s']:.3f} s a trial "
+            f"(inside {rows[-1]['inside_median_s']:.3f}, between {rows[-1]['between_median_s']:.4f})",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -308,11 +396,19 @@ def main() -> None:
     )
     parser.add_argument("--space", default="hybrid_small", help="shipped space the search runs (default hybrid_small)")
     parser.add_argument("--step-times", action="store_true", help="only the ms per step part (eager, captured, peer)")
+    parser.add_argument("--host-scaling", action="store_true", help="only the host time per trial vs study size (CPU)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[0, 500, 1000, 2000], help="--host-scaling's sizes")
+    parser.add_argument("--window", type=int, default=40, help="--host-scaling: trials timed at each size")
     args = parser.parse_args()
     env = environment()
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}")
 
     rows = []
+    if args.host_scaling:
+        if args.window < 2 or min(args.sizes) < 0:
+            parser.exit(2, "train_throughput.py: --window must be >= 2 and --sizes >= 0\n")
+        rows += host_scaling(sorted(set(args.sizes)), args.window)
+        args.skip_tokens = args.skip_search = True
     if args.step_times:
         task_spec, batch = SHAPES["hybrid_small task B32xT32"]
         rows += step_times(task_spec, batch, args.steps, args.repeats, args.compile)

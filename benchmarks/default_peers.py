@@ -32,7 +32,12 @@ speed-up is 1 up to timing noise, and the summary counts those rows apart from t
 kernels of ours (``misses_on_our_kernels``). Each row also times the peer twice, in two graphs
 in the same rotation (``--no-control`` skips it): that ratio is the noise of a tie on that row,
 and the summary gives its 95th percentile per op and how many misses fall within it.
-``--list`` prints the grids and exits (no GPU needed). Writes ``default_peers[_<only>]_<gpu>.json``.
+- ``linear_fp8``: the fp8 route of a linear layer (``kernels.linear.fp8``: activations quantized
+  per token, fp8 matmul, bias) at M ≥ 4096 vs bf16 cuBLAS ``F.linear`` (target ≥ 1.4×, issue
+  #51), with ``torch._scaled_mm`` on the same fp8 operands timed beside it (sm_90+).
+
+``--list`` prints the grids and exits (no GPU needed). Writes ``default_peers_<gpu>.json``, one
+part per op (``--only`` rewrites its op's part and keeps the others).
 ``--gpu-lock FILE`` takes the lock file of ``model_vs_compile.py --procs``
 (``/tmp/model_vs_compile_gpu0.lock``) through each shape, so the grid runs while that script's
 compiles (CPU work) go on, and neither times while the other uses the GPU.
@@ -52,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._timing import RESULTS, GpuLock, copies_for_l2, device_slug, time_graph, time_graphs, write_results  # noqa: E402
+from benchmarks._timing import RESULTS, GpuLock, copies_for_l2, device_slug, time_graph, time_graphs, write_part  # noqa: E402
 
 DTYPE = torch.bfloat16
 TOLERANCE = 2e-2
@@ -68,6 +73,16 @@ LINEAR_MS = (777, 3000, 16384)
 LINEAR_KN = ((96, 384), (200, 800), (256, 1024), (384, 1536), (1024, 4096), (4096, 1024), (200, 200), (96, 4096))
 LINEAR_EPILOGUES = ("silu", "relu", "gelu+residual", "none+residual", "none")
 LINEAR_QUICK = ((3000, 200, 800), (1000, 384, 1536), (16384, 256, 1024), (2048, 96, 384), (777, 1024, 4096))
+# (M, K, N) of the fp8 route: M ≥ 4096 (a prefill's or a training batch's tokens), issue #51's target.
+FP8_LINEAR_SHAPES = (
+    (4096, 1024, 4096),
+    (4096, 4096, 1024),
+    (8192, 4096, 4096),
+    (16384, 1024, 4096),
+    (16384, 2048, 8192),
+)
+FP8_LINEAR_QUICK = ((4096, 4096, 1024), (16384, 2048, 8192))
+FP8_TARGET = 1.4  # × bf16 cuBLAS, issue #51
 # (B, H, L, D) for linear attention: the issue's shapes, then odd lengths at every head dim.
 LINATTN_CASES = ((3, 5, 1000, 64), (8, 8, 1024, 64), (1, 4, 256, 32), (4, 16, 4096, 64)) + tuple(
     (B, H, L, D) for D in (32, 64, 128) for L in (333, 2048, 4097) for B, H in ((2, 2), (16, 8))
@@ -334,6 +349,69 @@ def linear_rows(quick: bool, floors: bool = True) -> list[dict]:
     return rows
 
 
+def linear_fp8_rows(quick: bool) -> list[dict]:
+    """The fp8 route (``kernels.linear.fp8``: the activations quantized per token, then the fp8
+    matmul with the bias) against bf16 cuBLAS ``F.linear`` (the target's peer), and beside it
+    ``torch._scaled_mm`` on the same fp8 operands with the same row and column scales (sm_90+),
+    with the torch ops a user writes to quantize the activations (``peer_scaled_mm_with_quant_us``)
+    and without them (``scaled_mm_us``). Each checked against the fp32 reference over the operands
+    as they read back (ours) or against ours (the peer)."""
+    from kernels.linear import reference as linear_ref
+    from kernels.linear.fp8 import linear_fp8, quantize_rows, quantize_weight
+
+    fp8_peer = torch.cuda.get_device_capability() >= (9, 0) and hasattr(torch, "_scaled_mm")
+    rows = []
+    for M, K, N in _each_locked(FP8_LINEAR_QUICK if quick else FP8_LINEAR_SHAPES):
+        n = min(copies_for_l2((M * K + N * K + M * N) * 2), 16)
+        sets = []
+        for _ in range(n):
+            x = torch.randn(M, K, device="cuda", dtype=DTYPE)
+            w = (torch.randn(N, K, device="cuda") / K**0.5).to(DTYPE)
+            b = torch.randn(N, device="cuda", dtype=DTYPE)
+            sets.append({"x": x, "w": w, "b": b, "wq": quantize_weight(w), "xq": quantize_rows(x)})
+
+        def ours(s):
+            xq, sx = quantize_rows(s["x"])
+            return linear_fp8(xq, sx, *s["wq"], s["b"])
+
+        def peer(s):
+            return F.linear(s["x"], s["w"], s["b"])
+
+        s0 = sets[0]
+        xq, sx = s0["xq"]
+        want = linear_ref.linear(xq.float() * sx[:, None], s0["wq"][0].float() * s0["wq"][1][:, None], s0["b"])
+        err = _rel_err(ours(s0), want)
+        extra: dict = {"quantization_error_vs_bf16": _rel_err(ours(s0), peer(s0).float())}
+        if fp8_peer:
+
+            def scaled_mm(s, quantize: bool):
+                if quantize:  # what a user writes: per-row amax, divide, cast
+                    scale = (s["x"].float().abs().amax(-1, keepdim=True) / 448.0).clamp(min=1e-12)
+                    q = (s["x"].float() / scale).to(torch.float8_e4m3fn)
+                else:  # the operands ours quantized
+                    q, scale = s["xq"][0], s["xq"][1][:, None]
+                wq, sw = s["wq"]
+                return torch._scaled_mm(q, wq.t(), scale_a=scale, scale_b=sw[None, :], bias=s["b"], out_dtype=DTYPE)
+
+            extra["scaled_mm_rel_err_vs_ours"] = _rel_err(ours(s0), scaled_mm(s0, False).float())
+            extra["peer_scaled_mm_with_quant_us"] = _time([partial(scaled_mm, s, True) for s in sets])
+            extra["scaled_mm_us"] = _time([partial(scaled_mm, s, False) for s in sets])
+            extra["scaled_mm_kernels"] = _kernels(partial(scaled_mm, s0, False))
+        row = _row(
+            "linear_fp8",
+            {"M": M, "K": K, "N": N, "epilogue": "bias"},
+            *_time_pair([partial(ours, s) for s in sets], [partial(peer, s) for s in sets]),
+            "cublas bf16",
+            FP8_TARGET,
+            err,
+            **_kernel_columns(partial(ours, s0), partial(peer, s0)),
+            **extra,
+        )
+        rows.append(row)
+        del sets
+    return rows
+
+
 def _fla() -> tuple[Callable | None, str]:
     try:
         import fla
@@ -475,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--quick", action="store_true", help="the shapes the issue quotes only")
-    parser.add_argument("--only", choices=("attention", "linear", "linear_attention"))
+    parser.add_argument("--only", choices=("attention", "linear", "linear_attention", "linear_fp8"))
     parser.add_argument("--list", action="store_true", help="print the grids and exit")
     parser.add_argument("--no-floors", action="store_true", help="linear: skip the cuBLAS-alone and cuBLASLt floors")
     parser.add_argument(
@@ -497,6 +575,7 @@ def main(argv: list[str] | None = None) -> None:
         "attention": attention_grid(args.quick),
         "linear": linear_grid(args.quick),
         "linear_attention": linear_attention_grid(args.quick),
+        "linear_fp8": list(FP8_LINEAR_QUICK if args.quick else FP8_LINEAR_SHAPES),
     }
     ops = [args.only] if args.only else list(grids)
     if args.list:
@@ -505,38 +584,34 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         raise SystemExit("default_peers.py times GPU kernels: no CUDA device here (--list works anywhere)")
-    rows, notes = [], {}
+    notes: dict[str, str] = {}
     name = device_slug(torch.cuda.get_device_name(0))
-    only = f"_{args.only}" if args.only else ""
-    out = Path(args.out) / f"default_peers{only}_{name}{'_quick' if args.quick else ''}.json"
+    out = Path(args.out) / f"default_peers_{name}{'_quick' if args.quick else ''}.json"
     timing = timing_text(control=_CONTROL[0], gpu_lock=args.gpu_lock)
-    streamed: list[dict] = []
 
-    def keep(row: dict) -> None:  # the file is rewritten after every row: a run cut short keeps what it timed
-        streamed.append(row)
-        write_results(
-            out,
-            streamed,
-            ops=ops,
-            notes=notes,
-            summary=summary(streamed),
-            timing=timing,
-            gpu_lock=args.gpu_lock,
-            complete=False,
+    def write(op: str, rows: list[dict], complete: bool) -> Path:  # one part per op; the others are kept
+        extra = {"note": notes[op]} if op in notes else {}
+        return write_part(
+            out, op, rows, summary=summary(rows), timing=timing, gpu_lock=args.gpu_lock, complete=complete, **extra
         )
 
-    _SINKS[:] = [keep]
     for op in ops:
+        streamed: list[dict] = []
+
+        def keep(row: dict, op: str = op, streamed: list[dict] = streamed) -> None:
+            streamed.append(row)  # the part is rewritten after every row: a run cut short keeps what it timed
+            write(op, streamed, complete=False)
+
+        _SINKS[:] = [keep]
         if op == "attention":
-            rows += attention_rows(args.quick, rope=args.rope)
+            rows = attention_rows(args.quick, rope=args.rope)
         elif op == "linear":
-            rows += linear_rows(args.quick, floors=not args.no_floors)
+            rows = linear_rows(args.quick, floors=not args.no_floors)
+        elif op == "linear_fp8":
+            rows = linear_fp8_rows(args.quick)
         else:
-            got, notes["linear_attention"] = linear_attention_rows(args.quick)
-            rows += got
-    path = write_results(
-        out, rows, ops=ops, notes=notes, summary=summary(rows), timing=timing, gpu_lock=args.gpu_lock, complete=True
-    )
+            rows, notes["linear_attention"] = linear_attention_rows(args.quick)
+        path = write(op, rows, complete=True)
     print(f"wrote {path}", flush=True)
 
 

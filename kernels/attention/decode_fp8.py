@@ -25,6 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._common import DTYPES, SUPPORTED_HEAD_DIMS, check_runnable, output_buffer, pdl, sm_count
+from kernels._fp8 import FP8_DTYPE, FP8_MAX, to_e4m3
 from kernels._pdl import enter
 from kernels.attention.configs import DecodeConfig, decode_config, decode_shared_budget, fit_decode_shared
 from kernels.attention.decode import (
@@ -39,9 +40,6 @@ from kernels.attention.decode import (
 from kernels.device import is_cuda
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "decode_attention_fp8", "fp8_cache", "rope_append_fp8"]
-
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448: e4m3's largest finite value
 
 
 def fp8_cache(rows: Tensor, capacity: int | None = None) -> tuple[Tensor, Tensor]:
@@ -60,21 +58,6 @@ def fp8_cache(rows: Tensor, capacity: int | None = None) -> tuple[Tensor, Tensor
     cache = torch.zeros(B, H, capacity, D, device=rows.device, dtype=FP8_DTYPE)
     cache[:, :, :T] = (x / scale[:, :, None, None]).to(FP8_DTYPE)
     return cache, scale
-
-
-@triton.jit
-def _to_e4m3(x, DTYPE: tl.constexpr):
-    """``x`` (fp32) / its scale, saturated at ±448 and rounded to the nearest e4m3 value, ties to
-    even, as ``DTYPE`` (fp8): the rounding done in fp32 (``(y + 1.5·2^23) − 1.5·2^23`` rounds y to
-    an integer, ties to even, for |y| < 2^22), so the cast only re-encodes an exact value. The
-    cast alone rounds on a GPU, but Triton's interpreter rounds ties away and loses the carry
-    into the exponent (31 → 16)."""
-    bits = tl.clamp(x, -448.0, 448.0).to(tl.int32, bitcast=True)
-    magnitude = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    exponent = tl.maximum((bits >> 23 & 0xFF) - 127, -6)  # 2^-6: e4m3's smallest normal
-    step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits
-    rounded = ((magnitude / step + 12582912.0) - 12582912.0) * step
-    return tl.where(bits < 0, -rounded, rounded).to(DTYPE)  # the sign kept, -0 included
 
 
 @triton.jit
@@ -127,10 +110,10 @@ def _rope_append_fp8_kernel(
     v_inv = 1.0 / tl.load(VS + bh)
     k_row = KC + b * stride_kb + h * stride_kh + pos * stride_kc
     v_row = VC + b * stride_vb + h * stride_vh + pos * stride_vc
-    tl.store(k_row + lo, _to_e4m3(k1 * k_inv, KC.dtype.element_ty))
-    tl.store(k_row + HALF + lo, _to_e4m3(k2 * k_inv, KC.dtype.element_ty))
-    tl.store(v_row + lo, _to_e4m3(v1 * v_inv, VC.dtype.element_ty))
-    tl.store(v_row + HALF + lo, _to_e4m3(v2 * v_inv, VC.dtype.element_ty))
+    tl.store(k_row + lo, to_e4m3(k1 * k_inv, KC.dtype.element_ty))
+    tl.store(k_row + HALF + lo, to_e4m3(k2 * k_inv, KC.dtype.element_ty))
+    tl.store(v_row + lo, to_e4m3(v1 * v_inv, VC.dtype.element_ty))
+    tl.store(v_row + HALF + lo, to_e4m3(v2 * v_inv, VC.dtype.element_ty))
     q_out = QO + bh.to(tl.int64) * HEAD_DIM
     tl.store(q_out + lo, q1.to(QO.dtype.element_ty))
     tl.store(q_out + HALF + lo, q2.to(QO.dtype.element_ty))

@@ -215,7 +215,14 @@ TRAINING_ONLY_DIRS = ("kernels/optim/",)
 # calibrated with yet: a search labels those latencies "not priced", at the model's dtype. Left
 # out of both fingerprints until a per-dtype latency times them (a test checks no timed file
 # imports them), so adding them keeps the bf16/fp32 calibrations valid.
-PRECISION_ONLY_FILES = frozenset({"kernels/attention/decode_fp8.py", "kernels/linear_attention/step_bf16.py"})
+PRECISION_ONLY_FILES = frozenset(
+    {
+        "kernels/_fp8.py",
+        "kernels/attention/decode_fp8.py",
+        "kernels/linear/fp8.py",
+        "kernels/linear_attention/step_bf16.py",
+    }
+)
 
 
 def _timed(rel: str) -> bool:

@@ -8,6 +8,9 @@ model's own math on the stored values:
 
 - ``fp8_per_head``: a KV cache in fp8 e4m3 with one scale per sequence and head;
 - ``fp8_per_channel``: a linear layer's weight in fp8 e4m3 with one scale per output channel;
+- ``fp8_per_token``: a linear layer's input in fp8 e4m3 with one scale per row (token), taken from
+  that row when it arrives (a "dynamic" scale): with ``fp8_per_channel``, what an fp8 matmul on
+  Hopper's or Ada's tensor cores multiplies (``kernels.linear.fp8``);
 - ``bf16``: a value stored in bf16 (round to nearest even);
 - ``linear_attention_stored_state``: causal linear attention in recurrent form whose state (and
   normalizer) is rounded to bf16 after each token's update, where a decode step stores it.
@@ -34,6 +37,7 @@ __all__ = [
     "bf16",
     "fp8_per_channel",
     "fp8_per_head",
+    "fp8_per_token",
     "fp8_scaled",
     "linear_attention_stored_state",
 ]
@@ -62,6 +66,12 @@ def fp8_per_channel(weight: torch.Tensor) -> torch.Tensor:
     """A linear layer's weight ``[out, in]`` stored in fp8: one scale per output channel (row),
     from the amax over its ``in`` inputs. The bias is not rounded (it stays at the model's dtype)."""
     return fp8_scaled(weight, (1,))
+
+
+def fp8_per_token(x: torch.Tensor) -> torch.Tensor:
+    """A linear layer's input ``[..., in]`` as an fp8 matmul takes it: one scale per row, from the
+    amax over its ``in`` channels (each token quantized on its own, when it arrives)."""
+    return fp8_scaled(x, (x.dim() - 1,))
 
 
 def bf16(x: torch.Tensor) -> torch.Tensor:
@@ -105,12 +115,13 @@ def linear_attention_stored_state(
 
 class StoredLinear(nn.Linear):
     """An ``nn.Linear`` (same parameters and state-dict names) whose forward, while ``fp8`` is set,
-    multiplies by its weight as fp8 stores it (``fp8_per_channel``); the parameters themselves are
-    never rounded, so training, the stored weights and the exports are the model's own."""
+    is the fp8 matmul's: its input rounded per token (``fp8_per_token``) times its weight as fp8
+    stores it (``fp8_per_channel``), summed in fp32, plus the bias (not rounded). The parameters
+    themselves are never rounded, so training, the stored weights and the exports are the model's own."""
 
     fp8: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fp8:
             return super().forward(x)
-        return F.linear(x, fp8_per_channel(self.weight), self.bias)
+        return F.linear(fp8_per_token(x), fp8_per_channel(self.weight), self.bias)

@@ -120,6 +120,7 @@ def test_list_runs_without_a_gpu(capsys):
     dp.main(["--list", "--quick"])
     out = capsys.readouterr().out
     assert "attention: 5 shapes" in out and "linear: 5 shapes" in out and "linear_attention: 4 shapes" in out
+    assert "linear_fp8: 2 shapes" in out
 
 
 def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
@@ -145,13 +146,37 @@ def test_every_row_is_written_as_it_finishes(tmp_path, monkeypatch):
     lock = str(tmp_path / "gpu0.lock")
     with pytest.raises(RuntimeError, match="cut short"):
         dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--gpu-lock", lock])
-    saved = json.loads((tmp_path / "default_peers_attention_h200_quick.json").read_text())
+    saved = json.loads((tmp_path / "default_peers_h200_quick.json").read_text())["attention"]
     assert saved["complete"] is False and len(saved["results"]) == 1
     assert saved["gpu_lock"] == lock and lock in saved["timing"]  # a file cut short says the GPU was shared too
     monkeypatch.setattr(dp, "attention_rows", rows)
     dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "default_peers_attention_h200_quick.json").read_text())
+    saved = json.loads((tmp_path / "default_peers_h200_quick.json").read_text())["attention"]
     assert saved["complete"] is True and len(saved["results"]) == 2 and saved["summary"]["attention"]["rows"] == 2
+
+
+def test_each_op_rewrites_its_own_part_of_the_one_file(tmp_path, monkeypatch):
+    """One file per GPU: ``--only OP`` rewrites OP's part and keeps every other op's rows."""
+    import json
+
+    timing = {"median_us": 2.0, "iqr_us": 0.1}
+    case = dict(zip(("B", "H", "L", "D"), dp.attention_grid(quick=True)[0], strict=True))
+    linear_case = {"M": 1, "K": 2, "N": 3, "epilogue": "none"}
+    monkeypatch.setattr(dp.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dp.torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
+    monkeypatch.setattr(dp, "_GPU_LOCK", dp._GPU_LOCK)  # restored after the test: main() replaces it
+    monkeypatch.setattr(
+        dp, "attention_rows", lambda quick, rope=False: [dp._row("attention", case, timing, timing, "sdpa", 1.0, 0.0)]
+    )
+    monkeypatch.setattr(
+        dp, "linear_rows", lambda quick, floors=True: [dp._row("linear", linear_case, timing, timing, "cb", 1.0, 0.0)]
+    )
+    dp.main(["--only", "attention", "--quick", "--out", str(tmp_path)])
+    dp.main(["--only", "linear", "--quick", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "default_peers_h200_quick.json").read_text())
+    assert set(saved) == {"attention", "linear"}
+    assert [r["op"] for r in saved["attention"]["results"]] == ["attention"]
+    assert [r["op"] for r in saved["linear"]["results"]] == ["linear"] and saved["linear"]["complete"] is True
 
 
 def test_the_file_says_whether_the_gpu_was_shared(tmp_path, monkeypatch):
@@ -167,13 +192,13 @@ def test_the_file_says_whether_the_gpu_was_shared(tmp_path, monkeypatch):
     monkeypatch.setattr(
         dp, "attention_rows", lambda quick, rope=False: [dp._row("attention", case, timing, timing, "sdpa", 1.0, 0.0)]
     )
-    saved = tmp_path / "default_peers_attention_h200_quick.json"
+    saved = tmp_path / "default_peers_h200_quick.json"
     lock = str(tmp_path / "gpu0.lock")
     dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--gpu-lock", lock])
-    shared = json.loads(saved.read_text())
+    shared = json.loads(saved.read_text())["attention"]
     assert shared["gpu_lock"] == lock and lock in shared["timing"] and "control" in shared["timing"]
     dp.main(["--only", "attention", "--quick", "--out", str(tmp_path), "--no-control"])
-    alone = json.loads(saved.read_text())
+    alone = json.loads(saved.read_text())["attention"]
     assert alone["gpu_lock"] is None and "lock" not in alone["timing"] and "control" not in alone["timing"]
 
 

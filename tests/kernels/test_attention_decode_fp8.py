@@ -15,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._fp8 import FP8_DTYPE, to_e4m3
 from kernels.attention import configs
 from kernels.attention import reference as ref
 from kernels.attention.decode import decode_attention
-from kernels.attention.decode_fp8 import FP8_DTYPE, _to_e4m3, decode_attention_fp8, fp8_cache, rope_append_fp8
+from kernels.attention.decode_fp8 import decode_attention_fp8, fp8_cache, rope_append_fp8
 from kernels.device import sm_count
 from tests.kernels._support import CPU, CUDA, DTYPE_NAMES, assert_rel_close, requires_cuda, requires_interpreter
 from tests.kernels._support import seeded as _gen
@@ -143,12 +144,12 @@ def test_append_fp8_stores_with_the_fixed_scales_and_saturates(H: int, D: int, d
 @triton.jit
 def _store_e4m3(X, Y, N: tl.constexpr):
     i = tl.arange(0, N)
-    tl.store(Y + i, _to_e4m3(tl.load(X + i), Y.dtype.element_ty))
+    tl.store(Y + i, to_e4m3(tl.load(X + i), Y.dtype.element_ty))
 
 
 @requires_interpreter
 def test_the_e4m3_rounding_is_torchs_bit_for_bit() -> None:
-    """``_to_e4m3`` (saturate, round to nearest even in fp32, re-encode) stores what torch's cast
+    """``to_e4m3`` (saturate, round to nearest even in fp32, re-encode) stores what torch's cast
     of the saturated value stores, on random values over seven decades, every e4m3 value, ties,
     subnormals, ±0 and values past ±448."""
     gen = _gen("e4m3")

@@ -1,4 +1,4 @@
-"""The stored-precision kernels (fp8 KV-cache decode, bf16-state step) compile for the GPUs that
+"""The stored-precision kernels (fp8 KV-cache decode, bf16-state step, fp8 linear) compile for the GPUs that
 run them: Triton's own compiler builds each launch the wrappers make down to a cubin for sm_90
 (Hopper) and sm_89 (Ada, the first with fp8), on the CPU, no GPU needed. The interpreter tests
 check what the kernels compute; this checks that the compiled path exists at all (a conversion or
@@ -118,12 +118,51 @@ def bf16_state_step(capability: int, feature_map: str) -> None:
             _compile(step_bf16._step_bf16_kernel, signature, constexprs, capability, num_warps=config.num_warps)
 
 
+def fp8_linear(capability: int, out_dtype: str) -> None:
+    from kernels.linear import fp8
+
+    signature = {
+        "XQ": "*fp8e4nv",
+        "SX": "*fp32",
+        "WQ": "*fp8e4nv",
+        "SW": "*fp32",
+        "BIAS": "*fp32",
+        "R": f"*{out_dtype}",
+        "Y": f"*{out_dtype}",
+        **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_wn", "stride_rm", "stride_ym"), _I32),
+    }
+    for cfg, activation, bias, residual in (
+        (fp8.FP8_HOPPER, None, False, False),
+        (fp8.FP8_HOPPER, "gelu", True, True),
+        (fp8.Fp8Config(64, 128, 64, 8, 4, 4), "silu", True, False),
+    ):
+        constexprs = {
+            "ACTIVATION": activation,
+            "HAS_BIAS": bias,
+            "HAS_RESIDUAL": residual,
+            "BLOCK_M": cfg.block_m,
+            "BLOCK_N": cfg.block_n,
+            "BLOCK_K": cfg.block_k,
+            "GROUP_M": cfg.group_m,
+            "PDL": False,
+        }
+        _compile(fp8._linear_fp8_kernel, signature, constexprs, capability, num_warps=cfg.num_warps, num_stages=3)
+    rows = {
+        "X": f"*{out_dtype}",
+        "XQ": "*fp8e4nv",
+        "SX": "*fp32",
+        **dict.fromkeys(("M", "K", "stride_xm", "stride_qm"), _I32),
+    }
+    _compile(fp8._quantize_rows_kernel, rows, {"BLOCK_M": 4, "BLOCK_K": 1024, "PDL": False}, capability, num_warps=4)
+
+
 def main() -> None:
     """Compile every launch above for every target; one line per failure, exit 1 if any."""
     cases = [
         *((fp8_decode, (cap, dtype)) for cap, _ in TARGETS for dtype in ("bf16", "fp16", "fp32")),
         *((fp8_append, (cap, rope)) for cap, _ in TARGETS for rope in (True, False)),
         *((bf16_state_step, (cap, fm)) for cap, _ in TARGETS for fm in ("identity", "elu+1", "relu")),
+        *((fp8_linear, (cap, dtype)) for cap, _ in TARGETS for dtype in ("bf16", "fp32")),
     ]
     failed = 0
     for fn, args in cases:
@@ -154,7 +193,7 @@ def test_the_precision_kernels_compile_for_hopper_and_ada() -> None:
         timeout=600,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert "compiled 16 of 16 case groups" in run.stdout
+    assert "compiled 20 of 20 case groups" in run.stdout
 
 
 if __name__ == "__main__":

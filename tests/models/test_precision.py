@@ -19,6 +19,7 @@ from nas.models.precision import (
     bf16,
     fp8_per_channel,
     fp8_per_head,
+    fp8_per_token,
     linear_attention_stored_state,
 )
 from nas.spec import ArchSpec, LayerSpec, TrainSpec
@@ -86,6 +87,24 @@ def test_fp8_per_channel_is_the_scale_rule_at_odd_shapes():
     w2 = w.clone()
     w2[3] *= 1000
     assert torch.equal(fp8_per_channel(w2)[4:], got[4:]) and torch.equal(fp8_per_channel(w2)[:3], got[:3])
+
+
+def test_fp8_per_token_and_the_fp8_linear_are_the_scale_rule_at_odd_shapes():
+    """Inputs rounded per row (token) over their last dim; a StoredLinear with fp8 on multiplies
+    the rounded input by the rounded weight and adds the bias unrounded (the fp8 matmul's math)."""
+    x = _wide_range((2, 5, 13), seed=3)
+    x[1, 4] = 0.0  # an all-zero token: scale 1
+    got = fp8_per_token(x)
+    assert np.array_equal(got.numpy(), _fp8_reference(x.numpy(), (2,)))
+    x2 = x.clone()
+    x2[0, 1] *= 1000  # one token's scale moves, no other's
+    assert torch.equal(fp8_per_token(x2)[1], got[1]) and torch.equal(fp8_per_token(x2)[0, 2:], got[0, 2:])
+    layer = StoredLinear(13, 7)
+    layer.fp8 = True
+    w, b = layer.weight.detach(), layer.bias.detach()
+    want = _fp8_reference(x.numpy(), (2,)) @ _fp8_reference(w.numpy(), (1,)).T + b.numpy()
+    with torch.no_grad():
+        assert np.allclose(layer(x).numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_bf16_is_round_to_nearest_even():

@@ -70,13 +70,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not interrupt.is_interrupt(exc):
             raise
         interrupted = True
-        err.print("nas: interrupted; finished trials are kept in the study", markup=False)
+        err.print(f"nas: interrupted{_KEPT.get(_command(argv), '')}", markup=False)
         return 130
     finally:
         # after an interrupt, further Ctrl-Cs stay ignored: one landing during the interpreter's
         # shutdown would otherwise kill the process by SIGINT (exit -2) instead of exiting 130
         if in_main_thread and not interrupted:
             signal.signal(signal.SIGINT, previous)
+
+
+# What an interrupted command leaves stored, by command (the others store nothing as they go).
+_KEPT = {
+    "search": "; finished trials are kept in the study",
+    "worker": "; finished trials are kept in the study",
+    "verify": "; trials retrained so far are kept in the study (rerun to retrain the rest)",
+    "measure": "; trials measured so far are kept in the study (rerun to measure the rest)",
+}
+
+
+def _command(argv: Sequence[str] | None) -> str | None:
+    """The command ``argv`` names (its first word that is not a flag), without parsing it again."""
+    return next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

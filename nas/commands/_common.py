@@ -4,6 +4,7 @@ the argument types (each refuses a bad value in one line) and the help texts sev
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -134,12 +135,13 @@ def latency_shape(text: str) -> str:
 
 
 def positive_float(text: str) -> float:
+    """A finite number > 0 (a budget or a time; leaving the flag out is how to say "none")."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 

@@ -103,7 +103,10 @@ def run(args: argparse.Namespace) -> None:
         if other is not None:
             resolution = accuracy_epsilon(study, args.accuracy_epsilon)
             eps = pair_epsilon(other, chosen, resolution, spread=args.accuracy_epsilon is None)
-            why = "the study's resolution" if eps == resolution else "the spread over seeds"
+            if args.accuracy_epsilon is not None:
+                why = f"--accuracy-epsilon {args.accuracy_epsilon:g}"
+            else:
+                why = "the study's resolution" if eps == resolution else "the spread over seeds"
             console.print(
                 f"note: trial {other.number} is more accurate ({other.accuracy_text()}) by no more than {why} "
                 f"(ε = {eps:.3g}), so it counts as level and costs more; --accuracy-epsilon 0 picks it",

@@ -12,6 +12,7 @@ import html
 import logging
 import math
 import shutil
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -286,6 +287,7 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
         )
     refs = [r for r in completed(study) if r.baseline is not None and r.trained]
     if refs:  # the reference architectures, ringed and named wherever they landed
+        refs.sort(key=lambda r: (_cost(r, cost), r.number))
         fig.add_trace(
             go.Scatter(
                 x=[_cost(r, cost) for r in refs],
@@ -293,7 +295,9 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
                 mode="markers+text",
                 name="baselines",
                 text=[r.baseline for r in refs],
-                textposition="bottom center",
+                # neighbours in cost take turns below and above their marker: two baselines that
+                # land together (often: they score alike) keep their names apart
+                textposition=[_LABEL_SIDES[i % len(_LABEL_SIDES)] for i in range(len(refs))],
                 marker=dict(symbol="diamond-open", color="black", size=15, line=dict(width=2)),
                 hovertext=hover(refs),
                 hoverinfo="text",
@@ -303,12 +307,22 @@ def _front_2d(study: optuna.Study, budgets: dict, epsilon: float | None = None) 
     _add_pick_and_budget(fig, study, cost, budgets, epsilon)
     fig.update_layout(
         title=f"Accuracy vs {cost.name.replace('_', ' ')}",
-        xaxis_title=_axis(study, cost),
+        xaxis_title=_wrapped(_axis(study, cost)),
         yaxis_title="accuracy",
         template="plotly_white",
         height=520,
     )
     return fig
+
+
+_LABEL_SIDES = ("bottom center", "top center")
+_TITLE_WIDTH = 90  # characters a line of an axis title holds in the report's figures (and their PNGs)
+
+
+def _wrapped(title: str) -> str:
+    """``title`` broken into lines of at most ``_TITLE_WIDTH`` characters (plotly's ``<br>``): a
+    long one (a latency's label with its precision note) runs past the figure's edges, clipped."""
+    return "<br>".join(textwrap.wrap(title, _TITLE_WIDTH, break_long_words=False)) or title
 
 
 def _add_staircase(fig: go.Figure, best: list[TrialRecord], cost: Objective) -> None:

@@ -75,8 +75,8 @@ class Planned:
 
 def check_settings(settings: VerifySettings) -> None:
     """VerifyError naming the flag unless the settings are within their bounds."""
-    if not 0 < settings.steps_factor <= MAX_STEPS_FACTOR:
-        raise VerifyError(f"--steps-factor must be in (0, {MAX_STEPS_FACTOR:g}], got {settings.steps_factor:g}")
+    if not 1 < settings.steps_factor <= MAX_STEPS_FACTOR:  # a "long run" no longer than the search's says nothing
+        raise VerifyError(f"--steps-factor must be in (1, {MAX_STEPS_FACTOR:g}], got {settings.steps_factor:g}")
     if not 0 <= settings.random <= MAX_TRIALS:  # no study holds more trials than a search runs
         raise VerifyError(f"--random must be in [0, {MAX_TRIALS:,}], got {settings.random}")
     if not 1 <= settings.seeds <= MAX_SEEDS:

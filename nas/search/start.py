@@ -5,6 +5,7 @@ study is opened, so a refused command writes nothing."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -220,8 +221,8 @@ def _check_flags(config: SearchConfig) -> None:
         ("--max-params", config.max_params),
         ("--max-memory-mb", config.max_memory_mb),
     ):
-        if value is not None and value <= 0:
-            raise SearchError(f"{flag} must be > 0, got {value}")
+        if value is not None and not 0 < value < math.inf:  # an infinite budget is no budget: leave it out
+            raise SearchError(f"{flag} must be a finite number > 0, got {value}")
 
 
 def _check_shape(config: SearchConfig) -> LatencyShape:

@@ -152,7 +152,9 @@ def test_a_caption_or_axis_over_many_trials_names_the_basis_once(tmp_path):
         study.add_trial(create_trial(values=[acc, 0.05, mem], user_attrs=r.to_dict()))
     basis = "predicted (h200, calibrated 2026-12-04, ±13 %)"
     caption = " ".join(str(front_table(study).caption).split())
-    axis = figures(study)["front2d"].layout.xaxis.title.text
+    lines = figures(study)["front2d"].layout.xaxis.title.text.split("<br>")
+    assert len(lines) > 1 and max(map(len, lines)) <= 90  # wrapped: one line ran off the figure (PNG clipped it)
+    axis = " ".join(lines)
     for text in (caption, axis):
         assert text.count("predicted (") == 1 and basis in text, text
         assert text.count("not priced") == 1, text

@@ -149,7 +149,17 @@ BAD_VALUES = [
     (
         "budget-negative-exponent",
         ["--max-latency-ms", "-1e3"],
-        "nas search: error: argument --max-latency-ms: must be > 0, got -1e3",
+        "nas search: error: argument --max-latency-ms: must be a finite number > 0, got -1e3",
+    ),
+    (  # was written into the journal as a non-JSON Infinity; leaving the flag out means no budget
+        "budget-infinite",
+        ["--max-latency-ms", "inf"],
+        "nas search: error: argument --max-latency-ms: must be a finite number > 0, got inf",
+    ),
+    (
+        "guard-infinite",
+        ["--max-train-seconds", "1e400"],
+        "nas search: error: argument --max-train-seconds: must be a finite number > 0, got 1e400",
     ),
     (  # every candidate was trained and the front was three copies of the smallest model
         "objectives-without-accuracy",
@@ -1319,3 +1329,31 @@ def test_fp8_on_a_gpu_older_than_ada_is_refused_in_one_line(tmp_path, capsys, mo
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "this device is 8.6" in err, err
     assert not storage.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["search", "--space", "hybrid_tiny"], "nas: interrupted; finished trials are kept in the study"),
+        (["verify", "--study", "s"], "nas: interrupted; trials retrained so far are kept in the study (rerun to"),
+        (["report", "--study", "s"], "nas: interrupted"),
+    ],
+    ids=["search", "verify", "report"],
+)
+def test_an_interrupt_says_what_the_command_kept(monkeypatch, capsys, command, said):
+    """Ctrl-C: exit 130 and one line saying what is stored, in the command's own words (verify
+    keeps retrained trials, not 'finished trials'; a report keeps nothing)."""
+    import types
+
+    import nas.cli as cli
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    module = cli._COMMANDS[command[0]]
+    monkeypatch.setitem(cli._COMMANDS, command[0], types.SimpleNamespace(add_parser=module.add_parser, run=interrupted))
+    assert main(command) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(said) and err.count("\n") == 0
+    if command[0] == "report":
+        assert err == "nas: interrupted"

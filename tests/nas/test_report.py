@@ -308,3 +308,34 @@ def test_the_front_is_split_by_precision_setting_only_where_searched():
     assert [[r.number for r in rs] for _, rs in groups] == [[1], [0, 3], [2]]
     many = [rec(i, kv_dtype="fp8", weight_dtype="fp8") for i in range(2)] + trials
     assert len(_by_precision(many, True)) <= len(_SETTING_SYMBOLS)
+
+
+def test_baseline_names_take_turns_below_and_above_their_markers(tmp_path):
+    """Neighbouring baselines (in cost) are named on alternate sides: two that land together
+    (they often score alike) do not print their names over each other."""
+    from optuna.trial import create_trial
+
+    from nas.latency import Latency, parse_shape
+    from nas.results.report import figures
+    from nas.search.record import TrialRecord
+    from nas.search.study import open_study
+    from nas.spec import ArchSpec, LayerSpec, TrainSpec
+
+    study = open_study("b", str(tmp_path / "b.journal"))
+    arch = ArchSpec(16, [LayerSpec("attention", 1)], 16, 16)
+    for label, acc, lat in (("all-linear", 0.5, 0.0301), ("all-attention", 0.9, 0.03), ("2:1 hybrid", 0.89, 0.0302)):
+        latency = Latency(lat, 0.0, "predicted", "h200", "bf16", parse_shape("1x256"))
+        r = TrialRecord(
+            0,
+            optuna.trial.TrialState.COMPLETE,
+            arch=arch,
+            train=TrainSpec("adamw", 1e-3, 0.0, 0.0, 10, 8),
+            arch_summary=arch.summary(),
+            latency=latency,
+            steps_done=10,
+            baseline=label,
+        )
+        study.add_trial(create_trial(values=[acc, lat, 1.0], user_attrs={**r.to_dict(), "memory": {"total_mb": 1.0}}))
+    (trace,) = [t for t in figures(study)["front2d"].data if t.name == "baselines"]
+    assert list(trace.text) == ["all-attention", "all-linear", "2:1 hybrid"]  # in cost order
+    assert list(trace.textposition) == ["bottom center", "top center", "bottom center"]

@@ -192,7 +192,7 @@ def test_verify_stores_rows_prints_the_table_and_repeats_exactly(searched, tmp_p
     assert out.count("stored, not retrained") == len(rows)
 
     # another length of long run replaces the rows, and says so
-    assert main([*VERIFY, "--storage", storage, "--random", "0", "--steps-factor", "1"]) == 0
+    assert main([*VERIFY, "--storage", storage, "--random", "0", "--steps-factor", "1.5"]) == 0
     out = capsys.readouterr().out
     assert f"replacing the {len(again)} row(s) retrained at 2× steps with 1 seed(s) each" in out
     assert set(verified(_study(storage))) == on_front
@@ -261,10 +261,12 @@ def test_worker_processes_store_the_same_rows_as_one_process(searched, tmp_path,
 BAD = [
     ("unknown-study", ["verify", "--study", "ghost"], "no study named 'ghost'"),
     ("no-trained-trial", ["verify", "--study", "empty"], "has no trained trial to verify"),
-    ("steps-factor-zero", [*VERIFY, "--steps-factor", "0"], "--steps-factor must be in (0, 100], got 0"),
-    ("steps-factor-negative", [*VERIFY, "--steps-factor", "-2"], "--steps-factor must be in (0, 100]"),
-    ("steps-factor-absurd", [*VERIFY, "--steps-factor", "1000"], "--steps-factor must be in (0, 100], got 1000"),
-    ("steps-factor-nan", [*VERIFY, "--steps-factor", "nan"], "--steps-factor must be in (0, 100], got nan"),
+    ("steps-factor-zero", [*VERIFY, "--steps-factor", "0"], "--steps-factor must be in (1, 100], got 0"),
+    ("steps-factor-negative", [*VERIFY, "--steps-factor", "-2"], "--steps-factor must be in (1, 100]"),
+    ("steps-factor-shorter", [*VERIFY, "--steps-factor", "0.5"], "--steps-factor must be in (1, 100], got 0.5"),
+    ("steps-factor-the-same", [*VERIFY, "--steps-factor", "1"], "--steps-factor must be in (1, 100], got 1"),
+    ("steps-factor-absurd", [*VERIFY, "--steps-factor", "1000"], "--steps-factor must be in (1, 100], got 1000"),
+    ("steps-factor-nan", [*VERIFY, "--steps-factor", "nan"], "--steps-factor must be in (1, 100], got nan"),
     ("steps-factor-text", [*VERIFY, "--steps-factor", "four"], "'four' is not a number"),
     ("random-negative", [*VERIFY, "--random", "-1"], "--random: must be >= 0, got -1"),
     ("seeds-zero", [*VERIFY, "--seeds", "0"], "--seeds must be in [1, 16], got 0"),

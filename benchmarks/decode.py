@@ -409,7 +409,7 @@ def main_attention(args: argparse.Namespace) -> None:
             r["copy_fraction"] = r["tbps"] / copy_tbps
     name = device_slug(torch.cuda.get_device_name(0))
     path = write_part(
-        Path(args.out) / f"decode_{name}{'_sweep' if args.sweep else '_quick' if args.quick else ''}.json",
+        Path(args.out) / f"decode_{name}{_variant(args)}.json",
         "attention",
         rows,
         copy_tbps=copy_tbps,
@@ -426,6 +426,16 @@ def main_attention(args: argparse.Namespace) -> None:
         **_fp8_summary(rows),
     )
     print(f"wrote {path}")
+
+
+def _variant(args: argparse.Namespace) -> str:
+    """The results file's suffix for a run that is not the whole grid: ``--sweep``, ``--quick``, or
+    ``--contexts``/``--batches`` (``_subset``), so a partial run never replaces the full part."""
+    if args.sweep:
+        return "_sweep"
+    if args.quick:
+        return "_quick"
+    return "_subset" if args.contexts or args.batches else ""
 
 
 def _fp8_summary(rows: list[dict]) -> dict:

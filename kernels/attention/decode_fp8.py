@@ -52,11 +52,13 @@ def fp8_cache(rows: Tensor, capacity: int | None = None) -> tuple[Tensor, Tensor
     capacity = T if capacity is None else capacity
     if capacity < max(T, 1):
         raise ValueError(f"fp8_cache: capacity {capacity} holds fewer than the {max(T, 1)} rows needed")
-    x = rows.float()
-    amax = x.abs().amax(dim=(2, 3)) if T else x.new_zeros(B, H)
+    # no fp32 copy of the whole prefill (at B64 H8 128K D128 one is 34 GB): the amax of the rows'
+    # own dtype is exact, and each sequence is scaled and cast on its own
+    amax = rows.abs().amax(dim=(2, 3)).float() if T else torch.zeros(B, H, device=rows.device)
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     cache = torch.zeros(B, H, capacity, D, device=rows.device, dtype=FP8_DTYPE)
-    cache[:, :, :T] = (x / scale[:, :, None, None]).to(FP8_DTYPE)
+    for b in range(B if T else 0):
+        cache[b, :, :T] = (rows[b].float() / scale[b, :, None, None]).to(FP8_DTYPE)
     return cache, scale
 
 
@@ -347,8 +349,10 @@ def decode_attention_fp8(
     C = k_cache.shape[2]
     if config is None:
         sms = sm_count(q.device) if is_cuda(q.device) else 1
-        # the bf16 table's launch (rows are converted to q's dtype in registers); tuned at fp8: not yet
-        config = fit_decode_shared(decode_config(q.device, B * H, C, D, sms), D, 1, decode_shared_budget(q.device))
+        # the bf16 table's launch (not tuned at fp8 yet), fitted to shared memory at q's element size:
+        # the rows are converted to q's dtype for the products, and the converted tiles are what fill it
+        chosen = decode_config(q.device, B * H, C, D, sms)
+        config = fit_decode_shared(chosen, D, q.element_size(), decode_shared_budget(q.device))
     split_rows = triton.cdiv(triton.cdiv(C, config.splits), config.block_n) * config.block_n
     splits = triton.cdiv(C, split_rows)
     q = q.contiguous()

@@ -8,7 +8,8 @@ and Ada's fp8 tensor cores take them.
 - ``quantize_rows``: the activations ``[M, K]`` quantized on the fly with one scale per row
   (token), the same rule (a "dynamic" per-token scale); one launch, a program per block of rows:
   a pass for the rows' amax, a pass that writes the rounded values;
-- ``linear_fp8``: the matmul of the two on the tensor cores (fp8 products, fp32 sums), the scales
+- ``linear_fp8``: the matmul of the two on the tensor cores (fp8 products, sums promoted to fp32
+  every BLOCK_K products), the scales
   applied to each output tile once (s_x per row times s_w per column), then the bias, the
   activation and the residual in fp32, one rounding to the output dtype.
 
@@ -92,12 +93,12 @@ def _quantize_rows_kernel(
         mask = ok[:, None] & (ks < K)[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), 1))
-    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)  # IEEE division: torch's scale exactly
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask = ok[:, None] & (ks < K)[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0)
-        q = to_e4m3(x.to(tl.float32) / scale[:, None], XQ.dtype.element_ty)
+        q = to_e4m3(tl.math.div_rn(x.to(tl.float32), scale[:, None]), XQ.dtype.element_ty)
         tl.store(XQ + rows.to(tl.int64)[:, None] * stride_qm + ks[None, :], q, mask=mask)
     tl.store(SX + rows, scale, mask=ok)
 
@@ -148,7 +149,9 @@ def _linear_fp8_kernel(
         k_ok = (ks < K)[None, :]
         a = tl.load(x_ptrs + ks[None, :], mask=row_ok[:, None] & k_ok, other=0.0)
         b = tl.load(w_ptrs + ks[None, :], mask=col_ok[:, None] & k_ok, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)  # fp8 × fp8 → fp32
+        # fp8 × fp8 on the tensor cores, whose running sum on sm_90 keeps ~14 bits unless promoted:
+        # promoted into the fp32 accumulator every BLOCK_K products (as cuBLAS's default does)
+        acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
     acc = (
         acc * tl.load(SX + rows, mask=row_ok, other=0.0)[:, None] * tl.load(SW + cols, mask=col_ok, other=0.0)[None, :]
     )

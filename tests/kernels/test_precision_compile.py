@@ -7,6 +7,7 @@ instead of on a leased GPU)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 import triton
 
 TARGETS = [(90, "sm_90"), (89, "sm_89")]
+SHARED: dict[str, int] = {}  # the largest shared memory each kernel took, per target (printed)
 
 
 def _compile(fn, signature: dict[str, str], constexprs: dict[str, object], capability: int, **options) -> None:
@@ -23,10 +25,24 @@ def _compile(fn, signature: dict[str, str], constexprs: dict[str, object], capab
     from triton.compiler import ASTSource
 
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    # as a launch specialises them (torch's allocations are 16-byte aligned, strides of real shapes
+    # multiples of 16): the aligned, pipelined variant, whose shared memory must fit
+    names = list(inspect.signature(fn.fn).parameters)
+    aligned = {
+        (names.index(n),): [["tt.divisibility", 16]]
+        for n, t in signature.items()
+        if t.startswith("*") or n.startswith("stride")
+    }
     compiled = triton.compile(
-        ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", capability, 32), options=options
+        ASTSource(fn, signature, constexprs, attrs=aligned),
+        target=GPUTarget("cuda", capability, 32),
+        options=options,
     )
     assert compiled.asm.get("cubin"), "no cubin"
+    limit = {90: 232448, 89: 101376}[capability]  # shared memory a block may take (227 KB, 99 KB)
+    assert compiled.metadata.shared <= limit, f"{fn.__name__}: {compiled.metadata.shared} B of shared memory"
+    key = f"{fn.__name__} sm_{capability}"
+    SHARED[key] = max(SHARED.get(key, 0), compiled.metadata.shared)
 
 
 _I32, _I64 = "i32", "i64"
@@ -49,14 +65,19 @@ _DECODE = {
 
 def fp8_decode(capability: int, q_dtype: str) -> None:
     from kernels.attention import decode_fp8
+    from kernels.attention.configs import DECODE_MAX_SHARED, DecodeConfig, fit_decode_shared
 
     signature = {**_DECODE, "Q": f"*{q_dtype}", "OUT": f"*{q_dtype}"}
+    # the wrapper's fit: the tile halved until it fits the GPU's shared memory less 16 KB, at q's size
+    budget = min(DECODE_MAX_SHARED, {90: 232448, 89: 101376}[capability] - 16 * 1024)
+    element = {"bf16": 2, "fp16": 2, "fp32": 4}[q_dtype]
     for dot, direct, fused, head_dim, block_n in (
         (True, False, True, 128, 64),
         (True, True, False, 64, 128),
         (False, False, False, 32, 64),
         (False, True, True, 16, 16),
     ):
+        block_n = fit_decode_shared(DecodeConfig(block_n, 4, 3, 1, dot), head_dim, element, budget).block_n
         constexprs = {
             "DIRECT": direct,
             "FUSED": fused,
@@ -172,6 +193,7 @@ def main() -> None:
             failed += 1
             print(f"FAILED {fn.__name__}{args}: {type(exc).__name__}: {str(exc)[:2000]}")
     print(f"compiled {len(cases) - failed} of {len(cases)} case groups")
+    print("largest shared memory: " + ", ".join(f"{k} {v:,} B" for k, v in sorted(SHARED.items())))
     sys.exit(1 if failed else 0)
 
 

@@ -2,8 +2,8 @@
 ``float8e4nv``), its largest value, and the in-kernel rounding to it.
 
 Every fp8 value is stored as ``fp8(x / scale)`` with an fp32 scale per group (``scale = amax / 448``
-over the group, 1 for an all-zero group) and read back as that times the scale: the rule of
-``nas.models.precision.fp8_scaled``, which scores a candidate at its stored precision.
+over the group, 1 for an all-zero group) and read back as that times the scale (``scaled``);
+``nas.models.precision`` scores a candidate at its stored precision by the same function.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448: e4m3's largest finite value
 
 
-def scaled(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` stored in fp8 with one scale per group of the elements along ``dim`` (``dim=-1`` of a
+def scaled(x: torch.Tensor, dims: int | tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` stored in fp8 with one scale per group of the elements along ``dims`` (``-1`` of a
     weight ``[N, K]``: one per output channel, from its K inputs; of activations ``[M, K]``: one
-    per token): ``(values fp8, scales fp32)``, the scales shaped as ``x`` without ``dim``."""
+    per token; ``(2, 3)`` of a cache ``[B, H, T, D]``: one per sequence and head): ``(values fp8,
+    scales fp32)``, the scales shaped as ``x`` without ``dims``. The one place the rule is written."""
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
     xf = x.float()
-    amax = xf.abs().amax(dim=dim)
+    amax = xf.abs().amax(dim=dims, keepdim=True)
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return (xf / scale.unsqueeze(dim)).to(FP8_DTYPE), scale
+    return (xf / scale).to(FP8_DTYPE), scale.squeeze(dims)
 
 
 @triton.jit

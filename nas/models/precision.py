@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels._fp8 import FP8_DTYPE, FP8_MAX, scaled
 from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
 
 __all__ = [
@@ -42,17 +43,15 @@ __all__ = [
     "linear_attention_stored_state",
 ]
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448: e4m3's largest finite value
-
 
 def fp8_scaled(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """``x`` stored in fp8 e4m3 with one scale per group of the elements that share every index
-    but ``dims`` (the module docstring's scale rule), read back in ``x``'s dtype."""
-    xf = x.float()
-    amax = xf.abs().amax(dim=dims, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return ((xf / scale).to(FP8_DTYPE).float() * scale).to(x.dtype)
+    but ``dims`` (the module docstring's scale rule: ``kernels._fp8.scaled``, the kernels' own),
+    read back in ``x``'s dtype."""
+    values, scale = scaled(x, dims)
+    for d in sorted(d % x.dim() for d in dims):
+        scale = scale.unsqueeze(d)
+    return (values.float() * scale).to(x.dtype)
 
 
 def fp8_per_head(x: torch.Tensor) -> torch.Tensor:

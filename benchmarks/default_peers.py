@@ -80,6 +80,7 @@ FP8_LINEAR_SHAPES = (
     (8192, 4096, 4096),
     (16384, 1024, 4096),
     (16384, 2048, 8192),
+    (4100, 1000, 3000),  # odd sizes: ragged tiles (torch._scaled_mm needs K and N in multiples of 16: not timed)
 )
 FP8_LINEAR_QUICK = ((4096, 4096, 1024), (16384, 2048, 8192))
 FP8_TARGET = 1.4  # × bf16 cuBLAS, issue #51
@@ -359,7 +360,7 @@ def linear_fp8_rows(quick: bool) -> list[dict]:
     from kernels.linear import reference as linear_ref
     from kernels.linear.fp8 import linear_fp8, quantize_rows, quantize_weight
 
-    fp8_peer = torch.cuda.get_device_capability() >= (9, 0) and hasattr(torch, "_scaled_mm")
+    fp8_peer_here = torch.cuda.get_device_capability() >= (9, 0) and hasattr(torch, "_scaled_mm")
     rows = []
     for M, K, N in _each_locked(FP8_LINEAR_QUICK if quick else FP8_LINEAR_SHAPES):
         n = min(copies_for_l2((M * K + N * K + M * N) * 2), 16)
@@ -382,7 +383,7 @@ def linear_fp8_rows(quick: bool) -> list[dict]:
         want = linear_ref.linear(xq.float() * sx[:, None], s0["wq"][0].float() * s0["wq"][1][:, None], s0["b"])
         err = _rel_err(ours(s0), want)
         extra: dict = {"quantization_error_vs_bf16": _rel_err(ours(s0), peer(s0).float())}
-        if fp8_peer:
+        if fp8_peer_here and K % 16 == 0 and N % 16 == 0:
 
             def scaled_mm(s, quantize: bool):
                 if quantize:  # what a user writes: per-row amax, divide, cast

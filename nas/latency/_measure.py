@@ -43,6 +43,7 @@ __all__ = [
     "kernels_fingerprint",
     "measure",
     "source_fingerprint",
+    "stored_decode_fingerprint",
 ]
 
 SPREAD_LIMIT = 0.02  # IQR / median above this → measure again once
@@ -211,10 +212,10 @@ DECODE_ONLY_FILES = frozenset({"kernels/attention/decode.py", "kernels/conv/deco
 # Code no latency measurement runs: the optimizer steps train candidates. Left out of both
 # fingerprints, so a change to them keeps every calibration valid.
 TRAINING_ONLY_DIRS = ("kernels/optim/",)
-# Kernels of the stored precisions (``precision:`` fields) that no latency is measured or
-# calibrated with yet: a search labels those latencies "not priced", at the model's dtype. Left
-# out of both fingerprints until a per-dtype latency times them (a test checks no timed file
-# imports them), so adding them keeps the bf16/fp32 calibrations valid.
+# Kernels of the stored precisions (``precision:`` fields): only a decode step at a stored
+# precision runs them (``StoredDecoder``, keyed by ``stored_decode_fingerprint``). Left out of the
+# full-precision fingerprints (a test checks no file those cover imports them), so changing them
+# keeps the bf16/fp32 calibrations valid.
 PRECISION_ONLY_FILES = frozenset(
     {
         "kernels/_fp8.py",
@@ -302,13 +303,14 @@ def decode_fingerprint() -> str:
     return decode_source_fingerprint(files, root)
 
 
-def decode_source_fingerprint(files: Iterable[Path], root: Path) -> str:
+def decode_source_fingerprint(files: Iterable[Path], root: Path, *, precision: bool = False) -> str:
     """``source_fingerprint`` for the decode step: decode-only code counts, ``REPORT_ONLY`` and
-    ``FORWARD_ONLY`` do not; files that do not exist and ``TRAINING_ONLY_DIRS`` are left out."""
+    ``FORWARD_ONLY`` do not; files that do not exist and ``TRAINING_ONLY_DIRS`` are left out, and
+    ``PRECISION_ONLY_FILES`` unless ``precision`` (a step at a stored precision runs them)."""
     digest = hashlib.sha256()
     for path in sorted((f for f in files if f.exists()), key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
-        if not _timed(rel):
+        if not (_timed(rel) or precision and rel in PRECISION_ONLY_FILES):
             continue
         skip = REPORT_ONLY.get(rel, frozenset()) | FORWARD_ONLY.get(rel, frozenset())
         digest.update(rel.encode() + b"\0" + _code_of(path, skip) + b"\0")
@@ -316,6 +318,23 @@ def decode_source_fingerprint(files: Iterable[Path], root: Path) -> str:
 
 
 _DECODE_MODEL_FILES = ("triton_model.py", "triton_decode.py")
+_STORED_DECODE_MODEL_FILE = "triton_decode_stored.py"  # the decoder at a stored precision (``StoredDecoder``)
+
+
+@functools.cache
+def stored_decode_fingerprint() -> str:
+    """The fingerprint of the code a decode step at a stored precision times (``StoredDecoder``):
+    ``decode_fingerprint``'s files, the precision kernels (``PRECISION_ONLY_FILES``) and
+    ``nas/models/triton_decode_stored.py``. A change to those alone invalidates only the
+    measurements of architectures stored below full precision."""
+    import kernels
+    import nas.models.triton_model as triton_model
+
+    root = Path(kernels.__file__).resolve().parent.parent
+    models = Path(triton_model.__file__).resolve().parent
+    names = (*_DECODE_MODEL_FILES, _STORED_DECODE_MODEL_FILE)
+    files = [*Path(kernels.__file__).resolve().parent.rglob("*.py"), *(models / n for n in names)]
+    return decode_source_fingerprint(files, root, precision=True)
 
 
 class LatencyCache:

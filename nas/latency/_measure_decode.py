@@ -11,6 +11,11 @@ one, so a sample covers contexts N … N + STEPS_PER_SAMPLE − 1 (the positions
 each sample; ≤ 0.8 % more rows than N at 1K, far less beyond). Weights stay in L2 between
 replays when they fit, as they do between the steps of a real generation. Cached on disk like
 the forward, keyed by arch, ``decode BxN``, dtype, GPU, versions and ``decode_fingerprint``.
+
+An architecture stored below full precision (``kv_dtype``, ``state_dtype``, ``weight_dtype``) is
+decoded as stored: its ``StoredDecoder`` (fp8 KV cache, bf16 state, fp8 weights on the precision
+kernels) is checked against the torch model's steps at its stored precision and timed, keyed by
+``stored_decode_fingerprint``; the latency prices its dtypes.
 """
 
 from __future__ import annotations
@@ -23,8 +28,16 @@ from kernels.device import CUDA, cuda_available, gpu_name, is_cuda, resolve
 from kernels.errors import KernelMismatchError
 from nas.spec import arch_hash
 
-from ._measure import MISMATCH_LIMIT, SPREAD_LIMIT, LatencyCache, cache_key, decode_fingerprint, kernel_errors
-from ._result import Latency, unpriced_precision
+from ._measure import (
+    MISMATCH_LIMIT,
+    SPREAD_LIMIT,
+    LatencyCache,
+    cache_key,
+    decode_fingerprint,
+    kernel_errors,
+    stored_decode_fingerprint,
+)
+from ._result import Latency
 from ._shape import LatencyShape
 
 __all__ = ["CHECK_PROMPT", "CHECK_STEPS", "STEPS_PER_SAMPLE", "measure_decode"]
@@ -57,23 +70,19 @@ def measure_decode(
     reps = max(20, reps)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     gpu = gpu_name(device)
+    stored = not model.arch.full_precision
+    fingerprint = stored_decode_fingerprint() if stored else decode_fingerprint()
     key = cache_key(
-        arch_hash(model.arch.at_full_precision()),  # the kernels run every precision alike
-        f"decode {shape}",
-        dtype_name,
-        gpu,
-        torch.__version__,
-        triton.__version__,
-        decode_fingerprint(),
+        arch_hash(model.arch), f"decode {shape}", dtype_name, gpu, torch.__version__, triton.__version__, fingerprint
     )
     cache = cache or LatencyCache()
     if (hit := cache.get(key)) is not None:
-        return unpriced_precision(hit, model.arch)
+        return hit
     with torch.cuda.device(device):
         model = model.to(device).eval()
         with kernel_errors():
-            tm = _checked(model, batch, device, dtype)
-            samples, notes = _timed(tm, batch, context, device, reps)
+            decoder = _checked(model, batch, device, dtype)
+            samples, notes = _timed(decoder, batch, context, device, reps)
     q1, median, q3 = statistics.quantiles(samples, n=4)
     latency = Latency(
         median,
@@ -82,48 +91,60 @@ def measure_decode(
         gpu,
         dtype_name,
         shape,
-        versions=(("torch", torch.__version__), ("triton", triton.__version__), ("kernels", decode_fingerprint())),
+        versions=(("torch", torch.__version__), ("triton", triton.__version__), ("kernels", fingerprint)),
         notes=tuple(notes),
         kind="decode",
     )
     cache.put(key, latency)
-    return unpriced_precision(latency, model.arch)
+    return latency
 
 
 def _checked(model: torch.nn.Module, batch: int, device: torch.device, dtype: torch.dtype):
-    """The model's TritonModel, once its decoder's steps match the torch model's (KernelMismatchError if not)."""
+    """A function making the model's decoder for a capacity (``StoredDecoder`` below full
+    precision), once that decoder's steps match the torch model's, at the architecture's stored
+    precision (KernelMismatchError if not)."""
+    from functools import partial
+
     from nas.models.triton_decode import TritonDecoder
+    from nas.models.triton_decode_stored import StoredDecoder
     from nas.models.triton_model import to_triton
 
+    stored = not model.arch.full_precision
     gen = torch.Generator(device=device).manual_seed(0)
     vocab = model.arch.vocab_size
     prompt = torch.randint(0, vocab, (batch, CHECK_PROMPT), device=device, generator=gen)
     steps = torch.randint(0, vocab, (CHECK_STEPS, batch), device=device, generator=gen)
-    tm = to_triton(model, dtype=dtype)
-    decoder = TritonDecoder(tm, batch, CHECK_PROMPT + CHECK_STEPS)
-    with torch.no_grad(), torch.autocast(CUDA, dtype=dtype):
-        _, state = model.prefill(prompt, capacity=CHECK_PROMPT + CHECK_STEPS)
-        decoder.load(state)
-        for t in range(CHECK_STEPS):
-            expected = model.step(steps[t], state).float()
-            got = decoder.step(steps[t]).float()
-            err = ((got - expected).norm() / expected.norm().clamp(min=1e-12)).item()
-            if not err <= MISMATCH_LIMIT:
-                raise KernelMismatchError(
-                    f"triton decode step {t} differs from the torch model: relative error {err:.2e} > "
-                    f"{MISMATCH_LIMIT:.0e}"
-                )
-    return tm
+    # fp8 weights quantize the normalized rows, as the torch model does: the norms stay unfolded
+    # (a decode step runs each norm as its own launch either way)
+    decoder = partial(StoredDecoder if stored else TritonDecoder, to_triton(model, dtype=dtype, fold_norms=not stored))
+    check = decoder(batch, CHECK_PROMPT + CHECK_STEPS)
+    was = model.at_stored_precision
+    model.stored_precision(stored)
+    try:
+        with torch.no_grad(), torch.autocast(CUDA, dtype=dtype):
+            _, state = model.prefill(prompt, capacity=CHECK_PROMPT + CHECK_STEPS)
+            check.load(state)
+            for t in range(CHECK_STEPS):
+                expected = model.step(steps[t], state).float()
+                got = check.step(steps[t]).float()
+                err = ((got - expected).norm() / expected.norm().clamp(min=1e-12)).item()
+                if not err <= MISMATCH_LIMIT:
+                    raise KernelMismatchError(
+                        f"triton decode step {t} differs from the torch model: relative error {err:.2e} > "
+                        f"{MISMATCH_LIMIT:.0e}"
+                    )
+    finally:
+        model.stored_precision(was)
+    return decoder
 
 
-def _timed(tm, batch: int, context: int, device: torch.device, reps: int) -> tuple[list[float], list]:
-    """ms per step: samples of STEPS_PER_SAMPLE graph replays, positions reset to ``context`` before each."""
-    from nas.models.triton_decode import TritonDecoder
-
-    decoder = TritonDecoder(tm, batch, context + STEPS_PER_SAMPLE + 1)
+def _timed(make, batch: int, context: int, device: torch.device, reps: int) -> tuple[list[float], list]:
+    """ms per step: samples of STEPS_PER_SAMPLE graph replays, positions reset to ``context`` before
+    each (``make(batch, capacity)``: the decoder)."""
+    decoder = make(batch, context + STEPS_PER_SAMPLE + 1)
     gen = torch.Generator(device=device).manual_seed(1)
     decoder.fill_random(context, generator=gen)
-    tokens = torch.randint(0, tm.arch.vocab_size, (batch,), device=device, generator=gen)
+    tokens = torch.randint(0, decoder.tmodel.arch.vocab_size, (batch,), device=device, generator=gen)
     replay = decoder.capture(tokens)
     notes: list[tuple[str, str]] = []
     for attempt in range(2):

@@ -8,6 +8,7 @@ from nas.models.decode import DecodeCache, LayerCache
 from nas.models.hybrid import Block, HybridModel
 from nas.models.population import Population
 from nas.models.triton_decode import TritonDecoder
+from nas.models.triton_decode_stored import StoredDecoder
 from nas.models.triton_model import TritonModel, to_triton
 from nas.spec import ArchSpec
 from nas.tasks.base import Task
@@ -18,6 +19,7 @@ __all__ = [
     "HybridModel",
     "LayerCache",
     "Population",
+    "StoredDecoder",
     "TritonDecoder",
     "TritonModel",
     "build",

@@ -21,9 +21,11 @@ class LayerCache:
     """One block's decoding state; every field None for a block without a mixer (MLP only).
 
     conv: ``[B, K-1, 3d]`` the last K-1 qkv projections before the short conv (zeros before the start).
-    k, v: ``[B, H, C, Dh]`` softmax attention's keys (after RoPE) and values, rows [0, length) valid.
-    state: ``[B, H, Dh, Dh]`` fp32, linear attention's Σ_s φ(k_s) v_sᵀ.
-    z: ``[B, H, Dh]`` fp32, Σ_s φ(k_s); None for the unnormalized identity map.
+    k, v: ``[B, H, C, Dh]`` softmax attention's keys (after RoPE) and values, rows [0, length) valid;
+      fp8 when the model decodes at its stored precision with ``kv_dtype: fp8``, then read back as
+      ``row · k_scale`` (``v_scale``): fp32 ``[B, H]``, fixed by the prefill (None otherwise).
+    state: ``[B, H, Dh, Dh]`` linear attention's Σ_s φ(k_s) v_sᵀ, fp32 (bf16 at ``state_dtype: bf16``).
+    z: ``[B, H, Dh]`` Σ_s φ(k_s), the state's dtype; None for the unnormalized identity map.
     """
 
     conv: Tensor | None = None
@@ -31,6 +33,8 @@ class LayerCache:
     v: Tensor | None = None
     state: Tensor | None = None
     z: Tensor | None = None
+    k_scale: Tensor | None = None
+    v_scale: Tensor | None = None
 
     def nbytes(self) -> int:
         """Bytes held by the tensors (the KV cache at full capacity, not only its valid rows)."""

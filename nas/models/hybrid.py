@@ -143,11 +143,6 @@ class HybridModel(nn.Module):
         return self.head(self.norm(x))
 
     def _check_generates(self, op: str) -> None:
-        if self.at_stored_precision and not self.arch.full_precision:
-            raise ValueError(
-                f"{op}: decoding at the stored precision ({self.arch.precision_text()}) is not modelled; "
-                f"call stored_precision(False) first (the forward evaluates it)"
-            )
         if self.arch.readout != "token":
             raise ValueError(
                 f"{op}: readout {self.arch.readout!r} gives one output per sequence; decoding needs readout 'token'"

@@ -11,9 +11,18 @@ from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
 from kernels.linear_attention.reference import FEATURE_MAP_FNS
 from kernels.linear_attention.reference import step as linear_attention_step
 from nas.models.decode import LayerCache
-from nas.models.precision import StoredLinear, fp8_per_head, linear_attention_stored_state
+from nas.models.precision import (
+    StoredLinear,
+    fp8_append,
+    fp8_per_head,
+    linear_attention_stored_state,
+    stored_rows,
+    stored_state_step,
+)
 
 __all__ = ["FEATURE_MAP_FNS", "LinearAttention", "SelfAttention", "causal_depthwise_conv", "causal_linear_attention"]
+
+_STATE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a state_dtype's storage
 
 
 def _exporting() -> bool:
@@ -187,30 +196,45 @@ class SelfAttention(_HeadsMixer):
         return cached[0][:T], cached[1][:T]
 
     def _mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The output ``[B, T, d]``, the rotated keys and the values ``[B, H, T, Dh]``, the raw projection."""
+        """The output ``[B, T, d]``, the rotated keys and the values ``[B, H, T, Dh]`` (before any
+        fp8 rounding: a prefill stores them itself), the raw projection."""
         q, k, v, raw = self._split(x)
         cos, sin = self._tables(q.shape[2], q.shape[3], q)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_fp8:
-            k, v = fp8_per_head(k), fp8_per_head(v)
-        return self._merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)), k, v, raw
+        keys, values = (fp8_per_head(k), fp8_per_head(v)) if self.kv_fp8 else (k, v)
+        return self._merge(F.scaled_dot_product_attention(q, keys, values, is_causal=True)), k, v, raw
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._mix(x)[0]
 
     def prefill(self, x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, LayerCache]:
-        """x ``[B, T, d]`` → the forward's output and a cache of ``capacity`` ≥ T key/value rows."""
+        """x ``[B, T, d]`` → the forward's output and a cache of ``capacity`` ≥ T key/value rows
+        (with ``kv_fp8``: fp8 rows and the per-head scales the prompt fixes, ``fp8_cache``)."""
         out, k, v, raw = self._mix(x)
-        return out, LayerCache(conv=self._conv_state(raw), k=_rows(k, capacity), v=_rows(v, capacity))
+        conv = self._conv_state(raw)
+        if self.kv_fp8:
+            from kernels.attention.decode_fp8 import fp8_cache
+
+            (k, k_scale), (v, v_scale) = fp8_cache(k, capacity), fp8_cache(v, capacity)
+            return out, LayerCache(conv=conv, k=k, v=v, k_scale=k_scale, v_scale=v_scale)
+        return out, LayerCache(conv=conv, k=_rows(k, capacity), v=_rows(v, capacity))
 
     def step(self, x: torch.Tensor, cache: LayerCache, position: int) -> torch.Tensor:
         """x ``[B, d]`` → ``[B, d]``: RoPE at ``position``, k and v written to that row, then
-        attention over rows 0..position."""
+        attention over rows 0..position (an fp8 cache: the row stored with the prefill's scales,
+        ``fp8_append``, and every row read back with them)."""
         q, k, v = self._split_step(x, cache.conv)  # [B, H, Dh]
         cos, sin = rope_tables(position + 1, q.shape[-1], device=q.device, dtype=q.dtype, start=position)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        cache.k[:, :, position], cache.v[:, :, position] = k, v
-        keys, values = cache.k[:, :, : position + 1], cache.v[:, :, : position + 1]
+        rows = slice(0, position + 1)
+        if cache.k_scale is not None:
+            cache.k[:, :, position] = fp8_append(k, cache.k_scale)
+            cache.v[:, :, position] = fp8_append(v, cache.v_scale)
+            keys = stored_rows(cache.k[:, :, rows], cache.k_scale, q.dtype)
+            values = stored_rows(cache.v[:, :, rows], cache.v_scale, q.dtype)
+        else:
+            cache.k[:, :, position], cache.v[:, :, position] = k, v
+            keys, values = cache.k[:, :, rows], cache.v[:, :, rows]
         return self._merge(F.scaled_dot_product_attention(q.unsqueeze(2), keys, values))[:, 0]
 
 
@@ -231,35 +255,48 @@ class LinearAttention(_HeadsMixer):
         self.normalize = feature_map != "identity"
         self.state_dtype = "fp32"
 
-    def _mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The output ``[B, T, d]``, φ(k) and v ``[B, H, T, Dh]``, the raw projection."""
+    def _mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple | None]:
+        """The output ``[B, T, d]``, φ(k) and v ``[B, H, T, Dh]``, the raw projection, and at a
+        stored state dtype the state and normalizer after the last token as stored (else None)."""
         q, k, v, raw = self._split(x)
         phi = FEATURE_MAP_FNS[self.feature_map]
         q, k = phi(q), phi(k)
         if not self.normalize:
             q = q * q.shape[-1] ** -0.5
         if self.state_dtype != "fp32":
-            o = linear_attention_stored_state(q, k, v, normalize=self.normalize, dtype=self.state_dtype)
-            return self._merge(o.to(q.dtype)), k, v, raw
-        return self._merge(causal_linear_attention(q, k, v, normalize=self.normalize)), k, v, raw
+            o, state, z = linear_attention_stored_state(
+                q, k, v, normalize=self.normalize, dtype=self.state_dtype, with_state=True
+            )
+            return self._merge(o.to(q.dtype)), k, v, raw, (state, z)
+        return self._merge(causal_linear_attention(q, k, v, normalize=self.normalize)), k, v, raw, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._mix(x)[0]
 
     def prefill(self, x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, LayerCache]:
         """x ``[B, T, d]`` → the forward's output and the state after T tokens (``capacity`` is
-        the softmax mixer's; a linear-attention state does not grow)."""
-        out, k, v, raw = self._mix(x)
+        the softmax mixer's; a linear-attention state does not grow); at a stored state dtype,
+        the state and normalizer in that dtype, as the token-by-token forward left them."""
+        out, k, v, raw, stored = self._mix(x)
+        conv = self._conv_state(raw)
+        if stored is not None:
+            dtype = _STATE_TORCH_DTYPES[self.state_dtype]
+            state, z = stored
+            return out, LayerCache(conv=conv, state=state.to(dtype), z=None if z is None else z.to(dtype))
         k = k.float()
         with torch.autocast(k.device.type, enabled=False):  # the state is fp32 under autocast too
             state = k.transpose(-1, -2) @ v.float()  # [B, H, Dh, Dh]
         z = k.sum(2) if self.normalize else None  # [B, H, Dh]
-        return out, LayerCache(conv=self._conv_state(raw), state=state, z=z)
+        return out, LayerCache(conv=conv, state=state, z=z)
 
     def step(self, x: torch.Tensor, cache: LayerCache, position: int) -> torch.Tensor:
-        """x ``[B, d]`` → ``[B, d]``: S += φ(k)vᵀ, z += φ(k), o = φ(q)·S [/ (φ(q)·z + EPS)].
+        """x ``[B, d]`` → ``[B, d]``: S += φ(k)vᵀ, z += φ(k), o = φ(q)·S [/ (φ(q)·z + EPS)] (on a
+        bf16 state, each sum rounded where it is stored: ``stored_state_step``).
         ``position`` is unused (no positions in linear attention); the signature is the mixers'."""
         q, k, v = self._split_step(x, cache.conv)  # [B, H, Dh]
+        if cache.state.dtype != torch.float32:
+            o = stored_state_step(q, k, v, cache.state, cache.z, feature_map=self.feature_map)
+            return self.out(o.to(q.dtype))
         # the identity map keeps no z; the reference step sums one regardless, into scratch here
         z = cache.z if cache.z is not None else cache.state.new_zeros(cache.state.shape[:-1])
         o = linear_attention_step(q, k, v, cache.state, z, feature_map=self.feature_map)  # [B, H·Dh] fp32

@@ -11,9 +11,12 @@ model's own math on the stored values:
 - ``fp8_per_token``: a linear layer's input in fp8 e4m3 with one scale per row (token), taken from
   that row when it arrives (a "dynamic" scale): with ``fp8_per_channel``, what an fp8 matmul on
   Hopper's or Ada's tensor cores multiplies (``kernels.linear.fp8``);
+- ``fp8_append``: a decoded token's key or value row stored in an fp8 KV cache whose scales the
+  prefill fixed (``kernels.attention.decode_fp8.fp8_cache``), saturated at ±448;
 - ``bf16``: a value stored in bf16 (round to nearest even);
 - ``linear_attention_stored_state``: causal linear attention in recurrent form whose state (and
-  normalizer) is rounded to bf16 after each token's update, where a decode step stores it.
+  normalizer) is rounded to bf16 after each token's update, where a decode step stores it;
+  ``stored_state_step`` is one decoding step of it on a bf16 state.
 
 Scale rule (both fp8 roundings): ``scale = amax / FP8_MAX`` over the group that shares it, so the
 group's largest magnitude maps onto e4m3's largest finite value, 448; each element is stored as
@@ -30,17 +33,21 @@ from torch import nn
 
 from kernels._fp8 import FP8_DTYPE, FP8_MAX, scaled
 from kernels.linear_attention.reference import EPS as NORMALIZER_EPS
+from kernels.linear_attention.reference import feature, normalizes
 
 __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
     "StoredLinear",
     "bf16",
+    "fp8_append",
     "fp8_per_channel",
     "fp8_per_head",
     "fp8_per_token",
     "fp8_scaled",
     "linear_attention_stored_state",
+    "stored_rows",
+    "stored_state_step",
 ]
 
 
@@ -73,14 +80,28 @@ def fp8_per_token(x: torch.Tensor) -> torch.Tensor:
     return fp8_scaled(x, (x.dim() - 1,))
 
 
+def fp8_append(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A new row of keys or values ``[B, H, Dh]`` as an fp8 cache with fixed scales ``[B, H]``
+    (fp32, the prefill's) stores it: ``fp8(clamp(x · (1 / scale), ±448))``, the decode kernel's
+    ``rope_append_fp8`` rule (a value past the prefill's range saturates)."""
+    inverse = 1.0 / scale.float()
+    return (x.float() * inverse.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def stored_rows(cache: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 cache rows ``[B, H, T, Dh]`` read back with their scales ``[B, H]`` in ``dtype``
+    (``fp8_per_head``'s read-back: the fp32 product, then cast)."""
+    return (cache.float() * scale[:, :, None, None]).to(dtype)
+
+
 def bf16(x: torch.Tensor) -> torch.Tensor:
     """``x`` stored in bf16 (round to nearest even), read back in its own dtype."""
     return x.to(torch.bfloat16).to(x.dtype)
 
 
 def linear_attention_stored_state(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, normalize: bool, dtype: str
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, normalize: bool, dtype: str, with_state: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Causal linear attention token by token, its state stored at ``dtype`` ("fp32" or "bf16").
 
     q, k, v: ``[B, H, T, D]`` with the feature map applied (and q scaled, for the identity map),
@@ -90,7 +111,9 @@ def linear_attention_stored_state(
     taken in fp32 from the stored value; o_t = φ(q_t)·S_t [/ (φ(q_t)·z_t + EPS)] reads the values
     as stored. ``round`` is ``bf16`` for "bf16" and nothing for "fp32" (then this is the chunked
     form's math in another summation order: equal to fp32 round-off). The loop over T costs T
-    small launches, which is why training keeps the chunked form.
+    small launches, which is why training keeps the chunked form. ``with_state``: also the state
+    and normalizer after the last token (fp32 tensors holding the stored values; z None unless
+    ``normalize``), what a prefill leaves for the decode steps.
     """
     if dtype not in ("fp32", "bf16"):
         raise ValueError(f"state dtype {dtype!r} is not one of ['fp32', 'bf16']")
@@ -109,7 +132,29 @@ def linear_attention_stored_state(
                 z = store(z + kt)
                 o = o / ((qt * z).sum(-1, keepdim=True) + NORMALIZER_EPS)
             out[:, :, t] = o
-    return out
+    return (out, state, z if normalize else None) if with_state else out
+
+
+def stored_state_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, z: torch.Tensor | None, *, feature_map: str
+) -> torch.Tensor:
+    """One decoding step on a bf16 state, in place: q, k, v ``[B, H, D]`` raw projections; state
+    ``[B, H, D, D]`` and z ``[B, H, D]`` bf16 (z None for the unnormalized identity map). Each sum is
+    taken in fp32 from the stored value and rounded when stored; the output reads them as stored
+    (``linear_attention_stored_state``'s token, the contract of
+    ``kernels.linear_attention.step_bf16``). Returns o ``[B, H·D]`` fp32."""
+    B, H, D = q.shape
+    qf, kf = feature(q, feature_map), feature(k, feature_map)
+    if not normalizes(feature_map):
+        qf = qf * D**-0.5
+    with torch.autocast(q.device.type, enabled=False):
+        state.copy_((state.float() + kf.unsqueeze(-1) * v.float().unsqueeze(-2)).to(state.dtype))
+        out = (qf.unsqueeze(-1) * state.float()).sum(-2)
+        if z is not None:
+            z.copy_((z.float() + kf).to(z.dtype))
+        if normalizes(feature_map):
+            out = out / ((qf * z.float()).sum(-1, keepdim=True) + NORMALIZER_EPS)
+    return out.reshape(B, H * D)
 
 
 class StoredLinear(nn.Linear):

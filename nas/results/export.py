@@ -546,18 +546,17 @@ def _precision_row(r: dict[str, Any]) -> str:
 
 
 def _precision_text(r: dict[str, Any]) -> str:
-    """The card's note on what a load computes for an architecture stored below full precision, and
-    what to call before decoding it (``HybridModel.prefill`` refuses while the forward rounds)."""
+    """The card's note on what a load computes for an architecture stored below full precision."""
     p = r.get("precision")
     if not p:
         return ""
     return (
         f"\n\nPrecision ({p['summary']}): `nas.load` gives a model whose forward rounds as stored "
-        f"({p['rounding']}), as the search scored it; `model.stored_precision(False)` computes at full "
-        f"precision, as `model.onnx` does, and is needed before decoding (`prefill` / `step` run at the "
-        f"kernels' own dtypes: a decode at the stored precision is not modelled). The latency is of the "
-        f"kernels' own dtypes (bf16 KV cache and weights, fp32 state): no fp8 or bf16-state kernel prices "
-        f"the narrower storage yet."
+        f"({p['rounding']}), as the search scored it, and whose `prefill` / `step` decode so (an fp8 KV "
+        f"cache keeps the prompt's per-head scales); `model.stored_precision(False)` computes at full "
+        f"precision, as `model.onnx` does. `nas.models.StoredDecoder` runs that decode on the library's "
+        f"fp8 and bf16-state kernels; a measured decode latency times it, a forward latency is of the "
+        f"kernels' own dtypes (bf16 weights)."
     )
 
 

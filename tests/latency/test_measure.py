@@ -355,9 +355,10 @@ def test_decode_fingerprint_is_the_calibrated_one_and_no_decode_step_reads_forwa
 
 
 def test_precision_only_kernels_are_in_neither_fingerprint_and_no_timed_code_imports_them():
-    """``PRECISION_ONLY_FILES`` (kernels of stored precisions no latency times yet) can be added
-    and changed without invalidating a calibration; sound only while no file the fingerprints
-    cover imports them, which this checks over the real tree."""
+    """``PRECISION_ONLY_FILES`` (kernels only a decode at a stored precision runs) can be added and
+    changed without invalidating a full-precision calibration, and do change the stored decode's
+    fingerprint; sound only while no file the full-precision fingerprints cover imports them,
+    which this checks over the real tree."""
     import ast
     from pathlib import Path
 
@@ -375,6 +376,8 @@ def test_precision_only_kernels_are_in_neither_fingerprint_and_no_timed_code_imp
         assert (repo / rel).is_file(), rel
         files = [*timed, repo / rel]
         assert (source_fingerprint(files, repo), decode_source_fingerprint(files, repo)) == base
+        # a decode at a stored precision runs them: its fingerprint covers them
+        assert decode_source_fingerprint(files, repo, precision=True) != base[1]
     modules = {rel.removesuffix(".py").replace("/", ".") for rel in PRECISION_ONLY_FILES}
     covered = [
         f

@@ -17,6 +17,7 @@ from nas.models.precision import (
     FP8_MAX,
     StoredLinear,
     bf16,
+    fp8_append,
     fp8_per_channel,
     fp8_per_head,
     fp8_per_token,
@@ -228,11 +229,67 @@ def test_each_narrower_field_changes_the_logits_and_only_while_on(field):
         assert torch.equal(model.stored_precision(False)(tokens), plain)  # off again: the model's own
 
 
-def test_decoding_at_the_stored_precision_is_refused_in_one_line():
-    model = build(_arch(True), seed=0).eval().stored_precision()
-    with pytest.raises(ValueError, match=r"prefill: decoding at the stored precision \(kv fp8, state bf16"):
-        model.prefill(torch.zeros(1, 4, dtype=torch.long))
-    model.stored_precision(False).prefill(torch.zeros(1, 4, dtype=torch.long))  # the model's own decode
+def _narrowed(fields: dict[str, str]) -> ArchSpec:
+    layers = tuple(dataclasses.replace(la, **{k: v for k, v in fields.items() if la.stores(k)}) for la in LAYERS)
+    return dataclasses.replace(_arch(False), layers=layers)
+
+
+@pytest.mark.parametrize(
+    "fields", [{"state_dtype": "bf16"}, {"weight_dtype": "fp8"}, {"state_dtype": "bf16", "weight_dtype": "fp8"}]
+)
+def test_decoding_at_the_stored_precision_follows_its_forward(fields):
+    """With the state in bf16 and the weights in fp8, a token-by-token decode rounds where the
+    stored forward does (the same recurrence, each token's row quantized on its own): prefill T,
+    then steps, equal the stored forward over T + steps; at the model's own precision they differ."""
+    model = _scaled(build(_narrowed(fields), seed=0)).eval().stored_precision()
+    tokens = torch.randint(0, 16, (2, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(tokens)
+        logits, cache = model.prefill(tokens[:, :7], capacity=11)
+        steps = torch.stack([model.step(tokens[:, t], cache) for t in range(7, 11)], dim=1)
+    torch.testing.assert_close(logits, want[:, :7], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(steps, want[:, 7:], rtol=1e-4, atol=1e-4)
+    if "state_dtype" in fields:
+        assert cache.layers[1].state.dtype == torch.bfloat16 and cache.layers[1].z.dtype == torch.bfloat16
+    with torch.no_grad():
+        plain = model.stored_precision(False)(tokens)
+    assert not torch.allclose(plain[:, 7:], steps, rtol=0, atol=1e-4)
+
+
+def test_an_fp8_kv_cache_keeps_the_prompt_s_scales_and_saturates_past_them():
+    """The prefill stores the keys and values the forward rotated as ``fp8_cache`` does (one scale
+    per sequence and head, from the prompt); each step appends its row with those scales
+    (``fp8_append``, saturating at ±448), and attends over the rows read back with them."""
+    from kernels.attention.decode_fp8 import fp8_cache
+    from nas.models.precision import fp8_append, stored_rows
+
+    model = _scaled(build(_narrowed({"kv_dtype": "fp8"}), seed=1)).eval().stored_precision()
+    tokens = torch.randint(0, 16, (3, 9), generator=torch.Generator().manual_seed(4))
+    attention = model.blocks[0].mixer
+    with torch.no_grad():
+        _, keys, values, _ = attention._mix(model.blocks[0].norm1(model.embed(tokens)))  # rotated, unrounded
+        _, cache = model.prefill(tokens[:, :5], capacity=9)
+        layer = cache.layers[0]
+        for rows, stored, scale in ((keys, layer.k, layer.k_scale), (values, layer.v, layer.v_scale)):
+            want, want_scale = fp8_cache(rows[:, :, :5], capacity=9)
+            assert stored.dtype == want.dtype and torch.equal(stored[:, :, :5].float(), want[:, :, :5].float())
+            assert torch.equal(scale, want_scale)
+        for t in range(5, 9):
+            model.step(tokens[:, t], cache)
+        for rows, stored, scale in ((keys, layer.k, layer.k_scale), (values, layer.v, layer.v_scale)):
+            appended = fp8_append(rows[:, :, 5:].transpose(1, 2), scale[:, None].expand(-1, 4, -1)).transpose(1, 2)
+            assert torch.equal(stored[:, :, 5:].float(), appended.float())
+            assert stored.float().abs().max() <= FP8_MAX
+        assert stored_rows(layer.k, layer.k_scale, torch.float32).shape == (3, 2, 9, 15)
+
+
+def test_fp8_append_divides_by_the_fixed_scale_and_saturates():
+    x = torch.tensor([[[1.0, -3.0, 1000.0, 0.01, 1e-5]]])  # [B1, H1, D5]
+    scale = torch.tensor([[1.0 / 64]])
+    got = fp8_append(x, scale).float()[0, 0].tolist()
+    scaled = [float(np.float32(v) * np.float32(64.0)) for v in x.view(-1).tolist()]
+    want = [_e4m3(y) if abs(y) <= FP8_MAX else math.copysign(FP8_MAX, y) for y in scaled]
+    assert got == want and got[2] == FP8_MAX  # 64000 saturates to 448
 
 
 def test_the_accuracy_at_the_stored_precision_differs_where_rounding_flips_predictions():

@@ -13,7 +13,7 @@ Jet-Nemotron name the KV cache the cost that dominates long-context decoding). I
   batch;
 - KV cache: each attention layer reads K and V of ``context`` rows: ``2·context·d`` elements per
   sequence (its heads' dims are zero-padded to a kernel's head dim, as the decoder stores them);
-- state: each linear-attention layer reads and writes its ``heads`` fp32 ``[Dh, Dh]`` states
+- state: each linear-attention layer reads and writes its ``heads`` ``[Dh, Dh]`` states
   and normalizers; each short convolution reads and shifts its ``K-1`` rows of ``3·H·P`` (the
   padded heads' channels).
 
@@ -32,9 +32,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kernels.attention.configs import SUPPORTED_HEAD_DIMS, padded_head_dim
-from nas.spec import ArchSpec
+from nas.spec import WEIGHT_DTYPES, ArchSpec
 
-from ._costs import DTYPE_BYTES, count_params, kv_bytes, kv_scale_bytes, mlp_hidden, state_bytes, weight_bytes
+from ._costs import (
+    DTYPE_BYTES,
+    PRECISION_BYTES,
+    kv_bytes,
+    kv_scale_bytes,
+    mlp_hidden,
+    state_bytes,
+    weight_bytes,
+)
 
 __all__ = [
     "DECODE_FEATURES",
@@ -47,7 +55,6 @@ __all__ = [
     "expand_coefficients",
 ]
 
-STATE_BYTES = 4  # linear-attention states and normalizers are fp32
 _MIB = 2**20
 KV_HEAD_DIMS = SUPPORTED_HEAD_DIMS  # the KV cache's byte classes: one per kernel head dim
 # the decode cost model's features, in coefficient order (see DecodeWork.features)
@@ -106,8 +113,7 @@ def cache_memory(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "
     ``CacheEstimate``); conv windows in ``dtype``; each layer's KV cache in ``dtype`` or its
     ``kv_dtype`` (fp8: one byte an element plus an fp32 scale per sequence, head and K or V), its
     states and normalizers in its ``state_dtype`` (fp32 by default), its linear weights in its
-    ``weight_dtype`` (``weight_bytes``). What the bytes would be if a kernel stored them so: the
-    decoder (``TritonDecoder``) stores bf16 KV caches and weights and fp32 states today."""
+    ``weight_dtype`` (``weight_bytes``), as ``StoredDecoder`` keeps them."""
     size = _check(context, batch, dtype)
     kv = state = conv = 0
     for layer in arch.layers:
@@ -167,9 +173,12 @@ def _kv_class(head_dim: int) -> int:
 
 def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "bf16") -> DecodeWork:
     """What one step of ``batch`` sequences at ``context`` tokens launches and moves, as the
-    library's decoder runs it: at the kernels' own dtypes (bf16 KV cache and weights, fp32
-    states), whatever the architecture's precision fields say (no kernel stores them narrower
-    yet; a latency predicted from it says so, ``unpriced_precision``)."""
+    library's decoder runs it at the architecture's stored precision (``StoredDecoder`` below full
+    precision): an fp8 KV cache reads one byte an element (its scales are a few bytes a head), a
+    bf16 state two, and a block with fp8 weights reads them at one byte plus a scale per output
+    channel and quantizes each linear's input rows first (a launch more per linear, the rows read
+    once more and written in fp8). At full precision: bf16 (``dtype``) KV cache and weights,
+    fp32 states."""
     size = _check(context, batch, dtype)
     d, B = arch.d_model, batch
     launches = 1 + 2 + 1  # embedding gather; final norm + head; position counter
@@ -177,24 +186,34 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
     state = padding = 0  # padding: weights the padded heads add (zero rows and columns)
     cache = [0] * len(KV_HEAD_DIMS)
     for layer in arch.layers:
+        fp8 = layer.weight_dtype != WEIGHT_DTYPES[0]
+        w_size = PRECISION_BYTES[layer.weight_dtype] if fp8 else size
         if layer.mixer != "none":
             launches += 3  # norm, qkv, out
             p = _kernel_head_dim(arch, layer.heads)
             hp = layer.heads * p  # the heads padded to p in the weights: qkv writes 3·hp, out reads hp
-            padding += (hp - d) * (4 * d + 3 + (3 * (layer.short_conv + 1) if layer.short_conv else 0))
+            others = 3 + (3 * (layer.short_conv + 1) if layer.short_conv else 0)  # qkv bias, conv weights + bias
+            padding += (hp - d) * (4 * d * w_size + others * size)
             act += B * d * size * 2 + B * 3 * hp * size + B * (hp + 2 * d) * size  # norm, qkv out, out + residual
+            if fp8:  # quantize_rows before qkv and out: read the rows, write them in fp8
+                launches += 2
+                act += B * (d + hp) * (size + 1)
             if layer.short_conv:
                 launches += 1
                 state += 2 * (layer.short_conv - 1) * 3 * hp * B * size + B * 3 * hp * size * 2
             if layer.mixer == "attention":
                 launches += 2  # rope + append; split-KV (the last slice of each head combines)
-                cache[_kv_class(p)] += 2 * context * layer.heads * p * B * size
+                cache[_kv_class(p)] += 2 * context * layer.heads * p * B * kv_bytes(layer, size)
+                state += B * kv_scale_bytes(layer)
             else:
                 launches += 1
-                state += 2 * layer.heads * (p * p + p) * STATE_BYTES * B
+                state += 2 * layer.heads * (p * p + p) * state_bytes(layer) * B
         hidden = mlp_hidden(layer, d)
         if hidden:
             launches += 3
             act += B * d * size * 2 + B * hidden * size * 2 + B * d * size * 3
-    weights = count_params(arch) - arch.vocab_size * d + padding  # the embedding table: B rows gathered
-    return DecodeWork(launches, weights * size, tuple(cache), state + act)
+            if fp8:  # quantize_rows before up and down
+                launches += 2
+                act += B * (d + hidden) * (size + 1)
+    weights = weight_bytes(arch, size) - arch.vocab_size * d * size + padding  # the embedding: B rows gathered
+    return DecodeWork(launches, weights, tuple(cache), state + act)

@@ -28,10 +28,12 @@ predicted, with the interval multiplied by ``EXTRAPOLATION_WIDENING`` at the edg
 plus ``EXTRAPOLATION_WIDENING_PER_DOUBLING`` for each doubling past it (``_extrapolation``),
 ``extrapolated`` in the basis and a note naming the checked range.
 
-Every prediction is of the kernels the library runs, at their own dtypes: an architecture whose
-precision fields store its KV cache, state or weights narrower (fp8, bf16 state) is predicted as
-if it stored them as the kernels do, and its latency says so (``unpriced_precision``: a note, and
-``not priced at kv fp8`` in its label). No fp8 or bf16-state kernel exists to calibrate against.
+Precision fields (fp8 KV cache, bf16 state, fp8 weights): a decode step is predicted at them
+(``decode_work`` counts the stored bytes and the fp8 linears' quantize launches, as
+``StoredDecoder`` runs them), with costs per byte and per launch fitted on full-precision steps, so
+the interval is multiplied by ``STORED_WIDENING`` and a note says so until calibration rows are
+timed at those dtypes. A forward is predicted at the kernels' own dtypes (no forward kernel stores
+them narrower) and says so (``unpriced_precision``: a note, and ``not priced at kv fp8`` in its label).
 
 Roofline details: each op of ``op_costs`` takes ``max(flops / (peak · f_flops), bytes /
 (bandwidth · f_bw)) + kernels · launch_overhead``; matmul ops use the dtype's tensor-core peak,
@@ -87,6 +89,9 @@ UNCALIBRATED_INTERVAL = 0.75
 TRANSFER_WIDENING = 3.0  # a guess, not checked on another GPU: see the module docstring
 TRANSFER_MIN_INTERVAL = 0.25
 FINGERPRINT_WIDENING = 2.0
+# a guess, like TRANSFER_WIDENING: a decode step at a stored precision is priced by costs fitted at full precision
+STORED_WIDENING = 2.0
+STORED_NOTE = "stored precision"
 EXTRAPOLATION_WIDENING = 2.0  # a guess, like TRANSFER_WIDENING: past the checked shapes nothing was measured
 # the further past, the less the check says: the interval widens with every doubling past the checked shape
 EXTRAPOLATION_WIDENING_PER_DOUBLING = 1.0
@@ -325,14 +330,23 @@ def predict_decode(
         basis += ", extrapolated" if beyond else ""
         breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
         found = _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")
-        return unpriced_precision(found, arch)
+        return _at_stored_precision(found, arch)
     fraction = profile.calibrated.bandwidth_fraction or DEFAULT_BANDWIDTH_FRACTION
     us_per_mib = 2**20 / (profile.bandwidth_bytes_per_s * fraction) * 1e6
     launch_us = profile.calibrated.launch_overhead_us or profile.launch_overhead_us
     coef = [launch_us, *(us_per_mib for _ in DECODE_FEATURES[1:])]
     breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
     found = _predicted(profile, dtype, shape, breakdown, UNCALIBRATED_INTERVAL, "uncalibrated", kind="decode")
-    return unpriced_precision(found, arch)
+    return _at_stored_precision(found, arch)
+
+
+def _at_stored_precision(latency: Latency, arch: ArchSpec) -> Latency:
+    """A decode prediction of an architecture below full precision: its interval widened by
+    ``STORED_WIDENING`` and a note (``STORED_NOTE``) naming the dtypes priced by full-precision costs."""
+    if arch.full_precision:
+        return latency
+    note = (STORED_NOTE, f"{arch.precision_text()}: priced by costs fitted at full precision")
+    return dataclasses.replace(latency, interval=latency.interval * STORED_WIDENING, notes=(*latency.notes, note))
 
 
 @dataclasses.dataclass(frozen=True)

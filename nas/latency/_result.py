@@ -133,11 +133,12 @@ class Latency:
 
 
 def unpriced_precision(latency: Latency, arch: ArchSpec) -> Latency:
-    """``latency`` of ``arch`` marked, when its precision fields store something narrower than the
-    kernels do (``ArchSpec.full_precision``): no kernel of the library stores an fp8 KV cache, a
-    bf16 state or fp8 weights yet, so what was timed or predicted is the model at the kernels' own
-    dtypes (bf16 KV cache and weights, fp32 state). The note (``UNPRICED``) names the fields and
-    ``label()`` says they are not priced, so the number is not read as the narrower deployment's."""
+    """A forward ``latency`` of ``arch`` marked, when its precision fields store something narrower
+    than the forward kernels do (``ArchSpec.full_precision``): no forward kernel of the library
+    stores an fp8 KV cache, a bf16 state or fp8 weights yet, so what was timed or predicted is the
+    forward at the kernels' own dtypes (a decode step is priced at them: ``StoredDecoder``). The
+    note (``UNPRICED``) names the fields and ``label()`` says they are not priced, so the number is
+    not read as the narrower deployment's."""
     if arch.full_precision:
         return latency
     return replace(latency, notes=(*latency.notes, (UNPRICED, arch.precision_text())))

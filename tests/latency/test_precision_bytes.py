@@ -1,5 +1,5 @@
 """Memory at each layer's precision fields (fp8 1 byte, bf16 2, fp32 4, plus fp8's fp32 scales), and
-latencies that say they do not price them (no kernel stores fp8 or a bf16 state yet)."""
+what the latencies price: a decode step at them, a forward at the kernels' own dtypes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from optuna.trial import TrialState
 
 from hardware_profiles import load_profile
 from nas.latency import (
+    STORED_NOTE,
+    STORED_WIDENING,
     UNPRICED,
     LatencyShape,
     cache_memory,
@@ -96,22 +98,44 @@ def test_everything_narrow_is_cheaper_and_the_cache_memory_objective_sees_it():
     assert small.total_mb < full.total_mb
 
 
-def test_latencies_do_not_price_a_precision_no_kernel_runs():
-    """Predicted at the kernels' own dtypes (the decode step's bytes are a bf16 KV cache's), and
-    said so: a note and the label; an architecture at full precision is predicted as before."""
+def test_a_forward_latency_does_not_price_the_stored_precision():
+    """No forward kernel stores fp8 or a bf16 state: a forward is predicted at the kernels' own
+    dtypes, and says so (a note and the label); an architecture at full precision as before."""
     h200 = load_profile("h200")
     narrow = _arch(attn={"kv_dtype": "fp8"}, lin={"state_dtype": "bf16"})
-    assert decode_work(narrow, CONTEXT, BATCH) == decode_work(FULL, CONTEXT, BATCH)
-    for full, lat in (
-        (predict(FULL, LatencyShape(1, 256), h200), predict(narrow, LatencyShape(1, 256), h200)),
-        (predict_decode(FULL, BATCH, CONTEXT, h200), predict_decode(narrow, BATCH, CONTEXT, h200)),
-    ):
-        assert lat.median_ms == full.median_ms and lat.interval == full.interval
-        assert dict(lat.notes)[UNPRICED] == "kv fp8, state bf16" and UNPRICED not in dict(full.notes)
-        assert "not priced at kv fp8, state bf16" in lat.label() and "not priced" not in full.label()
-    measured = dataclasses.replace(predict(FULL, LatencyShape(1, 256), h200), source="measured", device="NVIDIA H200")
+    full, lat = predict(FULL, LatencyShape(1, 256), h200), predict(narrow, LatencyShape(1, 256), h200)
+    assert lat.median_ms == full.median_ms and lat.interval == full.interval
+    assert dict(lat.notes)[UNPRICED] == "kv fp8, state bf16" and UNPRICED not in dict(full.notes)
+    assert "not priced at kv fp8, state bf16" in lat.label() and "not priced" not in full.label()
+    measured = dataclasses.replace(full, source="measured", device="NVIDIA H200")
     assert unpriced_precision(measured, narrow).label() == "measured (NVIDIA H200, not priced at kv fp8, state bf16)"
     assert unpriced_precision(measured, FULL) is measured
+
+
+def test_a_decode_step_is_priced_at_the_stored_precision_with_a_wider_interval():
+    """``decode_work`` counts what ``StoredDecoder`` moves: the fp8 cache's bytes and scales, the
+    bf16 state's, fp8 weights at a byte plus a scale per channel and a quantize launch before each
+    fp8 linear; the prediction prices them with the full-precision fit, its interval widened."""
+    kv = _arch(attn={"kv_dtype": "fp8"})
+    st = _arch(lin={"state_dtype": "bf16"})
+    w8 = _arch(attn={"weight_dtype": "fp8"}, mlp={"weight_dtype": "fp8"})
+    full = decode_work(FULL, CONTEXT, BATCH)
+    got = decode_work(kv, CONTEXT, BATCH)
+    assert got.cache_bytes * 2 == full.cache_bytes  # one byte an element, not two
+    assert got.state_bytes == full.state_bytes + BATCH * 2 * HEADS * 4  # the scales, read with the step
+    got = decode_work(st, CONTEXT, BATCH)
+    assert full.state_bytes - got.state_bytes == BATCH * 2 * HEADS * (16 * 16 + 16) * 2  # read + written, 2 B less
+    got = decode_work(w8, CONTEXT, BATCH)
+    assert got.launches == full.launches + 4 + 2  # the attention block's 4 linears, the MLP block's 2
+    assert got.weight_bytes == full.weight_bytes - (ATTN_W + MLP_W) + (ATTN_ROWS + MLP_ROWS) * 4
+    assert got.state_bytes > full.state_bytes  # the rows read again and written in fp8
+    h200 = load_profile("h200")
+    base = predict_decode(FULL, BATCH, CONTEXT, h200)
+    for arch in (kv, st):
+        lat = predict_decode(arch, BATCH, CONTEXT, h200)
+        assert lat.median_ms < base.median_ms and lat.interval == base.interval * STORED_WIDENING
+        assert STORED_NOTE in dict(lat.notes) and UNPRICED not in dict(lat.notes) and "not priced" not in lat.label()
+    assert STORED_NOTE not in dict(base.notes)
 
 
 def test_a_caption_or_axis_over_many_trials_names_the_basis_once(tmp_path):

@@ -656,13 +656,14 @@ def test_a_trial_stored_below_full_precision_exports_and_loads_with_its_dtypes(t
     card = (out / "card.md").read_text()
     assert f"| precision | {r.arch.precision_text()}: accuracy {r.accuracy:.4f} at it; at full precision" in card
     assert "not priced at kv fp8" in card and "stored_precision(False)" in card
-    # decoding a loaded model is refused while it rounds: the card says what to call first
-    assert "before decoding (`prefill` / `step`" in card
+    # a loaded model decodes as stored: the card says so, and names the decoder that times it
+    assert "whose `prefill` / `step` decode so" in card and "StoredDecoder" in card
 
     loaded = nas.load(out)
     assert loaded.arch == r.arch and loaded.at_stored_precision
-    with pytest.raises(ValueError, match=r"stored_precision\(False\) first"):
-        loaded.prefill(torch.zeros(1, 4, dtype=torch.long))
+    logits, cache = loaded.prefill(torch.zeros(1, 4, dtype=torch.long), capacity=5)
+    assert cache.layers[attention].k.dtype == torch.float8_e4m3fn and cache.layers[attention].k_scale is not None
+    assert loaded.step(torch.zeros(1, dtype=torch.long), cache).isfinite().all()
     stored = trial_model(r, storage)
     tokens = torch.randint(0, r.arch.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -141,7 +141,7 @@ def main() -> None:
     peer = max(copy_tbps)
     for r in rows:
         r["copy_fraction"] = r["tbps"] / peer
-    tag = "_precision" if args.precision else ""
+    tag = "_precision" if len(precisions) > 1 else ""
     out = args.out or RESULTS / f"decode_models_{device_slug(torch.cuda.get_device_name(0))}{tag}.json"
     write_results(
         out,

@@ -52,12 +52,20 @@ class Fp8Config:
 
 
 FP8_HOPPER = Fp8Config(128, 128, 128, 8, 8, 3)  # a starting tile, not yet tuned on a GPU
+# A decode step's few rows (M <= ROWS_MAX_M): the weights dominate, so narrow tiles give one program per
+# 16 output channels, enough programs to stream W from every SM (128 x 128 tiles would leave a 1024-wide
+# layer to 8 of them); the tensor cores' M of 16 is the smallest fp8 MMA. Not yet tuned on a GPU.
+FP8_HOPPER_ROWS = Fp8Config(16, 16, 256, 1, 4, 3)
+ROWS_MAX_M = 16
 FP8_INTERPRETER = Fp8Config(16, 16, 32, 2, 4, 1)  # small odd shapes cross tiles and K steps
 
 
-def fp8_config(device: torch.device) -> Fp8Config:
-    """The launch on ``device``: the Hopper tile on a GPU, the interpreter's small one elsewhere."""
-    return FP8_HOPPER if is_cuda(device) else FP8_INTERPRETER
+def fp8_config(device: torch.device, m: int | None = None) -> Fp8Config:
+    """The launch on ``device`` for ``m`` rows: on a GPU the rows tile for a decode step's few rows
+    (``m <= ROWS_MAX_M``), else the Hopper tile; the interpreter's small one elsewhere."""
+    if not is_cuda(device):
+        return FP8_INTERPRETER
+    return FP8_HOPPER_ROWS if m is not None and m <= ROWS_MAX_M else FP8_HOPPER
 
 
 def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -239,7 +247,7 @@ def linear_fp8(
     y = torch.empty(M, N, device=x_q.device, dtype=out_dtype)
     if M == 0 or N == 0:
         return y
-    cfg = config or fp8_config(x_q.device)
+    cfg = config or fp8_config(x_q.device, M)
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     _linear_fp8_kernel[grid](
         x_q,

@@ -19,7 +19,14 @@ from ._costs import (
 )
 from ._decode import CacheEstimate, DecodeWork, cache_memory, decode_work
 from ._launches import Launch, launches
-from ._measure import LatencyCache, cache_key, decode_fingerprint, kernels_fingerprint, measure
+from ._measure import (
+    LatencyCache,
+    cache_key,
+    decode_fingerprint,
+    kernels_fingerprint,
+    measure,
+    stored_decode_fingerprint,
+)
 from ._measure_decode import measure_decode
 from ._memory import STATE_BYTES, MemoryEstimate, memory
 from ._model import KernelModel
@@ -88,6 +95,7 @@ __all__ = [
     "predict_decode",
     "prediction_status",
     "shared_labels",
+    "stored_decode_fingerprint",
     "transfer_ratios",
     "unpriced_precision",
 ]

@@ -1,9 +1,9 @@
 """``HybridModel``: embedding, pre-norm residual blocks (mixer + MLP), final norm, head; and
 token-by-token decoding (``prefill`` a prompt, then ``step``) over a ``DecodeCache``.
 
-``stored_precision()`` switches the forward to the architecture's precision fields: KV cache,
-recurrent state and linear-layer weights rounded as they would be stored (``nas.models.precision``);
-training and decoding run at the model's own precision."""
+``stored_precision()`` switches the forward and decoding to the architecture's precision fields:
+KV cache, recurrent state and linear-layer weights rounded as they would be stored
+(``nas.models.precision``); training runs at the model's own precision."""
 
 from __future__ import annotations
 

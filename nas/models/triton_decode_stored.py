@@ -134,17 +134,32 @@ class StoredDecoder(TritonDecoder):
                 buf.v_scale.copy_(layer.v_scale)
 
     def _check_layer(self, i: int, blk: _Block, layer: LayerCache) -> None:
+        """``TritonDecoder``'s checks, and that the cache is stored as this decoder stores it: fp8
+        keys and values (with their scales) exactly where the decoder's are, a bf16 state exactly
+        where the decoder's is (other dtypes are cast, as ``TritonDecoder.load`` does)."""
+        from kernels._fp8 import FP8_DTYPE
+
         super()._check_layer(i, blk, layer)
         buf = self.layers[i]
-        for name, want in (("k", buf.k), ("state", buf.state), ("z", buf.z)):
-            got = getattr(layer, name)
-            if got is not None and want is not None and got.dtype != want.dtype:
+        narrow = {"k": FP8_DTYPE, "v": FP8_DTYPE, "state": torch.bfloat16, "z": torch.bfloat16}
+        for name, dtype in narrow.items():
+            got, want = getattr(layer, name), getattr(buf, name)
+            if got is not None and want is not None and (got.dtype == dtype) != (want.dtype == dtype):
                 raise ValueError(
-                    f"load: layer {i} ({blk.mixer}): cache field {name!r} is {got.dtype}, the stored "
-                    f"precision's is {want.dtype} (prefill with model.stored_precision() on)"
+                    f"load: layer {i} ({blk.mixer}): cache field {name!r} is {got.dtype}, the decoder stores "
+                    f"{want.dtype} (prefill with model.stored_precision() on, of the same architecture)"
                 )
         if buf.k_scale is not None and (layer.k_scale is None or layer.v_scale is None):
             raise ValueError(f"load: layer {i} (attention): an fp8 cache needs k_scale and v_scale")
+
+    @torch.no_grad()
+    def fill_random(self, length: int, generator: torch.Generator | None = None) -> None:
+        """``TritonDecoder.fill_random``, an fp8 cache's rows cast from N(0, 1) with scales 1."""
+        super().fill_random(length, generator)
+        for buf in self.layers:
+            if buf.k_scale is not None:
+                buf.k_scale.fill_(1.0)
+                buf.v_scale.fill_(1.0)
 
     def _linear(
         self,

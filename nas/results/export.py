@@ -763,6 +763,6 @@ def load(path: str | Path, *, backend: str = "torch") -> HybridModel | TritonMod
         fix="the files are of different exports (or arch.json was edited); re-export the trial",
     )
     model.eval()
-    if backend == "triton":  # the kernels store at their own dtypes: no fp8 or bf16-state kernel yet
+    if backend == "triton":  # the forward kernels run at their own dtypes (decoding as stored: StoredDecoder)
         return to_triton(model.cuda())
     return model.stored_precision(not arch.full_precision)

@@ -130,7 +130,9 @@ def test_bad_inputs_are_named() -> None:
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize(("M", "N", "K"), [(4096, 1024, 1024), (513, 3072, 768), (8, 4096, 1024)])
+@pytest.mark.parametrize(
+    ("M", "N", "K"), [(4096, 1024, 1024), (513, 3072, 768), (8, 4096, 1024), (16, 1000, 1024), (3, 3072, 768)]
+)
 def test_gpu_fp8_matmul_matches_the_reference_and_scaled_mm(M: int, N: int, K: int) -> None:
     x, w, b, r = _operands(M, N, K, CUDA, ("gpu", M, N, K))
     x = x.to(torch.bfloat16)

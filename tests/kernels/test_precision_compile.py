@@ -156,6 +156,8 @@ def fp8_linear(capability: int, out_dtype: str) -> None:
         (fp8.FP8_HOPPER, None, False, False),
         (fp8.FP8_HOPPER, "gelu", True, True),
         (fp8.Fp8Config(64, 128, 64, 8, 4, 4), "silu", True, False),
+        (fp8.FP8_HOPPER_ROWS, None, True, True),  # a decode step's linears
+        (fp8.FP8_HOPPER_ROWS, "silu", True, False),
     ):
         constexprs = {
             "ACTIVATION": activation,
@@ -167,7 +169,14 @@ def fp8_linear(capability: int, out_dtype: str) -> None:
             "GROUP_M": cfg.group_m,
             "PDL": False,
         }
-        _compile(fp8._linear_fp8_kernel, signature, constexprs, capability, num_warps=cfg.num_warps, num_stages=3)
+        _compile(
+            fp8._linear_fp8_kernel,
+            signature,
+            constexprs,
+            capability,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
     rows = {
         "X": f"*{out_dtype}",
         "XQ": "*fp8e4nv",

@@ -312,7 +312,13 @@ def test_decode_fingerprint_is_the_calibrated_one_and_no_decode_step_reads_forwa
 
     import yaml
 
-    from nas.latency._measure import FORWARD_ONLY, decode_fingerprint, decode_source_fingerprint, source_fingerprint
+    from nas.latency._measure import (
+        FORWARD_ONLY,
+        PRECISION_ONLY_FILES,
+        decode_fingerprint,
+        decode_source_fingerprint,
+        source_fingerprint,
+    )
 
     repo = Path(__file__).resolve().parents[2]
     profile = yaml.safe_load((repo / "hardware_profiles" / "h200.yaml").read_text())
@@ -336,7 +342,8 @@ def test_decode_fingerprint_is_the_calibrated_one_and_no_decode_step_reads_forwa
     la = ast.parse((repo / rel).read_text())
     bodies = [n for n in la.body if isinstance(n, ast.FunctionDef) and n.name in step_names]
     assert {n.name for n in bodies} == step_names
-    for file in ("nas/models/triton_decode.py", "nas/latency/_measure_decode.py"):
+    stored = ("nas/models/triton_decode_stored.py", *sorted(PRECISION_ONLY_FILES))  # a stored decode's code
+    for file in ("nas/models/triton_decode.py", "nas/latency/_measure_decode.py", *stored):
         bodies.append(ast.parse((repo / file).read_text()))
     for body in bodies:
         for node in ast.walk(body):

@@ -10,7 +10,7 @@ from kernels.errors import KernelMismatchError
 from nas.latency import LatencyCache, cache_key, decode_fingerprint, measure_decode
 from nas.models import build
 from nas.spec import ArchSpec, LayerSpec
-from tests.kernels._support import requires_cuda
+from tests.kernels._support import requires_cuda, requires_interpreter
 
 HYBRID = ArchSpec(
     128,
@@ -33,6 +33,52 @@ def test_measure_decode_needs_a_gpu_and_a_generating_model():
     last = ArchSpec(64, [LayerSpec("attention", 2)], 32, 4, "last")
     with pytest.raises((ValueError, RuntimeError), match="does not generate|needs a CUDA device"):
         measure_decode(build(last, seed=0), 1, 1024, device="cuda" if torch.cuda.is_available() else None)
+
+
+STORED = ArchSpec(
+    32,
+    [
+        LayerSpec("attention", 2, None, 4, 2.0, kv_dtype="fp8", weight_dtype="fp8"),
+        LayerSpec("linear_attention", 2, "elu+1", 0, 1.0, state_dtype="bf16"),
+    ],
+    64,
+    64,
+)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("arch", [HYBRID, STORED], ids=["full", "stored"])
+def test_the_check_decodes_as_stored_and_leaves_the_model_as_it_was(arch, monkeypatch):
+    """``_checked`` (the step check before a decode is timed), run on the CPU under the
+    interpreter in fp32: it picks ``StoredDecoder`` below full precision (``TritonDecoder`` else),
+    compares it with the torch model decoding at its stored precision, and restores the model's
+    own setting, also when the check fails."""
+    from nas.latency._measure_decode import _checked
+    from nas.models import StoredDecoder, TritonDecoder
+    from nas.models.triton_decode_stored import StoredDecoder as Stored
+
+    model = build(arch, seed=0).eval()
+    with pytest.warns(UserWarning, match="CUDA"):  # no CUDA here: autocast off, fp32 throughout
+        make = _checked(model, 2, torch.device("cpu"), torch.float32)
+    decoder = make(2, 40)
+    assert type(decoder) is (StoredDecoder if arch is STORED else TritonDecoder) and decoder.capacity == 40
+    assert not model.at_stored_precision
+    if arch is STORED:
+        original = Stored.step
+        monkeypatch.setattr(Stored, "step", lambda self, tokens: original(self, tokens) * 1.2)
+        model.stored_precision()
+        with pytest.warns(UserWarning, match="CUDA"), pytest.raises(KernelMismatchError, match="step 0 differs"):
+            _checked(model, 2, torch.device("cpu"), torch.float32)
+        assert model.at_stored_precision  # as it was before the check
+
+
+def test_a_stored_precision_is_keyed_apart_from_the_full_one():
+    from nas.latency import stored_decode_fingerprint
+    from nas.spec import arch_hash
+
+    assert stored_decode_fingerprint() != decode_fingerprint()
+    assert arch_hash(HYBRID) == arch_hash(HYBRID.at_full_precision())  # full precision: the keys it had
+    assert arch_hash(STORED) != arch_hash(STORED.at_full_precision())
 
 
 def test_decode_cache_key_is_not_a_forward_key():
@@ -69,3 +115,23 @@ def test_measure_decode_refuses_a_decoder_that_disagrees_with_the_model(tmp_path
     monkeypatch.setattr(triton_decode.TritonDecoder, "step", wrong)
     with pytest.raises(KernelMismatchError, match="decode step 0 differs"):
         measure_decode(build(HYBRID, seed=0), 1, 2048, cache=LatencyCache(tmp_path / "lat.json"))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_measure_decode_at_a_stored_precision_times_the_stored_decoder(tmp_path):
+    """Below full precision the step timed is ``StoredDecoder``'s, keyed by the whole architecture
+    and ``stored_decode_fingerprint``: never the full-precision measurement of the same stack."""
+    from nas.latency import stored_decode_fingerprint
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9 or newer")
+    cache = LatencyCache(tmp_path / "lat.json")
+    wide = ArchSpec(128, [la for la in STORED.layers] * 2, 256, 256)
+    stored = measure_decode(build(wide, seed=0), 8, 4096, cache=cache)
+    full = measure_decode(build(wide.at_full_precision(), seed=0), 8, 4096, cache=cache)
+    assert stored.source == full.source == "measured" and stored != full
+    assert dict(stored.versions)["kernels"] == stored_decode_fingerprint()
+    assert dict(full.versions)["kernels"] == decode_fingerprint()
+    assert "unpriced precision" not in dict(stored.notes)
+    assert measure_decode(build(wide, seed=1), 8, 4096, cache=cache) == stored  # cached, by arch

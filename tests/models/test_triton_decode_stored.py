@@ -109,13 +109,24 @@ def test_buffers_are_stored_narrower_and_loads_are_checked():
     assert decoder.fp8[2] is None  # no fp8 weights in the third block
 
     _, plain_cache = model.stored_precision(False).prefill(_tokens(2, 4, seed=1), capacity=10)
-    with pytest.raises(ValueError, match=r"layer 0 \(attention\): cache field 'k' is torch.float32, the stored"):
+    with pytest.raises(
+        ValueError, match=r"layer 0 \(attention\): cache field 'k' is torch.float32, the decoder stores"
+    ):
         decoder.load(plain_cache)
+    model.stored_precision()
+    # a bf16 KV cache (kv_dtype bf16) loads from an fp32 prefill, cast, as TritonDecoder's does
+    only_state = _stored(48, [LayerSpec("attention", 2, None, 0, 1.0), LAYERS[1]])
+    _, cache = only_state.prefill(_tokens(2, 4, seed=2), capacity=10)
+    bf16_kv = StoredDecoder(to_triton(only_state, dtype=torch.bfloat16, fold_norms=False), batch=2, capacity=10)
+    bf16_kv.load(cache)
+    assert bf16_kv.layers[0].k.dtype == torch.bfloat16 and bf16_kv.layers[1].state.dtype == torch.bfloat16
     with pytest.raises(ValueError, match=r"fold_norms=False"):
         StoredDecoder(to_triton(model, dtype=torch.float32), batch=2, capacity=10)
 
+    att.k_scale.fill_(3.0)
     decoder.fill_random(7, generator=torch.Generator().manual_seed(0))
     assert att.k[:, :, :7].float().abs().sum() > 0 and not att.k[:, :, 7:].float().any()
+    assert (att.k_scale == 1).all() and (att.v_scale == 1).all()  # the rows read back as drawn
     assert lin.state.float().abs().sum() > 0
 
 
@@ -158,3 +169,24 @@ def test_gpu_graph_replay_matches_the_torch_model_s_stored_steps(B):
             expected = model.step(tokens[:, t], cache).float()
         rel = ((got - expected).norm() / expected.norm()).item()
         assert rel < MISMATCH_LIMIT, (t, rel)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_eager_step_equals_replay_after_fill_random():
+    """What ``measure_decode`` times: a cache filled at random at a long context, one step captured
+    and replayed, against the eager step from the same cache (bounds as ``TritonDecoder``'s test)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9 or newer")
+    model = _gpu_model()
+    B, C = 8, 8192
+    tm = to_triton(model, fold_norms=False)
+    eager, graphed = StoredDecoder(tm, batch=B, capacity=C), StoredDecoder(tm, batch=B, capacity=C)
+    for decoder in (eager, graphed):
+        decoder.fill_random(C - 4, generator=torch.Generator("cuda").manual_seed(1))
+    static = torch.zeros(B, dtype=torch.int64, device="cuda")
+    replay = graphed.capture(static)
+    for t in range(3):
+        static.fill_(t + 1)
+        got, want = replay().float(), eager.step(static.clone()).float()
+        assert ((got - want).norm() / want.norm()).item() < 4e-3

@@ -185,10 +185,13 @@ def test_gpu_eager_step_equals_replay_after_fill_random():
     and with it the last bit of a bf16 logit, can differ between two runs (seen on the H200: 1 ulp,
     2^-8, on a quarter of the logits). A step at the wrong cache position or with a stale state
     misses by far more than these bounds."""
-    model = _gpu_model()
-    B, C = 2, 4096
-    tm = to_triton(model)
-    eager, graphed = TritonDecoder(tm, batch=B, capacity=C), TritonDecoder(tm, batch=B, capacity=C)
+    replay_equals_eager(TritonDecoder, to_triton(_gpu_model()), B=2, C=4096)
+
+
+def replay_equals_eager(decoder_class, tm, B: int, C: int) -> None:
+    """Two decoders of ``tm`` filled alike at random to C - 4 tokens: three steps replayed from
+    one's captured graph equal the other's eager steps (the bounds of the test above)."""
+    eager, graphed = decoder_class(tm, batch=B, capacity=C), decoder_class(tm, batch=B, capacity=C)
     for decoder in (eager, graphed):
         decoder.fill_random(C - 4, generator=torch.Generator("cuda").manual_seed(1))
     static = torch.zeros(B, dtype=torch.int64, device="cuda")

@@ -35,7 +35,6 @@ from ._predict import (
     DEFAULT_FLOPS_FRACTION,
     EXTRAPOLATION_WIDENING,
     EXTRAPOLATION_WIDENING_PER_DOUBLING,
-    STORED_NOTE,
     STORED_WIDENING,
     CalibrationWarning,
     PredictionStatus,
@@ -44,7 +43,7 @@ from ._predict import (
     prediction_status,
     transfer_ratios,
 )
-from ._result import LATENCY_KINDS, SOURCES, UNPRICED, Latency, shared_labels, unpriced_precision
+from ._result import LATENCY_KINDS, SOURCES, STORED_NOTE, UNPRICED, Latency, shared_labels, unpriced_precision
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [

@@ -57,7 +57,7 @@ from ._costs import op_costs
 from ._decode import DECODE_FEATURES, decode_work, expand_coefficients
 from ._launches import launches
 from ._model import KernelModel
-from ._result import Latency, unpriced_precision
+from ._result import STORED_NOTE, Latency, unpriced_precision
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
@@ -91,7 +91,6 @@ TRANSFER_MIN_INTERVAL = 0.25
 FINGERPRINT_WIDENING = 2.0
 # a guess, like TRANSFER_WIDENING: a decode step at a stored precision is priced by costs fitted at full precision
 STORED_WIDENING = 2.0
-STORED_NOTE = "stored precision"
 EXTRAPOLATION_WIDENING = 2.0  # a guess, like TRANSFER_WIDENING: past the checked shapes nothing was measured
 # the further past, the less the check says: the interval widens with every doubling past the checked shape
 EXTRAPOLATION_WIDENING_PER_DOUBLING = 1.0

@@ -13,7 +13,7 @@ from ._shape import LatencyShape, parse_shape
 if TYPE_CHECKING:
     from nas.spec import ArchSpec
 
-__all__ = ["LATENCY_KINDS", "SOURCES", "UNPRICED", "Latency", "shared_labels", "unpriced_precision"]
+__all__ = ["LATENCY_KINDS", "SOURCES", "STORED_NOTE", "UNPRICED", "Latency", "shared_labels", "unpriced_precision"]
 
 SOURCES = ("predicted", "measured")
 # what was timed: the forward over ``shape`` (batch x tokens), or one decoding step of ``shape.batch``
@@ -21,6 +21,8 @@ SOURCES = ("predicted", "measured")
 LATENCY_KINDS = ("forward", "decode")
 # the note naming an architecture's precision fields that a latency does not price (``unpriced_precision``)
 UNPRICED = "unpriced precision"
+# the note on a decode step predicted at an architecture's stored dtypes with costs fitted at full precision
+STORED_NOTE = "stored precision"
 
 
 @dataclass(frozen=True)
@@ -88,11 +90,15 @@ class Latency:
         """``predicted (h200, calibrated 2026-12-01, ±6 %)``, ``predicted (transferred from h200,
         ±15 %)``, ``predicted (uncalibrated, ±70 %)`` or ``measured (NVIDIA H200)``; with ``not
         priced at kv fp8`` inside the brackets for a latency of the kernels' own dtypes where the
-        architecture stores something narrower (``unpriced_precision``)."""
-        unpriced = dict(self.notes).get(UNPRICED)
+        architecture stores something narrower (``unpriced_precision``), or ``stored dtypes at
+        full-precision costs`` for a decode step predicted at them (``STORED_NOTE``)."""
+        notes = dict(self.notes)
+        unpriced = notes.get(UNPRICED)
         caveat = f"not priced at {unpriced}" if unpriced else ""
         if not self.predicted:
             return f"measured ({self.device}{f', {caveat}' if caveat else ''})"
+        if STORED_NOTE in notes:
+            caveat = "stored dtypes at full-precision costs"
         parts = [p for p in (self.basis, caveat, f"±{self.interval * 100:.0f} %" if self.interval else "") if p]
         return f"predicted ({', '.join(parts)})" if parts else "predicted"
 

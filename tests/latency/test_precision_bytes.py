@@ -135,6 +135,8 @@ def test_a_decode_step_is_priced_at_the_stored_precision_with_a_wider_interval()
         lat = predict_decode(arch, BATCH, CONTEXT, h200)
         assert lat.median_ms < base.median_ms and lat.interval == base.interval * STORED_WIDENING
         assert STORED_NOTE in dict(lat.notes) and UNPRICED not in dict(lat.notes) and "not priced" not in lat.label()
+        caveat = f"stored dtypes at full-precision costs, ±{lat.interval * 100:.0f} %"
+        assert lat.basis == base.basis and lat.label() == f"predicted ({lat.basis}, {caveat})"
     assert STORED_NOTE not in dict(base.notes)
 
 

@@ -114,6 +114,7 @@ class HardwareProfile:
     peak_tflops: PeakTflops
     launch_overhead_us: float
     memory_gb: float | None = None  # device memory, 1e9 bytes (datasheet); None: not given, not checked
+    compute_capability: tuple[int, int] | None = None  # CUDA (major, minor), e.g. (9, 0); None: not given
     sources: tuple[tuple[str, str], ...] = ()
     calibrated: Calibration = Calibration()
     path: str = dataclasses.field(default="", compare=False)
@@ -164,7 +165,7 @@ _REQUIRED = (
     "peak_tflops",
     "launch_overhead_us",
 )
-_OPTIONAL = ("description", "memory_gb", "source", "calibrated")
+_OPTIONAL = ("description", "memory_gb", "compute_capability", "source", "calibrated")
 _NUMBERS = (
     "sm_count",
     "l2_bytes",
@@ -173,6 +174,7 @@ _NUMBERS = (
     "peak_tflops",
     "launch_overhead_us",
     "memory_gb",
+    "compute_capability",
 )  # the fields a `source:` note may describe
 _PROVENANCE_KEYS = ("gpu", "driver", "torch", "triton", "kernels_fingerprint", "date")
 _CALIBRATION_KEYS = (
@@ -453,12 +455,30 @@ def _parse(where: str, data: Any) -> HardwareProfile:
         peak_tflops=PeakTflops(**{d: _positive(where, f"peak_tflops.{d}", peaks[d]) for d in DTYPES}),
         launch_overhead_us=_positive(where, "launch_overhead_us", data["launch_overhead_us"]),
         memory_gb=None if data.get("memory_gb") is None else _positive(where, "memory_gb", data["memory_gb"]),
+        compute_capability=_capability(where, data.get("compute_capability")),
         sources=tuple((k, str(v)) for k, v in sources.items()),
         calibrated=_calibration(where, data.get("calibrated")),
         path=where,
     )
     _check_measured_here(where, profile.device_names, profile.sm_count, profile.calibrated)
     return profile
+
+
+def _capability(where: str, value: Any) -> tuple[int, int] | None:
+    """``compute_capability``: ``[major, minor]`` (``[9, 0]`` for an H100), or absent."""
+    if value is None:
+        return None
+    ok = (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
+    if not ok or not 1 <= value[0] <= 99 or not 0 <= value[1] <= 9:
+        raise ProfileError(
+            f"{where}: field 'compute_capability' must be [major, minor] as torch.cuda.get_device_capability() "
+            f"gives it, e.g. [9, 0], got {value!r}"
+        )
+    return (value[0], value[1])
 
 
 def _check_measured_here(where: str, names: tuple[str, ...], sm_count: int, calibrated: Calibration) -> None:

@@ -92,17 +92,18 @@ def resolve_measure(measure: bool | None, target: str, profile: HardwareProfile,
 FP8_CAPABILITY = (8, 9)
 
 
-def check_fp8(space: SearchSpace, capability: tuple[int, int] | None) -> None:
-    """SearchError when ``space`` can store KV caches or weights in fp8 and the study's device is a
-    GPU of compute ``capability`` below ``FP8_CAPABILITY`` (None: not a CUDA device, where the
-    rounding is a reference computed in torch): a candidate picked for fp8 could not run so on it."""
+def check_fp8(space: SearchSpace, capability: tuple[int, int] | None, what: str = "this device") -> None:
+    """SearchError when ``space`` can store KV caches or weights in fp8 and ``what`` (the study's
+    device, or the GPU its latency is predicted for) is a GPU of compute ``capability`` below
+    ``FP8_CAPABILITY`` (None: not a CUDA device, or a profile that does not say, where nothing is
+    refused): a candidate picked for fp8 could not run so on it."""
     if capability is None or tuple(capability) >= FP8_CAPABILITY or not space.offers_fp8():
         return
     major, minor = capability
     raise SearchError(
         f"{space.source}: fp8 needs a GPU of compute capability "
-        f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (Ada, Hopper); this device is {major}.{minor}: "
-        f"drop fp8 from the space's precision choices, or search on such a GPU"
+        f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (Ada, Hopper); {what} is {major}.{minor}: "
+        f"drop fp8 from the space's precision choices, or search on (or --target) such a GPU"
     )
 
 
@@ -138,6 +139,8 @@ def prepare(config: SearchConfig) -> tuple[TrialContext, optuna.Study]:
     task, task_spec = _task(config, name, stored, space, task_spec, seed, objectives)
     profile, device, measure = _latency(config, name, stored)
     check_fp8(space, device_capability(device))
+    if not measure:  # predicted for the profile's GPU: it must run what it prices
+        check_fp8(space, profile.compute_capability, f"the latency target {profile.name}")
     prune = bool(stored.prune if config.prune is None and stored is not None else config.prune)
     if stored is not None and stored.prune != prune:
         raise SearchError(

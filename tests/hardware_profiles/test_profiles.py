@@ -28,6 +28,7 @@ NUMBERS = (
     "peak_tflops",
     "launch_overhead_us",
     "memory_gb",
+    "compute_capability",
 )
 
 
@@ -81,6 +82,27 @@ def test_memory_gb_is_optional_and_read_from_a_numeric_string(tmp_path: Path) ->
     assert without.memory_gb is None and without.memory_mib is None
     assert without.source("memory_gb") is None
     assert load_profile(_write(tmp_path, _with(memory_gb="1.41e2"))).memory_gb == 141.0
+
+
+# CUDA C++ Programming Guide, compute capabilities: A100 8.0, L4 and RTX 4090 8.9, H100 and H200 9.0
+CAPABILITY = {"a100_80gb": (8, 0), "h100_sxm": (9, 0), "h200": (9, 0), "l4": (8, 9), "rtx4090": (8, 9)}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_gives_its_compute_capability(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.compute_capability == CAPABILITY[name]
+    assert "{}.{}".format(*CAPABILITY[name]) in profile.source("compute_capability")
+
+
+@pytest.mark.parametrize("bad", [[9], [9, 0, 1], "9.0", [9.0, 0], [True, 0], [0, 0], [9, 10]])
+def test_a_bad_compute_capability_is_one_line(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ProfileError, match=r"field 'compute_capability' must be \[major, minor\]"):
+        load_profile(_write(tmp_path, _with(compute_capability=bad)))
+    data = _h200()
+    del data["compute_capability"]
+    del data["source"]["compute_capability"]
+    assert load_profile(_write(tmp_path, data)).compute_capability is None  # optional: nothing checked
 
 
 def test_load_by_path_equals_load_by_name(tmp_path: Path) -> None:

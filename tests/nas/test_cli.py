@@ -1331,6 +1331,21 @@ def test_fp8_on_a_gpu_older_than_ada_is_refused_in_one_line(tmp_path, capsys, mo
     assert not storage.exists()
 
 
+def test_fp8_predicted_for_a_gpu_older_than_ada_is_refused_in_one_line(tmp_path, capsys):
+    """Predicting latency for a profile whose GPU has no fp8 (an A100, compute capability 8.0)
+    refuses a space offering fp8; an Ada or Hopper target, and a space without fp8, go on."""
+    storage = tmp_path / "s.journal"
+    argv = ["search", "--space", str(_precision_space(tmp_path)), "--trials", "1", "--storage", str(storage)]
+    assert main([*argv, "--target", "a100_80gb"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the latency target a100_80gb is 8.0" in err, err
+    assert not storage.exists()
+    from hardware_profiles import load_profile
+
+    assert load_profile("l4").compute_capability == (8, 9) and load_profile("h100_sxm").compute_capability == (9, 0)
+    assert not storage.exists()
+
+
 @pytest.mark.parametrize(
     ("command", "said"),
     [

@@ -40,7 +40,7 @@ def front_table(study: optuna.Study) -> Table:
     refs = [r for r in completed(study) if r.number not in on_front and (r.baseline is not None or r.number == star)]
     caption = []
     for o in objectives:
-        shown = trials or [r for r in completed(study) if r.trained]  # an empty front still says how
+        shown = (trials + refs) or [r for r in completed(study) if r.trained]  # every row shown; an empty front too
         sources = shared_labels(lat for r in shown if (lat := r.latency_of(o.metric)) is not None)
         if sources:
             caption.append(f"{o.name.replace('_', ' ')} {'; '.join(sources)}")
@@ -119,7 +119,10 @@ def _cell(r: TrialRecord, o: Objective, profile: HardwareProfile | None = None) 
     over = f" > {profile.memory_gb:g} GB" if profile is not None and r.over_device((o,), profile) else ""
     # measured by nas measure: the search's prediction beside it
     predicted = f" ({predicted_text(p).replace(' ms', '')})" if (p := r.prediction_of(o.metric)) is not None else ""
-    return (f"{value:.4f}" if o.unit == "ms" else f"{value:.2f}") + interval + predicted + over
+    # ms to 4 decimals (a column of like latencies); MiB and counts to 4 significant figures, as the
+    # progress lines: 0.009888 and 0.01221 MiB are different caches, and 2 decimals showed both as 0.01
+    shown = f"{value:.4f}" if o.unit == "ms" else f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+    return shown + interval + predicted + over
 
 
 def predicted_text(lat: Latency) -> str:

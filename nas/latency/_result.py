@@ -154,9 +154,21 @@ def shared_labels(latencies: Iterable[Latency]) -> list[str]:
     """How many trials' latencies were obtained, for a caption or an axis that says it once: each
     distinct ``label()`` without its ``not priced at`` caveat, then one caveat where some trial had
     it. Label by label, the caveat (a trial's own dtypes) made one basis a line per combination of
-    dtypes, and per-layer choices multiply those; each row names its dtypes in its architecture."""
+    dtypes, and per-layer choices multiply those; each row names its dtypes in its architecture.
+    Decode steps predicted at stored dtypes (``STORED_NOTE``) are said once per basis, with their
+    (wider) intervals: ``predicted (h200, calibrated …) where a trial stores narrower dtypes: ±48 %,
+    priced at full-precision costs``."""
     found = list(latencies)
-    labels = sorted({replace(lat, notes=tuple(n for n in lat.notes if n[0] != UNPRICED)).label() for lat in found})
+    plain = [lat for lat in found if STORED_NOTE not in dict(lat.notes)]
+    labels = sorted({replace(lat, notes=tuple(n for n in lat.notes if n[0] != UNPRICED)).label() for lat in plain})
+    stored: dict[str, set[float]] = {}
+    for lat in found:
+        if STORED_NOTE in dict(lat.notes):
+            base = replace(lat, notes=tuple(n for n in lat.notes if n[0] not in (UNPRICED, STORED_NOTE)), interval=0.0)
+            stored.setdefault(base.label(), set()).add(lat.interval)
+    for base, intervals in sorted(stored.items()):
+        widths = ", ".join(f"±{i * 100:.0f} %" for i in sorted(intervals))
+        labels.append(f"{base} where a trial stores narrower dtypes: {widths}, priced at full-precision costs")
     if any(UNPRICED in dict(lat.notes) for lat in found):
         labels.append("not priced at the narrower precision a trial stores (the kernels' own dtypes)")
     return labels

@@ -77,6 +77,11 @@ class StoredDecoder(TritonDecoder):
     ``HybridModel.stored_precision()`` on (fp8 K/V with their scales, bf16 states)."""
 
     def __init__(self, tmodel: TritonModel, batch: int, capacity: int) -> None:
+        if not isinstance(tmodel, TritonModel):
+            raise TypeError(
+                f"StoredDecoder takes a TritonModel, got {type(tmodel).__name__}: "
+                "StoredDecoder(to_triton(model.cuda(), fold_norms=False), batch, capacity)"
+            )
         specs = tmodel.arch.layers
         if tmodel.fold_norms and any(s.weight_dtype == "fp8" for s in specs):
             raise ValueError(

@@ -435,8 +435,19 @@ def _generation(trial: TrialRecord, setup: SearchSetup | None) -> dict[str, Any]
     }
 
 
-def _latency_row(name: str, lat: dict[str, Any], what: str) -> str:
-    """A card table row for a latency: median, interval or IQR, measured or predicted, and where."""
+def _decode_example(r: dict[str, Any]) -> str:
+    """The card's lines on generating with the model (a ``token`` readout only)."""
+    if r["arch"].get("readout", "token") != "token":
+        return ""
+    return (
+        "\nlogits, cache = model.prefill(prompt, capacity=n)  # prompt: int64 [batch, t]; room for n tokens in all"
+        "\nnext_logits = model.step(next_tokens, cache)     # next_tokens: int64 [batch]; cache advances in place"
+    )
+
+
+def _latency_row(name: str, lat: dict[str, Any], what: str, stored: str = "") -> str:
+    """A card table row for a latency: median, interval or IQR, measured or predicted, and where
+    (``stored``: the precision a decode step was priced at, beside the activations' dtype)."""
     if lat.get("interval"):
         low, high = lat["median_ms"] * (1 - lat["interval"]), lat["median_ms"] * (1 + lat["interval"])
         spread = f" (interval {low:.4g}–{high:.4g} ms)"
@@ -446,7 +457,8 @@ def _latency_row(name: str, lat: dict[str, Any], what: str) -> str:
         spread = ""
     latency = Latency.from_dict(lat)
     label = f"measured on {latency.device}" if latency.source == "measured" else latency.label()
-    return f"| {name} | {lat['median_ms']:.4g} ms{spread}, **{label}** ({lat.get('dtype', '?')}, {what}) |\n"
+    dtype = f"{lat.get('dtype', '?')} activations, {stored}" if stored else lat.get("dtype", "?")
+    return f"| {name} | {lat['median_ms']:.4g} ms{spread}, **{label}** ({dtype}, {what}) |\n"
 
 
 def _generation_rows(r: dict[str, Any]) -> str:
@@ -457,7 +469,8 @@ def _generation_rows(r: dict[str, Any]) -> str:
     at = f"{g['context']:,} tokens × {g['decode_batch']}"
     rows = ""
     if g.get("decode_latency"):
-        rows += _latency_row("decode latency (per token)", g["decode_latency"], f"one step at context {at}")
+        stored = (r.get("precision") or {}).get("summary", "")
+        rows += _latency_row("decode latency (per token)", g["decode_latency"], f"one step at context {at}", stored)
     if g.get("prefill_latency"):
         rows += _latency_row("prefill latency", g["prefill_latency"], f"forward over {at}")
     if c := g.get("cache"):
@@ -524,7 +537,7 @@ grad noise {train.grad_noise:g}, seed {train.seed}.
 ```python
 import nas
 model = nas.load("path/to/this/folder")       # HybridModel with these weights, eval mode
-logits = model(tokens)                        # tokens: int64 [batch, seq]
+logits = model(tokens)                        # tokens: int64 [batch, seq]{_decode_example(r)}
 ```
 
 ONNX (opset {r["onnx"]["opset"]}): input `tokens` int64 `[batch, seq]`, output `logits`
@@ -541,7 +554,12 @@ def _precision_row(r: dict[str, Any]) -> str:
     if not p:
         return ""
     full, cost = p.get("full_precision_accuracy"), p.get("accuracy_cost")
-    against = "" if full is None else f"; at full precision {full:.4f} (cost {cost:+.4f})"
+    if full is None:
+        against = ""
+    elif cost >= 0:
+        against = f"; at full precision {full:.4f} (cost {cost:.4f})"
+    else:  # the rounding happened to score higher on this test set
+        against = f"; at full precision {full:.4f} ({-cost:.4f} higher at the stored precision)"
     return f"| precision | {p['summary']}: accuracy {r['metrics']['accuracy']:.4f} at it{against} |\n"
 
 
@@ -553,7 +571,8 @@ def _precision_text(r: dict[str, Any]) -> str:
     return (
         f"\n\nPrecision ({p['summary']}): `nas.load` gives a model whose forward rounds as stored "
         f"({p['rounding']}), as the search scored it, and whose `prefill` / `step` decode so (an fp8 KV "
-        f"cache keeps the prompt's per-head scales); `model.stored_precision(False)` computes at full "
+        f"cache keeps the prompt's per-head scales, where the search scored whole sequences with their own: "
+        f"from a short prompt, decoding can score lower); `model.stored_precision(False)` computes at full "
         f"precision, as `model.onnx` does. `nas.models.StoredDecoder` runs that decode on the library's "
         f"fp8 and bf16-state kernels; a measured decode latency times it, a forward latency is of the "
         f"kernels' own dtypes (bf16 weights)."

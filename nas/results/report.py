@@ -322,7 +322,8 @@ _TITLE_WIDTH = 90  # characters a line of an axis title holds in the report's fi
 def _wrapped(title: str) -> str:
     """``title`` broken into lines of at most ``_TITLE_WIDTH`` characters (plotly's ``<br>``): a
     long one (a latency's label with its precision note) runs past the figure's edges, clipped."""
-    return "<br>".join(textwrap.wrap(title, _TITLE_WIDTH, break_long_words=False)) or title
+    keep = title.replace(" %", "\u00a0%")  # never "±24" at a line's end and "%" on the next
+    return "<br>".join(textwrap.wrap(keep, _TITLE_WIDTH, break_long_words=False)) or title
 
 
 def _add_staircase(fig: go.Figure, best: list[TrialRecord], cost: Objective) -> None:

@@ -180,7 +180,28 @@ def test_a_caption_or_axis_over_many_trials_names_the_basis_once(tmp_path):
     caption = " ".join(str(front_table(study).caption).split())
     lines = figures(study)["front2d"].layout.xaxis.title.text.split("<br>")
     assert len(lines) > 1 and max(map(len, lines)) <= 90  # wrapped: one line ran off the figure (PNG clipped it)
-    axis = " ".join(lines)
+    assert not any(line.rstrip().endswith(tuple("0123456789")) and "±" in line[-6:] for line in lines)  # "±13 %" whole
+    axis = " ".join(lines).replace("\u00a0", " ")
     for text in (caption, axis):
         assert text.count("predicted (") == 1 and basis in text, text
         assert text.count("not priced") == 1, text
+
+
+def test_decode_labels_at_stored_dtypes_are_said_once_per_basis_with_their_intervals():
+    """A search over precision fields predicts decode steps of full-precision trials and of trials
+    at stored dtypes (a wider interval): the caption names the basis with its interval, then once
+    where a trial stores narrower dtypes, with theirs."""
+    from nas.latency import shared_labels
+
+    h200 = load_profile("h200")
+    lats = [
+        predict_decode(arch, BATCH, CONTEXT, h200)
+        for arch in (FULL, _arch(attn={"kv_dtype": "fp8"}), _arch(lin={"state_dtype": "bf16"}), FULL)
+    ]
+    base, stored = lats[0], lats[1]
+    labels = shared_labels(lats)
+    assert labels[0] == base.label() and len(labels) == 2, labels
+    plain = base.label().removesuffix(f", ±{base.interval * 100:.0f} %)") + ")"
+    assert labels[1] == (
+        f"{plain} where a trial stores narrower dtypes: ±{stored.interval * 100:.0f} %, priced at full-precision costs"
+    )

@@ -122,6 +122,8 @@ def test_buffers_are_stored_narrower_and_loads_are_checked():
     assert bf16_kv.layers[0].k.dtype == torch.bfloat16 and bf16_kv.layers[1].state.dtype == torch.bfloat16
     with pytest.raises(ValueError, match=r"fold_norms=False"):
         StoredDecoder(to_triton(model, dtype=torch.float32), batch=2, capacity=10)
+    with pytest.raises(TypeError, match=r"takes a TritonModel, got HybridModel: StoredDecoder\(to_triton"):
+        StoredDecoder(model, 1, 8)
 
     att.k_scale.fill_(3.0)
     decoder.fill_random(7, generator=torch.Generator().manual_seed(0))

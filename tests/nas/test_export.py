@@ -656,8 +656,9 @@ def test_a_trial_stored_below_full_precision_exports_and_loads_with_its_dtypes(t
     card = (out / "card.md").read_text()
     assert f"| precision | {r.arch.precision_text()}: accuracy {r.accuracy:.4f} at it; at full precision" in card
     assert "not priced at kv fp8" in card and "stored_precision(False)" in card
-    # a loaded model decodes as stored: the card says so, and names the decoder that times it
+    # a loaded model decodes as stored: the card says so, shows how, and names the decoder that times it
     assert "whose `prefill` / `step` decode so" in card and "StoredDecoder" in card
+    assert "logits, cache = model.prefill(prompt, capacity=n)" in card and "model.step(next_tokens, cache)" in card
 
     loaded = nas.load(out)
     assert loaded.arch == r.arch and loaded.at_stored_precision
@@ -677,3 +678,18 @@ def test_a_trial_stored_below_full_precision_exports_and_loads_with_its_dtypes(t
     session = ort.InferenceSession(str(out / "model.onnx"))
     (onnx,) = session.run(None, {"tokens": tokens.numpy()})
     np.testing.assert_allclose(onnx, full.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_card_s_precision_rows_name_the_stored_dtypes_and_a_negative_cost_in_words():
+    from nas.results.export import _latency_row, _precision_row
+
+    lat = {"median_ms": 0.03, "iqr_ms": 0.0, "source": "predicted", "device": "h200", "dtype": "bf16"}
+    lat |= {"shape": "1x32768", "interval": 0.48, "basis": "h200, calibrated 2026-12-03", "kind": "decode"}
+    row = _latency_row("decode latency (per token)", lat, "one step at context 32,768", "kv fp8, weights fp8")
+    assert "(bf16 activations, kv fp8, weights fp8, one step at context" in row
+    assert "(bf16, one step" in _latency_row("decode latency (per token)", lat, "one step")
+    r = {"metrics": {"accuracy": 0.15}, "precision": {"summary": "kv fp8", "full_precision_accuracy": 0.14}}
+    r["precision"]["accuracy_cost"] = 0.14 - 0.15
+    assert "at full precision 0.1400 (0.0100 higher at the stored precision)" in _precision_row(r)
+    r["precision"] |= {"full_precision_accuracy": 0.17, "accuracy_cost": 0.17 - 0.15}
+    assert "at full precision 0.1700 (cost 0.0200)" in _precision_row(r)

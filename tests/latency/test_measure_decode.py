@@ -47,7 +47,7 @@ STORED = ArchSpec(
 
 
 @requires_interpreter
-@pytest.mark.parametrize("arch", [HYBRID, STORED], ids=["full", "stored"])
+@pytest.mark.parametrize("arch", [STORED.at_full_precision(), STORED], ids=["full", "stored"])
 def test_the_check_decodes_as_stored_and_leaves_the_model_as_it_was(arch, monkeypatch):
     """``_checked`` (the step check before a decode is timed), run on the CPU under the
     interpreter in fp32: it picks ``StoredDecoder`` below full precision (``TritonDecoder`` else),
@@ -61,9 +61,9 @@ def test_the_check_decodes_as_stored_and_leaves_the_model_as_it_was(arch, monkey
     with pytest.warns(UserWarning, match="CUDA"):  # no CUDA here: autocast off, fp32 throughout
         make = _checked(model, 2, torch.device("cpu"), torch.float32)
     decoder = make(2, 40)
-    assert type(decoder) is (StoredDecoder if arch is STORED else TritonDecoder) and decoder.capacity == 40
+    assert type(decoder) is (TritonDecoder if arch.full_precision else StoredDecoder) and decoder.capacity == 40
     assert not model.at_stored_precision
-    if arch is STORED:
+    if not arch.full_precision:
         original = Stored.step
         monkeypatch.setattr(Stored, "step", lambda self, tokens: original(self, tokens) * 1.2)
         model.stored_precision()

@@ -29,6 +29,7 @@ Writes ``train_throughput_<gpu>.json`` (GPU name, versions, date) into ``--out``
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import subprocess
 import sys
@@ -224,8 +225,10 @@ def _utilisation(proc: subprocess.Popen) -> dict[str, float]:
 
 
 def trials_per_hour(
-    gpus: str, per_gpu: int, seconds: float, workdir: Path, extra: list[str], space: str = "hybrid_small"
+    gpus: str, per_gpu: int | str, seconds: float, workdir: Path, extra: list[str], space: str = "hybrid_small"
 ) -> dict:
+    """``nas search`` on ``gpus`` with ``per_gpu`` workers each (an int, or "auto": the row then
+    records the count it chose and why) for ``seconds``: trials/hour, start-up included."""
     import optuna
 
     from nas.search.record import records
@@ -266,6 +269,7 @@ def trials_per_hour(
     wall = time.monotonic() - start
     smi.terminate()
     smi.wait()
+    chosen = re.search(r"--trials-per-gpu auto: (\d+) per GPU, bounded by (.*)", run.stdout)
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     trials = study.get_trials(deepcopy=False)
     states = [t.state.name for t in trials]
@@ -280,7 +284,8 @@ def trials_per_hour(
         "space": Path(space).stem,
         "gpu": torch.cuda.get_device_name(),
         "gpus": gpus,
-        "workers_per_gpu": per_gpu,
+        "workers_per_gpu": int(chosen.group(1)) if chosen else per_gpu,
+        **({"trials_per_gpu": "auto", "auto_reason": chosen.group(2) if chosen else None} if per_gpu == "auto" else {}),
         "search_args": " ".join(extra),
         "wall_s": round(wall, 1),
         "latency_measured": sum(r.latency.source == "measured" for r in scored if r.latency),
@@ -450,7 +455,7 @@ def main() -> None:
     if torch.cuda.device_count() >= 2:
         layouts += [("0,1", 1), ("0,1", args.per_gpu)]
     if args.layouts:
-        layouts = [(g, int(n)) for g, n in (item.split(":") for item in args.layouts.split(";"))]
+        layouts = [(g, n if n == "auto" else int(n)) for g, n in (item.split(":") for item in args.layouts.split(";"))]
     if args.skip_search:
         layouts = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -463,7 +468,11 @@ def main() -> None:
                 f"{row['trials_per_hour']}/h (steady {row['steady_trials_per_hour']}/h), "
                 f"util {row['gpu_util_mean_pct']}, rc {row['returncode']}"
             )
-    searches = {(r["gpus"], r["workers_per_gpu"]): r for r in rows if r["kind"] == "search_trials_per_hour"}
+    searches = {
+        (r["gpus"], r.get("trials_per_gpu", r["workers_per_gpu"])): r
+        for r in rows
+        if r["kind"] == "search_trials_per_hour"
+    }
     base = searches.get(("0", 1), {"trials_per_hour": None, "steady_trials_per_hour": None})
 
     def speedup(key: tuple[str, int], field: str) -> float | None:

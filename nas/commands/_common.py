@@ -119,6 +119,17 @@ def at_most(most: int, unit: str) -> Callable[[str], int]:
     return parse
 
 
+def per_gpu_count(text: str) -> int | str:
+    """``--trials-per-gpu``: a count of processes (at most ``MAX_WORKERS``), or ``auto``."""
+    from nas.search.setup import MAX_WORKERS
+
+    if text == "auto":
+        return text
+    if not text.strip().lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"must be a count of processes or auto, got {text!r}")
+    return at_most(MAX_WORKERS, "processes")(text)
+
+
 def latency_shape(text: str) -> str:
     """``BATCHxSEQ`` within ``MAX_BATCH`` x ``MAX_CONTEXT``; text that is no shape at all goes on to
     ``prepare``, whose one line says what a shape looks like."""

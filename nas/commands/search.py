@@ -17,6 +17,7 @@ from nas.commands._common import (
     count,
     latency_shape,
     objectives,
+    per_gpu_count,
     positive_float,
     positive_int,
     seed,
@@ -178,9 +179,10 @@ def _run_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--gpus", default=None, help="comma-separated GPU indices: one worker process per GPU")
     s.add_argument(
         "--trials-per-gpu",
-        type=at_most(MAX_WORKERS, "processes"),
+        type=per_gpu_count,
         default=None,
-        help=f"worker processes per GPU, with --gpus (default 1; at most {MAX_WORKERS} processes in all)",
+        help=f"worker processes per GPU, with --gpus (default 1; at most {MAX_WORKERS} processes in all); auto: "
+        "as many as free memory, the host's cores and a short probe of the space's heaviest candidate allow",
     )
     s.add_argument(
         "--workers",
@@ -194,15 +196,24 @@ def run(args: argparse.Namespace) -> None:
     from optuna.trial import TrialState
 
     from nas.search import record
+    from nas.search.auto_workers import AUTO, trials_per_gpu
     from nas.search.loop import n_complete
     from nas.search.start import prepare
     from nas.search.workers import parse_gpus, plan_slots
 
     verify = _verify_settings(args)
     gpus = parse_gpus(args.gpus) if args.gpus else None
-    slots = plan_slots(gpus, args.trials_per_gpu, args.workers)  # a flag the other one makes moot is refused
+    auto = args.trials_per_gpu == AUTO
+    # a flag the other one makes moot is refused (auto is checked as 1 here, chosen once the study is open)
+    slots = plan_slots(gpus, 1 if auto else args.trials_per_gpu, args.workers)
     config = _config(args, device="cpu" if len(slots) > 1 and not gpus else args.device)
     ctx, study = prepare(config)
+    if auto:
+        args.trials_per_gpu, why = trials_per_gpu(
+            study.study_name, config.storage, gpus, ctx.space.seeds * len(ctx.space.lr_multipliers), _data(ctx)
+        )
+        console.print(f"--trials-per-gpu auto: {args.trials_per_gpu} per GPU, bounded by {why}", soft_wrap=True)
+        slots = plan_slots(gpus, args.trials_per_gpu, args.workers)
     # a study this run created holds nothing yet but the baselines it queued
     fresh = all(t.state == TrialState.WAITING and record.baseline_of(t) for t in study.get_trials(deepcopy=False))
     done = n_complete(study)
@@ -350,7 +361,7 @@ def _run_workers(
             timeout=config.timeout,
             on_poll=on_trial,
             verbose=args.verbose,
-            data=ctx.task.config.get("path") if "sha256" in ctx.task.config else None,
+            data=_data(ctx),
         )
     except BaseException:
         _remove_if_empty(study, config.storage, fresh)
@@ -362,6 +373,12 @@ def _run_workers(
             else "finished trials are kept in the study"
         )
         raise UsageError(f"workers exited with codes {codes}; {kept}")
+
+
+def _data(ctx: TrialContext) -> str | None:
+    """The data file this run found the study's bytes at (it may have moved since the study recorded
+    its path), for the processes it starts."""
+    return ctx.task.config.get("path") if "sha256" in ctx.task.config else None
 
 
 def _remove_if_empty(study: optuna.Study, storage: str, fresh: bool) -> bool:

@@ -276,6 +276,16 @@ BAD = [
         lambda f, s, st: ["search", "--space", s, "--trials-per-gpu", "2"],
         "--trials-per-gpu needs --gpus",
     ),
+    (
+        "trials-per-gpu-auto-without-gpus",
+        lambda f, s, st: ["search", "--space", s, "--trials-per-gpu", "auto"],
+        "--trials-per-gpu needs --gpus",
+    ),
+    (
+        "trials-per-gpu-neither-count-nor-auto",
+        lambda f, s, st: ["search", "--space", s, "--trials-per-gpu", "aut"],
+        "must be a count of processes or auto, got 'aut'",
+    ),
     ("bad-storage-url", lambda f, s, st: ["search", "--space", s, "--storage", "foo://bar"], "unsupported scheme"),
     (
         "sqlite-in-memory",

@@ -12,8 +12,10 @@ bounded three ways, and the smallest bound wins:
   ``CONTEXT_ALLOWANCE``, is how many fit;
 - **host cores**: each worker issues its own launches; more workers than cores per GPU queue on
   the host instead of on the GPU;
-- **a cap** from the counts measured on an H100 (docs/benchmarks.md, search throughput): 8 for
-  single runs, 4 for populations, whose steps already batch several runs into each launch.
+- **a cap**: about ``RUNS_IN_FLIGHT`` training runs per GPU, counting each variant of a population
+  (its steps already batch its runs into each launch), and at least 2 workers, so one worker's host
+  gaps are filled: 8 workers for single runs, 4 for 2-run populations, 2 for 6-run ones; on an H100
+  each was the best of the counts measured (docs/benchmarks.md, training throughput).
 
 The probe runs in its own process, so the search's parent never holds a context on the GPUs its
 workers need; its kernels compile into the on-disk caches the workers then reuse.
@@ -38,14 +40,14 @@ if TYPE_CHECKING:
     from nas.spec import Candidate
     from nas.tasks.base import Task
 
-__all__ = ["AUTO", "CAP_POPULATION", "CAP_SINGLE", "Probe", "choose", "heaviest", "probe", "trials_per_gpu"]
+__all__ = ["AUTO", "RUNS_IN_FLIGHT", "Probe", "cap_for", "choose", "heaviest", "probe", "trials_per_gpu"]
 
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 FILL = 0.85  # share of the free memory the workers may plan to use: fragmentation and neighbours' peaks
 CONTEXT_ALLOWANCE = 768 << 20  # a CUDA context and Triton's loaded modules, per process, beyond the allocator
-CAP_SINGLE, CAP_POPULATION = 8, 4  # the best counts measured (docs/benchmarks.md, search throughput)
+RUNS_IN_FLIGHT = 8  # per GPU, over all workers' population variants (docs/benchmarks.md, training throughput)
 PROBE_STEPS = 8  # per stage: past GRAPH_WARMUP, so the captured step (what the workers run) is what is measured
 PROBE_TIMEOUT = 900.0  # seconds: a first run compiles every kernel the probe candidate uses
 
@@ -61,6 +63,11 @@ class Probe:
     seconds: float
 
 
+def cap_for(variants: int) -> int:
+    """Workers per GPU for candidates that train ``variants`` runs each, memory and cores aside."""
+    return max(2, RUNS_IN_FLIGHT // variants)
+
+
 def choose(probe: Probe, cores: int, variants: int) -> tuple[int, str]:
     """Workers per GPU for ``probe``'s GPUs on a host with ``cores`` cores, candidates training
     ``variants`` runs each; and the reason, in words."""
@@ -68,7 +75,7 @@ def choose(probe: Probe, cores: int, variants: int) -> tuple[int, str]:
     per_worker = probe.footprint + CONTEXT_ALLOWANCE
     memory = int(FILL * min(probe.free) // per_worker)
     host = max(1, cores // gpus)
-    cap = CAP_SINGLE if variants == 1 else CAP_POPULATION
+    cap = cap_for(variants)
     bounds = {
         f"memory ({min(probe.free) / 2**30:.1f} GiB free fits {memory} of {per_worker / 2**30:.2f} GiB)": memory,
         f"host ({cores} cores for {gpus} GPU(s))": host,

@@ -11,7 +11,7 @@ import torch
 
 from nas.cli import main
 from nas.search import auto_workers
-from nas.search.auto_workers import CAP_POPULATION, CAP_SINGLE, CONTEXT_ALLOWANCE, FILL, Probe, choose, heaviest
+from nas.search.auto_workers import CONTEXT_ALLOWANCE, FILL, Probe, cap_for, choose, heaviest
 from nas.space import load_space
 from nas.tasks.registry import load_task
 from tests.conftest import write_space
@@ -25,8 +25,10 @@ def _probe(footprint: float, *free: float) -> Probe:
 
 def test_the_smallest_bound_wins():
     big = _probe(0.25, 70)  # memory fits dozens
-    assert choose(big, cores=16, variants=1) == (CAP_SINGLE, "cap for single runs")
-    assert choose(big, cores=16, variants=6) == (CAP_POPULATION, "cap for populations of 6")
+    assert choose(big, cores=16, variants=1) == (8, "cap for single runs")
+    assert choose(big, cores=16, variants=2) == (4, "cap for populations of 2")
+    assert choose(big, cores=16, variants=6) == (2, "cap for populations of 6")
+    assert [cap_for(v) for v in (1, 2, 3, 4, 6, 12)] == [8, 4, 2, 2, 2, 2]  # never below 2: host gaps
     n, why = choose(big, cores=3, variants=1)  # the host: a core per worker
     assert n == 3 and why.startswith("host (3 cores for 1 GPU(s))")
     n, why = choose(_probe(0.25, 70, 70), cores=6, variants=1)  # two GPUs share the cores
@@ -88,7 +90,7 @@ def test_the_probes_answer_is_read_from_its_last_line(monkeypatch):
     monkeypatch.setattr(auto_workers.os, "sched_getaffinity", lambda pid: set(range(32)))
     n, why = auto_workers.trials_per_gpu("s", "x.journal", ["2", "3"], variants=1, data="d.npz")
     assert seen["gpus"] == "2,3" and seen["cmd"][-2:] == ["--data", "d.npz"]
-    assert n == CAP_SINGLE and why == "cap for single runs; probe 4 s"
+    assert n == 8 and why == "cap for single runs; probe 4 s"
 
 
 @pytest.mark.gpu

@@ -383,6 +383,62 @@ def host_scaling(sizes: list[int], window: int) -> list[dict]:
     return rows
 
 
+def captured_vs_eager(n: int, seed: int, out: Path, device: str = "cuda") -> list[dict]:
+    """#47 item 1's accuracy check: ``n`` random ``hybrid_small`` configurations (its default
+    population, so each has an interval), each trained with captured steps and with eager ones
+    (``NAS_TRAIN_GRAPHS=0``): is the captured accuracy within the eager run's interval? Rows are
+    written after every configuration, so a run cut short keeps what it finished."""
+    import os
+
+    import optuna
+
+    from nas.space import load_space
+    from nas.train import train_population
+
+    space = load_space("hybrid_small")
+    task = load_task(space.task)
+    draws = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    rows: list[dict] = []
+    for i in range(n):
+        cand = space.sample(draws.ask(), task)
+        row: dict = {"kind": "captured_vs_eager", "config": i, "arch": cand.arch.summary(), "recipe": str(cand.train)}
+        for mode, flag in (("eager", "0"), ("captured", "1")):
+            os.environ["NAS_TRAIN_GRAPHS"] = flag  # nas.settings reads it again when it changes
+            start = time.perf_counter()
+            try:
+                r = train_population(cand.arch, task, cand.train, device=device)
+            except train_module.TrainingDiverged as e:
+                row[mode] = {"diverged": str(e)}
+                continue
+            row[mode] = {
+                "accuracy": r.accuracy,
+                "interval": r.interval,
+                "accuracies": r.accuracies,
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+        e, c = row.get("eager", {}), row.get("captured", {})
+        if "accuracy" in e and "accuracy" in c:
+            row["difference"] = c["accuracy"] - e["accuracy"]
+            row["within_interval"] = abs(row["difference"]) <= (e["interval"] or 0.0)
+            row["identical"] = c["accuracies"] == e["accuracies"]
+        rows.append(row)
+        print(f"config {i}: {row['arch']} eager {e.get('accuracy')} captured {c.get('accuracy')}", flush=True)
+        checked = [r for r in rows if "within_interval" in r]
+        write_results(
+            out,
+            rows,
+            summary={
+                "configs": len(rows),
+                "compared": len(checked),
+                "within_interval": sum(r["within_interval"] for r in checked),
+                "identical": sum(r["identical"] for r in checked),
+            },
+            seed=seed,
+        )
+    os.environ.pop("NAS_TRAIN_GRAPHS", None)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -404,8 +460,16 @@ def main() -> None:
     parser.add_argument("--host-scaling", action="store_true", help="only the host time per trial vs study size (CPU)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[0, 500, 1000, 2000], help="--host-scaling's sizes")
     parser.add_argument("--window", type=int, default=40, help="--host-scaling: trials timed at each size")
+    parser.add_argument(
+        "--captured-vs-eager", type=int, default=0, metavar="N", help="only: N configurations, captured vs eager"
+    )
     args = parser.parse_args()
     env = environment()
+    if args.captured_vs_eager:
+        out = Path(args.out) / f"train_captured_vs_eager_{device_slug(env['gpu'] or 'cpu')}{args.tag}.json"
+        captured_vs_eager(args.captured_vs_eager, 0, out)
+        print(f"wrote {out}")
+        return
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}")
 
     rows = []

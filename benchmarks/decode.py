@@ -379,13 +379,14 @@ def main_attention(args: argparse.Namespace) -> None:
         ]
     )
     rows = []
-    path = Path(args.out) / f"decode_{device_slug(torch.cuda.get_device_name(0))}{_variant(args)}.json"
+    path = Path(args.out) / f"decode_{device_slug(torch.cuda.get_device_name(0))}.json"
+    part = f"attention{_variant(args)}"
     for B, N, D in shapes:
         got = bench_attention(B, N, D, peers[0], sweep=args.sweep)
         torch.cuda.empty_cache()
         rows += got
         # the part rewritten after every shape: a run cut short (an allocation the GPU refuses) keeps them
-        write_part(path, "attention", rows, complete=False, copy_tbps_start=peers[0])
+        write_part(path, part, rows, complete=False, copy_tbps_start=peers[0])
         sdpa, ours = got[0], got[1]
         bf16 = [r for r in got[1:] if r.get("config") and "median_us" in r and "kv_dtype" not in r]
         best = min(bf16, key=lambda r: r["median_us"])
@@ -414,7 +415,7 @@ def main_attention(args: argparse.Namespace) -> None:
             r["copy_fraction"] = r["tbps"] / copy_tbps
     path = write_part(
         path,
-        "attention",
+        part,
         rows,
         complete=True,
         copy_tbps=copy_tbps,
@@ -434,7 +435,7 @@ def main_attention(args: argparse.Namespace) -> None:
 
 
 def _variant(args: argparse.Namespace) -> str:
-    """The results file's suffix for a run that is not the whole grid: ``--sweep``, ``--quick``, or
+    """The results part's suffix for a run that is not the whole grid: ``--sweep``, ``--quick``, or
     ``--contexts``/``--batches`` (``_subset``), so a partial run never replaces the full part."""
     if args.sweep:
         return "_sweep"
@@ -493,8 +494,8 @@ def main() -> None:
         )
     name = device_slug(torch.cuda.get_device_name(0))
     path = write_part(
-        Path(args.out) / f"decode_{name}{'_quick' if args.quick else ''}.json",
-        "step",
+        Path(args.out) / f"decode_{name}.json",
+        f"step{'_quick' if args.quick else ''}",
         rows,
         copy_tbps=copy_tbps,
         peer="kernels.linear_attention.reference.step (fp32 torch ops on the same bf16 inputs / fp32 state)",

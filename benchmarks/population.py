@@ -13,16 +13,16 @@ space's population): once with the training seeds of study seed 0, once with tho
 seeds' pooled spread). The first ``--calibrate`` pairs show which scale on that interval would
 reach 90 % coverage; the rest are held out: their coverage at the shipped interval (scale 1) is
 the check. A pair whose training diverges (every learning rate) is listed
-and left out. Writes ``benchmarks/results/population_interval_<device>.json``.
+and left out. Writes part ``interval_<device>`` of ``benchmarks/results/population.json``.
 
 ``cost``: for ``--archs`` configurations of the space, the seconds of one single run (1 × 1),
 of the population as one batched program, and of its S·L variants trained one after another,
-each timed after a warm-up training. Writes ``benchmarks/results/population_cost_<device>.json``.
+each timed after a warm-up training. Writes part ``cost_<device>`` of ``benchmarks/results/population.json``.
 
 ``chance``: trains the same ``--archs`` sampled configurations once as a single run (1 × 1, the
 sampled lr and one seed: what the search did before populations) and once as the space's
 population, in ``--jobs`` processes sharing the device, and reports the share of each that ended
-below ``--chance`` accuracy (did not learn). Writes ``benchmarks/results/population_chance_<device>.json``.
+below ``--chance`` accuracy (did not learn). Writes part ``chance_<device>`` of ``benchmarks/results/population.json``.
 """
 
 from __future__ import annotations
@@ -307,9 +307,13 @@ def main() -> None:
         "argv": sys.argv[1:],
     }
     tag = device_slug(device) if args.device == "cuda" else "cpu"
-    out = args.out or RESULTS / f"population_{args.question}_{tag}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    out = args.out or RESULTS / "population.json"
+    parts = json.loads(out.read_text()) if out.exists() else {}  # the other questions' parts are kept
+    parts[f"{args.question}_{tag}"] = result
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(parts, indent=1) + "\n")
+    os.replace(tmp, out)
+    print(f"wrote part {args.question}_{tag} of {out}")
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ class PopulationResult:
 # The share of retrainings with fresh seeds the accuracy interval is meant to hold: a two-sided
 # prediction interval for the mean of S new seeds, from S seeds' pooled spread (Student's t);
 # benchmarks/population.py interval checks it on held-out candidates
-# (benchmarks/results/population_interval_cpu.json).
+# (benchmarks/results/population.json, part interval_cpu).
 INTERVAL_COVERAGE = 0.90
 
 

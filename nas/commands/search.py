@@ -182,7 +182,8 @@ def _run_flags(s: argparse.ArgumentParser) -> None:
         type=per_gpu_count,
         default=None,
         help=f"worker processes per GPU, with --gpus (default 1; at most {MAX_WORKERS} processes in all); auto: "
-        "as many as free memory, the host's cores and a short probe of the space's heaviest candidate allow",
+        "as many as free memory (from a short probe of the space's heaviest candidates) and the host's cores "
+        "allow, up to about 8 training runs in flight per GPU (a population's runs count each)",
     )
     s.add_argument(
         "--workers",
@@ -208,14 +209,18 @@ def run(args: argparse.Namespace) -> None:
     slots = plan_slots(gpus, 1 if auto else args.trials_per_gpu, args.workers)
     config = _config(args, device="cpu" if len(slots) > 1 and not gpus else args.device)
     ctx, study = prepare(config)
-    if auto:
-        args.trials_per_gpu, why = trials_per_gpu(
-            study.study_name, config.storage, gpus, ctx.space.seeds * len(ctx.space.lr_multipliers), _data(ctx)
-        )
-        console.print(f"--trials-per-gpu auto: {args.trials_per_gpu} per GPU, bounded by {why}", soft_wrap=True)
-        slots = plan_slots(gpus, args.trials_per_gpu, args.workers)
     # a study this run created holds nothing yet but the baselines it queued
     fresh = all(t.state == TrialState.WAITING and record.baseline_of(t) for t in study.get_trials(deepcopy=False))
+    if auto:
+        console.print("--trials-per-gpu auto: probing the space's heaviest candidates on the GPU", soft_wrap=True)
+        variants = ctx.space.seeds * len(ctx.space.lr_multipliers)
+        try:
+            args.trials_per_gpu, why = trials_per_gpu(study.study_name, config.storage, gpus, variants, _data(ctx))
+        except BaseException:  # Ctrl-C during the probe: a study this run created leaves nothing behind
+            _remove_if_empty(study, config.storage, fresh)
+            raise
+        console.print(f"--trials-per-gpu auto: {args.trials_per_gpu} per GPU, bounded by {why}", soft_wrap=True)
+        slots = plan_slots(gpus, args.trials_per_gpu, args.workers)
     done = n_complete(study)
     config = _print_start(args, config, ctx, study, done)
     _search_with_progress(args, config, ctx, study, done, slots, gpus, fresh)

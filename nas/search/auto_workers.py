@@ -18,7 +18,9 @@ bounded three ways, and the smallest bound wins:
   each was the best of the counts measured (docs/benchmarks.md, training throughput).
 
 The probe runs in its own process, so the search's parent never holds a context on the GPUs its
-workers need; its kernels compile into the on-disk caches the workers then reuse.
+workers need; the kernels of its candidates compile into the on-disk caches the workers then reuse.
+The memory bound counts training only: a worker measuring a decode step also holds that step's
+caches at the study's ``--context``, while its neighbours train.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ __all__ = ["AUTO", "RUNS_IN_FLIGHT", "Probe", "cap_for", "choose", "heaviest", "
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
-FILL = 0.85  # share of the free memory the workers may plan to use: fragmentation and neighbours' peaks
-CONTEXT_ALLOWANCE = 768 << 20  # a CUDA context and Triton's loaded modules, per process, beyond the allocator
+# allowances, not measurements: headroom for fragmentation and neighbours' peaks, and a process's CUDA
+# context and loaded kernel modules, which the probe's allocator statistics do not see
+FILL = 0.85  # share of the free memory the workers may plan to use
+CONTEXT_ALLOWANCE = 768 << 20  # bytes per worker beyond its allocator's reserve
 RUNS_IN_FLIGHT = 8  # per GPU, over all workers' population variants (docs/benchmarks.md, training throughput)
 PROBE_STEPS = 8  # per stage: past GRAPH_WARMUP, so the captured step (what the workers run) is what is measured
 PROBE_TIMEOUT = 900.0  # seconds: a first run compiles every kernel the probe candidate uses
@@ -123,14 +127,26 @@ def probe(study: str, storage: str, gpus: list[str], data: str | None = None) ->
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
         raise ProbeError(tail)
-    raw = json.loads(lines[-1])
-    return Probe(int(raw["footprint"]), tuple(raw["free"]), tuple(raw["total"]), float(raw["seconds"]))
+    try:
+        raw = json.loads(lines[-1])
+        measured = Probe(
+            int(raw["footprint"]), tuple(map(int, raw["free"])), tuple(map(int, raw["total"])), float(raw["seconds"])
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        raise ProbeError(f"unreadable answer {lines[-1][:80]!r}") from e
+    if not measured.free or measured.footprint <= 0:
+        raise ProbeError(f"answer without a footprint or a GPU: {lines[-1][:80]!r}")
+    return measured
 
 
 class _Heaviest(optuna.samplers.BaseSampler):
-    """Draws the space's most memory-hungry value of every parameter: the top of each range
-    (depth, width, batch), the largest of numeric choices, the widest precision, an optimizer
-    with two state tensors; every mixer is ``mixer`` (the probe trains each mixer kind in turn)."""
+    """Draws the space's most memory-hungry value of every parameter that sizes memory: the top of
+    each range (depth, width, batch), the largest of numeric choices, the widest precision, an
+    optimizer with two state tensors; every mixer is ``mixer`` (the probe trains each mixer kind in
+    turn). The recipe's other fields (lr, weight decay, noise) leave memory alone and take their
+    mildest value, the bottom, so the probe's few steps do not diverge."""
+
+    _SIZED = ("train.batch_size", "train.steps", "train.optimizer")
 
     _OPTIMIZERS = ("adamw", "radam")
 
@@ -146,9 +162,12 @@ class _Heaviest(optuna.samplers.BaseSampler):
     def sample_independent(self, study, trial, name: str, dist: optuna.distributions.BaseDistribution) -> Any:
         from nas.spec import PRECISION_FIELDS
 
+        mild = name.startswith("train.") and name not in self._SIZED
         if not isinstance(dist, optuna.distributions.CategoricalDistribution):
-            return dist.high
+            return dist.low if mild else dist.high
         choices, field = list(dist.choices), name.rsplit(".", 1)[-1]
+        if mild:
+            return choices[0]
         if field == "mixer":
             return self.mixer if self.mixer in choices else choices[0]
         if field in PRECISION_FIELDS:  # listed widest first
@@ -173,7 +192,7 @@ def _measure(study: str, storage: str, data: str | None) -> Probe:
 
     from nas.search.start import prepare
     from nas.search.studies import worker_config
-    from nas.train import train_population
+    from nas.train import TrainingDiverged, train_population
 
     start = time.perf_counter()
     ctx, _ = prepare(worker_config(study, storage, device="cuda", data=data))
@@ -184,7 +203,10 @@ def _measure(study: str, storage: str, data: str | None) -> Probe:
         stages = 2 if ctx.task.stage1_steps(1000) else 1  # a length curriculum captures a step per stage
         spec = replace(cand.train, steps=PROBE_STEPS * stages)
         torch.cuda.reset_peak_memory_stats()
-        train_population(cand.arch, ctx.task, spec, device="cuda")
+        try:
+            train_population(cand.arch, ctx.task, spec, device="cuda")
+        except TrainingDiverged:  # the memory it reached is what the probe asks about
+            pass
         torch.cuda.synchronize()
         footprint = max(footprint, torch.cuda.max_memory_reserved())
         torch.cuda.empty_cache()

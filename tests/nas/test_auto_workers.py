@@ -59,6 +59,8 @@ def test_the_heaviest_candidates_are_the_spaces_top_draws():
         assert len({la.mixer for la in arch.layers}) == 1
         assert all(la.mlp_ratio == 4 and la.short_conv == 4 and la.heads == 4 for la in arch.layers)
         assert cand.train.optimizer == "adamw" and cand.train.batch_size == 32
+        # the recipe's memory-neutral fields take their mildest value: a probe that diverged would measure nothing
+        assert cand.train.lr == 1.0e-3 and cand.train.weight_decay == 0.0 and cand.train.warmup_frac == 0.0
         assert cand.train.seeds == space.seeds and cand.train.lr_multipliers == space.lr_multipliers
 
 
@@ -91,6 +93,59 @@ def test_the_probes_answer_is_read_from_its_last_line(monkeypatch):
     n, why = auto_workers.trials_per_gpu("s", "x.journal", ["2", "3"], variants=1, data="d.npz")
     assert seen["gpus"] == "2,3" and seen["cmd"][-2:] == ["--data", "d.npz"]
     assert n == 8 and why == "cap for single runs; probe 4 s"
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    ["a log line\n", '{"footprint": 1}\n', '{"footprint": 0, "free": [1], "total": [1], "seconds": 1}\n'],
+)
+def test_an_unreadable_answer_is_a_failed_probe(monkeypatch, stdout):
+    monkeypatch.setattr(
+        auto_workers.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, stdout=stdout, stderr="")
+    )
+    n, why = auto_workers.trials_per_gpu("s", "x.journal", ["0"], variants=1)
+    assert n == 1 and why.startswith("the probe failed (") and why.endswith("; 1 per GPU")
+
+
+def _fake_gpus(monkeypatch, probe):
+    """``nas search --gpus 0,1 --trials-per-gpu auto`` on this CPU: two stand-in GPUs, the probe
+    ``probe(variants)``, and workers that only report how many were started."""
+    from nas.search import workers
+
+    started = []
+    monkeypatch.setattr(workers, "parse_gpus", lambda text: text.split(","))
+    monkeypatch.setattr(
+        auto_workers, "trials_per_gpu", lambda study, storage, gpus, variants, data=None: probe(variants)
+    )
+    monkeypatch.setattr(
+        workers, "run_workers", lambda study, storage, trials, slots, **kw: started.append(slots) or [0]
+    )
+    return started
+
+
+def test_search_starts_the_count_auto_chose_on_every_gpu(tmp_path, monkeypatch, capsys):
+    started = _fake_gpus(monkeypatch, lambda variants: (3, f"cap for populations of {variants}"))
+    space = str(write_space(tmp_path, extra="  seeds: 2\n  lr_multipliers: [1.0]\n"))
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", space, "--storage", storage, "--gpus", "0,1", "--trials-per-gpu", "auto"]
+    assert main(argv) == 0
+    assert [s.gpu for s in started[0]] == ["0", "0", "0", "1", "1", "1"]
+    assert "--trials-per-gpu auto: 3 per GPU, bounded by cap for populations of 2" in capsys.readouterr().out
+
+
+def test_an_interrupted_probe_leaves_no_new_study_behind(tmp_path, monkeypatch):
+    import optuna
+
+    from nas.search.storage import open_storage
+
+    def interrupted(variants):
+        raise KeyboardInterrupt
+
+    _fake_gpus(monkeypatch, interrupted)
+    storage = str(tmp_path / "s.journal")
+    argv = ["search", "--space", str(write_space(tmp_path)), "--storage", storage, "--gpus", "0", "--trials-per-gpu"]
+    assert main([*argv, "auto"]) == 130  # Ctrl-C's exit code
+    assert optuna.get_all_study_names(open_storage(storage)) == []
 
 
 @pytest.mark.gpu

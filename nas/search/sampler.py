@@ -103,8 +103,14 @@ def _seeded_sampler(name: str, seed: int, *, baselines: int = 0) -> optuna.sampl
             # random trials of its own before the model, the baselines not among them: counted in,
             # they left TPE too few draws to model the space (docs/benchmarks.md, search quality:
             # the start-up table)
+            # constant_liar: a running trial of a parallel worker counts as a bad result, so two
+            # workers do not propose the same point (Optuna 5's default, stated: the range admits it)
             return optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=True, n_startup_trials=TPE_STARTUP + baselines
+                seed=seed,
+                multivariate=True,
+                group=True,
+                constant_liar=True,
+                n_startup_trials=TPE_STARTUP + baselines,
             )
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)

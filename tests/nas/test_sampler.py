@@ -42,3 +42,12 @@ def test_trial_n_draws_the_same_given_the_same_history(tmp_path):
         draws.append(study.ask(X).params["x"])
     assert draws[0] == draws[1]
     assert all(t.state == TrialState.COMPLETE for t in study.get_trials()[:-1])
+
+
+def test_tpe_lies_about_running_trials_for_parallel_workers(tmp_path):
+    """A running trial (another worker's) counts as a bad result for TPE's model, so workers
+    started together do not all propose the same point; set explicitly, not left to Optuna's
+    default of the day."""
+    study = _study(tmp_path, baselines=0, sampled=1)
+    _startup(study)  # before_trial: the trial's own sampler
+    assert study.sampler._inner._constant_liar is True

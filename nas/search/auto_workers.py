@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -37,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from nas.search import gpu_share
+
 if TYPE_CHECKING:
     from nas.space import SearchSpace
     from nas.spec import Candidate
     from nas.tasks.base import Task
 
 __all__ = ["AUTO", "RUNS_IN_FLIGHT", "Probe", "cap_for", "choose", "heaviest", "probe", "trials_per_gpu"]
-
-logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 # allowances, not measurements: headroom for fragmentation and neighbours' peaks, and a process's CUDA
@@ -112,6 +111,7 @@ def probe(study: str, storage: str, gpus: list[str], data: str | None = None) ->
     """Run the probe in a child process on ``gpus`` (it trains on the first) and return what it measured."""
     cmd = [sys.executable, "-m", "nas.search.auto_workers", "--study", study, "--storage", storage]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus))
+    env.pop(gpu_share.ENV, None)  # it runs alone, before the workers: no turns to take
     try:
         done = subprocess.run(
             cmd + (["--data", data] if data else []),

@@ -3,21 +3,24 @@
     PYTHONPATH=$PWD python benchmarks/predictor.py --gpu [--calibrate] [--out DIR]     # on the GPU
     PYTHONPATH=$PWD python benchmarks/predictor.py --rows DIR/predictor_rows.json       # anywhere
 
-On a GPU (``--gpu``): draws its own random architectures over the whole space family
-(``nas.latency.calibrate.random_arch``: depth 1-8, d 32-512, 1-16 heads with even head dims
-≤ 128, every mixer / feature map / short conv / MLP ratio / activation / norm, vocab 64-8192,
-token or last readout) — the held-out set from ``--seed`` (3), disjoint from the calibration's
-fit set (seed 1) and check set (seed 1001) — and measures each at 1×256, 8×1024 and 32×512 with
-``nas.latency.measure``. With ``--calibrate`` it first calibrates this GPU's profile in the same
-process (kernel grid, fit set, check set: ``nas.latency.calibrate``) and writes the profile with
-its new ``calibrated:`` section to ``--out``. Rows are written as they are measured, so a run
-cut short still leaves its data.
+On a GPU (``--gpu``): draws its held-out architectures from ``space_arch`` (``--seed``, 3): a
+search space as a user's YAML writes one, validated by ``nas.space``, and one candidate drawn from
+it — a generator unlike the calibration's (``random_arch``: every layer over every value), so the
+check says how far the fit carries — and measures each at 1×256, 8×1024 and 32×512 with
+``nas.latency.measure``, and one decoding step of the first ``--decode-archs`` of them at
+``DECODE_HELD_OUT`` with ``measure_decode``. With ``--calibrate`` it first calibrates this GPU's
+profile in the same process (kernel grid, fit set, check set: ``nas.latency.calibrate``) and
+writes the profile with its new ``calibrated:`` section to ``--out``. Rows are written as they
+are measured, so a run cut short still leaves its data. For a check on a lease the fit never
+used, calibrate and measure in two runs.
 
 Everywhere (``--rows``): predicts every measured row with the profile's calibration (or with the
 one ``--profile`` names) and reports, per shape: share within ±10 %, Spearman, median ratio
 predicted/measured, the share inside the predicted interval — and the same for two baselines on
 the same rows: FLOPs only (one scale per shape, fitted on the calibration's whole-model rows,
-``--calibration-rows``) and the uncalibrated roofline. Writes ``predictor_<gpu>.json`` with GPU
+``--calibration-rows``) and the uncalibrated roofline; the decode steps per (batch, context); and
+with ``--transfer-from P``, forwards and steps predicted by ``P``'s calibration transferred to
+this GPU (what a GPU without its own calibration gets). Writes ``predictor_<gpu>.json`` with GPU
 name, versions, date.
 
 To refit a profile from saved rows (one run's or several): ``nas profiles refit --rows A.json …``.
@@ -30,9 +33,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import random
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -56,6 +62,66 @@ CALIBRATION_ROWS = Path(__file__).resolve().parent / "results" / "predictor_rows
 from nas.spec import ArchSpec  # noqa: E402
 
 FIT_SEED, CHECK_SEED = 1, 1001
+# decode steps of the held-out architectures: one sequence at a short context, a batch at a long one
+DECODE_HELD_OUT = ((1, 4096), (8, 16384))
+
+
+# head-count lists a space's author writes; the widths offered are the multiples of 8 in 32-512
+# that every count divides with an even head dim of at most 128
+HEAD_LISTS = ((1,), (2,), (4,), (1, 2), (2, 4), (4, 8), (2, 4, 8), (8, 16), (3, 6), (6, 12), (5, 10), (12,), (16,))
+
+
+def space_arch(rng: random.Random) -> ArchSpec:
+    """The held-out generator, unlike the fit's (``random_arch``: every layer drawn over every
+    value) and the check's (``stacked_arch``: one block repeated): a search space as a user's
+    YAML writes one — a depth range within 1-12, one to three widths, a subset of mixers, feature
+    maps, convs, MLP ratios, activations and norms, head counts from ``HEAD_LISTS`` — validated by
+    ``nas.space.parse_space``, then one candidate drawn from it by Optuna's random sampler through
+    ``SearchSpace.sample``, with a vocabulary log-uniform over 32-50257 and either readout."""
+    import optuna
+
+    from nas.space import parse_space
+
+    heads = rng.choice(HEAD_LISTS)
+    unit = 2 * math.lcm(*heads)
+    widths = [d for d in range(32, 513, 8) if d % unit == 0 and d // min(heads) <= 128]
+    lo = rng.randint(1, 12)
+    mixers = rng.sample(("attention", "linear_attention", "none"), rng.randint(1, 3))
+
+    def some(values: tuple) -> list:
+        return sorted(rng.sample(values, rng.randint(1, len(values))), key=values.index)
+
+    ratios = some((0.0, 1.0, 2.0, 3.0, 4.0)) if mixers != ["none"] else some((1.0, 2.0, 4.0))
+    raw = {
+        "depth": {"low": lo, "high": rng.randint(lo, 12)},
+        "d_model": sorted(rng.sample(widths, min(len(widths), rng.randint(1, 3)))),
+        "layer": {
+            "mixer": mixers,
+            "heads": list(heads),
+            "feature_map": some(("identity", "elu+1", "relu")),
+            "short_conv": some((0, 2, 3, 4, 8)),
+            "mlp_ratio": ratios,
+            "activation": some(("gelu", "relu", "silu")),
+            "norm": some(("layernorm", "rmsnorm")),
+        },
+        "train": {"optimizer": ["adamw"], "lr": [1e-3], "steps": [100], "batch_size": [8]},
+    }
+    space = parse_space(raw, "held-out space")
+    vocab = int(round(math.exp(rng.uniform(math.log(32), math.log(50257)))))
+    task = SimpleNamespace(vocab_size=vocab, n_out=vocab, readout=rng.choice(("token", "last")))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=rng.randrange(2**31)))
+    return space.sample(study.ask(), task).arch
+
+
+def as_generator(arch: ArchSpec) -> ArchSpec:
+    """``arch`` with the token readout: the decode steps' model generates."""
+    return dataclasses.replace(arch, readout="token")
+
+
+def space_archs(seed: int, n: int) -> list[ArchSpec]:
+    rng = random.Random(seed)
+    return [space_arch(rng) for _ in range(n)]
 
 
 def _dump(path: Path, data: object) -> None:
@@ -103,7 +169,9 @@ def run_gpu(args: argparse.Namespace) -> Path:
     else:
         sms, env, measure = require_gpu(profile), environment(), measure_models
     run = f"{env['date']} {time.strftime('%H:%M:%S')}"
-    held = [(a, s) for a in random_archs(args.seed, args.archs) for s in SHAPES]
+    held_archs = space_archs(args.seed, args.archs)
+    held = [(a, s) for a in held_archs for s in SHAPES]
+    held_decode = [(as_generator(a), b, n) for a in held_archs[: args.decode_archs] for b, n in DECODE_HELD_OUT]
     fit_set = [(a, s) for a in random_archs(FIT_SEED, args.fit_archs) for s in SHAPES] if args.calibrate else []
     check_set = [(a, s) for a in random_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if args.calibrate else []
     cases = kernel_grid() if args.calibrate else []
@@ -111,10 +179,12 @@ def run_gpu(args: argparse.Namespace) -> Path:
         **env,
         "sm_count": sms,
         "seeds": {"fit": FIT_SEED, "check": CHECK_SEED, "held_out": args.seed},
+        "generators": {"fit": "random_arch", "check": "random_arch", "held_out": "space_arch"},
         "kernel_rows": [],
         "fit_rows": [],
         "check_rows": [],
         "held_out_rows": [],
+        "held_out_decode_rows": [],
         "timeline": {},
     }
     rows_path = out / "predictor_rows.json"
@@ -148,6 +218,11 @@ def run_gpu(args: argparse.Namespace) -> Path:
         mark(f"calibration written to {path}: {json.dumps(report.get('check', {}).get('all'))}")
     measure(held, on_row=keep("held_out_rows"), deadline=deadline)
     mark("held-out set measured")
+    if held_decode and not args.dry_run:
+        from nas.latency.calibrate_decode import measure_decodes
+
+        measure_decodes(held_decode, on_row=keep("held_out_decode_rows"), deadline=deadline)
+        mark("held-out decode steps measured")
     return rows_path
 
 
@@ -169,7 +244,69 @@ def _flops_scales(calibration_rows: Path) -> dict[str, float]:
     }
 
 
-def report(rows_path: Path, profile_arg: str, out: Path, calibration_rows: Path = CALIBRATION_ROWS) -> Path:
+def _inside(latencies: list, measured: list[float]) -> float | None:
+    """The share of measurements inside the predictions' intervals."""
+    inside = sum(lat.low_ms <= m <= lat.high_ms for lat, m in zip(latencies, measured, strict=True))
+    return inside / len(measured) if measured else None
+
+
+def _uncalibrated(profile):
+    """``profile`` without its calibration: what a GPU no one calibrated predicts with."""
+    return dataclasses.replace(profile, calibrated=type(profile.calibrated)())
+
+
+def _transfer_check(held: list[dict], profile, source) -> dict:
+    """The held-out forwards predicted by ``source``'s calibration transferred to ``profile``'s GPU
+    (as ``predict`` does for a GPU with no calibration of its own), per shape and overall: the
+    error a transfer makes, and whether its interval covers it."""
+    target = _uncalibrated(profile)
+    out: dict = {"source": source.name}
+    for shape in [*sorted({r["shape"] for r in held}), "all"]:
+        rows = [r for r in held if shape in ("all", r["shape"])]
+        lats = [predict(ArchSpec.from_dict(r["arch"]), parse_shape(r["shape"]), target, reference=source) for r in rows]
+        measured = [r["ms"] for r in rows]
+        out[shape] = {
+            **check_summary([lat.median_ms for lat in lats], measured),
+            "inside_interval": _inside(lats, measured),
+            "label": lats[0].label() if lats else None,
+        }
+    return out
+
+
+def _decode_check(rows: list[dict], profile, source=None) -> dict:
+    """The held-out decode steps per (batch, context) and overall, by ``profile``'s own decode
+    model and, given ``source``, by ``source``'s transferred to it."""
+    from nas.latency import predict_decode
+
+    out: dict = {}
+    keys = sorted({(r["batch"], r["context"]) for r in rows})
+    for key in [*keys, "all"]:
+        sub = [r for r in rows if key in ("all", (r["batch"], r["context"]))]
+        measured = [r["ms"] for r in sub]
+        entry = {}
+        for name, prof, ref in (("calibrated", profile, "auto"), ("transferred", _uncalibrated(profile), source)):
+            if name == "transferred" and source is None:
+                continue
+            lats = [
+                predict_decode(ArchSpec.from_dict(r["arch"]), r["batch"], r["context"], prof, reference=ref)
+                for r in sub
+            ]
+            entry[name] = {
+                **check_summary([lat.median_ms for lat in lats], measured),
+                "inside_interval": _inside(lats, measured),
+                "label": lats[0].label() if lats else None,
+            }
+        out["all" if key == "all" else f"{key[0]}x{key[1]}"] = entry
+    return out
+
+
+def report(
+    rows_path: Path,
+    profile_arg: str,
+    out: Path,
+    calibration_rows: Path = CALIBRATION_ROWS,
+    transfer_from: str | None = None,
+) -> Path:
     data = json.loads(rows_path.read_text())
     profile = load_profile(profile_arg)
     roofline_profile = dataclasses.replace(
@@ -219,6 +356,11 @@ def report(rows_path: Path, profile_arg: str, out: Path, calibration_rows: Path 
             )
             entry["inside_calibration_interval"] = own / len(rows) if rows else None
         results[shape] = entry
+    if transfer_from:
+        results["transferred"] = _transfer_check(held, profile, load_profile(transfer_from))
+    decode = [r for r in data.get("held_out_decode_rows", []) if "ms" in r]
+    if decode:
+        results["decode"] = _decode_check(decode, profile, load_profile(transfer_from) if transfer_from else None)
     errors = sum("error" in r for r in data["held_out_rows"])
     gpu = (data.get("gpu") or "gpu").lower().replace("nvidia ", "").replace(" ", "_")
     summary = {
@@ -253,6 +395,18 @@ def report(rows_path: Path, profile_arg: str, out: Path, calibration_rows: Path 
                     f"{shape:8s} {name:22s} {s['within_10pct']:6.1%} {s['spearman']:9.4f} {s['median_ratio']:13.3f} "
                     f"{s['p95_abs_error']:10.1%}"
                 )
+    for key, entry in results.get("decode", {}).items():
+        for name, s in entry.items():
+            print(
+                f"decode {key:10s} {name:12s} {s['within_10pct']:6.1%} {s['spearman']:9.4f} {s['median_ratio']:13.3f} "
+                f"{s['p95_abs_error']:10.1%}  inside interval {s['inside_interval']:.1%}"
+            )
+    for key, s in results.get("transferred", {}).items():
+        if isinstance(s, dict):
+            print(
+                f"{key:8s} transferred   {s['within_10pct']:6.1%} {s['spearman']:9.4f} {s['median_ratio']:13.3f} "
+                f"{s['p95_abs_error']:10.1%}  inside interval {s['inside_interval']:.1%}"
+            )
     print(f"wrote {path}")
     return path
 
@@ -264,6 +418,7 @@ def main() -> None:
     parser.add_argument("--rows", default=None, help="report from saved rows (predictor_rows.json)")
     parser.add_argument("--profile", default="h200", help="profile name or YAML path to predict with")
     parser.add_argument("--archs", type=int, default=160, help="held-out architectures (× 3 shapes)")
+    parser.add_argument("--decode-archs", type=int, default=40, help="of the held-out ones, decode-timed (× 2 shapes)")
     parser.add_argument("--fit-archs", type=int, default=50)
     parser.add_argument("--check-archs", type=int, default=30)
     parser.add_argument(
@@ -281,13 +436,16 @@ def main() -> None:
         help="the rows the calibration was fitted on (FLOPs baseline; held-out rows must not be in it)",
     )
     parser.add_argument("--dry-run", action="store_true", help="with --gpu: no GPU, predictions × noise as times")
+    parser.add_argument(
+        "--transfer-from", default=None, help="also predict the rows by this profile's calibration transferred"
+    )
     args = parser.parse_args()
     if args.gpu:
         rows = run_gpu(args)
         profile = str(Path(args.out) / Path(load_profile(args.profile).path).name) if args.calibrate else args.profile
         report(rows, profile, Path(args.out), rows if args.calibrate else Path(args.calibration_rows))
     elif args.rows:
-        report(Path(args.rows), args.profile, Path(args.out), Path(args.calibration_rows))
+        report(Path(args.rows), args.profile, Path(args.out), Path(args.calibration_rows), args.transfer_from)
     else:
         parser.error("pass --gpu (on a CUDA machine) or --rows PATH")
 

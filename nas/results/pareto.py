@@ -4,7 +4,7 @@ Everything here works on ``TrialRecord`` (objectives by name). A trial is on the
 is complete, feasible (the study's current hard budgets hold — a budget tightened on resume
 applies to trials trained before it, ``record.over_budgets`` — and its training was not cut
 short by the wall-clock guard) and no other such trial dominates it over the study's
-directions — nor *ε-dominates* it: two
+directions — nor does a trial kept on the front *ε-dominate* it (``epsilon_front``): two
 accuracies count as level when they differ by no more than the larger of the task's test-set
 resolution (``accuracy_epsilon``: 1 / the scored test targets, accuracy's smallest step, e.g.
 0.9995 and 1.0000 on 2048 MQAR queries) and either trial's spread over seeds
@@ -39,6 +39,7 @@ __all__ = [
     "completed",
     "default_pick",
     "epsilon_dominates",
+    "epsilon_front",
     "front",
     "knee",
     "level",
@@ -155,11 +156,33 @@ def front(study: optuna.Study, epsilon: float | None = None) -> list[TrialRecord
     # (``record.over_budgets``), not Optuna's best_trials, which judge by the stored constraints
     best = pareto_set([r for r in completed(study) if r.feasible and not r.truncated], objectives)
     eps, spread = accuracy_epsilon(study, epsilon), epsilon is None
-    kept = [
-        r for r in best if not any(epsilon_dominates(o, r, eps, objectives, spread=spread) for o in best if o is not r)
-    ]
     cost = primary_cost(objectives)
-    return sorted(kept, key=lambda r: (-r.accuracy, r.value(cost.metric) or 0.0))
+    return sorted(
+        epsilon_front(best, eps, objectives, spread=spread), key=lambda r: (-r.accuracy, r.value(cost.metric) or 0.0)
+    )
+
+
+def epsilon_front(
+    trials: Sequence[TrialRecord], epsilon: float, objectives: Sequence[Objective] = _DEFAULT, *, spread: bool = True
+) -> list[TrialRecord]:
+    """The ``trials`` (a plain Pareto set) that no trial *kept* ε-dominates, in their order. Levelness
+    is not transitive (a noisy trial is level with a far better one and with a far worse one), so a
+    trial is dropped only in favour of one that stays: a sweep from the cheapest (the cost
+    objectives in order, then the more accurate), where every possible ε-dominator of a trial — no
+    costlier on any objective — comes before it. Compared with all trials instead, a chain of
+    noisy trials could drop the most accurate one for a trial that is itself dropped."""
+    others = [o for o in objectives if o.metric != "accuracy"]
+
+    def key(r: TrialRecord) -> tuple[float, ...]:
+        costs = [r.value(o.metric) for o in others]
+        return (*(-(v or 0.0) if o.maximize else (v or 0.0) for v, o in zip(costs, others, strict=True)), -r.accuracy)
+
+    kept: list[TrialRecord] = []
+    for r in sorted(trials, key=key):
+        if not any(epsilon_dominates(o, r, epsilon, objectives, spread=spread) for o in kept):
+            kept.append(r)
+    chosen = {id(r) for r in kept}
+    return [r for r in trials if id(r) in chosen]
 
 
 def primary_cost(objectives: Sequence[Objective]) -> Objective:

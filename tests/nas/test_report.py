@@ -339,3 +339,14 @@ def test_baseline_names_take_turns_below_and_above_their_markers(tmp_path):
     (trace,) = [t for t in figures(study)["front2d"].data if t.name == "baselines"]
     assert list(trace.text) == ["all-attention", "all-linear", "2:1 hybrid"]  # in cost order
     assert list(trace.textposition) == ["bottom center", "top center", "bottom center"]
+
+
+def test_report_refuses_an_out_or_png_in_a_missing_folder(tmp_path, capsys):
+    """A mistyped --out or --png folder is one line and exit 2, and no folder is made (the default
+    runs/ folder is made, as a journal's is not)."""
+    for flag, path in (("--out", tmp_path / "typo" / "r.html"), ("--png", tmp_path / "typo" / "figs")):
+        args = ["report", "--study", "s", "--storage", str(tmp_path / "s.journal"), flag, str(path)]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} {path}: folder {path.parent} does not exist" in " ".join(err.split())
+        assert not (tmp_path / "typo").exists()

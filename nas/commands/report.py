@@ -25,10 +25,10 @@ def run(args: argparse.Namespace) -> None:
 
     from nas.results.report import ReportError, check_outputs, write_html, write_pngs
 
-    for flag, given in (("--out", args.out), ("--png", args.png)):  # the default runs/ folder is made
-        if given is not None and not Path(given).parent.is_dir():
-            raise ReportError(f"{flag} {given}: folder {Path(given).parent} does not exist; create it first")
     study, storage = open_existing(args)
+    for flag, given in (("--out", args.out), ("--png", args.png)):  # the default runs/ folder is made
+        if given is not None and not Path(given).parent.exists():
+            raise ReportError(f"{flag} {given}: folder {Path(given).parent} does not exist; create it first")
     html = args.out or f"runs/{re.sub(r'[^A-Za-z0-9._=+-]', '_', study.study_name)}-report.html"  # a name is no path
     check_outputs(html, args.png, storage=storage, force=args.force)  # a bad --png: refused before the HTML
     out = write_html(study, html, args.accuracy_epsilon, storage=storage)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from nas.commands._common import STORAGE_HELP, console, data_flag, positive_float, positive_int
+from nas.commands._common import STORAGE_HELP, console, count, data_flag, positive_float, positive_int
 from nas.commands._lines import trial_line
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--timeout", type=positive_float, default=None, help="stop starting trials after this many seconds")
     w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     w.add_argument(
-        "--worker-index", type=int, default=None, help="label of this worker's progress lines (default: pid)"
+        "--worker-index", type=count, default=None, help="label of this worker's progress lines (default: pid)"
     )
     data_flag(w, "the study's data file, where this host has it when not at the recorded path")
 

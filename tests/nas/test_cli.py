@@ -426,6 +426,16 @@ BAD = [
     ("worker-unknown-study", lambda f, s, st: ["worker", "--study", "ghost"], "no study named 'ghost'"),
     ("worker-foreign-study", lambda f, s, st: ["worker", "--study", "foreign"], "not created by nas search"),
     ("worker-trials-zero", lambda f, s, st: ["worker", "--study", "keep", "--trials", "0"], "--trials"),
+    (
+        "worker-index-negative",
+        lambda f, s, st: ["worker", "--study", "keep", "--worker-index", "-1"],
+        "--worker-index: must be >= 0, got -1",
+    ),
+    (
+        "report-out-in-missing-folder",
+        lambda f, s, st: ["report", "--study", "keep", "--out", str(f["file"].parent / "typo" / "r.html")],
+        "does not exist; create it first",
+    ),
     ("worker-bad-storage", lambda f, s, st: ["worker", "--study", "keep", "--storage", "mongodb://x"], "unsupported"),
     ("report-unknown-study", lambda f, s, st: ["report", "--study", "ghost"], "no study named 'ghost'"),
     ("report-no-study-flag", lambda f, s, st: ["report"], "--study"),

@@ -344,6 +344,13 @@ def test_baseline_names_take_turns_below_and_above_their_markers(tmp_path):
 def test_report_refuses_an_out_or_png_in_a_missing_folder(tmp_path, capsys):
     """A mistyped --out or --png folder is one line and exit 2, and no folder is made (the default
     runs/ folder is made, as a journal's is not)."""
+    from nas.search import record as study_record
+    from nas.search.setup import SearchSetup
+    from nas.search.study import open_study
+
+    study_record.write_study_setup(
+        open_study("s", str(tmp_path / "s.journal")), SearchSetup("s", "", "mqar", "auto", "h200", "1x256")
+    )
     for flag, path in (("--out", tmp_path / "typo" / "r.html"), ("--png", tmp_path / "typo" / "figs")):
         args = ["report", "--study", "s", "--storage", str(tmp_path / "s.journal"), flag, str(path)]
         assert main(args) == 2

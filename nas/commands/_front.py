@@ -93,9 +93,9 @@ def front_table(study: optuna.Study) -> Table:
 
 
 def _pick_text(resolution: float, on_front: bool) -> str:
-    """``the cheapest trial within ε of the best accuracy (ε: 0.00049 or a trial's seed spread, the
+    """``the cheapest trial within ε of the best accuracy (ε: 0.00049 or the best's seed spread, the
     larger)``, and where a pick off the displayed front is listed."""
-    eps = f"ε: {resolution:.2g} or a trial's seed spread, the larger" if resolution else "ε: a trial's seed spread"
+    eps = f"ε: {resolution:.2g} or the best's seed spread, the larger" if resolution else "ε: the best's seed spread"
     off = "; listed below the line, as a cheaper level trial stands for it on the front" if not on_front else ""
     return f"the cheapest trial within ε of the best accuracy ({eps}){off}"
 

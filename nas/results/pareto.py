@@ -12,8 +12,9 @@ resolution (``accuracy_epsilon``: 1 / the scored test targets, accuracy's smalle
 The displayed front, the picks and the exports use it; the study's hypervolume stays Optuna's.
 
 ``nas export``'s default pick (``cheapest-best``): the cheapest feasible trial whose accuracy is
-level with the best feasible accuracy — cheapest by the study's ``primary_cost``, feasible within
-``--max-latency-ms`` / ``--max-memory-mb``, level by the same ε (the best trial's spread included).
+within ε of the best feasible accuracy — cheapest by the study's ``primary_cost``, feasible within
+``--max-latency-ms`` / ``--max-memory-mb``, ε the resolution or the best trial's own spread (not
+the candidate's: its noise is no evidence it is as good).
 """
 
 from __future__ import annotations
@@ -229,10 +230,13 @@ def knee(trials: list[TrialRecord], cost: Objective | None = None) -> TrialRecor
 def cheapest_best(
     trials: Sequence[TrialRecord], resolution: float, cost: Objective, *, spread: bool = True
 ) -> TrialRecord:
-    """The cheapest of ``trials`` by ``cost`` (then the more accurate) whose accuracy is level
-    (``level``) with the most accurate one's: ``nas export``'s default pick."""
+    """The cheapest of ``trials`` by ``cost`` (then the more accurate) whose accuracy is below the
+    most accurate one's by no more than the test set's ``resolution`` or (``spread``) that best
+    trial's own spread over seeds: ``nas export``'s default pick. A trial's own spread does not
+    count here: the noisier a cheap trial, the likelier it would be picked over a sure better one."""
     best = max(trials, key=lambda r: (r.accuracy, -(r.value(cost.metric) or 0.0)))
-    tied = [r for r in trials if level(best, r, resolution, spread=spread)]
+    margin = _slack(max(resolution, (best.accuracy_interval or 0.0) if spread else 0.0))
+    tied = [r for r in trials if best.accuracy - r.accuracy <= margin]
     return min(tied, key=lambda r: (r.value(cost.metric) or 0.0, -r.accuracy))
 
 

@@ -145,11 +145,11 @@ def test_the_default_pick_is_the_cheapest_level_with_the_best_and_says_what_it_p
 
 
 def test_a_level_trial_can_stand_for_the_pick_on_the_displayed_front(tmp_path):
-    """1.0, 0.998 ±0.002 and 0.996 ±0.002: each is level with its neighbour, the ends are not. On the
-    displayed front the cheapest stands for the middle one, not for the best, which it is not level
-    with (levelness does not chain); the pick, the cheapest level with the best, is the middle one,
-    listed below the front and marked."""
-    study = _study(tmp_path, (1.0, None, 0.03, 1.0), (0.998, 0.002, 0.02, 1.0), (0.996, 0.002, 0.01, 1.0))
+    """1.0 ±0.002, 0.998 ±0.002 and 0.996 ±0.002: each is level with its neighbour, the ends are not.
+    On the displayed front the cheapest stands for the middle one, not for the best, which it is not
+    level with (levelness does not chain); the pick, the cheapest within the best's spread of it, is
+    the middle one, listed below the front and marked."""
+    study = _study(tmp_path, (1.0, 0.002, 0.03, 1.0), (0.998, 0.002, 0.02, 1.0), (0.996, 0.002, 0.01, 1.0))
     assert [r.number for r in front(study)] == [0, 2]
     assert pick(study).number == 1
     column = {str(c.header): list(c._cells) for c in _front_table(study).columns}  # noqa: SLF001

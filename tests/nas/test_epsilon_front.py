@@ -12,8 +12,9 @@ from optuna.trial import TrialState, create_trial
 
 from nas.cli import main
 from nas.latency import Latency, parse_shape
-from nas.results.pareto import accuracy_epsilon, epsilon_dominates, epsilon_front, front, pick
+from nas.results.pareto import accuracy_epsilon, cheapest_best, epsilon_dominates, epsilon_front, front, pick
 from nas.search import record
+from nas.search.objectives import CATALOGUE
 from nas.search.record import TrialRecord
 from nas.search.setup import SearchSetup
 from nas.search.study import open_study
@@ -260,3 +261,7 @@ def test_a_chain_of_noisy_trials_never_drops_the_most_accurate_one():
     for r in trials:  # every trial left out is ε-dominated by one on the front
         assert r in kept or any(epsilon_dominates(o, r, 1 / 2048) for o in kept), r.number
     assert [r.number for r in epsilon_front(trials, 0.0, spread=False)] == [0, 1, 2, 3]  # the plain front
+    # the export's pick: the noisy all-attention baseline is cheaper, and within its own spread of
+    # 0.980, but 0.980's lead is past 0.980's spread: the sure better trial is taken
+    assert cheapest_best(trials, 1 / 2048, CATALOGUE["latency"]).number == 3
+    assert cheapest_best(trials, 0.1, CATALOGUE["latency"]).number == 0  # a coarse test set: level

@@ -660,6 +660,8 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
     text = str(name_or_path)
     path = Path(text)
     if text.endswith((".yaml", ".yml")) or path.exists():
+        if path.is_dir():
+            raise SpaceError(f"{path}: is a folder; give a search-space YAML file or a shipped space's name")
         if not path.is_file():
             raise SpaceError(f"{path}: no such search-space file")
         return read_space_file(path)

@@ -225,6 +225,11 @@ BAD = [
     ("empty-choices", lambda f, s, st: ["search", "--space", str(f["empty_list"])], "empty list"),
     ("unknown-space", lambda f, s, st: ["search", "--space", "nope"], "unknown search space 'nope'"),
     ("missing-space-file", lambda f, s, st: ["search", "--space", "missing.yaml"], "no such search-space file"),
+    (
+        "space-is-a-folder",
+        lambda f, s, st: ["search", "--space", str(f["file"].parent)],
+        "is a folder; give a search-space YAML file",
+    ),
     ("unknown-profile", lambda f, s, st: ["search", "--space", s, "--target", "tpu9"], "tpu9"),
     (
         "malformed-profile",

@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from nas.results.export import export
-    from nas.results.pareto import DEFAULT_PICK, accuracy_epsilon, more_accurate_within_epsilon, pair_epsilon, pick
+    from nas.results.pareto import DEFAULT_PICK, accuracy_epsilon, more_accurate_within_epsilon, pick, pick_epsilon
     from nas.search.record import study_objectives
     from nas.search.start import resolve_device
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> None:
         )
         if other is not None:
             resolution = accuracy_epsilon(study, args.accuracy_epsilon)
-            eps = pair_epsilon(other, chosen, resolution, spread=args.accuracy_epsilon is None)
+            eps = pick_epsilon(other, resolution, spread=args.accuracy_epsilon is None)
             if args.accuracy_epsilon is not None:
                 why = f"--accuracy-epsilon {args.accuracy_epsilon:g}"
             else:

@@ -46,6 +46,7 @@ __all__ = [
     "level",
     "more_accurate_within_epsilon",
     "pair_epsilon",
+    "pick_epsilon",
     "pick",
     "primary_cost",
     "reference_point",
@@ -227,6 +228,12 @@ def knee(trials: list[TrialRecord], cost: Objective | None = None) -> TrialRecor
     return min(trials, key=distance)
 
 
+def pick_epsilon(best: TrialRecord, resolution: float, *, spread: bool = True) -> float:
+    """How far below ``best``'s accuracy the default pick may be: the test set's ``resolution``, or
+    (``spread``) ``best``'s own spread over seeds where that is larger."""
+    return max(resolution, (best.accuracy_interval or 0.0) if spread else 0.0)
+
+
 def cheapest_best(
     trials: Sequence[TrialRecord], resolution: float, cost: Objective, *, spread: bool = True
 ) -> TrialRecord:
@@ -235,7 +242,7 @@ def cheapest_best(
     trial's own spread over seeds: ``nas export``'s default pick. A trial's own spread does not
     count here: the noisier a cheap trial, the likelier it would be picked over a sure better one."""
     best = max(trials, key=lambda r: (r.accuracy, -(r.value(cost.metric) or 0.0)))
-    margin = _slack(max(resolution, (best.accuracy_interval or 0.0) if spread else 0.0))
+    margin = _slack(pick_epsilon(best, resolution, spread=spread))
     tied = [r for r in trials if best.accuracy - r.accuracy <= margin]
     return min(tied, key=lambda r: (r.value(cost.metric) or 0.0, -r.accuracy))
 
@@ -267,7 +274,7 @@ def more_accurate_within_epsilon(
     max_memory_mb: float | None = None,
 ) -> TrialRecord | None:
     """The most accurate front trial within the budgets when it beats ``chosen``, which was picked
-    as level with it (by the study's resolution or a trial's spread over seeds: ``pair_epsilon``)
+    as within ε of it (the study's resolution or its spread over seeds: ``pick_epsilon``)
     and cheaper (``--pick cheapest-best`` or ``accuracy``); a user should hear of it
     (``--accuracy-epsilon 0`` picks it). None otherwise."""
     best = max(_within(front(study, 0.0), max_latency_ms, max_memory_mb), key=lambda r: r.accuracy, default=None)

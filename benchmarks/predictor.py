@@ -53,6 +53,7 @@ from nas.latency.calibrate import (  # noqa: E402
     kernel_grid,
     measure_models,
     random_archs,
+    stacked_archs,
     time_kernels,
     warm,
     write_calibration,
@@ -173,13 +174,13 @@ def run_gpu(args: argparse.Namespace) -> Path:
     held = [(a, s) for a in held_archs for s in SHAPES]
     held_decode = [(as_generator(a), b, n) for a in held_archs[: args.decode_archs] for b, n in DECODE_HELD_OUT]
     fit_set = [(a, s) for a in random_archs(FIT_SEED, args.fit_archs) for s in SHAPES] if args.calibrate else []
-    check_set = [(a, s) for a in random_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if args.calibrate else []
+    check_set = [(a, s) for a in stacked_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if args.calibrate else []
     cases = kernel_grid() if args.calibrate else []
     data: dict = {
         **env,
         "sm_count": sms,
         "seeds": {"fit": FIT_SEED, "check": CHECK_SEED, "held_out": args.seed},
-        "generators": {"fit": "random_arch", "check": "random_arch", "held_out": "space_arch"},
+        "generators": {"fit": "random_arch", "check": "stacked_arch", "held_out": "space_arch"},
         "kernel_rows": [],
         "fit_rows": [],
         "check_rows": [],

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from nas.commands._common import Parser, console, positive_int, write_raw
+from nas.commands._common import Parser, console, positive_float, positive_int, write_raw
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--rows", default=None, metavar="JSON", help="also save every timing row there (to refit later)")
     cal.add_argument("--fit-archs", type=positive_int, default=60, help="random architectures fitted on (× 3 shapes)")
     cal.add_argument("--check-archs", type=positive_int, default=40, help="architectures held out as the check")
+    cal.add_argument(
+        "--budget-s",
+        type=positive_float,
+        default=None,
+        help="stop timing after this many seconds and fit on what was timed (default: 540; 240 with --decode)",
+    )
     cal.add_argument(
         "--decode",
         action="store_true",
@@ -73,14 +79,20 @@ def run(args: argparse.Namespace) -> None:
         console.print(table)
         console.print(
             "calibrated: fitted on that GPU (nas profiles calibrate); transferred: another GPU's fit rescaled by "
-            "datasheet ratios, not checked on this GPU; roofline: datasheet peaks only. kernels: whether the "
+            "datasheet ratios (its interval measured between GPUs of one compute capability where it says checked, "
+            "a guess where it says unchecked); roofline: datasheet peaks only. kernels: whether the "
             "fit timed the kernels this checkout runs (if not, the interval is doubled)."
         )
     elif args.action == "calibrate" and args.decode:
         from nas.latency.calibrate_decode import calibrate_decode
 
         path, report = calibrate_decode(
-            args.profile, args.out, archs=args.decode_archs, rows_out=args.rows, on_progress=console.print
+            args.profile,
+            args.out,
+            archs=args.decode_archs,
+            rows_out=args.rows,
+            on_progress=console.print,
+            **({} if args.budget_s is None else {"budget_s": args.budget_s}),
         )
         for context, s in report.get("cv", {}).items():
             console.print(
@@ -98,6 +110,7 @@ def run(args: argparse.Namespace) -> None:
             check_archs=args.check_archs,
             on_progress=console.print,
             rows_out=args.rows,
+            **({} if args.budget_s is None else {"budget_s": args.budget_s}),
         )
         for shape, s in report.get("check", {}).items():
             console.print(

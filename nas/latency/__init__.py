@@ -41,6 +41,7 @@ from ._predict import (
     predict,
     predict_decode,
     prediction_status,
+    transfer_interval,
     transfer_ratios,
 )
 from ._result import LATENCY_KINDS, SOURCES, STORED_NOTE, UNPRICED, Latency, shared_labels, unpriced_precision
@@ -95,6 +96,7 @@ __all__ = [
     "prediction_status",
     "shared_labels",
     "stored_decode_fingerprint",
+    "transfer_interval",
     "transfer_ratios",
     "unpriced_precision",
 ]

@@ -11,9 +11,11 @@
    shipped profile (h200), rescaled by datasheet ratios (``KernelModel.transfer``: launch
    overhead, SM count, bf16 and fp32 peaks, bandwidth) with features recomputed for its SM
    count. Tile choices, occupancy and achieved fractions differ between GPU generations in ways
-   ratios do not capture, so the interval is widened (``TRANSFER_WIDENING``, at least
-   ``TRANSFER_MIN_INTERVAL``); it has not been checked against a measurement on those GPUs.
-   Label ``predicted (transferred from h200, ±N %)``.
+   ratios do not capture, so the interval is widened (``transfer_interval``): to the error a
+   transfer was measured to make between two GPUs of the same compute capability
+   (``MEASURED_TRANSFER_INTERVAL``; basis ``checked within sm_90``), and where none was measured,
+   by ``TRANSFER_WIDENING`` (at least ``TRANSFER_MIN_INTERVAL``; basis ``unchecked``).
+   Label ``predicted (transferred from h200, unchecked, ±N %)``.
 3. **uncalibrated** — no model anywhere, or a dtype the model was not fitted for (it is fitted
    for 16-bit activations): per-op roofline ``max(compute, memory) + launches`` with the
    profile's fractions (below), interval ``UNCALIBRATED_INTERVAL``.
@@ -66,6 +68,7 @@ __all__ = [
     "FINGERPRINT_WIDENING",
     "TRANSFER_MIN_INTERVAL",
     "TRANSFER_WIDENING",
+    "MEASURED_TRANSFER_INTERVAL",
     "UNCALIBRATED_INTERVAL",
     "EXTRAPOLATION_WIDENING",
     "EXTRAPOLATION_WIDENING_PER_DOUBLING",
@@ -74,6 +77,7 @@ __all__ = [
     "predict",
     "prediction_status",
     "predict_decode",
+    "transfer_interval",
     "transfer_ratios",
 ]
 
@@ -86,8 +90,13 @@ DEFAULT_BANDWIDTH_FRACTION = 0.8
 # The roofline's error on the H200 (docs/benchmarks.md, predictor: the "uncalibrated"
 # baseline: 95th percentile of |predicted / measured - 1| over the held-out architectures).
 UNCALIBRATED_INTERVAL = 0.75
-TRANSFER_WIDENING = 3.0  # a guess, not checked on another GPU: see the module docstring
+TRANSFER_WIDENING = 3.0  # a guess for a transfer no one measured: see the module docstring
 TRANSFER_MIN_INTERVAL = 0.25
+# A transfer's measured error between two GPUs of one compute capability, per (major, minor): the
+# 95th percentile of |predicted / measured - 1| over held-out rows timed on one GPU and predicted
+# from the other's calibration ("forward", "decode"; benchmarks/results/predictor_<gpu>.json,
+# "transferred"). Between capabilities nothing has been measured: TRANSFER_WIDENING's guess.
+MEASURED_TRANSFER_INTERVAL: dict[tuple[int, int], dict[str, float]] = {}
 FINGERPRINT_WIDENING = 2.0
 # a guess, like TRANSFER_WIDENING: a decode step at a stored precision is priced by costs fitted at full precision
 STORED_WIDENING = 2.0
@@ -154,6 +163,22 @@ def transfer_ratios(source: HardwareProfile, target: HardwareProfile) -> dict[st
         "vector": per_sm["fp32"],
         "bytes": source.bandwidth_bytes_per_s / target.bandwidth_bytes_per_s,
     }
+
+
+def transfer_interval(
+    source: HardwareProfile, target: HardwareProfile, interval: float, *, decode: bool = False
+) -> tuple[float, str]:
+    """The interval of ``source``'s calibration (its own ``interval``) transferred to ``target``,
+    and how it was set: ``"checked within sm_90"`` where a transfer between GPUs of that compute
+    capability was measured (``MEASURED_TRANSFER_INTERVAL``, never narrower than the source's own),
+    else ``"unchecked"`` (``TRANSFER_WIDENING`` × the source's, at least ``TRANSFER_MIN_INTERVAL``)."""
+    cap = target.compute_capability
+    same = cap is not None and cap == source.compute_capability
+    measured = MEASURED_TRANSFER_INTERVAL.get(cap, {}) if same else {}
+    key = "decode" if decode else "forward"
+    if key in measured:
+        return max(measured[key], interval), f"checked within sm_{cap[0]}{cap[1]}"
+    return max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval), "unchecked"
 
 
 @functools.cache
@@ -249,8 +274,8 @@ def predict(
                 basis = f"{profile.name}, calibrated {date}" if date else f"{profile.name}, calibrated"
             else:
                 model = model.transfer(transfer_ratios(source, profile))
-                interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
-                basis = f"transferred from {source.name}"
+                interval, checked = transfer_interval(source, profile, interval)
+                basis = f"transferred from {source.name}, {checked}"
             basis += ", extrapolated" if beyond else ""
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
             if overhead := model.overhead_us(shape.tokens):
@@ -324,8 +349,8 @@ def predict_decode(
         else:
             ratios = transfer_ratios(source, profile)
             coef = [coef[0] * ratios["launch"], *(c * ratios["bytes"] for c in coef[1:])]
-            interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
-            basis = f"transferred from {source.name}"
+            interval, checked = transfer_interval(source, profile, interval, decode=True)
+            basis = f"transferred from {source.name}, {checked}"
         basis += ", extrapolated" if beyond else ""
         breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
         found = _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")
@@ -361,14 +386,16 @@ class PredictionStatus:
     date: str | None
     interval: float
     fingerprint: str | None
+    checked: str | None = None  # a transfer's: "checked within sm_90" or "unchecked" (transfer_interval)
 
     @property
     def label(self) -> str:
-        """``calibrated 2026-12-04``, ``transferred from h200``, ``roofline``."""
+        """``calibrated 2026-12-04``, ``transferred from h200 (2026-12-04, unchecked)``, ``roofline``."""
         if self.kind == "calibrated":
             return f"calibrated {self.date}" if self.date else "calibrated"
         if self.kind == "transferred":
-            return f"transferred from {self.source}" + (f" ({self.date})" if self.date else "")
+            said = ", ".join(x for x in (self.date, self.checked) if x)
+            return f"transferred from {self.source}" + (f" ({said})" if said else "")
         return "roofline"
 
 
@@ -394,8 +421,9 @@ def prediction_status(profile: HardwareProfile, *, decode: bool = False) -> Pred
 
         interval, date = source.calibrated.interval or 0.0, source.calibrated.get("date")
         calibrated, current = source.calibrated.get("kernels_fingerprint"), kernels_fingerprint()
+    checked = None
     if not own:
-        interval = max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval)
+        interval, checked = transfer_interval(source, profile, interval, decode=decode)
     matches = calibrated is None or calibrated == current
     if not matches:
         interval *= FINGERPRINT_WIDENING
@@ -405,6 +433,7 @@ def prediction_status(profile: HardwareProfile, *, decode: bool = False) -> Pred
         date,
         interval,
         "matches" if matches else f"differs ({calibrated}, now {current})",
+        checked,
     )
 
 

@@ -63,8 +63,13 @@ __all__ = [
     "check_summary",
     "fit",
     "kernel_grid",
+    "FIT_RANGES",
+    "FIT_RANGES_V1",
+    "FitRanges",
     "random_arch",
     "random_archs",
+    "stacked_arch",
+    "stacked_archs",
     "spearman",
     "write_calibration",
 ]
@@ -73,7 +78,7 @@ log = logging.getLogger(__name__)
 
 SHAPES = tuple(parse_shape(s) for s in ("1x256", "8x1024", "32x512"))
 LONG_LENGTHS = (2048, 8192)  # linear attention's kernel rows at one sequence of these lengths
-D_GRID = (32, 48, 64, 96, 128, 192, 256, 384, 512)
+D_GRID = (32, 40, 48, 64, 96, 128, 192, 200, 256, 384, 512)  # 40 and 200: widths no tile divides
 INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of held-out |relative error|
 CV_FOLDS = 5
 
@@ -86,42 +91,93 @@ class CalibrationError(ProfileError):
 # Random architectures over the whole space family
 
 
-def _heads_for(d: int) -> list[int]:
-    """Head counts 1-16 the kernels run at ``d``: dividing d, head dim even and ≤ 128."""
-    return [h for h in range(1, 17) if d % h == 0 and padded_head_dim(d // h) is not None]
+def _heads_for(d: int, max_heads: int = 16) -> list[int]:
+    """Head counts 1-``max_heads`` the kernels run at ``d``: dividing d, head dim even and ≤ 128."""
+    return [h for h in range(1, max_heads + 1) if d % h == 0 and padded_head_dim(d // h) is not None]
 
 
 MLP_RATIOS = (0.0, 1.0, 1.5, 2.0, 3.0, 4.0)
 SHORT_CONVS = (0, 2, 3, 4, 8)
+CONV_WIDTHS = (2, 3, 4, 8, 12, 16)  # the kernel grid's conv widths, cycled over D_GRID
 
 
-def random_arch(rng: random.Random) -> ArchSpec:
-    """Depth 1-8; d a multiple of 16 in 32-512; per layer every mixer, 1-16 heads (head dim even,
-    ≤ 128), feature map, short conv, MLP ratio, activation and norm; vocab log-uniform 64-8192;
-    readout token or last."""
-    d = rng.randrange(32, 513, 16)
-    layers = []
-    for _ in range(rng.randint(1, 8)):
-        mixer = rng.choice(("attention", "linear_attention", "none"))
-        ratio = rng.choice(MLP_RATIOS) if mixer != "none" else rng.choice(MLP_RATIOS[1:])
-        layers.append(
-            LayerSpec(
-                mixer=mixer,
-                heads=rng.choice(_heads_for(d)) if mixer != "none" else 0,
-                feature_map=rng.choice(FEATURE_MAPS) if mixer == "linear_attention" else None,
-                short_conv=rng.choice(SHORT_CONVS) if mixer != "none" else 0,
-                mlp_ratio=ratio,
-                activation=rng.choice(ACTIVATIONS),
-                norm=rng.choice(NORMS),
-            )
-        )
-    vocab = int(round(math.exp(rng.uniform(math.log(64), math.log(8192)))))
-    return ArchSpec(d, tuple(layers), vocab, vocab, rng.choice(("token", "last")))
+@dataclass(frozen=True)
+class FitRanges:
+    """What ``random_arch`` draws from: depth, width (a multiple of ``d_step`` in 32-512), head
+    counts up to ``max_heads``, vocabulary (log-uniform over ``vocab``), MLP ratios (``ratios``;
+    with ``free_ratios`` also any ratio in 0.25-8) and short-conv widths."""
+
+    depth: tuple[int, int]
+    d_step: int
+    max_heads: int
+    vocab: tuple[int, int]
+    free_ratios: bool
+    convs: tuple[int, ...]
 
 
-def random_archs(seed: int, n: int) -> list[ArchSpec]:
+# the calibration's generator: every width in steps of 8, every head count a width allows (head
+# dim even, ≤ 128), depth 1-12, vocabularies from 32 to GPT-2's 50257, MLP ratios anywhere in 0.25-8
+# and every conv width, so a fit carries to what a user's YAML can produce
+FIT_RANGES = FitRanges(
+    depth=(1, 12), d_step=8, max_heads=32, vocab=(32, 50257), free_ratios=True, convs=(0, *range(2, 17))
+)
+# the first calibrations' narrower generator: the shipped H200 rows (benchmarks/results/
+# predictor_rows_h200.json) and the model_vs_compile benchmark's architectures are its draws
+FIT_RANGES_V1 = FitRanges(depth=(1, 8), d_step=16, max_heads=16, vocab=(64, 8192), free_ratios=False, convs=SHORT_CONVS)
+
+
+def _ratio(rng: random.Random, ranges: FitRanges, mlp_only: bool) -> float:
+    if ranges.free_ratios and rng.random() < 0.5:
+        return round(rng.uniform(0.25, 8.0), 2)
+    return rng.choice(MLP_RATIOS[1:] if mlp_only else MLP_RATIOS)
+
+
+def _layer(rng: random.Random, d: int, ranges: FitRanges) -> LayerSpec:
+    mixer = rng.choice(("attention", "linear_attention", "none"))
+    ratio = _ratio(rng, ranges, mlp_only=mixer == "none")
+    return LayerSpec(
+        mixer=mixer,
+        heads=rng.choice(_heads_for(d, ranges.max_heads)) if mixer != "none" else 0,
+        feature_map=rng.choice(FEATURE_MAPS) if mixer == "linear_attention" else None,
+        short_conv=rng.choice(ranges.convs) if mixer != "none" else 0,
+        mlp_ratio=ratio,
+        activation=rng.choice(ACTIVATIONS),
+        norm=rng.choice(NORMS),
+    )
+
+
+def _vocab(rng: random.Random, ranges: FitRanges) -> int:
+    lo, hi = ranges.vocab
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def random_arch(rng: random.Random, ranges: FitRanges = FIT_RANGES) -> ArchSpec:
+    """The fit's generator: a width, a depth, and per layer every mixer, head count, feature map,
+    short conv, MLP ratio, activation and norm drawn afresh (``ranges``); a vocabulary and a
+    readout (token or last)."""
+    d = rng.randrange(32, 513, ranges.d_step)
+    layers = tuple(_layer(rng, d, ranges) for _ in range(rng.randint(*ranges.depth)))
+    vocab = _vocab(rng, ranges)
+    return ArchSpec(d, layers, vocab, vocab, rng.choice(("token", "last")))
+
+
+def stacked_arch(rng: random.Random, ranges: FitRanges = FIT_RANGES) -> ArchSpec:
+    """The check set's generator, unlike the fit's: one block (``random_arch``'s layer draw)
+    repeated to the depth, as most hand-written and searched models are built."""
+    d = rng.randrange(32, 513, ranges.d_step)
+    block = _layer(rng, d, ranges)
+    vocab = _vocab(rng, ranges)
+    return ArchSpec(d, (block,) * rng.randint(*ranges.depth), vocab, vocab, rng.choice(("token", "last")))
+
+
+def random_archs(seed: int, n: int, ranges: FitRanges = FIT_RANGES) -> list[ArchSpec]:
     rng = random.Random(seed)
-    return [random_arch(rng) for _ in range(n)]
+    return [random_arch(rng, ranges) for _ in range(n)]
+
+
+def stacked_archs(seed: int, n: int, ranges: FitRanges = FIT_RANGES) -> list[ArchSpec]:
+    rng = random.Random(seed)
+    return [stacked_arch(rng, ranges) for _ in range(n)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,15 +249,18 @@ def kernel_grid() -> list[KernelCase]:
                     for ratio in (1, 2, 4)
                     for act in acts
                 ]
-            for vocab in (64, 1001, 8192) + ((3001, 5003) if d > 256 else ()):
+            # the readout's vocab from 32 (one partial tile) to GPT-2's 50257 (many waves)
+            for vocab in (32, 64, 1001, 8192, 50257) + ((3001, 5003) if d > 256 else ()):
                 cases += [
                     _case("linear", M=M, N=vocab, K=d, activation=None, residual=False),
                     _case("linear", M=shape.batch, N=vocab, K=d, activation=None, residual=False),
                 ]
-            cases.append(_case("conv", B=shape.batch, T=shape.seq_len, C=3 * d, width=SHORT_CONVS[1 + i % 4]))
+            cases.append(
+                _case("conv", B=shape.batch, T=shape.seq_len, C=3 * d, width=CONV_WIDTHS[i % len(CONV_WIDTHS)])
+            )
             cases.append(_case("embed", M=M, d=d, vocab=8192))
         for D in (16, 32, 64, 128):
-            for H in (1, 2, 4, 8, 16):
+            for H in (1, 2, 4, 8, 16, 32):
                 if H * D > 512:
                     continue
                 cases.append(_case("attention", B=shape.batch, T=shape.seq_len, H=H, D=D))
@@ -621,6 +680,16 @@ def calibration_section(
     }
 
 
+def budget_cut(parts: dict[str, tuple[Sequence[Any], Sequence[dict]]]) -> dict[str, tuple[int, int]]:
+    """Per part (planned items, timed rows): (how many the deadline left untimed, how many were
+    planned), for the parts that lost any."""
+    return {
+        what: (len(planned) - len(rows), len(planned))
+        for what, (planned, rows) in parts.items()
+        if len(rows) < len(planned)
+    }
+
+
 def require_gpu(profile: HardwareProfile) -> int:
     """The SM count of the current GPU; CalibrationError unless there is one and ``profile`` lists it."""
     import torch
@@ -679,7 +748,7 @@ def calibrate(
     deadline = time.monotonic() + budget_s
     cases = kernel_grid()
     fit_set = [(a, s) for a in random_archs(seed, fit_archs) for s in SHAPES]
-    check_set = [(a, s) for a in random_archs(seed + 1000, check_archs) for s in SHAPES]
+    check_set = [(a, s) for a in stacked_archs(seed + 1000, check_archs) for s in SHAPES]
     say(f"compiling {len(cases)} kernels and {len(fit_set) + len(check_set)} forwards")
     warm(cases, fit_set + check_set)
     say("timing kernels")
@@ -703,6 +772,20 @@ def calibrate(
         Path(rows_out).write_text(json.dumps(data, indent=1, default=str))
         say(f"timing rows written to {rows_out}")
     model, report = fit(kernel_rows, model_rows, check_rows, sm_count=sm_count)
+    left_out = budget_cut(
+        {
+            "kernels": (cases, kernel_rows),
+            "fit forwards": (fit_set, model_rows),
+            "check forwards": (check_set, check_rows),
+        }
+    )
+    if left_out:
+        report["left_out"] = left_out
+        say(
+            f"the {budget_s:.0f} s budget left out "
+            + ", ".join(f"{n} of {total} {what}" for what, (n, total) in left_out.items())
+            + ": the fit used the rest (a larger --budget-s times them all)"
+        )
     section = calibration_section(model, report, env, sm_count)
     path = write_calibration(profile, section, out or profile.path)
     return path, report

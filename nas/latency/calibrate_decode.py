@@ -38,6 +38,7 @@ from .calibrate import (
     CV_FOLDS,
     INTERVAL_QUANTILE,
     CalibrationError,
+    budget_cut,
     check_summary,
     environment,
     random_arch,
@@ -243,5 +244,10 @@ def calibrate_decode(
     if rows_out is not None:
         Path(rows_out).write_text(json.dumps({**env, "seed": seed, "decode_rows": rows}, indent=1, default=str))
     coef, report = fit_decode(rows)
+    left_out = budget_cut({"decode steps": (models, rows)})
+    if left_out:
+        report["left_out"] = left_out
+        n, total = left_out["decode steps"]
+        say(f"the {budget_s:.0f} s budget left out {n} of {total} decode steps: the fit used the rest")
     path = write_decode(profile, decode_section(coef, report, env), out or profile.path)
     return path, report

@@ -662,3 +662,12 @@ def test_a_row_the_deadline_left_out_is_not_also_listed_as_stopped(tmp_path, mon
     data = json.loads((tmp_path / "model_vs_compile_fake9.json").read_text())
     assert [(r["arch_index"], r["shape"]) for r in data["results"]] == [(0, "1x256"), (0, "8x1024")]
     assert data["deadline_left_out"] == [[1, "1x256"]] and data["stopped_not_timed"] == [[1, "8x1024"]]
+
+
+def test_architectures_are_the_ones_its_results_were_measured_on():
+    """The benchmark draws from the calibration's first ranges (FIT_RANGES_V1), so its seed still
+    gives the architectures of the shipped results file, whatever the calibration draws now."""
+    data = json.loads((Path(mc.__file__).parent / "results" / "model_vs_compile_h200.json").read_text())
+    specs = {r["arch_index"]: r["spec"] for r in data["results"]}
+    drawn = mc.architectures(data["seed"], max(specs) + 1)
+    assert {i: drawn[i].to_dict() for i in specs} == specs

@@ -15,7 +15,10 @@ from nas.latency import CalibrationWarning, Latency, _predict, launches, parse_s
 from nas.latency._launches import FEATURES, family
 from nas.latency._model import KernelModel
 from nas.latency.calibrate import (
+    FIT_RANGES,
+    FIT_RANGES_V1,
     SHAPES,
+    FitRanges,
     KernelCase,
     calibration_section,
     fit,
@@ -38,11 +41,15 @@ IDENTIFIABLE = (
 
 
 def _synthetic(
-    seed: int = 0, archs: int = 40, noise: float = 0.0, slower: dict[str, float] | None = None
+    seed: int = 0,
+    archs: int = 40,
+    noise: float = 0.0,
+    slower: dict[str, float] | None = None,
+    ranges: FitRanges = FIT_RANGES,
 ) -> tuple[KernelModel, list[dict], list[dict], list[dict]]:
-    """Kernel rows timed by a known model; forwards costed by the same model (classes in
-    ``slower`` that much slower inside a forward) + 5 µs + 0.3 µs per 1000 tokens, times
-    ``exp(N(0, noise))``; a check set from another seed."""
+    """Kernel rows timed by a known model; forwards (``random_arch`` over ``ranges``) costed by the
+    same model (classes in ``slower`` that much slower inside a forward) + 5 µs + 0.3 µs per 1000
+    tokens, times ``exp(N(0, noise))``; a check set from another seed."""
     rng = random.Random(seed)
     cases = kernel_grid()
     classes = sorted({c.launch(SMS).cls for c in cases})
@@ -55,13 +62,18 @@ def _synthetic(
         us = sum(slower.get(w.cls, 1.0) * truth.kernel_us(w) for w in work) + 5.0 + 0.3 * shape.tokens / 1e3
         return {"arch": arch.to_dict(), "shape": str(shape), "ms": us * math.exp(rng.gauss(0.0, noise)) / 1e3}
 
-    fit_rows = [row(a, s) for a in random_archs(1, archs) for s in SHAPES]
-    check_rows = [row(a, s) for a in random_archs(1001, archs) for s in SHAPES]
+    fit_rows = [row(a, s) for a in random_archs(1, archs, ranges) for s in SHAPES]
+    check_rows = [row(a, s) for a in random_archs(1001, archs, ranges) for s in SHAPES]
     return truth, kernel_rows, fit_rows, check_rows
 
 
 def test_fit_recovers_known_coefficients():
-    truth, kernel_rows, fit_rows, check_rows = _synthetic()
+    """On the first generator's forwards (``FIT_RANGES_V1``) every identifiable class's coefficients
+    come back. (The graph gap shares every launch, and the intercept the embedding's one launch per
+    forward: only the penalty toward the kernel grid separates them, so a generator whose forwards
+    weigh the launches differently may land elsewhere on that ridge at the same predictions: the
+    next test checks those.)"""
+    truth, kernel_rows, fit_rows, check_rows = _synthetic(ranges=FIT_RANGES_V1)
     model, report = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS)
     for cls in IDENTIFIABLE:
         assert model.coefficient(cls) == pytest.approx(truth.coefficient(cls), rel=1e-2, abs=1e-3), cls
@@ -70,6 +82,17 @@ def test_fit_recovers_known_coefficients():
     for key in ("cv", "check"):
         assert report[key]["all"]["within_10pct"] == 1.0
     assert report["interval"] < 1e-3
+
+
+def test_fit_predicts_the_widened_generators_forwards():
+    """The calibration's generator (``FIT_RANGES``: depth to 12, vocab to 50257, widths in steps
+    of 8): without noise, forwards the fit never saw, and every shape, are predicted within 1 %."""
+    _, kernel_rows, fit_rows, check_rows = _synthetic(archs=60)
+    _, report = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS)
+    for shape, summary in report["check"].items():
+        assert summary["p95_abs_error"] < 0.01, (shape, summary)
+    assert report["cv"]["all"]["p95_abs_error"] < 0.02
+    assert report["interval"] < 0.02
 
 
 def test_forward_fit_moves_a_class_off_its_kernel_timing():
@@ -244,7 +267,7 @@ def test_transferred_profile_says_so_with_a_wider_interval(calibrated):
     arch = random_archs(5, 1)[0]
     own = predict(arch, SHAPES[1], calibrated)
     l4 = predict(arch, SHAPES[1], load_profile("l4"), reference=calibrated)
-    assert l4.label().startswith("predicted (transferred from h200, ±")
+    assert l4.label().startswith("predicted (transferred from h200, unchecked, ±")
     assert l4.interval >= max(_predict.TRANSFER_MIN_INTERVAL, own.interval)
     assert l4.median_ms > own.median_ms  # 16x less bandwidth, 8x less bf16 peak
 
@@ -298,7 +321,30 @@ def test_shipped_profiles_carry_their_basis():
         warnings.simplefilter("ignore", CalibrationWarning)
         assert predict(arch, SHAPES[0], h200).basis.startswith("h200, calibrated ")
         for name in ("l4", "a100_80gb", "h100_sxm", "rtx4090"):
-            assert predict(arch, SHAPES[0], load_profile(name)).basis == "transferred from h200"
+            capability = load_profile(name).compute_capability
+            checked = _predict.MEASURED_TRANSFER_INTERVAL.get(capability) and capability == h200.compute_capability
+            expect = f"checked within sm_{capability[0]}{capability[1]}" if checked else "unchecked"
+            assert predict(arch, SHAPES[0], load_profile(name)).basis == f"transferred from h200, {expect}"
+
+
+def test_a_measured_transfer_interval_holds_only_within_its_capability(calibrated, monkeypatch):
+    """A transfer measured between two sm_90 GPUs sets the interval of a transfer from the H200 to
+    the H100 (never below the source's own) and says so; the L4 (sm_89) keeps the unchecked guess."""
+    monkeypatch.setattr(_predict, "MEASURED_TRANSFER_INTERVAL", {(9, 0): {"forward": 0.14}})
+    arch = random_archs(5, 1)[0]
+    h100, l4 = load_profile("h100_sxm"), load_profile("l4")
+    if h100.calibrated.kernel_model_json is not None:  # a shipped H100 calibration: predict as if absent
+        h100 = dataclasses.replace(h100, calibrated=type(h100.calibrated)())
+    there = predict(arch, SHAPES[1], h100, reference=calibrated)
+    assert there.basis == "transferred from h200, checked within sm_90"
+    assert there.interval == pytest.approx(max(0.14, calibrated.calibrated.interval))
+    assert _predict.transfer_interval(calibrated, h100, 0.2) == (0.2, "checked within sm_90")
+    assert _predict.transfer_interval(calibrated, h100, 0.05, decode=True)[1] == "unchecked"
+    far = predict(arch, SHAPES[1], l4, reference=calibrated)
+    assert far.basis == "transferred from h200, unchecked"
+    assert far.interval == pytest.approx(
+        max(_predict.TRANSFER_MIN_INTERVAL, _predict.TRANSFER_WIDENING * calibrated.calibrated.interval)
+    )
 
 
 def test_fingerprint_mismatch_warns_and_widens(calibrated):
@@ -360,9 +406,61 @@ def test_cli_calibrate_without_gpu_exits_2(capsys):
     assert len(err) == 2 and all(line.startswith("nas: error: calibrate needs a CUDA GPU") for line in err)
 
 
+@pytest.mark.parametrize("budget", ["0", "-5", "ten"])
+def test_cli_calibrate_bad_budget_exits_2(budget, capsys):
+    assert main(["profiles", "calibrate", "--budget-s", budget]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--budget-s" in err[0]
+
+
 def test_cli_calibrate_unknown_profile_exits_2(capsys):
     assert main(["profiles", "calibrate", "--profile", "nope"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _fake_gpu(monkeypatch, kernel_rows, fit_rows, check_rows, *, drop_kernels: int = 0, budgets: list | None = None):
+    """``nas.latency.calibrate``'s GPU parts replaced by the rows of a known model: the kernel
+    timing leaves out its last ``drop_kernels`` cases (as a deadline would), the deadlines seen go
+    to ``budgets``."""
+    from nas.latency import calibrate as cal
+
+    by_key = {(r["family"], tuple(sorted(r["args"].items()))): r for r in kernel_rows}
+    forwards = {(str(r["arch"]), r["shape"]): r for r in fit_rows + check_rows}
+    env = {"gpu": "NVIDIA H200", "driver": "1", "torch": "2.11", "triton": "3.6", "date": "2026-12-01"}
+
+    def time_kernels(cases, deadline=math.inf, **_):
+        if budgets is not None:
+            budgets.append(deadline)
+        cases = list(cases)
+        return [dict(by_key[(c.family, c.args)]) for c in cases[: len(cases) - drop_kernels]]
+
+    monkeypatch.setattr(cal, "require_gpu", lambda profile: SMS)
+    monkeypatch.setattr(cal, "warm", lambda *a, **k: None)
+    monkeypatch.setattr(cal, "environment", lambda: {**env, "kernels_fingerprint": "abc"})
+    monkeypatch.setattr(cal, "time_kernels", time_kernels)
+    monkeypatch.setattr(
+        cal, "measure_models", lambda models, **k: [dict(forwards[(str(a.to_dict()), str(s))]) for a, s in models]
+    )
+    monkeypatch.setattr(cal, "random_archs", lambda seed, n: random_archs(1, 8))
+    monkeypatch.setattr(cal, "stacked_archs", lambda seed, n: random_archs(1001, 8))
+
+
+def test_cli_calibrate_says_what_its_budget_left_out(tmp_path, monkeypatch, capsys):
+    """``--budget-s`` sets the deadline; kernels the deadline left untimed are counted in the
+    output and the report, and the fit uses the rest."""
+    import time
+
+    _, kernel_rows, fit_rows, check_rows = _synthetic(archs=8)
+    budgets: list[float] = []
+    _fake_gpu(monkeypatch, kernel_rows, fit_rows, check_rows, drop_kernels=7, budgets=budgets)
+    out = tmp_path / "h200.yaml"
+    start = time.monotonic()
+    assert main(["profiles", "calibrate", "--profile", "h200", "--out", str(out), "--budget-s", "30"]) == 0
+    assert start + 29 <= budgets[0] <= time.monotonic() + 31
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"the 30 s budget left out 7 of {len(kernel_rows)} kernels" in said
+    assert "fit forwards" not in said.split("left out")[1].split(":")[0]
+    assert load_profile(str(out)).calibrated.kernel_model is not None
 
 
 def test_cli_calibrate_saves_rows_that_refit_to_the_same_model(tmp_path, monkeypatch, capsys):
@@ -385,7 +483,8 @@ def test_cli_calibrate_saves_rows_that_refit_to_the_same_model(tmp_path, monkeyp
     )
     rows_path, out = tmp_path / "rows.json", tmp_path / "h200.yaml"
     args = ["profiles", "calibrate", "--profile", "h200", "--out", str(out), "--rows", str(rows_path)]
-    monkeypatch.setattr(cal, "random_archs", lambda seed, n: random_archs(1 if seed == 1 else 1001, 8))
+    monkeypatch.setattr(cal, "random_archs", lambda seed, n: random_archs(1, 8))
+    monkeypatch.setattr(cal, "stacked_archs", lambda seed, n: random_archs(1001, 8))
     assert main(args) == 0
     saved = __import__("json").loads(rows_path.read_text())
     assert saved["gpu"] == "NVIDIA H200" and saved["sm_count"] == SMS

@@ -1,0 +1,68 @@
+"""The calibration's architecture generators: what the fit draws (``random_arch`` over
+``FIT_RANGES``), the check set (``stacked_arch``), the first ranges the shipped H200 rows were drawn
+from (``FIT_RANGES_V1``), and what a budget left out (``budget_cut``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nas.latency import launches
+from nas.latency.calibrate import (
+    FIT_RANGES,
+    FIT_RANGES_V1,
+    SHAPES,
+    budget_cut,
+    kernel_grid,
+    random_archs,
+    stacked_archs,
+)
+
+ROWS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "predictor_rows_h200.json"
+
+
+def test_the_fit_draws_what_a_users_yaml_can_produce():
+    """Over 300 draws: widths that no tile of 64 (or 16) divides, depths past 8 up to 12, head
+    counts past 16, vocabularies below 64 and above 8192 up to 50257, MLP ratios off the usual
+    grid, conv widths past 8 — and every value inside the ranges."""
+    archs = random_archs(11, 300)
+    widths = {a.d_model for a in archs}
+    depths = {len(a.layers) for a in archs}
+    vocabs = [a.vocab_size for a in archs]
+    layers = [layer for a in archs for layer in a.layers]
+    assert any(d % 16 for d in widths) and all(32 <= d <= 512 and d % 8 == 0 for d in widths)
+    assert max(depths) == 12 and min(depths) == 1
+    assert min(vocabs) < 64 and max(vocabs) > 8192 and all(32 <= v <= 50257 for v in vocabs)
+    assert any(layer.heads > 16 for layer in layers)
+    assert any(layer.mlp_ratio not in (0.0, 1.0, 1.5, 2.0, 3.0, 4.0) for layer in layers)
+    assert any(layer.short_conv > 8 for layer in layers)
+    assert {layer.mixer for layer in layers} == {"attention", "linear_attention", "none"}
+
+
+def test_every_drawn_forward_launches_only_classes_the_kernel_grid_times():
+    """A fit row whose kernel class the grid never timed is left out of the fit: none may be."""
+    timed = {case.launch(132).cls for case in kernel_grid()}
+    for arch in random_archs(3, 120) + stacked_archs(4, 60):
+        for shape in SHAPES:
+            assert {w.cls for w in launches(arch, shape, 132)} <= timed, arch
+
+
+def test_the_check_set_repeats_one_block():
+    for arch in stacked_archs(1001, 40):
+        assert len(set(arch.layers)) == 1
+        assert FIT_RANGES.depth[0] <= len(arch.layers) <= FIT_RANGES.depth[1]
+
+
+def test_the_first_ranges_still_draw_the_shipped_h200_rows():
+    """The shipped H200 calibration's rows are the first ranges' draws at seeds 1 (fit) and 1001
+    (check), so the rows and the benchmarks built on them stay reproducible."""
+    data = json.loads(ROWS.read_text())
+    for key, seed in (("fit_rows", data["seeds"]["fit"]), ("check_rows", data["seeds"]["check"])):
+        archs = list({json.dumps(r["arch"], sort_keys=True): r["arch"] for r in data[key]}.values())
+        assert [a.to_dict() for a in random_archs(seed, len(archs), FIT_RANGES_V1)] == archs
+
+
+def test_budget_cut_names_only_the_parts_that_lost_rows():
+    parts = {"kernels": ([1, 2, 3], [{}, {}]), "fit forwards": ([1, 2], [{}, {}])}
+    assert budget_cut(parts) == {"kernels": (1, 3)}
+    assert budget_cut({"x": ([], [])}) == {}

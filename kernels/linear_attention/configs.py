@@ -225,12 +225,11 @@ TWO_PASS_HOPPER: dict[int, tuple[TwoPassConfig, ...]] = {
 # The identity map's route on sm_90 for bf16: the two passes at every measured head dim; with pass 1 loading k
 # transposed (prefetched with v) and pipelined deep they beat the fused kernel on full grids too
 # (tests/kernels/data/linear_attention_pass_variants_h200_kt.json). D = 16 was not measured and stays fused.
-def prefers_two_pass(capability: tuple[int, int], batch_heads: int, length: int, head_dim: int) -> bool:
-    """Whether the bf16 identity-map forward at ``B·H = batch_heads`` rows of ``length`` and head
-    dim ``head_dim`` runs as two passes rather than the fused kernel: a fixed rule per shape,
-    measured on sm_90 (above), so a captured graph always launches the same kernels. Other GPUs
-    keep the fused kernel until measured."""
-    del batch_heads, length  # every measured shape on sm_90 runs faster as two passes (above)
+def prefers_two_pass(capability: tuple[int, int], head_dim: int) -> bool:
+    """Whether the bf16 identity-map forward at head dim ``head_dim`` runs as two passes rather
+    than the fused kernel: on sm_90 at every measured head dim, whatever the rows and length
+    (every measured shape ran faster as two passes, above), so a captured graph always launches
+    the same kernels. Other GPUs keep the fused kernel until measured."""
     return capability == (9, 0) and head_dim in (32, 64, 128)
 
 
@@ -255,7 +254,7 @@ def forward_route(capability: tuple[int, int], batch_heads: int, length: int, he
     the same kernels. Other GPUs keep the fused kernel until measured."""
     if capability != (9, 0) or head_dim not in (32, 64, 128):
         return "fused"
-    if feature_map == "identity" and not prefers_two_pass(capability, batch_heads, length, head_dim):
+    if feature_map == "identity" and not prefers_two_pass(capability, head_dim):
         return "fused"
     return "prefix" if prefers_prefix(batch_heads, length, head_dim, feature_map) else "two_pass"
 

@@ -400,11 +400,13 @@ def test_two_pass_rule_branches() -> None:
     D 32 at B·H ≥ 128 over ≥ 2048 tokens, went once pass 1 prefetched k); never off sm_90, never
     at D 16."""
     for D in (32, 64, 128):
-        for bh, length in ((1, 1), (128, 2048), (127, 2047), (512, 8192), (4, 1 << 16)):
-            assert configs.prefers_two_pass((9, 0), bh, length, D), (bh, length, D)
+        assert configs.prefers_two_pass((9, 0), D), D
         for cap in ((8, 0), (8, 9), (10, 0)):
-            assert not configs.prefers_two_pass(cap, 1, 1 << 16, D), (cap, D)
-    assert not configs.prefers_two_pass((9, 0), 1, 1 << 16, 16), "D 16 was not measured"
+            assert not configs.prefers_two_pass(cap, D), (cap, D)
+        for bh, length in ((1, 1), (128, 2048), (127, 2047), (512, 8192), (4, 1 << 16)):  # the route, every shape
+            assert configs.forward_route((9, 0), bh, length, D, "identity") != "fused", (bh, length, D)
+            assert configs.forward_route((8, 0), bh, length, D, "identity") == "fused", (bh, length, D)
+    assert not configs.prefers_two_pass((9, 0), 16), "D 16 was not measured"
 
 
 def test_two_pass_rule_against_the_measured_rows() -> None:
@@ -426,7 +428,7 @@ def test_two_pass_rule_against_the_measured_rows() -> None:
         plan = configs.two_pass_plan(B * H, L, D, route, 132)
         assert plan.groups in measured, (r["B"], r["H"], r["L"], D, plan, measured)
         fused = r["fused_us"]["median_us"]
-        chosen = measured[plan.groups] if configs.prefers_two_pass((9, 0), B * H, L, D) else fused
+        chosen = measured[plan.groups] if configs.prefers_two_pass((9, 0), D) else fused
         best = min(fused, *measured.values())
         assert chosen <= 1.10 * best, f"B{B} H{H} L{L} D{D}: the rules' route took {chosen / best:.2f}x the best"
 

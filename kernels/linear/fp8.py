@@ -3,7 +3,8 @@ and Ada's fp8 tensor cores take them.
 
     y = act((x_q · s_x) (W_q · s_w)ᵀ + b) + r
 
-- ``quantize_weight``: the weight ``[N, K]`` stored once with one fp32 scale per output channel
+- ``quantize_weight``: the weight ``[N, K]`` stored once (K padded with zeros to a multiple of 16,
+  ``K_ALIGN``, as the activations are) with one fp32 scale per output channel
   (``kernels._fp8``'s rule: amax over the channel's K inputs / 448);
 - ``quantize_rows``: the activations ``[M, K]`` quantized on the fly with one scale per row
   (token), the same rule (a "dynamic" per-token scale); one launch, a program per block of rows:
@@ -35,7 +36,7 @@ from kernels.device import is_cuda
 from kernels.linear.reference import ACTIVATIONS
 from kernels.linear.triton import _activate
 
-__all__ = ["Fp8Config", "fp8_config", "linear_fp8", "quantize_rows", "quantize_weight"]
+__all__ = ["K_ALIGN", "Fp8Config", "fp8_config", "linear_fp8", "padded_k", "quantize_rows", "quantize_weight"]
 
 
 @dataclass(frozen=True)
@@ -68,22 +69,37 @@ def fp8_config(device: torch.device, m: int | None = None) -> Fp8Config:
     return FP8_HOPPER_ROWS if m is not None and m <= ROWS_MAX_M else FP8_HOPPER
 
 
+# fp8 operands hold K rounded up to a multiple of 16 (zeros past K, which add nothing to a dot
+# product): every row then starts 16-byte aligned and K divides by 16, which Triton's
+# specialization needs to load K with vector copies (cp.async) instead of single bytes
+K_ALIGN = 16
+
+
+def padded_k(k: int) -> int:
+    """``k`` rounded up to a multiple of ``K_ALIGN``: the K of the fp8 operands."""
+    return -(-k // K_ALIGN) * K_ALIGN
+
+
 def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """A linear weight ``[N, K]`` stored in fp8: ``(W_q [N, K] fp8, s_w [N] fp32)``, one scale per
-    output channel (once per weight, in torch)."""
+    """A linear weight ``[N, K]`` stored in fp8: ``(W_q [N, padded_k(K)] fp8, s_w [N] fp32)``, one
+    scale per output channel, zeros past K (once per weight, in torch)."""
     if weight.dim() != 2:
         raise ValueError(f"quantize_weight: weight must be [N, K], got {list(weight.shape)}")
     values, scales = scaled(weight, -1)
-    return values.contiguous(), scales.contiguous()
+    N, K = values.shape
+    stored = torch.zeros(N, padded_k(K), device=values.device, dtype=values.dtype)
+    stored[:, :K] = values
+    return stored, scales.contiguous()
 
 
 @triton.jit
 def _quantize_rows_kernel(
     X,  # [M, K], unit stride on K
-    XQ,  # fp8 [M, K], unit stride on K
+    XQ,  # fp8 [M, KP], unit stride on K
     SX,  # fp32 [M]
     M,
     K,
+    KP,  # K rounded up to K_ALIGN: columns K..KP are written as zeros
     stride_xm,
     stride_qm,
     BLOCK_M: tl.constexpr,
@@ -102,12 +118,12 @@ def _quantize_rows_kernel(
         x = tl.load(X + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), 1))
     scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)  # IEEE division: torch's scale exactly
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, KP, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask = ok[:, None] & (ks < K)[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0)
-        q = to_e4m3(tl.math.div_rn(x.to(tl.float32), scale[:, None]), XQ.dtype.element_ty)
-        tl.store(XQ + rows.to(tl.int64)[:, None] * stride_qm + ks[None, :], q, mask=mask)
+        q = to_e4m3(tl.math.div_rn(x.to(tl.float32), scale[:, None]), XQ.dtype.element_ty)  # 0 past K
+        tl.store(XQ + rows.to(tl.int64)[:, None] * stride_qm + ks[None, :], q, mask=ok[:, None] & (ks < KP)[None, :])
     tl.store(SX + rows, scale, mask=ok)
 
 
@@ -186,22 +202,22 @@ def _check_scales(op: str, name: str, t: Tensor, n: int) -> None:
 
 
 def quantize_rows(x: Tensor, *, block_m: int | None = None) -> tuple[Tensor, Tensor]:
-    """Activations ``[M, K]`` (unit stride on K) quantized per row: ``(x_q [M, K] fp8, s_x [M]
-    fp32)``, as ``quantize_weight`` does a weight's channels; one launch."""
+    """Activations ``[M, K]`` (unit stride on K) quantized per row: ``(x_q [M, padded_k(K)] fp8,
+    s_x [M] fp32)``, zeros past K, as ``quantize_weight`` does a weight's channels; one launch."""
     check_runnable("quantize_rows", x)
     if x.dim() != 2 or x.stride(1) != 1 or x.dtype not in DTYPES:
         raise ValueError(
             f"quantize_rows: x must be [M, K] of {DTYPES} with unit stride on K, got {x.dtype} {list(x.shape)}"
         )
     M, K = x.shape
-    xq = torch.empty(M, K, device=x.device, dtype=FP8_DTYPE)
+    xq = torch.empty(M, padded_k(K), device=x.device, dtype=FP8_DTYPE)
     sx = torch.empty(M, device=x.device, dtype=torch.float32)
     if M == 0:
         return xq, sx
     bm = block_m or (16 if not is_cuda(x.device) else 4)
     bk = min(triton.next_power_of_2(max(K, 16)), 128 if not is_cuda(x.device) else 1024)
     _quantize_rows_kernel[(triton.cdiv(M, bm),)](
-        x, xq, sx, M, K, x.stride(0), xq.stride(0), BLOCK_M=bm, BLOCK_K=bk, num_warps=4, **pdl(x)
+        x, xq, sx, M, K, xq.shape[1], x.stride(0), xq.stride(0), BLOCK_M=bm, BLOCK_K=bk, num_warps=4, **pdl(x)
     )
     return xq, sx
 
@@ -220,8 +236,9 @@ def linear_fp8(
 ) -> Tensor:
     """``act((x_q·s_x)(w_q·s_w)ᵀ + bias) + residual`` → ``[M, N]`` in ``out_dtype``; one launch.
 
-    x_q ``[M, K]`` and w_q ``[N, K]`` fp8 e4m3 (unit stride on K: ``quantize_rows``,
-    ``quantize_weight``), s_x ``[M]`` and s_w ``[N]`` fp32; bias ``[N]``, residual ``[M, N]``
+    x_q ``[M, K]`` and w_q ``[N, K]`` fp8 e4m3 with K a multiple of ``K_ALIGN`` (unit stride on K:
+    ``quantize_rows``, ``quantize_weight``, which pad the layer's K with zeros), s_x ``[M]`` and
+    s_w ``[N]`` fp32; bias ``[N]``, residual ``[M, N]``
     (unit stride on N) of any float dtype; activation one of ``kernels.linear.reference.ACTIVATIONS``.
     config: this launch instead of ``fp8_config``'s (tests, benchmarks)."""
     op = "linear_fp8"
@@ -229,6 +246,8 @@ def linear_fp8(
     if x_q.dim() != 2 or w_q.dim() != 2 or x_q.shape[1] != w_q.shape[1]:
         raise ValueError(f"{op}: x_q [M, K] and w_q [N, K] must share K, got {list(x_q.shape)}, {list(w_q.shape)}")
     (M, K), N = x_q.shape, w_q.shape[0]
+    if K % K_ALIGN:
+        raise ValueError(f"{op}: K must be a multiple of {K_ALIGN} (quantize_rows and quantize_weight pad it), got {K}")
     _check_fp8_matrix(op, "x_q", x_q, (M, K))
     _check_fp8_matrix(op, "w_q", w_q, (N, K))
     _check_scales(op, "s_x", s_x, M)

@@ -14,7 +14,7 @@ import torch
 
 from kernels._fp8 import FP8_DTYPE, scaled
 from kernels.linear import reference as ref
-from kernels.linear.fp8 import Fp8Config, linear_fp8, quantize_rows, quantize_weight
+from kernels.linear.fp8 import K_ALIGN, Fp8Config, linear_fp8, padded_k, quantize_rows, quantize_weight
 from tests.kernels._support import CPU, CUDA, DTYPE_NAMES, assert_rel_close, requires_cuda, requires_interpreter
 from tests.kernels._support import seeded as _gen
 
@@ -53,8 +53,20 @@ def test_rows_quantize_as_the_rule_bit_for_bit(M: int, K: int, dtype) -> None:
     x = (torch.randn(M, K, generator=_gen("rows", M, K)) * torch.logspace(-3, 3, M)[:, None]).to(dtype)
     got, scales = quantize_rows(x)
     want, want_scales = scaled(x, -1)
-    assert got.dtype == FP8_DTYPE and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert got.dtype == FP8_DTYPE and got.shape == (M, padded_k(K)) and padded_k(K) % K_ALIGN == 0
+    assert torch.equal(got[:, :K].view(torch.uint8), want.view(torch.uint8))
+    assert not got[:, K:].view(torch.uint8).any(), "the padding past K must be zeros"
     assert torch.equal(scales, want_scales)
+
+
+@pytest.mark.parametrize(("N", "K"), [(1, 7), (5, 16), (29, 53)])
+def test_a_weight_is_stored_with_k_padded_by_zeros(N: int, K: int) -> None:
+    w = torch.randn(N, K, generator=_gen("weight", N, K))
+    got, scales = quantize_weight(w)
+    want, want_scales = scaled(w, -1)
+    assert got.shape == (N, padded_k(K)) and got.is_contiguous()
+    assert torch.equal(got[:, :K].view(torch.uint8), want.view(torch.uint8)) and torch.equal(scales, want_scales)
+    assert not got[:, K:].view(torch.uint8).any()
 
 
 @requires_interpreter
@@ -117,6 +129,8 @@ def test_bad_inputs_are_named() -> None:
         linear_fp8(xq, sx, wq, sw, activation="tanh")
     with pytest.raises(ValueError, match=r"residual must be \[5, 6\]"):
         linear_fp8(xq, sx, wq, sw, residual=r.t())
+    with pytest.raises(ValueError, match="K must be a multiple of 16"):
+        linear_fp8(xq[:, :8], sx, wq[:, :8], sw)
     with pytest.raises(ValueError, match=r"x must be \[M, K\]"):
         quantize_rows(x.t())
     with pytest.raises(ValueError, match=r"weight must be \[N, K\]"):

@@ -181,7 +181,7 @@ def fp8_linear(capability: int, out_dtype: str) -> None:
         "X": f"*{out_dtype}",
         "XQ": "*fp8e4nv",
         "SX": "*fp32",
-        **dict.fromkeys(("M", "K", "stride_xm", "stride_qm"), _I32),
+        **dict.fromkeys(("M", "K", "KP", "stride_xm", "stride_qm"), _I32),
     }
     _compile(fp8._quantize_rows_kernel, rows, {"BLOCK_M": 4, "BLOCK_K": 1024, "PDL": False}, capability, num_warps=4)
 

@@ -60,13 +60,27 @@ _SIZE = 2  # bytes per element: the kernel model is fitted for bf16 / fp16
 _MB = 1e-6
 # feature names per family; KINDS says how each transfers to another GPU (see nas.latency._model)
 FEATURES: dict[str, tuple[str, ...]] = {
-    "linear": ("launch", "waves", "k_steps", "gelu", "relu_silu", "residual", "mbytes"),
+    "linear": (
+        "launch",
+        "waves",
+        "k_steps",
+        "gelu",
+        "relu_silu",
+        "residual",
+        "mbytes",
+        "k_steps_k16",
+        "k_steps_k8",
+        "out_n8",
+    ),
     "attention": ("launch", "waves", "key_blocks", "critical_blocks", "mbytes"),
     "linear_attention": ("launch", "waves", "chunks_identity", "chunks_elu", "chunks_relu", "prefix", "mbytes"),
     "norm": ("launch", "waves", "mbytes"),
     "conv": ("launch", "waves", "taps", "mbytes"),
     "embed": ("launch", "mbytes"),
 }
+# the last features of a family that calibrations written before them lack (KernelModel.from_dict
+# reads them as 0): the linear's alignment features, added 2026-12-07
+FEATURES_ADDED: dict[str, int] = {"linear": 3}
 # launch: fixed cost per kernel; wave: per program-wave on an SM (latency); tensor: tensor-core
 # work on the busiest SM; vector: CUDA-core work on the busiest SM; bytes: HBM traffic
 KINDS: dict[str, str] = {
@@ -84,6 +98,9 @@ KINDS: dict[str, str] = {
     "residual": "vector",
     "taps": "vector",
     "mbytes": "bytes",
+    "k_steps_k16": "tensor",
+    "k_steps_k8": "tensor",
+    "out_n8": "vector",
 }
 _ATTN_BLOCK_M = 128  # query rows per flash-attention program (every sm_90 config)
 _CHUNK, _BLOCK_V = 64, 32  # linear attention: chunk length, value block of the common tiling
@@ -167,17 +184,27 @@ def _linear(
     tiles = _cdiv(M, tile.block_m) * _cdiv(N, tile.block_n)
     w = _cdiv(tiles, sms)
     elems = w * tile.block_m * tile.block_n / 1e4
+    k_steps = w * _cdiv(K, tile.block_k)
+    # The Triton kernel off its vector loads and stores (cuBLAS takes none of these: prefers_cublas):
+    # K not a multiple of 16 (Triton's divisibility specialisation: K's loads masked element-wise),
+    # K not a multiple of 8 (x's rows not even 16-byte aligned) and N not a multiple of 8 (the
+    # output's rows the same). Each costs several times the aligned loop on sm_90 (kernel grid:
+    # widths 40 and 200 beside 32, 48, 192 and 256).
+    triton = cls != "linear.cublas"
     return Launch(
         name,
         cls,
         (
             launch,
             w,
-            w * _cdiv(K, tile.block_k),
+            k_steps,
             elems * (activation == "gelu"),
             elems * (activation in ("relu", "silu")),
             elems * residual,
             moved,
+            k_steps * (triton and K % 16 != 0),
+            k_steps * (triton and K % 8 != 0),
+            elems * (triton and N % 8 != 0),
         ),
     )
 

@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ._launches import FEATURES, KINDS, Launch, family
+from ._launches import FEATURES, FEATURES_ADDED, KINDS, Launch, family
 
 __all__ = ["DEFAULT_STRENGTH", "KernelModel", "cross_validate", "fit_forwards", "fit_kernels", "nnls_relative"]
 
@@ -109,14 +109,16 @@ class KernelModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> KernelModel:
-        coefficients = data.get("coefficients") or {}
+        coefficients = dict(data.get("coefficients") or {})
         for name, coef in coefficients.items():
             fam = family(str(name))
-            if fam not in FEATURES or len(coef) != len(FEATURES[fam]):
+            missing = len(FEATURES.get(fam, ())) - len(coef)
+            if fam not in FEATURES or missing not in (0, FEATURES_ADDED.get(fam, 0)):
                 raise ValueError(
                     f"kernel_model.coefficients.{name}: expected {len(FEATURES.get(fam, ()))} numbers "
                     f"for family {fam!r}, got {coef!r}"
                 )
+            coefficients[name] = [*coef, *[0.0] * missing]  # written before those features: not priced
         return cls(
             coefficients=tuple((str(k), tuple(float(c) for c in v)) for k, v in coefficients.items()),
             gap_us=float(data.get("gap_us", 0.0)),

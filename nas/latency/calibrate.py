@@ -202,7 +202,14 @@ class KernelCase:
         a = self.kw
         if self.family == "linear":
             return L._linear(
-                "linear", a["M"], a["N"], a["K"], sm_count, activation=a["activation"], residual=a["residual"]
+                "linear",
+                a["M"],
+                a["N"],
+                a["K"],
+                sm_count,
+                activation=a["activation"],
+                residual=a["residual"],
+                norm=a.get("norm", False),
             )
         if self.family == "attention":
             return L._attention("attention", a["B"], a["T"], a["H"], a["D"], sm_count)
@@ -278,10 +285,38 @@ def kernel_grid() -> list[KernelCase]:
     for D in (32, 64):
         for B, H, T in ((8, 16, 2048), (32, 8, 2048), (16, 16, 4096)):
             cases.append(_case("linear_attention", B=B, T=T, H=H, D=D, feature_map="identity"))
+    cases += _unaligned_linears()
     for kind in NORMS:
         for d in D_GRID:
             for rows in (1, 8, 32, 256, 8192, 16384):
                 cases.append(_case("norm", kind=kind, rows=rows, d=d))
+    return cases
+
+
+# widths whose rows the fused kernel loads without vectors (K % 16: 40, 72, 200, 264) and odd
+# sizes (an MLP ratio's hidden width, a vocabulary) whose rows are not even 16-byte aligned
+UNALIGNED_WIDTHS = (40, 72, 200, 264)
+ODD_SIZES = (93, 517, 1003, 2417)
+
+
+def _unaligned_linears() -> list[KernelCase]:
+    """The fused kernel off its vector loads and stores (``_launches._linear``'s alignment
+    features), on every route a forward gives it: an MLP's up and down projections at an odd
+    hidden width (N, then K odd), the readout at an odd vocabulary (also at the batch's rows, the
+    small-M tile), and the norm folded into the linear at widths K % 16 ≠ 0."""
+    cases: list[KernelCase] = []
+    acts = ("gelu", "relu", "silu")
+    for shape in SHAPES:
+        M = shape.tokens
+        for i, d in enumerate(UNALIGNED_WIDTHS + (64, 256)):
+            odd = ODD_SIZES[i % len(ODD_SIZES)]
+            cases += [
+                _case("linear", M=M, N=odd, K=d, activation=acts[i % 3], residual=False),
+                _case("linear", M=M, N=d, K=odd, activation=None, residual=True),
+                _case("linear", M=shape.batch, N=odd, K=d, activation=None, residual=False),
+                _case("linear", M=M, N=3 * d, K=d, activation=None, residual=False, norm=True),
+                _case("linear", M=M, N=2 * d, K=d, activation=acts[i % 3], residual=False, norm=True),
+            ]
     return cases
 
 
@@ -305,6 +340,9 @@ def _kernel_fn(case: KernelCase, device: str = CUDA) -> Callable[[], object]:
     if case.family == "linear":
         x, w, b = rand(a["M"], a["K"]), rand(a["N"], a["K"]) * a["K"] ** -0.5, rand(a["N"])
         r = rand(a["M"], a["N"]) if a["residual"] else None
+        if a.get("norm"):  # the norm folded into the linear, as TritonModel runs it (LayerNorm: the weight's sums)
+            sums = w.float().sum(1)
+            return lambda: linear(x, w, b, activation=a["activation"], norm="layernorm", weight_sums=sums)
         return lambda: linear(x, w, b, activation=a["activation"], residual=r)
     if case.family in ("attention", "linear_attention"):
         B, T, H, D = a["B"], a["T"], a["H"], a["D"]

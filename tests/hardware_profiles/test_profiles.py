@@ -438,9 +438,10 @@ def test_kernel_families_match_the_latency_model() -> None:
     and the decode model's lengths agree with nas.latency's own."""
     import hardware_profiles
     from nas.latency._decode import DECODE_FEATURES, LEGACY_DECODE_FEATURES
-    from nas.latency._launches import FEATURES
+    from nas.latency._launches import FEATURES, FEATURES_ADDED
 
     assert hardware_profiles._KERNEL_FEATURES == FEATURES
+    assert hardware_profiles._KERNEL_FEATURES_ADDED == FEATURES_ADDED
     assert hardware_profiles._DECODE_MODEL_LENGTHS == (len(DECODE_FEATURES), len(LEGACY_DECODE_FEATURES))
 
 

@@ -53,7 +53,11 @@ def _synthetic(
     rng = random.Random(seed)
     cases = kernel_grid()
     classes = sorted({c.launch(SMS).cls for c in cases})
-    truth = KernelModel(tuple((cls, tuple(rng.uniform(0.2, 3.0) for _ in FEATURES[family(cls)])) for cls in classes))
+    used = {cls: [False] * len(FEATURES[family(cls)]) for cls in classes}  # features some launch of the class has
+    for c in cases:
+        launch = c.launch(SMS)
+        used[launch.cls] = [u or v != 0 for u, v in zip(used[launch.cls], launch.x, strict=True)]
+    truth = KernelModel(tuple((cls, tuple(rng.uniform(0.2, 3.0) if u else 0.0 for u in used[cls])) for cls in classes))
     kernel_rows = [{"family": c.family, "args": dict(c.args), "us": truth.kernel_us(c.launch(SMS))} for c in cases]
     slower = slower or {}
 

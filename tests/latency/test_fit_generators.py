@@ -66,3 +66,59 @@ def test_budget_cut_names_only_the_parts_that_lost_rows():
     parts = {"kernels": ([1, 2, 3], [{}, {}]), "fit forwards": ([1, 2], [{}, {}])}
     assert budget_cut(parts) == {"kernels": (1, 3)}
     assert budget_cut({"x": ([], [])}) == {}
+
+
+def test_the_fused_kernels_unaligned_rows_are_features_and_cublas_has_none():
+    """K % 16, K % 8 and N % 8 on the fused kernel's routes are priced by their own features
+    (``_launches._linear``); cuBLAS (taken only where every row is aligned) never carries them."""
+    from nas.latency._launches import FEATURES, _linear
+
+    names = FEATURES["linear"]
+    k16, k8, n8 = (names.index(f) for f in ("k_steps_k16", "k_steps_k8", "out_n8"))
+    odd = _linear("x", 16384, 1003, 40, 132, activation="gelu")
+    assert odd.cls != "linear.cublas" and odd.x[k16] > 0 and odd.x[k8] == 0 and odd.x[n8] > 0
+    down = _linear("x", 16384, 256, 2417, 132, residual=True)
+    assert down.cls != "linear.cublas" and down.x[k16] > 0 and down.x[k8] > 0 and down.x[n8] == 0
+    plain = _linear("x", 16384, 1024, 256, 132)
+    assert plain.cls == "linear.cublas" and plain.x[k16] == plain.x[k8] == plain.x[n8] == 0
+    routed = _linear("x", 16384, 120, 40, 132)  # K % 16 but rows aligned: cuBLAS, no feature
+    assert routed.cls == "linear.cublas" and routed.x[k16] == 0
+
+
+def test_the_kernel_grid_times_every_alignment_feature_the_fit_meets():
+    """Every (class, alignment feature) a fit forward launches is non-zero in some kernel-grid row,
+    so the prior has a timing for it rather than leaving it to the forwards alone."""
+    from nas.latency._launches import FEATURES
+
+    names = FEATURES["linear"]
+    extra = [names.index(f) for f in ("k_steps_k16", "k_steps_k8", "out_n8")]
+
+    def seen(work):
+        return {(w.cls, i) for w in work if w.cls.startswith("linear.") for i in extra if w.x[i] > 0}
+
+    timed = seen(case.launch(132) for case in kernel_grid())
+    met = set().union(*(seen(launches(a, s, 132)) for a in random_archs(9, 80) for s in SHAPES))
+    assert met and met <= timed, sorted(met - timed)
+
+
+def test_a_calibration_from_before_the_alignment_features_loads_with_them_at_zero(tmp_path):
+    """A profile whose linear classes hold the 7 numbers written before 2026-12-07 still loads, the
+    alignment features read as 0; any other count is refused."""
+    import pytest
+    import yaml
+
+    from hardware_profiles import ProfileError, load_profile
+    from nas.latency._model import KernelModel
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "hardware_profiles" / "h200.yaml").read_text())
+    coefficients = raw["calibrated"]["kernel_model"]["coefficients"]
+    for cls in [c for c in coefficients if c.startswith("linear.")]:
+        coefficients[cls] = coefficients[cls][:7]
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(raw))
+    model = KernelModel.from_dict(load_profile(str(old)).calibrated.kernel_model)
+    assert model.coefficient("linear.short_k")[7:] == (0.0, 0.0, 0.0)
+    coefficients["linear.short_k"] = coefficients["linear.short_k"][:6]
+    old.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProfileError, match="must hold 10 numbers"):
+        load_profile(str(old))

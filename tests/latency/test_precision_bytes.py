@@ -176,11 +176,11 @@ def test_a_caption_or_axis_over_many_trials_names_the_basis_once(tmp_path):
             trained_accuracy=acc,
         )
         study.add_trial(create_trial(values=[acc, 0.05, mem], user_attrs=r.to_dict()))
-    basis = "predicted (h200, calibrated 2026-12-04, ±13 %)"
+    basis = f"predicted (h200, calibrated 2026-12-04, ±{round(100 * h200.calibrated.interval)} %)"
     caption = " ".join(str(front_table(study).caption).split())
     lines = figures(study)["front2d"].layout.xaxis.title.text.split("<br>")
     assert len(lines) > 1 and max(map(len, lines)) <= 90  # wrapped: one line ran off the figure (PNG clipped it)
-    assert not any(line.rstrip().endswith(tuple("0123456789")) and "±" in line[-6:] for line in lines)  # "±13 %" whole
+    assert not any(line.rstrip().endswith(tuple("0123456789")) and "±" in line[-6:] for line in lines)  # "±14 %" whole
     axis = " ".join(lines).replace("\u00a0", " ")
     for text in (caption, axis):
         assert text.count("predicted (") == 1 and basis in text, text

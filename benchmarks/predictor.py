@@ -23,6 +23,11 @@ with ``--transfer-from P``, forwards and steps predicted by ``P``'s calibration 
 this GPU (what a GPU without its own calibration gets). Writes ``predictor_<gpu>.json`` with GPU
 name, versions, date.
 
+``--parts kernels,fit`` (any of kernels, fit, check, held, decode) times only those and writes
+the rows, nothing else: one lease's work split over several calls of at most ten minutes on the
+same warm machine (``--fit-seed``/``--fit-start`` give each call its own fit architectures), the
+files pooled afterwards on any machine.
+
 To refit a profile from saved rows (one run's or several): ``nas profiles refit --rows A.json …``.
 ``--dry-run``: the ``--gpu`` path without a GPU (rows get the prediction × noise as their
 "measured" time), to test the command.
@@ -65,6 +70,7 @@ from nas.spec import ArchSpec  # noqa: E402
 FIT_SEED, CHECK_SEED = 1, 1001
 # decode steps of the held-out architectures: one sequence at a short context, a batch at a long one
 DECODE_HELD_OUT = ((1, 4096), (8, 16384))
+PARTS = ("kernels", "fit", "check", "held", "decode")  # what --parts can time
 
 
 # head-count lists a space's author writes; the widths offered are the multiples of 8 in 32-512
@@ -170,16 +176,22 @@ def run_gpu(args: argparse.Namespace) -> Path:
     else:
         sms, env, measure = require_gpu(profile), environment(), measure_models
     run = f"{env['date']} {time.strftime('%H:%M:%S')}"
-    held_archs = space_archs(args.seed, args.archs)
-    held = [(a, s) for a in held_archs for s in SHAPES]
+    parts = set(args.parts.split(",")) if args.parts else ({"kernels", "fit", "check"} if args.calibrate else set())
+    parts |= {"held", "decode"} if not args.parts else set()
+    held_archs = space_archs(args.seed, args.archs) if parts & {"held", "decode"} else []
+    held = [(a, s) for a in held_archs for s in SHAPES] if "held" in parts else []
     held_decode = [(as_generator(a), b, n) for a in held_archs[: args.decode_archs] for b, n in DECODE_HELD_OUT]
-    fit_set = [(a, s) for a in random_archs(FIT_SEED, args.fit_archs) for s in SHAPES] if args.calibrate else []
-    check_set = [(a, s) for a in stacked_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if args.calibrate else []
-    cases = kernel_grid() if args.calibrate else []
+    held_decode = held_decode if "decode" in parts else []
+    fit_archs = random_archs(args.fit_seed, args.fit_start + args.fit_archs)[args.fit_start :]
+    fit_set = [(a, s) for a in fit_archs for s in SHAPES] if "fit" in parts else []
+    check_set = (
+        [(a, s) for a in stacked_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if "check" in parts else []
+    )
+    cases = kernel_grid() if "kernels" in parts else []
     data: dict = {
         **env,
         "sm_count": sms,
-        "seeds": {"fit": FIT_SEED, "check": CHECK_SEED, "held_out": args.seed},
+        "seeds": {"fit": args.fit_seed, "fit_start": args.fit_start, "check": CHECK_SEED, "held_out": args.seed},
         "generators": {"fit": "random_arch", "check": "stacked_arch", "held_out": "space_arch"},
         "kernel_rows": [],
         "fit_rows": [],
@@ -207,18 +219,22 @@ def run_gpu(args: argparse.Namespace) -> Path:
 
         return on_row
 
-    if args.calibrate:
+    if cases:
         time_kernels(cases, on_row=keep("kernel_rows"), deadline=deadline)
         mark("kernel grid timed")
+    if fit_set:
         measure(fit_set, on_row=keep("fit_rows"), deadline=deadline)
         mark("fit set measured")
+    if check_set:
         measure(check_set, on_row=keep("check_rows"), deadline=deadline)
         mark("check set measured")
+    if args.calibrate:
         model, report = fit(data["kernel_rows"], data["fit_rows"], data["check_rows"], sm_count=sms)
         path = write_calibration(profile, calibration_section(model, report, env, sms), out / Path(profile.path).name)
         mark(f"calibration written to {path}: {json.dumps(report.get('check', {}).get('all'))}")
-    measure(held, on_row=keep("held_out_rows"), deadline=deadline)
-    mark("held-out set measured")
+    if held:
+        measure(held, on_row=keep("held_out_rows"), deadline=deadline)
+        mark("held-out set measured")
     if held_decode and not args.dry_run:
         from nas.latency.calibrate_decode import measure_decodes
 
@@ -421,6 +437,16 @@ def main() -> None:
     parser.add_argument("--archs", type=int, default=160, help="held-out architectures (× 3 shapes)")
     parser.add_argument("--decode-archs", type=int, default=40, help="of the held-out ones, decode-timed (× 2 shapes)")
     parser.add_argument("--fit-archs", type=int, default=50)
+    parser.add_argument("--fit-seed", type=int, default=FIT_SEED, help="seed of the fit set's architectures")
+    parser.add_argument(
+        "--fit-start", type=int, default=0, help="skip the fit seed's first N architectures (a later call's share)"
+    )
+    parser.add_argument(
+        "--parts",
+        default=None,
+        help="with --gpu: time only these, comma-separated, of kernels,fit,check,held,decode and write the rows "
+        "(no fit, no report): to split one lease's work over several calls; pool the files on any machine",
+    )
     parser.add_argument("--check-archs", type=int, default=30)
     parser.add_argument(
         "--seed",
@@ -441,7 +467,14 @@ def main() -> None:
         "--transfer-from", default=None, help="also predict the rows by this profile's calibration transferred"
     )
     args = parser.parse_args()
-    if args.gpu:
+    unknown = set((args.parts or "").split(",")) - {"", *PARTS}
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))}; choose from {','.join(PARTS)}")
+    if args.gpu and args.parts:
+        if args.calibrate:
+            parser.error("--parts only collects rows: drop --calibrate and fit the pooled rows afterwards")
+        print(f"rows written to {run_gpu(args)}")
+    elif args.gpu:
         rows = run_gpu(args)
         profile = str(Path(args.out) / Path(load_profile(args.profile).path).name) if args.calibrate else args.profile
         report(rows, profile, Path(args.out), rows if args.calibrate else Path(args.calibration_rows))

@@ -66,3 +66,27 @@ def test_report_scores_decode_steps_and_a_transfer(tmp_path):
     results = json.loads(slow.read_text())["results"]
     assert results["transferred"]["all"]["p95_abs_error"] == pytest.approx(0.5)
     assert results["decode"]["all"]["calibrated"]["inside_interval"] == 0.0
+
+
+def test_parts_collect_only_the_named_rows_from_where_the_last_call_stopped(tmp_path, monkeypatch, capsys):
+    """``--parts fit,held`` (the GPU path under --dry-run) measures the fit seed's architectures
+    from ``--fit-start`` on and the held-out set, times no kernel grid, fits nothing and writes
+    the rows; an unknown part is refused."""
+    import sys
+
+    from nas.latency.calibrate import random_archs
+
+    argv = ["predictor.py", "--gpu", "--dry-run", "--profile", "h200", "--out", str(tmp_path)]
+    argv += ["--parts", "fit,held", "--fit-seed", "2", "--fit-start", "3", "--fit-archs", "2", "--archs", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    pr.main()
+    data = json.loads((tmp_path / "predictor_rows.json").read_text())
+    fitted = list({json.dumps(r["arch"], sort_keys=True): r["arch"] for r in data["fit_rows"]}.values())
+    assert fitted == [a.to_dict() for a in random_archs(2, 5)[3:]]
+    assert len(data["fit_rows"]) == 2 * len(SHAPES) and len(data["held_out_rows"]) == 2 * len(SHAPES)
+    assert data["kernel_rows"] == data["check_rows"] == [] and data["seeds"]["fit_start"] == 3
+    assert not list(tmp_path.glob("predictor_*_*.json")), "collecting writes no report"
+    monkeypatch.setattr(sys, "argv", [*argv[:-10], "--parts", "fit,kernel"])
+    with pytest.raises(SystemExit) as exit_:
+        pr.main()
+    assert exit_.value.code == 2 and "unknown kernel" in capsys.readouterr().err

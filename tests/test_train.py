@@ -207,6 +207,24 @@ def test_time_budget_stops_early():
     assert 0.0 <= result.accuracy <= 1.0 and math.isfinite(result.test_loss)
 
 
+def test_the_guard_counts_from_the_end_of_the_first_step():
+    """A first step slowed by one-off set-up (here a 1 s pause before it) does not spend the guard;
+    the same pause before a later step does."""
+    import time
+
+    task = previous_token_task(n_train=64, n_test=16)
+    spec = TrainSpec(steps=6, batch_size=4)
+
+    def pause_before(n: int):
+        return lambda step: time.sleep(1.0) if step == n else None
+
+    budget = Budget(max_seconds=0.5)
+    first = train(build(ARCH, seed=0), task, spec, device="cpu", budget=budget, step_hook=pause_before(1))
+    assert first.stopped == "completed" and first.steps == spec.steps and first.seconds >= 1.0
+    later = train(build(ARCH, seed=0), task, spec, device="cpu", budget=budget, step_hook=pause_before(3))
+    assert later.stopped == "time budget" and later.steps == 3
+
+
 class ScriptedLoss(nn.Module):
     """Training forward k (1-based) gives every position logits [0.1·k, 0, …, 0]: with target 0
     its loss is log(1 + (C-1)·e^(-0.1k)) whatever the batch, so the curve is known in advance."""

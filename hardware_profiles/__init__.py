@@ -29,6 +29,8 @@ from hardware_profiles.yaml_files import DuplicateKey, YamlFileError, load_uniqu
 
 __all__ = [
     "DTYPES",
+    "KERNEL_FEATURES",
+    "KERNEL_FEATURES_ADDED",
     "Calibration",
     "HardwareProfile",
     "PeakTflops",
@@ -196,10 +198,10 @@ _DECODE_MODEL_KEYS = ("coefficients", "interval", "kernels_fingerprint", "date",
 # coefficients a decode model may hold: nas.latency._decode's DECODE_FEATURES (launch, weights, KV
 # cache per head dim, state), or its LEGACY_DECODE_FEATURES (one KV cost), as profiles had it
 _DECODE_MODEL_LENGTHS = (7, 4)
-# the features of each kernel family, in coefficient order: nas.latency._launches.FEATURES (this
-# package never imports nas; tests/hardware_profiles checks the two agree). A kernel class is
+# the features of each kernel family, in coefficient order, as a calibration's kernel_model holds them:
+# the one table of them (nas.latency._launches computes each and says what it is). A kernel class is
 # ``family[.variant...]`` (``linear.tma``, ``attention.sdpa.D64``) and holds one coefficient per feature.
-_KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
+KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
     "linear": (
         "launch",
         "waves",
@@ -220,7 +222,7 @@ _KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
 }
 # a family's features a calibration written before them may lack (the last ones, read as 0): the linear's
 # alignment features, added 2026-12-07
-_KERNEL_FEATURES_ADDED: dict[str, int] = {"linear": 3}
+KERNEL_FEATURES_ADDED: dict[str, int] = {"linear": 3}
 # mappings inside calibrated.check: summaries keyed by shape ("8x1024") or "all"
 _CHECK_SECTIONS = ("cross_validation", "check_set")
 
@@ -365,15 +367,15 @@ def _calibration(where: str, raw: Any) -> Calibration:
             )
         for cls, coef in coefficients.items():
             field = f"calibrated.kernel_model.coefficients.{cls}"
-            features = _KERNEL_FEATURES.get(str(cls).split(".")[0])
+            features = KERNEL_FEATURES.get(str(cls).split(".")[0])
             if features is None:
                 raise ProfileError(
                     f"{where}: field {field!r} names no kernel family; a class is one of "
-                    f"{list(_KERNEL_FEATURES)}, optionally with a '.variant'"
+                    f"{list(KERNEL_FEATURES)}, optionally with a '.variant'"
                 )
             _coefficients(where, field, coef)
             family = str(cls).split(".")[0]
-            if len(coef) not in (len(features), len(features) - _KERNEL_FEATURES_ADDED.get(family, 0)):
+            if len(coef) not in (len(features), len(features) - KERNEL_FEATURES_ADDED.get(family, 0)):
                 raise ProfileError(
                     f"{where}: field {field!r} must hold {len(features)} numbers ({', '.join(features)}), "
                     f"got {len(coef)}"

@@ -20,10 +20,12 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
 - linear ``y[M, N] = act(x[M, K] Wᵀ + b) (+ r)``: the tile of the configs the wrapper hands the
   autotuner first (``kernels.linear.configs.candidates``), ``T = ⌈M/BM⌉·⌈N/BN⌉`` tiles,
   ``w = ⌈T/S⌉`` tiles on the busiest SM: ``[1, w, w·⌈K/BK⌉, w·BM·BN·gelu, w·BM·BN·(relu|silu),
-  w·BM·BN·residual, MB moved]``. The class is the kernel the wrapper picks: cuBLAS's matmul and
-  the epilogue pass (``kernels.linear.configs.prefers_cublas``; launch feature 2 with an epilogue,
-  a nominal 128×128×64 tile, the epilogue's read and write of y in MB moved), persistent TMA
-  (sm_90, K > 256, M > 64, 16-byte rows), small M (one row of tiles), short K, long K.
+  w·BM·BN·residual, MB moved, w·⌈K/BK⌉·(K % 16 ≠ 0), w·⌈K/BK⌉·(K % 8 ≠ 0), w·BM·BN·(N % 8 ≠ 0)]``
+  (the last three, rows the fused kernel cannot move as vectors, are 0 on cuBLAS). The class is
+  the kernel the wrapper picks: cuBLAS's matmul and the epilogue pass
+  (``kernels.linear.configs.prefers_cublas``; launch feature 2 with an epilogue, a nominal
+  128×128×64 tile, the epilogue's read and write of y in MB moved), persistent TMA (sm_90,
+  K > 256, M > 64, 16-byte rows), small M (one row of tiles), short K, long K.
 - attention (flash, causal, per padded head dim D): ``P = B·H·⌈T/128⌉`` programs; ``[1, ⌈P/S⌉,
   ⌈P/S⌉·mean key blocks, key blocks of the last query block (the critical path), MB moved]``.
   The class is the route the wrapper takes (``kernels.attention.configs.prefers_sdpa`` with RoPE):
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hardware_profiles import KERNEL_FEATURES, KERNEL_FEATURES_ADDED
 from kernels.attention import padded_head_dim  # the kernels' head-dim rule, asked, not restated
 from kernels.linear.configs import LinearConfig
 from nas.spec import ArchSpec
@@ -58,29 +61,11 @@ __all__ = ["FEATURES", "KINDS", "Launch", "launches", "family"]
 
 _SIZE = 2  # bytes per element: the kernel model is fitted for bf16 / fp16
 _MB = 1e-6
-# feature names per family; KINDS says how each transfers to another GPU (see nas.latency._model)
-FEATURES: dict[str, tuple[str, ...]] = {
-    "linear": (
-        "launch",
-        "waves",
-        "k_steps",
-        "gelu",
-        "relu_silu",
-        "residual",
-        "mbytes",
-        "k_steps_k16",
-        "k_steps_k8",
-        "out_n8",
-    ),
-    "attention": ("launch", "waves", "key_blocks", "critical_blocks", "mbytes"),
-    "linear_attention": ("launch", "waves", "chunks_identity", "chunks_elu", "chunks_relu", "prefix", "mbytes"),
-    "norm": ("launch", "waves", "mbytes"),
-    "conv": ("launch", "waves", "taps", "mbytes"),
-    "embed": ("launch", "mbytes"),
-}
-# the last features of a family that calibrations written before them lack (KernelModel.from_dict
-# reads them as 0): the linear's alignment features, added 2026-12-07
-FEATURES_ADDED: dict[str, int] = {"linear": 3}
+# feature names per family (the profile format's table: hardware_profiles.KERNEL_FEATURES, with the
+# number of last features a calibration written before them lacks, read as 0); KINDS says how each
+# transfers to another GPU (see nas.latency._model)
+FEATURES: dict[str, tuple[str, ...]] = KERNEL_FEATURES
+FEATURES_ADDED: dict[str, int] = KERNEL_FEATURES_ADDED
 # launch: fixed cost per kernel; wave: per program-wave on an SM (latency); tensor: tensor-core
 # work on the busiest SM; vector: CUDA-core work on the busiest SM; bytes: HBM traffic
 KINDS: dict[str, str] = {

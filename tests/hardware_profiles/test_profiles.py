@@ -434,14 +434,18 @@ def test_malformed_values_are_one_profile_error_at_load(tmp_path: Path, data: An
 
 
 def test_kernel_families_match_the_latency_model() -> None:
-    """The loader's copy of the kernel families' features (hardware_profiles never imports nas)
-    and the decode model's lengths agree with nas.latency's own."""
+    """The latency model computes a value for every feature the profile format lists, per family
+    (one launch of each family has as many features as the table names), and the decode model's
+    lengths agree with nas.latency's own (hardware_profiles never imports nas)."""
     import hardware_profiles
     from nas.latency._decode import DECODE_FEATURES, LEGACY_DECODE_FEATURES
-    from nas.latency._launches import FEATURES, FEATURES_ADDED
+    from nas.latency._launches import FEATURES, KINDS, family
+    from nas.latency.calibrate import kernel_grid
 
-    assert hardware_profiles._KERNEL_FEATURES == FEATURES
-    assert hardware_profiles._KERNEL_FEATURES_ADDED == FEATURES_ADDED
+    assert FEATURES is hardware_profiles.KERNEL_FEATURES
+    widths = {family(c.launch(132).cls): len(c.launch(132).x) for c in kernel_grid()}
+    assert widths == {fam: len(names) for fam, names in FEATURES.items()}
+    assert {name for names in FEATURES.values() for name in names} == set(KINDS)
     assert hardware_profiles._DECODE_MODEL_LENGTHS == (len(DECODE_FEATURES), len(LEGACY_DECODE_FEATURES))
 
 

@@ -34,6 +34,9 @@ __all__ = [
     "NORM_FUSED_MAX_K",
     "fuses_norm",
     "prefers_cublas",
+    "norm_in_kernel",
+    "FEATURE_ALIGN",
+    "padded_features",
 ]
 
 
@@ -189,7 +192,8 @@ def prefers_tma(capability: tuple[int, int], m_bucket_: int, k: int) -> bool:
 # slower main loop costs more than the pass over the output it saves:
 # - no activation and no residual: nothing to fuse;
 # - ReLU after a bias, no residual: cuBLASLt fuses bias + ReLU into its own epilogue (torch._addmm_activation);
-# - K not a multiple of 16: Triton specialises integer arguments divisible by 16, so such rows load without vectors;
+# - K not a multiple of 16: Triton specialises integer arguments divisible by 16, so such rows load without vectors
+#   (this one holds with a norm to fold in too: the fused kernel's slow loop costs more than the norm's own launch);
 # - K > SHORT_K_MAX on sm_90, except the persistent TMA kernel at M > 8192 with N ≥ K;
 # - short K with N ≥ CUBLAS_MIN_N, or GELU over CUBLAS_GELU_MIN_OUTPUT output elements or more.
 # The rows: tests/kernels/data/default_peers_h200_linear_fused_only.json (the fused kernel against cuBLAS + torch).
@@ -229,19 +233,40 @@ def prefers_cublas(
     folds in and the cuBLAS route runs as a launch of its own before the matmul."""
     if n % 8 or k % 8:  # rows of 16-bit elements not 16-byte aligned: cuBLAS's slow kernels
         return False
+    if k % 16:
+        return True
     if norm and fuses_norm(m_bucket_, k):
         return False
     if activation is None and not residual:
         return True
     if activation == "relu" and bias and not residual:
         return True
-    if k % 16:
-        return True
     if capability != (9, 0):
         return False
     if k > SHORT_K_MAX:
         return not (m_bucket_ > 8192 and n >= k)
     return n >= CUBLAS_MIN_N or (activation == "gelu" and m_bucket_ * n >= CUBLAS_GELU_MIN_OUTPUT)
+
+
+def norm_in_kernel(
+    capability: tuple[int, int], m_bucket_: int, n: int, k: int, activation: str | None, residual: bool = False
+) -> bool:
+    """Whether ``linear(..., norm=)`` sums the norm's row statistics inside the fused kernel (one
+    launch) rather than running the norm as a launch of its own before its route: the fused
+    kernel's route and ``fuses_norm``."""
+    return fuses_norm(m_bucket_, k) and not prefers_cublas(capability, m_bucket_, n, k, activation, residual, norm=True)
+
+
+# A model pads each linear's own feature widths (an MLP's hidden width, the readout's outputs) to a
+# multiple of FEATURE_ALIGN with zero weights, so no launch has K % 16 ≠ 0 or N % 8 ≠ 0 there: the
+# fused kernel's rows then load and store as vectors, and cuBLAS's aligned kernels apply. Only the
+# residual width d, shared with the norms, is left as the architecture has it.
+FEATURE_ALIGN = 16
+
+
+def padded_features(n: int) -> int:
+    """``n`` rounded up to a multiple of FEATURE_ALIGN (0 stays 0)."""
+    return -(-n // FEATURE_ALIGN) * FEATURE_ALIGN
 
 
 def candidates(

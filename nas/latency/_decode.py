@@ -9,8 +9,8 @@ linear is a matrix-vector product: the step is memory-bound (Flash-Decoding; Kim
 Jet-Nemotron name the KV cache the cost that dominates long-context decoding). Its bytes:
 
 - weights: every parameter once per step (``count_params``, plus the zero rows and columns of
-  heads padded to a kernel's head dim; of the embedding only the B rows gathered), whatever the
-  batch;
+  heads padded to a kernel's head dim and of MLP hidden widths and readout outputs padded to
+  ``padded_features``; of the embedding only the B rows gathered), whatever the batch;
 - KV cache: each attention layer reads K and V of ``context`` rows: ``2·context·d`` elements per
   sequence (its heads' dims are zero-padded to a kernel's head dim, as the decoder stores them);
 - state: each linear-attention layer reads and writes its ``heads`` ``[Dh, Dh]`` states
@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kernels.attention.configs import SUPPORTED_HEAD_DIMS, padded_head_dim
+from kernels.linear.configs import padded_features
 from nas.spec import WEIGHT_DTYPES, ArchSpec
 
 from ._costs import (
@@ -182,7 +183,7 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
     size = _check(context, batch, dtype)
     d, B = arch.d_model, batch
     launches = 1 + 2 + 1  # embedding gather; final norm + head; position counter
-    act = B * d * size * 2 + B * arch.n_out * size  # embedding rows, final norm, logits
+    act = B * d * size * 2 + B * padded_features(arch.n_out) * size  # embedding rows, final norm, logits
     state = padding = 0  # padding: weights the padded heads add (zero rows and columns)
     cache = [0] * len(KV_HEAD_DIMS)
     for layer in arch.layers:
@@ -208,12 +209,14 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
             else:
                 launches += 1
                 state += 2 * layer.heads * (p * p + p) * state_bytes(layer) * B
-        hidden = mlp_hidden(layer, d)
+        hidden = padded_features(mlp_hidden(layer, d))  # zero-padded in the weights, as the head's outputs
         if hidden:
+            padding += (hidden - mlp_hidden(layer, d)) * (2 * d * w_size + size)  # up's rows + bias, down's columns
             launches += 3
             act += B * d * size * 2 + B * hidden * size * 2 + B * d * size * 3
             if fp8:  # quantize_rows before up and down
                 launches += 2
                 act += B * (d + hidden) * (size + 1)
+    padding += (padded_features(arch.n_out) - arch.n_out) * (d + 1) * size
     weights = weight_bytes(arch, size) - arch.vocab_size * d * size + padding  # the embedding: B rows gathered
     return DecodeWork(launches, weights, tuple(cache), state + act)

@@ -8,7 +8,8 @@ MLP down (+residual); final norm; head. Each norm is folded into the linear afte
 launch of its own only where that linear does not sum it in its main loop (``_normed_linear``,
 ``kernels.linear.configs.fuses_norm``). A head dim
 the kernels do not run is padded to the next one (P) in the weights, so the qkv linear is ``N = 3·H·P`` wide, the short
-conv ``3·H·P`` channels and the out linear ``K = H·P`` deep.
+conv ``3·H·P`` channels and the out linear ``K = H·P`` deep. The MLP's hidden width and the
+readout's outputs are zero-padded to ``kernels.linear.configs.padded_features`` the same way.
 
 Every launch belongs to a *class* (one set of fitted coefficients: ``linear.tma``,
 ``attention.D64``, ``norm.rmsnorm``, …). Its features are the
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 
 from hardware_profiles import KERNEL_FEATURES, KERNEL_FEATURES_ADDED
 from kernels.attention import padded_head_dim  # the kernels' head-dim rule, asked, not restated
-from kernels.linear.configs import LinearConfig
+from kernels.linear.configs import LinearConfig, padded_features
 from nas.spec import ArchSpec
 
 from ._costs import mlp_hidden
@@ -120,11 +121,11 @@ def _normed_linear(
     norm_name: str, kind: str, name: str, M: int, N: int, K: int, sms: int, *, activation: str | None = None
 ) -> list[Launch]:
     """A norm and the linear after it (``TritonModel`` folds the norm into the linear): one launch
-    where ``fuses_norm`` has the fused kernel sum the row statistics in its main loop (a second
+    where ``norm_in_kernel`` has the fused kernel sum the row statistics in its main loop (a second
     read of x: its MB moved); elsewhere the norm's own launch, then the linear's usual route."""
     from kernels.linear import configs
 
-    if configs.fuses_norm(configs.m_bucket(M), K):
+    if configs.norm_in_kernel((9, 0), configs.m_bucket(M), N, K, activation):
         return [_linear(name, M, N, K, sms, activation=activation, norm=True)]
     return [_norm(norm_name, kind, M, K, sms), _linear(name, M, N, K, sms, activation=activation)]
 
@@ -320,7 +321,7 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
                 )
             out.append(_linear(f"{prefix}.out", M, d, HP, sm_count, residual=True))
         if layer.mlp_ratio > 0:
-            hidden = mlp_hidden(layer, d)
+            hidden = padded_features(mlp_hidden(layer, d))  # zero-padded in the weights
             out += _normed_linear(
                 f"{prefix}.mlp_norm",
                 layer.norm,
@@ -333,4 +334,5 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             )
             out.append(_linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True))
     rows = M if arch.readout == "token" else B
-    return out + _normed_linear("final_norm", arch.layers[-1].norm, "head", rows, arch.n_out, d, sm_count)
+    n_out = padded_features(arch.n_out)  # the readout's rows zero-padded in the weights
+    return out + _normed_linear("final_norm", arch.layers[-1].norm, "head", rows, n_out, d, sm_count)

@@ -256,8 +256,9 @@ def kernel_grid() -> list[KernelCase]:
                     for ratio in (1, 2, 4)
                     for act in acts
                 ]
-            # the readout's vocab from 32 (one partial tile) to GPT-2's 50257 (many waves)
-            for vocab in (32, 64, 1001, 8192, 50257) + ((3001, 5003) if d > 256 else ()):
+            # the readout's vocab from 32 (one partial tile) to GPT-2's 50257 (many waves), its
+            # outputs padded as the model pads them
+            for vocab in map(configs.padded_features, (32, 64, 1001, 8192, 50257) + ((3001, 5003) if d > 256 else ())):
                 cases += [
                     _case("linear", M=M, N=vocab, K=d, activation=None, residual=False),
                     _case("linear", M=shape.batch, N=vocab, K=d, activation=None, residual=False),
@@ -293,29 +294,34 @@ def kernel_grid() -> list[KernelCase]:
     return cases
 
 
-# widths whose rows the fused kernel loads without vectors (K % 16: 40, 72, 200, 264) and odd
-# sizes (an MLP ratio's hidden width, a vocabulary) whose rows are not even 16-byte aligned
+# residual widths the model cannot pad (the norms read d): K % 16 = 8 (40, 72, 200, 264), whose
+# linears go to cuBLAS (a norm before them as a launch of its own), and K % 8 ≠ 0 (36, 100, 180),
+# whose rows are not 16-byte aligned and stay on the fused kernel, off its vector loads and stores
 UNALIGNED_WIDTHS = (40, 72, 200, 264)
-ODD_SIZES = (93, 517, 1003, 2417)
+ODD_WIDTHS = (36, 100, 180)
 
 
 def _unaligned_linears() -> list[KernelCase]:
-    """The fused kernel off its vector loads and stores (``_launches._linear``'s alignment
-    features), on every route a forward gives it: an MLP's up and down projections at an odd
-    hidden width (N, then K odd), the readout at an odd vocabulary (also at the batch's rows, the
-    small-M tile), and the norm folded into the linear at widths K % 16 ≠ 0."""
+    """Every linear a forward launches at a residual width d not a multiple of 16, at each
+    shape: the normed qkv and MLP up (K = d), the out and MLP down projections (N = d, with the
+    residual) and the readout at the batch's rows (the small-M tile); the widths they pair d
+    with are padded as the model pads them (``padded_features``)."""
+    from kernels.linear.configs import padded_features
+
     cases: list[KernelCase] = []
     acts = ("gelu", "relu", "silu")
     for shape in SHAPES:
         M = shape.tokens
-        for i, d in enumerate(UNALIGNED_WIDTHS + (64, 256)):
-            odd = ODD_SIZES[i % len(ODD_SIZES)]
+        for i, d in enumerate(UNALIGNED_WIDTHS + ODD_WIDTHS):
+            hidden = padded_features(round(d * (1.5, 2.7, 4)[i % 3]))
             cases += [
-                _case("linear", M=M, N=odd, K=d, activation=acts[i % 3], residual=False),
-                _case("linear", M=M, N=d, K=odd, activation=None, residual=True),
-                _case("linear", M=shape.batch, N=odd, K=d, activation=None, residual=False),
-                _case("linear", M=M, N=3 * d, K=d, activation=None, residual=False, norm=True),
-                _case("linear", M=M, N=2 * d, K=d, activation=acts[i % 3], residual=False, norm=True),
+                _case("linear", M=M, N=3 * 64, K=d, activation=None, residual=False, norm=True),
+                _case("linear", M=M, N=hidden, K=d, activation=acts[i % 3], residual=False, norm=True),
+                _case("linear", M=M, N=d, K=64 * (1 + i % 4), activation=None, residual=True),
+                _case("linear", M=M, N=d, K=hidden, activation=None, residual=True),
+                _case(
+                    "linear", M=shape.batch, N=padded_features(1001 + 1000 * i), K=d, activation=None, residual=False
+                ),
             ]
     return cases
 

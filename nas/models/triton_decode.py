@@ -236,7 +236,7 @@ class TritonDecoder:
             if blk.up is not None:
                 u = linear_rows(blk.norm2(h), *blk.up, activation=blk.activation)
                 h = linear_rows(u, *blk.down, residual=h)
-        logits = linear_rows(tm.final_norm(h), *tm.head)  # [B, n_out]
+        logits = tm.logits(linear_rows(tm.final_norm(h), *tm.head))  # [B, n_out], a view
         self.positions += 1
         return logits
 

@@ -216,6 +216,6 @@ class StoredDecoder(TritonDecoder):
             if blk.up is not None:
                 u = self._linear(blk.norm2(h), blk.up, w and w.up, activation=blk.activation)
                 h = self._linear(u, blk.down, w and w.down, residual=h)
-        logits = linear_rows(tm.final_norm(h), *tm.head)  # [B, n_out]
+        logits = tm.logits(linear_rows(tm.final_norm(h), *tm.head))  # [B, n_out], a view
         self.positions += 1
         return logits

@@ -7,14 +7,18 @@ embedding gather and reshapes run in torch. Each norm (and the final one) is fol
 linear after it (``fold_norms``, the default): its scale and shift go into that linear's weight
 and bias once, at construction (``kernels.linear.reference.fold_norm``), and the linear
 normalises its input rows itself (``linear(..., norm=)``: inside the fused kernel's main loop,
-one launch fewer per norm, where ``kernels.linear.configs.fuses_norm`` says so; elsewhere a
+one launch fewer per norm, where ``kernels.linear.configs.norm_in_kernel`` says so; elsewhere a
 unit-affine norm launch before the linear's route). The decoder runs the same unit-affine norm as a
 launch of its own before its row kernels. A head dim the kernels do not run (one that is not
 16, 32, 64 or 128) is zero-padded to the next one they do, in the weights, once, at construction
 (``_pad_weights``): the qkv projection (and short conv) write every head already padded and the
 out projection reads the padded heads, so a forward makes no padding copies and gives exactly
-the model's result. Weights are cast once to ``dtype`` at construction (bf16 on a GPU; fp32 lets
-the CPU interpreter tests compare with the torch model tightly).
+the model's result. So are the MLP's hidden width and the readout's outputs, to a multiple of
+``kernels.linear.configs.FEATURE_ALIGN`` (``_pad_hidden``, ``_pad_outputs``): no linear then
+reads or writes rows the kernels cannot move as vectors, but those of the residual width d; the
+logits are a view of the readout's first n_out columns. Weights are cast once to ``dtype`` at
+construction (bf16 on a GPU; fp32 lets the CPU interpreter tests compare with the torch model
+tightly).
 
 Capturing the forward in a CUDA graph per input shape (``capture``) is what makes its latency
 that of the kernels rather than of Python's launch overhead, which dominates small models.
@@ -161,10 +165,11 @@ class TritonModel:
                     qkv, conv, out = _pad_weights(qkv, conv, out, spec.heads, padded, spec.mixer, spec.feature_map)
                 qkv, out = _cast(qkv, dtype), _cast(out, dtype)
                 conv = None if conv is None else _cast(conv, dtype)
-            norm2 = up = None
+            norm2 = up = down = None
             if mlp is not None:
                 norm2, up = _folded(block.norm2, block.mlp_up, fold_norms)
-                up = _cast(up, dtype)
+                up, down = _pad_hidden(up, _linear(block.mlp_down, torch.float32))
+                up, down = _cast(up, dtype), _cast(down, dtype)
             norm1, norm2 = _to(norm1, dtype), _to(norm2, dtype)
             blocks.append(
                 _Block(
@@ -181,12 +186,12 @@ class TritonModel:
                     up,
                     None if up is None else _sums(norm2, up[0]),
                     spec.activation,
-                    _linear(block.mlp_down, dtype) if mlp is not None else None,
+                    down,
                 )
             )
         self.blocks = tuple(blocks)
         final_norm, head = _folded(model.norm, model.head, fold_norms)
-        self.final_norm, self.head = _to(final_norm, dtype), _cast(head, dtype)
+        self.final_norm, self.head = _to(final_norm, dtype), _cast(_pad_outputs(head), dtype)
         self.head_sums = _sums(self.final_norm, self.head[0])
         self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (D, padded D) → cos, sin
         self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown tables, kept alive for old graphs
@@ -239,8 +244,12 @@ class TritonModel:
                 h = linear(u, *blk.down, residual=h)
         if self.arch.readout == "last":
             h = h.view(B, T, d)[:, -1]
-        logits = _normed_linear(h, self.final_norm, self.head, self.head_sums)
+        logits = self.logits(_normed_linear(h, self.final_norm, self.head, self.head_sums))
         return logits.view(B, T, -1) if self.arch.readout == "token" else logits
+
+    def logits(self, padded: torch.Tensor) -> torch.Tensor:
+        """The readout's ``[rows, n_out]`` of its output ``[rows, padded n_out]`` (a view)."""
+        return padded[:, : self.arch.n_out]
 
     __call__ = forward
 
@@ -341,6 +350,25 @@ def _pad_weights(
     wide = wo.new_zeros(wo.shape[0], heads * P)
     wide[:, idx] = wo
     return (w, b), (None if conv is None else (wc, bc)), (wide, bo)
+
+
+def _pad_outputs(pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A linear's (weight [N, K], bias [N]) with N zero-padded to ``padded_features(N)``."""
+    from kernels.linear.configs import padded_features
+
+    w, b = pair
+    extra = padded_features(w.shape[0]) - w.shape[0]
+    return F.pad(w, (0, 0, 0, extra)), F.pad(b, (0, extra))
+
+
+def _pad_hidden(
+    up: tuple[torch.Tensor, torch.Tensor], down: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The MLP's hidden width zero-padded to ``padded_features``: up's extra outputs are
+    act(0 + 0) and down reads them through zero columns, so the result is the model's."""
+    up = _pad_outputs(up)
+    extra = up[0].shape[0] - down[0].shape[1]
+    return up, (F.pad(down[0], (0, extra)), down[1])
 
 
 def to_triton(model: HybridModel, *, dtype: torch.dtype = torch.bfloat16, fold_norms: bool = True) -> TritonModel:

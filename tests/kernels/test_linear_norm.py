@@ -226,10 +226,11 @@ def test_bad_norm_arguments_name_the_field() -> None:
 
 def test_route_rule_with_a_norm() -> None:
     """With a norm the fused kernel takes K up to NORM_FUSED_MAX_K while x has fewer than
-    NORM_FUSED_MAX_X elements, whatever else the rule says; elsewhere (longer K, more rows) the
+    NORM_FUSED_MAX_X elements, whatever else the rule says but K % 16 ≠ 0 (rows the fused kernel
+    loads without vectors: the norm's launch, then cuBLAS); elsewhere (longer K, more rows) the
     rule without the norm decides; rows that are not 16-byte aligned never go to cuBLAS."""
     limit = configs.NORM_FUSED_MAX_X
-    shapes = [(768, 128, None), (512, 120, "gelu"), (1024, 128, "relu"), (4096, 96, "gelu"), (288, 96, None)]
+    shapes = [(768, 128, None), (5120, 112, "gelu"), (1024, 128, "relu"), (4096, 96, "gelu"), (288, 96, None)]
     for cap in ((9, 0), (8, 0)):
         for n, k, act in shapes:
             below = configs.m_bucket(-(-limit // k)) // 2  # the largest bucket under the limit
@@ -245,6 +246,11 @@ def test_route_rule_with_a_norm() -> None:
                 assert configs.prefers_cublas(cap, m, n, k, act, False, norm=True) == configs.prefers_cublas(
                     cap, m, n, k, act, False
                 )
+    for cap in ((9, 0), (8, 0)):
+        for m, k in ((16, 24), (256, 120), (4096, 72)):  # under both fusing limits, K % 16 = 8
+            assert configs.fuses_norm(m, k) and configs.prefers_cublas(cap, m, 512, k, "gelu", False, norm=True)
+            assert not configs.norm_in_kernel(cap, m, 512, k, "gelu"), (cap, m, k)
+            assert configs.norm_in_kernel(cap, m, 512, k + 8, "gelu"), (cap, m, k + 8)
     assert configs.prefers_cublas((9, 0), 256, 1536, 512, None, False, norm=True), "long K: norm + cuBLAS"
     assert not configs.prefers_cublas((9, 0), 16384, 5003, 512, None, False, norm=True), "unaligned rows"
 

@@ -556,3 +556,30 @@ def test_the_committed_rows_refit_to_the_shipped_h200_profile():
     assert report["check"]["all"]["within_10pct"] == pytest.approx(
         shipped.check["check_set"]["all"]["within_10pct"], abs=1e-3
     )
+
+
+def test_only_the_residual_width_can_leave_a_launch_unaligned():
+    """The model pads MLP hidden widths and readout outputs (``padded_features``), and a K % 16 ≠ 0
+    linear goes to cuBLAS with the norm as a launch of its own: at d 72 (K % 16 = 8), hidden 94 and
+    1003 outputs no launch carries the unaligned-row features, and each normed linear is a norm
+    launch then cuBLAS; at d 36 (K % 8 ≠ 0: no cuBLAS) the fused kernel's unaligned loop is priced."""
+    from kernels.linear import configs
+    from nas.spec import LayerSpec
+
+    def arch(d: int) -> ArchSpec:
+        layers = (LayerSpec("attention", 2, None, 4, 1.3, "gelu", "rmsnorm"), LayerSpec("none", mlp_ratio=0.7))
+        return ArchSpec(d, layers, 1003, 1003, "token")
+
+    unaligned = [FEATURES["linear"].index(f) for f in ("k_steps_k16", "k_steps_k8", "out_n8")]
+    for shape in ("1x256", "8x1024"):
+        work = launches(arch(72), parse_shape(shape), SMS)
+        linears = [w for w in work if family(w.cls) == "linear"]
+        assert len(linears) == 7
+        assert all(w.x[i] == 0 for w in linears for i in unaligned), shape
+        names = [w.name for w in work]
+        for norm, linear in (("layers.0.mixer_norm", "layers.0.qkv"), ("final_norm", "head")):
+            assert names.index(norm) == names.index(linear) - 1 and work[names.index(linear)].cls == "linear.cublas"
+        assert configs.fuses_norm(configs.m_bucket(parse_shape(shape).tokens), 72)  # the route, not the size
+    narrow = launches(arch(36), parse_shape("1x256"), SMS)
+    qkv = next(w for w in narrow if w.name == "layers.0.qkv")
+    assert qkv.cls != "linear.cublas" and qkv.x[unaligned[1]] > 0

@@ -138,6 +138,39 @@ def test_last_readout_and_other_lengths():
             torch.testing.assert_close(tm(tokens), model(tokens), rtol=1e-4, atol=1e-4)
 
 
+@requires_interpreter
+@pytest.mark.parametrize("readout", ["token", "last"])
+def test_hidden_and_readout_widths_are_padded_in_the_weights(readout, monkeypatch):
+    """An MLP hidden width of 27 (ratio 0.85 of d 32) and 29 or 5 outputs run as 32 and 16
+    columns of zero weights: every linear the forward launches has K a multiple of 16 and N of
+    8 (the residual width 32 is), the result is the torch model's, and the logits are n_out wide."""
+    import kernels.linear as lin
+    from kernels.linear.configs import FEATURE_ALIGN
+
+    layers = [LayerSpec("attention", 2, None, 4, 0.85), LayerSpec("none", mlp_ratio=1.3, activation="silu")]
+    model = _random_norms(build(_arch(layers, readout=readout), seed=13).eval(), seed=14)
+    tm = to_triton(model, dtype=torch.float32)
+    n_out = model.arch.n_out
+    assert [b.up[0].shape for b in tm.blocks] == [(32, 32), (48, 32)]  # 27 → 32, round(41.6) = 42 → 48
+    assert [b.down[0].shape for b in tm.blocks] == [(32, 32), (32, 48)]
+    assert tm.head[0].shape == (-(-n_out // FEATURE_ALIGN) * FEATURE_ALIGN, 32)
+    shapes = []
+    real = lin.linear
+
+    def spy(x, weight, *args, **kw):
+        shapes.append(tuple(weight.shape))
+        return real(x, weight, *args, **kw)
+
+    monkeypatch.setattr(lin, "linear", spy)
+    tokens = torch.randint(0, 29, (2, 19), generator=torch.Generator().manual_seed(15))
+    with torch.no_grad():
+        expected = model(tokens)
+    got = tm(tokens)
+    assert got.shape == expected.shape and got.shape[-1] == n_out
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert len(shapes) == 7 and all(k % 16 == 0 and n % 8 == 0 for n, k in shapes), shapes
+
+
 def _random_norms(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Every norm's scale (and LayerNorm's shift) drawn away from the (1, 0) a model starts
     with, so a scale or shift the fold dropped or misplaced changes the output; eps 0.25, so an

@@ -22,7 +22,7 @@ from kernels.device import is_cuda
 
 __all__ = ["causal_conv_step"]
 
-MAX_KERNEL = 8  # the state rows live in one [8, BLOCK_C] tile
+MAX_KERNEL = 16  # the state rows live in one [16, BLOCK_C] tile at most: the longest short conv a space may hold
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def causal_conv_step(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor) -> 
 
     x: ``[B, C]`` bf16/fp16/fp32, unit stride on C. state: ``[B, K − 1, C]`` contiguous of x's
     dtype, the previous K − 1 inputs, oldest first (zeros before the sequence start). weight:
-    ``[C, K]``, 1 ≤ K ≤ 8. bias: ``[C]``. Returns y ``[B, C]`` in x's dtype, equal to the last
+    ``[C, K]``, 1 ≤ K ≤ MAX_KERNEL (16). bias: ``[C]``. Returns y ``[B, C]`` in x's dtype, equal to the last
     output of ``kernels.conv.reference.causal_depthwise_conv`` over the sequence.
     """
     if x.dim() != 2 or weight.dim() != 2 or state.dim() != 3:

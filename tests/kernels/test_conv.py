@@ -184,7 +184,7 @@ def _steps_match_sequence(B: int, T: int, C: int, K: int, dtype: torch.dtype, de
 
 @requires_interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("K", [1, 2, 4, 8])
+@pytest.mark.parametrize("K", [1, 2, 4, 8, 13, 16])
 def test_step_matches_sequence(K: int, dtype: torch.dtype) -> None:
     """Odd batch and channels (C = 37 over two 32-channel programs), T longer and shorter than K."""
     _steps_match_sequence(3, 11, 37, K, dtype, DEVICE)
@@ -198,8 +198,8 @@ def test_step_bad_arguments_raise() -> None:
     x, w, b = torch.zeros(2, 8), torch.zeros(8, 4), torch.zeros(8)
     with pytest.raises(ValueError, match=r"state must have shape \[2, 3, 8\]"):
         causal_conv_step(x, torch.zeros(2, 2, 8), w, b)
-    with pytest.raises(ValueError, match="K must be in 1..8"):
-        causal_conv_step(x, torch.zeros(2, 8, 8), torch.zeros(8, 9), b)
+    with pytest.raises(ValueError, match="K must be in 1..16"):
+        causal_conv_step(x, torch.zeros(2, 16, 8), torch.zeros(8, 17), b)
     with pytest.raises(ValueError, match="state must be contiguous"):
         causal_conv_step(x, torch.zeros(2, 8, 3).transpose(1, 2), w, b)
 
@@ -207,6 +207,17 @@ def test_step_bad_arguments_raise() -> None:
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("K", [1, 4, 8])
+@pytest.mark.parametrize("K", [1, 4, 8, 16])
 def test_gpu_step_matches_sequence(K: int, dtype: torch.dtype) -> None:
     _steps_match_sequence(5, 20, 1536 + 7, K, dtype, CUDA)
+
+
+def test_the_step_takes_every_short_conv_a_space_may_hold() -> None:
+    """A layer's ``short_conv`` is validated up to a limit (``nas.spec``); the decode step must
+    run every length up to it (a longer one once failed every decode of such an architecture)."""
+    from kernels.conv.decode import MAX_KERNEL
+    from nas.spec import LayerSpec
+
+    LayerSpec("attention", 1, None, MAX_KERNEL, 0.0)  # accepted
+    with pytest.raises(ValueError, match="short_conv"):
+        LayerSpec("attention", 1, None, MAX_KERNEL + 1, 0.0)

@@ -141,12 +141,20 @@ def _model(kernel_model_json: str) -> KernelModel:
 
 @functools.cache
 def _calibrated_reference() -> HardwareProfile | None:
-    """The first shipped profile (by name) with a kernel model: what others are transferred from."""
-    for name in list_profiles():
-        profile = load_profile(name)
-        if profile.calibrated.kernel_model_json is not None:
-            return profile
-    return None
+    """What other profiles are transferred from: of the shipped profiles with a kernel model, one
+    fitted on the kernels this checkout runs if any, then the most recent, then by name."""
+    from ._measure import kernels_fingerprint
+
+    fitted = [p for p in map(load_profile, list_profiles()) if p.calibrated.kernel_model_json is not None]
+    if not fitted:
+        return None
+    current = kernels_fingerprint()
+
+    def rank(p: HardwareProfile) -> tuple[bool, str]:
+        return p.calibrated.get("kernels_fingerprint") == current, str(p.calibrated.get("date") or "")
+
+    best = max(rank(p) for p in fitted)
+    return next(p for p in fitted if rank(p) == best)
 
 
 def transfer_ratios(source: HardwareProfile, target: HardwareProfile) -> dict[str, float]:

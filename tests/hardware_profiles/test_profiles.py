@@ -57,7 +57,7 @@ def test_shipped_profile_loads_and_validates(name: str) -> None:
     assert "assumption" in profile.source("launch_overhead_us")
     if profile.calibrated != Calibration():  # filled only from a real GPU, and says which
         cal = profile.calibrated
-        assert cal.measured_with and profile.name in ("h200",)
+        assert cal.measured_with and profile.name in ("h200", "h100_sxm")
         assert all(0 < f <= 1 for f in (cal.bandwidth_fraction or 1, *(v for _, v in cal.flops_fractions)))
 
 

@@ -76,13 +76,16 @@ def test_fit_recovers_known_coefficients():
     come back. (The graph gap shares every launch, and the intercept the embedding's one launch per
     forward: only the penalty toward the kernel grid separates them, so a generator whose forwards
     weigh the launches differently may land elsewhere on that ridge at the same predictions: the
-    next test checks those.)"""
+    next test checks those. The TMA kernel's launches, which only the 32×512 forwards have, share
+    a ridge with the per-token term as well: each within 5-10 %, the other coefficients 2 %.)"""
     truth, kernel_rows, fit_rows, check_rows = _synthetic(ranges=FIT_RANGES_V1)
     model, report = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS)
     for cls in IDENTIFIABLE:
-        assert model.coefficient(cls) == pytest.approx(truth.coefficient(cls), rel=1e-2, abs=1e-3), cls
+        got, want = model.coefficient(cls), truth.coefficient(cls)
+        assert got[0] == pytest.approx(want[0], rel=5e-2, abs=1e-3), cls
+        assert got[1:] == pytest.approx(want[1:], rel=2e-2, abs=1e-3), cls
     assert model.intercept_us == pytest.approx(5.0, rel=1e-2)
-    assert model.per_ktoken_us == pytest.approx(0.3, rel=1e-2)
+    assert model.per_ktoken_us == pytest.approx(0.3, rel=0.1)
     for key in ("cv", "check"):
         assert report[key]["all"]["within_10pct"] == 1.0
     assert report["interval"] < 1e-3
@@ -122,9 +125,10 @@ def test_interval_covers_the_stated_share_of_held_out_errors():
     """Measured times with 4 % log-normal noise: the interval (from cross-validated residuals,
     not the fit's own) must cover about 95 % of forwards the fit never saw, and stay within a
     small multiple of the noise's own 95th percentile (7.8 %; the rest is the fit's error with
-    180 forwards for ~100 coefficients; with 120, since the cuBLAS route's class carries most of
-    the forwards' linear time, the held-out error reached 20 %: fitted noise, not model error)."""
-    _, kernel_rows, fit_rows, check_rows = _synthetic(archs=60, noise=0.04)
+    240 forwards for ~100 coefficients; with 120, since the cuBLAS route's class carries most of
+    the forwards' linear time, the held-out error reached 20 %: fitted noise, not model error;
+    with 180, coverage 89 % once the padded widths moved more launches to the TMA class)."""
+    _, kernel_rows, fit_rows, check_rows = _synthetic(archs=80, noise=0.04)
     model, report = fit(kernel_rows, fit_rows, sm_count=SMS)
     errors = [
         model.forward_us(
@@ -318,17 +322,26 @@ def test_uncalibrated_profile_says_so():
 
 
 def test_shipped_profiles_carry_their_basis():
+    """The H100 and H200 predict from their own calibrations; the others are transferred from the
+    reference: a calibration of the kernels this checkout runs (the H100's, the H200's being of
+    older kernels), checked where a transfer within that compute capability was measured."""
+    from nas.latency._measure import kernels_fingerprint
+
     arch = random_archs(5, 1)[0]
-    h200 = load_profile("h200")
-    assert h200.calibrated.kernel_model is not None and h200.calibrated.get("kernels_fingerprint")
+    reference = _predict._calibrated_reference()
+    assert reference is not None and reference.name == "h100_sxm"
+    assert reference.calibrated.get("kernels_fingerprint") == kernels_fingerprint()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        assert predict(arch, SHAPES[0], h200).basis.startswith("h200, calibrated ")
-        for name in ("l4", "a100_80gb", "h100_sxm", "rtx4090"):
+        for name in ("h100_sxm", "h200"):
+            profile = load_profile(name)
+            assert profile.calibrated.kernel_model is not None and profile.calibrated.get("kernels_fingerprint")
+            assert predict(arch, SHAPES[0], profile).basis.startswith(f"{name}, calibrated ")
+        for name in ("l4", "a100_80gb", "rtx4090"):
             capability = load_profile(name).compute_capability
-            checked = _predict.MEASURED_TRANSFER_INTERVAL.get(capability) and capability == h200.compute_capability
+            checked = _predict.MEASURED_TRANSFER_INTERVAL.get(capability) and capability == reference.compute_capability
             expect = f"checked within sm_{capability[0]}{capability[1]}" if checked else "unchecked"
-            assert predict(arch, SHAPES[0], load_profile(name)).basis == f"transferred from h200, {expect}"
+            assert predict(arch, SHAPES[0], load_profile(name)).basis == f"transferred from h100_sxm, {expect}"
 
 
 def test_a_measured_transfer_interval_holds_only_within_its_capability(calibrated, monkeypatch):
@@ -541,16 +554,26 @@ def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():
     assert not any(w.cls.startswith("norm.") for w in launches(arch, parse_shape("1x256"), SMS))
 
 
-def test_the_committed_rows_refit_to_the_shipped_h200_profile():
-    """benchmarks/results/predictor_rows_h200.json is the run the shipped H200 profile was fitted
-    on: same kernels fingerprint and date, and refitting it gives the profile's interval and check
-    scores (a recalibration that ships a profile without its rows fails here)."""
+@pytest.mark.parametrize("name", ["h100_sxm", "h200"])
+def test_the_committed_rows_refit_to_the_shipped_profile(name):
+    """benchmarks/results/predictor_rows_<gpu>.json is the run the shipped profile was fitted on:
+    same kernels fingerprint and date, and refitting it gives the profile's interval and check
+    scores (a recalibration that ships a profile without its rows fails here). Rows of kernels
+    that have changed since (the launch model now describes other kernels) cannot refit to it:
+    such a profile must say that its kernels differ."""
     import json
     from pathlib import Path
 
-    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/predictor_rows_h200.json").read_text())
-    shipped = load_profile("h200").calibrated
+    from nas.latency import prediction_status
+    from nas.latency._measure import kernels_fingerprint
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    rows = json.loads((results / f"predictor_rows_{name.split('_')[0]}.json").read_text())
+    shipped = load_profile(name).calibrated
     assert (rows["kernels_fingerprint"], rows["date"]) == (shipped.get("kernels_fingerprint"), shipped.get("date"))
+    if rows["kernels_fingerprint"] != kernels_fingerprint():
+        assert prediction_status(load_profile(name)).fingerprint.startswith("differs")
+        return
     _, report = fit(rows["kernel_rows"], rows["fit_rows"], rows["check_rows"], sm_count=rows["sm_count"])
     assert report["interval"] == pytest.approx(shipped.interval, abs=5e-4)
     assert report["check"]["all"]["within_10pct"] == pytest.approx(

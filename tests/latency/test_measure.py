@@ -119,7 +119,7 @@ def _forward_tree(tmp_path):
 
 
 def test_forward_fingerprint_is_the_calibrated_one_and_ignores_decode_code(tmp_path):
-    """The forward fingerprint equals the one the H200 calibration recorded; editing decode-only
+    """The forward fingerprint equals the one the H100 calibration recorded; editing decode-only
     code (a whole decode file, a decode name in a forward file) leaves it, editing a forward
     kernel changes it."""
     from pathlib import Path
@@ -128,7 +128,7 @@ def test_forward_fingerprint_is_the_calibrated_one_and_ignores_decode_code(tmp_p
 
     from nas.latency._measure import DECODE_ONLY_FILES, kernels_fingerprint, source_fingerprint
 
-    profile = Path(__file__).resolve().parents[2] / "hardware_profiles" / "h200.yaml"
+    profile = Path(__file__).resolve().parents[2] / "hardware_profiles" / "h100_sxm.yaml"
     recorded = yaml.safe_load(profile.read_text())["calibrated"]["kernels_fingerprint"]
     assert kernels_fingerprint() == recorded
     files, root = _forward_tree(tmp_path)

@@ -176,7 +176,7 @@ def test_a_caption_or_axis_over_many_trials_names_the_basis_once(tmp_path):
             trained_accuracy=acc,
         )
         study.add_trial(create_trial(values=[acc, 0.05, mem], user_attrs=r.to_dict()))
-    basis = f"predicted (h200, calibrated 2026-12-04, ±{round(100 * h200.calibrated.interval)} %)"
+    basis = f"predicted (h200, calibrated 2026-12-04, ±{round(100 * predict(FULL, shape, h200).interval)} %)"
     caption = " ".join(str(front_table(study).caption).split())
     lines = figures(study)["front2d"].layout.xaxis.title.text.split("<br>")
     assert len(lines) > 1 and max(map(len, lines)) <= 90  # wrapped: one line ran off the figure (PNG clipped it)

@@ -42,7 +42,7 @@ def test_the_status_is_what_predict_does(name):
 
 
 def test_a_fingerprint_mismatch_is_shown_and_widens_like_predict(monkeypatch):
-    profile = load_profile("h200")
+    profile = load_profile("h100_sxm")
     before = prediction_status(profile)
     monkeypatch.setattr(measure_module, "kernels_fingerprint", lambda: "000000000000")
     after = prediction_status(profile)
@@ -67,7 +67,9 @@ def test_profiles_list_shows_the_status_columns(capsys, monkeypatch):
     out = capsys.readouterr().out
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
     assert set(rows) == set(list_profiles())
-    h200 = prediction_status(load_profile("h200"))
-    assert f"calibrated {h200.date}" in rows["h200"] and f"{h200.interval:.0%}" in rows["h200"]
-    assert "transferred from h200" in rows["h100_sxm"] and "matches" in rows["h100_sxm"]
+    for name in ("h200", "h100_sxm"):
+        status = prediction_status(load_profile(name))
+        assert f"calibrated {status.date}" in rows[name] and f"{status.interval:.0%}" in rows[name]
+    assert "matches" in rows["h100_sxm"] and "differs" in rows["h200"]  # the H200's fit is of older kernels
+    assert "transferred from h100_sxm" in rows["l4"] and "matches" in rows["l4"]
     assert "141 GB" in rows["h200"]

@@ -66,7 +66,11 @@ def _study_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--sampler", choices=SAMPLERS, default=None, help="Optuna sampler (default tpe; a resume: the study's)"
     )
-    s.add_argument("--target", default="auto", help="auto (this GPU, else h200) or a hardware profile name/path")
+    s.add_argument(
+        "--target",
+        default="auto",
+        help="auto (this GPU, else the profile calibrated on these kernels) or a profile name/path",
+    )
 
 
 def _objective_flags(s: argparse.ArgumentParser) -> None:

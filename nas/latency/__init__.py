@@ -41,6 +41,7 @@ from ._predict import (
     predict,
     predict_decode,
     prediction_status,
+    reference_profile,
     transfer_interval,
     transfer_ratios,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "predict",
     "predict_decode",
     "prediction_status",
+    "reference_profile",
     "shared_labels",
     "stored_decode_fingerprint",
     "transfer_interval",

@@ -63,6 +63,7 @@ from ._result import STORED_NOTE, Latency, unpriced_precision
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
+    "reference_profile",
     "DEFAULT_BANDWIDTH_FRACTION",
     "DEFAULT_FLOPS_FRACTION",
     "FINGERPRINT_WIDENING",
@@ -155,6 +156,12 @@ def _calibrated_reference() -> HardwareProfile | None:
 
     best = max(rank(p) for p in fitted)
     return next(p for p in fitted if rank(p) == best)
+
+
+def reference_profile() -> HardwareProfile | None:
+    """The shipped profile other profiles are transferred from (a calibration of the kernels this
+    checkout runs if any, then the most recent), or None where no shipped profile is calibrated."""
+    return _calibrated_reference()
 
 
 def transfer_ratios(source: HardwareProfile, target: HardwareProfile) -> dict[str, float]:

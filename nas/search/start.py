@@ -61,11 +61,13 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_target(target: str) -> HardwareProfile:
-    """The profile latency is predicted for: ``auto`` is the local GPU's profile, else h200."""
+    """The profile latency is predicted for: ``auto`` is the local GPU's profile, else the shipped
+    calibration of the kernels this checkout runs (``reference_profile``; h200 if none is)."""
     if target == "auto":
         from hardware_profiles import detect_profile
+        from nas.latency import reference_profile
 
-        return detect_profile() or load_profile("h200")
+        return detect_profile() or reference_profile() or load_profile("h200")
     return load_profile(target)
 
 

@@ -606,3 +606,19 @@ def test_only_the_residual_width_can_leave_a_launch_unaligned():
     narrow = launches(arch(36), parse_shape("1x256"), SMS)
     qkv = next(w for w in narrow if w.name == "layers.0.qkv")
     assert qkv.cls != "linear.cublas" and qkv.x[unaligned[1]] > 0
+
+
+def test_the_committed_decode_rows_refit_to_the_shipped_h100_decode_model():
+    """The H100's decode model is ``fit_decode`` over its rows file's calibration steps and held-out
+    decode steps: refitting them gives the shipped coefficients and interval."""
+    import json
+    from pathlib import Path
+
+    from nas.latency.calibrate_decode import fit_decode
+
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/predictor_rows_h100.json").read_text())
+    shipped = load_profile("h100_sxm").calibrated.decode_model
+    coef, report = fit_decode(rows["decode_rows"] + rows["held_out_decode_rows"])
+    assert report["rows"] == shipped["rows"]
+    assert report["interval"] == pytest.approx(shipped["interval"], abs=5e-4)
+    assert coef == pytest.approx(shipped["coefficients"], rel=1e-3)

@@ -257,16 +257,16 @@ def test_past_the_checked_shapes_the_interval_widens_and_says_so() -> None:
     def widening(ratio: float) -> float:
         return EXTRAPOLATION_WIDENING + EXTRAPOLATION_WIDENING_PER_DOUBLING * math.log2(ratio)
 
-    h200 = load_profile("h200")
+    profile = load_profile("h100_sxm")  # calibrated on these kernels
     arch = _arch(ATTN)
-    inside, longer, more = (predict(arch, parse_shape(s), h200) for s in ("8x1024", "1x4096", "33x512"))
+    inside, longer, more = (predict(arch, parse_shape(s), profile) for s in ("8x1024", "1x4096", "33x512"))
     assert "extrapolated" not in inside.label() and not dict(inside.notes)
-    assert inside.interval == pytest.approx(h200.calibrated.interval)  # inside: the calibration's own
+    assert inside.interval == pytest.approx(profile.calibrated.interval)  # inside: the calibration's own
     for lat, ratio in ((longer, 4), (more, 33 / 32)):
         assert "extrapolated" in lat.label() and "checked shapes" in dict(lat.notes)["extrapolated"]
         assert lat.interval == pytest.approx(widening(ratio) * inside.interval)
-    checked = max(int(k) for k in h200.calibrated.decode_model["check"] if k.isdigit())
-    near, far = predict_decode(arch, 1, checked, h200), predict_decode(arch, 1, 2 * checked, h200)
+    checked = max(int(k) for k in profile.calibrated.decode_model["check"] if k.isdigit())
+    near, far = predict_decode(arch, 1, checked, profile), predict_decode(arch, 1, 2 * checked, profile)
     assert "extrapolated" not in near.label() and "extrapolated" in far.label()
     assert far.interval == pytest.approx(widening(2) * near.interval)
 
@@ -277,11 +277,11 @@ def test_the_interval_grows_with_the_distance_past_the_checked_shapes() -> None:
     from nas.latency import predict
     from nas.latency._shape import parse_shape
 
-    h200 = load_profile("h200")
+    profile = load_profile("h100_sxm")  # calibrated on these kernels
     arch = _arch(ATTN)
     shapes = ("1x2048", "1x32768", "4096x1048576")
-    intervals = [predict(arch, parse_shape(s), h200).interval for s in shapes]
-    assert intervals == sorted(intervals) and intervals[-1] > 2 * intervals[1] > 4 * h200.calibrated.interval
-    checked = max(int(k) for k in h200.calibrated.decode_model["check"] if k.isdigit())
-    decode = [predict_decode(arch, 4096, c, h200).interval for c in (2 * checked, 1_048_576)]
+    intervals = [predict(arch, parse_shape(s), profile).interval for s in shapes]
+    assert intervals == sorted(intervals) and intervals[-1] > 2 * intervals[1] > 4 * profile.calibrated.interval
+    checked = max(int(k) for k in profile.calibrated.decode_model["check"] if k.isdigit())
+    decode = [predict_decode(arch, 4096, c, profile).interval for c in (2 * checked, 1_048_576)]
     assert decode[1] > 1.5 * decode[0]

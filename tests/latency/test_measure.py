@@ -303,7 +303,7 @@ def test_report_only_code_is_in_neither_fingerprint_and_no_timed_code_calls_it(t
 
 
 def test_decode_fingerprint_is_the_calibrated_one_and_no_decode_step_reads_forward_only_code(tmp_path):
-    """The decode fingerprint equals the one the H200 decode calibration recorded; editing a
+    """The decode fingerprint equals the one the H100 decode calibration recorded; editing a
     ``FORWARD_ONLY`` name leaves it (and changes the forward's); that is sound only while no code
     a measured decode step runs — the step kernels and their wrappers, ``nas/models/triton_decode.py``
     and ``nas/latency/_measure_decode.py`` — reads those names, which this checks over the real tree."""
@@ -321,7 +321,7 @@ def test_decode_fingerprint_is_the_calibrated_one_and_no_decode_step_reads_forwa
     )
 
     repo = Path(__file__).resolve().parents[2]
-    profile = yaml.safe_load((repo / "hardware_profiles" / "h200.yaml").read_text())
+    profile = yaml.safe_load((repo / "hardware_profiles" / "h100_sxm.yaml").read_text())
     assert decode_fingerprint() == profile["calibrated"]["decode_model"]["kernels_fingerprint"]
 
     rel = "kernels/linear_attention/triton.py"

@@ -189,7 +189,7 @@ def test_hover_names_architecture_latency_source(study_with_report):
     t = record(study, study.best_trials[0])
     text = hover_text(t)
     assert t.arch_summary in text and f"trial {t.number}" in text
-    assert re.search(r"predicted \(h200, calibrated \d{4}-\d\d-\d\d, ±\d+ %\)", text)
+    assert re.search(r"predicted \((h100_sxm|h200), calibrated \d{4}-\d\d-\d\d, ±\d+ %\)", text)
     assert f"| {t.params_text()} params |" in text
 
 

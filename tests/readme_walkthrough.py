@@ -85,9 +85,13 @@ def main() -> int:
                 print(f"skip  {line}   ({why})", flush=True)
                 continue
             start = time.monotonic()
-            run = subprocess.run(
-                ["bash", "-c", line], cwd=where, env=env, capture_output=True, text=True, timeout=args.timeout
-            )
+            try:
+                run = subprocess.run(
+                    ["bash", "-c", line], cwd=where, env=env, capture_output=True, text=True, timeout=args.timeout
+                )
+            except subprocess.TimeoutExpired as e:  # a failure like any other: say so and go on
+                out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                run = subprocess.CompletedProcess(line, 124, out, f"timed out after {args.timeout:.0f} s")
             seconds = time.monotonic() - start
             print(
                 f"{'ok  ' if run.returncode == 0 else 'FAIL'}  {line}   (rc {run.returncode}, {seconds:.0f} s)",

@@ -130,13 +130,13 @@ def test_the_readme_reaches_every_page_of_docs():
 
 def test_the_precision_section_shows_a_label_a_prediction_gives():
     """docs/spaces.md quotes the label of a latency that does not price a narrower KV cache: it is
-    the one the shipped H200 calibration gives at the default shape, not a blend of the forward's
+    the one the shipped H100 calibration gives at the default shape, not a blend of the forward's
     date and the decode model's interval."""
     from hardware_profiles import load_profile
     from nas.latency import LatencyShape, predict
     from nas.spec import ArchSpec, LayerSpec
 
     arch = ArchSpec(64, (LayerSpec("attention", heads=2, mlp_ratio=2, kv_dtype="fp8"),), 64, 64)
-    label = predict(arch, LatencyShape(1, 256), load_profile("h200")).label()
+    label = predict(arch, LatencyShape(1, 256), load_profile("h100_sxm")).label()
     section = (ROOT / "docs" / "spaces.md").read_text().split("## Precision", 1)[1].split("\n## ", 1)[0]
     assert "not priced at kv fp8" in label and f"`{label}`" in " ".join(section.split()), label

@@ -8,7 +8,7 @@
    the 95th percentile of |relative error| on architectures the fit never saw. Label
    ``predicted (h200, calibrated 2026-12-01, ±N %)``.
 2. **transferred** — a profile never calibrated on its own GPU borrows the model of a calibrated
-   shipped profile (h200), rescaled by datasheet ratios (``KernelModel.transfer``: launch
+   shipped profile (``reference_profile``: one fitted on the kernels this checkout runs), rescaled by datasheet ratios (``KernelModel.transfer``: launch
    overhead, SM count, bf16 and fp32 peaks, bandwidth) with features recomputed for its SM
    count. Tile choices, occupancy and achieved fractions differ between GPU generations in ways
    ratios do not capture, so the interval is widened (``transfer_interval``): to the error a

@@ -22,7 +22,8 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
   autotuner first (``kernels.linear.configs.candidates``), ``T = ⌈M/BM⌉·⌈N/BN⌉`` tiles,
   ``w = ⌈T/S⌉`` tiles on the busiest SM: ``[1, w, w·⌈K/BK⌉, w·BM·BN·gelu, w·BM·BN·(relu|silu),
   w·BM·BN·residual, MB moved, w·⌈K/BK⌉·(K % 16 ≠ 0), w·⌈K/BK⌉·(K % 8 ≠ 0), w·BM·BN·(N % 8 ≠ 0)]``
-  (the last three, rows the fused kernel cannot move as vectors, are 0 on cuBLAS). The class is
+  (the last three: rows the kernels cannot move as vectors; cuBLAS, taken only for 16-byte rows,
+  carries the first of them). The class is
   the kernel the wrapper picks: cuBLAS's matmul and the epilogue pass
   (``kernels.linear.configs.prefers_cublas``; launch feature 2 with an epilogue, a nominal
   128×128×64 tile, the epilogue's read and write of y in MB moved), persistent TMA (sm_90,
@@ -171,11 +172,12 @@ def _linear(
     w = _cdiv(tiles, sms)
     elems = w * tile.block_m * tile.block_n / 1e4
     k_steps = w * _cdiv(K, tile.block_k)
-    # The Triton kernel off its vector loads and stores (cuBLAS takes none of these: prefers_cublas):
-    # K not a multiple of 16 (Triton's divisibility specialisation: K's loads masked element-wise),
-    # K not a multiple of 8 (x's rows not even 16-byte aligned) and N not a multiple of 8 (the
-    # output's rows the same). Each costs several times the aligned loop on sm_90 (kernel grid:
-    # widths 40 and 200 beside 32, 48, 192 and 256).
+    # Rows off the vector loads and stores: K not a multiple of 16 (the fused kernel's loads masked
+    # element-wise: Triton's divisibility specialisation; cuBLAS, which prefers_cublas gives these
+    # rows where they are 16-byte aligned, runs a slower kernel too), K not a multiple of 8 (x's
+    # rows not even 16-byte aligned) and N not a multiple of 8 (the output's rows the same; cuBLAS
+    # never takes these two). The fused kernel's cost is several times the aligned loop on sm_90
+    # (kernel grid: widths 40 and 200 beside 32, 48, 192 and 256).
     triton = cls != "linear.cublas"
     return Launch(
         name,
@@ -188,7 +190,7 @@ def _linear(
             elems * (activation in ("relu", "silu")),
             elems * residual,
             moved,
-            k_steps * (triton and K % 16 != 0),
+            k_steps * (K % 16 != 0),
             k_steps * (triton and K % 8 != 0),
             elems * (triton and N % 8 != 0),
         ),

@@ -8,10 +8,11 @@
    the 95th percentile of |relative error| on architectures the fit never saw. Label
    ``predicted (h200, calibrated 2026-12-01, ±N %)``.
 2. **transferred** — a profile never calibrated on its own GPU borrows the model of a calibrated
-   shipped profile (``reference_profile``: one fitted on the kernels this checkout runs), rescaled by datasheet ratios (``KernelModel.transfer``: launch
-   overhead, SM count, bf16 and fp32 peaks, bandwidth) with features recomputed for its SM
-   count. Tile choices, occupancy and achieved fractions differ between GPU generations in ways
-   ratios do not capture, so the interval is widened (``transfer_interval``): to the error a
+   shipped profile (``reference_profile``: one fitted on the kernels this checkout runs),
+   rescaled by datasheet ratios (``KernelModel.transfer``: launch overhead, SM count, bf16 and
+   fp32 peaks, bandwidth) with features recomputed for its SM count. Tile choices, occupancy and
+   achieved fractions differ between GPU generations in ways ratios do not capture, so the
+   interval is widened (``transfer_interval``): to the error a
    transfer was measured to make between two GPUs of the same compute capability
    (``MEASURED_TRANSFER_INTERVAL``; basis ``checked within sm_90``), and where none was measured,
    by ``TRANSFER_WIDENING`` (at least ``TRANSFER_MIN_INTERVAL``; basis ``unchecked``).

@@ -584,8 +584,9 @@ def test_the_committed_rows_refit_to_the_shipped_profile(name):
 def test_only_the_residual_width_can_leave_a_launch_unaligned():
     """The model pads MLP hidden widths and readout outputs (``padded_features``), and a K % 16 ≠ 0
     linear goes to cuBLAS with the norm as a launch of its own: at d 72 (K % 16 = 8), hidden 94 and
-    1003 outputs no launch carries the unaligned-row features, and each normed linear is a norm
-    launch then cuBLAS; at d 36 (K % 8 ≠ 0: no cuBLAS) the fused kernel's unaligned loop is priced."""
+    1003 outputs only cuBLAS's K % 16 feature is met (on the linears that read d), and each normed
+    linear is a norm launch then cuBLAS; at d 36 (K % 8 ≠ 0: no cuBLAS) the fused kernel's
+    unaligned loop is priced."""
     from kernels.linear import configs
     from nas.spec import LayerSpec
 
@@ -598,7 +599,8 @@ def test_only_the_residual_width_can_leave_a_launch_unaligned():
         work = launches(arch(72), parse_shape(shape), SMS)
         linears = [w for w in work if family(w.cls) == "linear"]
         assert len(linears) == 7
-        assert all(w.x[i] == 0 for w in linears for i in unaligned), shape
+        assert all(w.x[i] == 0 for w in linears for i in unaligned[1:]), shape
+        assert all((w.x[unaligned[0]] > 0) == (w.cls == "linear.cublas" and w.name != "layers.0.out") for w in linears)
         names = [w.name for w in work]
         for norm, linear in (("layers.0.mixer_norm", "layers.0.qkv"), ("final_norm", "head")):
             assert names.index(norm) == names.index(linear) - 1 and work[names.index(linear)].cls == "linear.cublas"

@@ -98,8 +98,9 @@ TRANSFER_MIN_INTERVAL = 0.25
 # 95th percentile of |predicted / measured - 1| over held-out rows timed on one GPU and predicted
 # from the other's calibration ("forward", "decode"; benchmarks/results/predictor_<gpu>.json,
 # "transferred"). Between capabilities nothing has been measured: TRANSFER_WIDENING's guess.
-# sm_90: the H200's calibration on 120 forwards and 40 decode steps timed on an H100
-# (benchmarks/results/predictor_rows_h100.json, held_out_report), the set the interval was read from.
+# sm_90: the H200's calibration on 120 forwards and 40 decode steps timed on an H100, the set the
+# interval was read from, on the kernels before the padding (predictor_rows_h100.json at fc3b379,
+# held_out_report); to be remeasured once the H200 is recalibrated on these kernels.
 MEASURED_TRANSFER_INTERVAL: dict[tuple[int, int], dict[str, float]] = {(9, 0): {"forward": 0.554, "decode": 0.388}}
 FINGERPRINT_WIDENING = 2.0
 # a guess, like TRANSFER_WIDENING: a decode step at a stored precision is priced by costs fitted at full precision

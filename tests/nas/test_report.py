@@ -272,7 +272,7 @@ def test_the_default_report_path_stays_under_runs(study_with_report, tmp_path, m
 def test_the_header_says_the_latency_is_predicted(study_with_report):
     _, out, _ = study_with_report
     text = out.read_text()
-    assert "predicted latency at 1x256 for h200" in text[text.index("<h1>") : text.index("</p>")]
+    assert "predicted latency at 1x256 for h100_sxm" in text[text.index("<h1>") : text.index("</p>")]
 
 
 def test_the_3d_front_fits_its_figure_in_a_1400_px_window(study_with_report):

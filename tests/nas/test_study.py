@@ -50,7 +50,7 @@ def test_search_records_objectives_and_attrs(tmp_path, tiny_space):
         arch = ArchSpec.from_dict(t.user_attrs["arch"])
         TrainSpec.from_dict(t.user_attrs["train"])
         assert arch.vocab_size == 16 and t.user_attrs["params"] > 0
-        assert t.user_attrs["latency_source"] == "predicted" and t.user_attrs["latency_device"] == "h200"
+        assert t.user_attrs["latency_source"] == "predicted" and t.user_attrs["latency_device"] == "h100_sxm"
         assert t.values[1] == pytest.approx(t.user_attrs["latency"]["median_ms"])
         assert 0.0 <= t.values[0] <= 1.0 and t.values[2] > 0
         assert t.user_attrs["curve"] and t.user_attrs["steps_done"] == 5

@@ -200,17 +200,19 @@ def _run_flags(s: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from optuna.trial import TrialState
 
+    from kernels.device import cuda_available
     from nas.search import record
     from nas.search.auto_workers import AUTO, trials_per_gpu
     from nas.search.loop import n_complete
     from nas.search.start import prepare
-    from nas.search.workers import parse_gpus, plan_slots
+    from nas.search.workers import check_cpu_workers, parse_gpus, plan_slots
 
     verify = _verify_settings(args)
     gpus = parse_gpus(args.gpus) if args.gpus else None
     auto = args.trials_per_gpu == AUTO
     # a flag the other one makes moot is refused (auto is checked as 1 here, chosen once the study is open)
     slots = plan_slots(gpus, 1 if auto else args.trials_per_gpu, args.workers)
+    check_cpu_workers(slots, args.device, cuda_available())
     config = _config(args, device="cpu" if len(slots) > 1 and not gpus else args.device)
     ctx, study = prepare(config)
     # a study this run created holds nothing yet but the baselines it queued

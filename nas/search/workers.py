@@ -22,7 +22,7 @@ from kernels.device import worker_device
 from nas.search import gpu_share
 from nas.search.setup import MAX_WORKERS
 
-__all__ = ["Slot", "WorkerError", "parse_gpus", "plan_slots", "run_workers"]
+__all__ = ["Slot", "WorkerError", "check_cpu_workers", "parse_gpus", "plan_slots", "run_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,24 @@ def plan_slots(gpus: list[str] | None, per_gpu: int | None, workers: int | None)
     if gpus:
         return [Slot(g, i) for i, g in enumerate(g for g in gpus for _ in range(per_gpu))]
     return [Slot(None, i) for i in range(workers)]
+
+
+def check_cpu_workers(slots: list[Slot], device: str, cuda: bool) -> None:
+    """Refuse several CPU worker processes (``--workers N`` without ``--gpus``) where the search
+    was asked to train on a GPU: ``--device`` naming one, or ``auto`` on a machine that has one
+    (``cuda``). Those processes train on the CPU, so such a search ran many times slower than the
+    user meant without a word beyond its first line."""
+    if len(slots) < 2 or any(s.gpu is not None for s in slots) or device == "cpu":
+        return
+    if device == "auto" and not cuda:
+        return
+    asked = (
+        "this machine has a GPU (--device auto takes it)" if device == "auto" else f"--device {device} asks for a GPU"
+    )
+    raise WorkerError(
+        f"--workers {len(slots)} starts CPU processes, but {asked}: train on it with "
+        f"--gpus 0 --trials-per-gpu {len(slots)}, or on the CPU with --device cpu"
+    )
 
 
 def _command(

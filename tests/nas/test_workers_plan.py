@@ -33,3 +33,19 @@ def test_worker_processes_are_bounded():
         plan_slots(None, None, 100_000)
     with pytest.raises(WorkerError, match=r"8 GPU\(s\) x --trials-per-gpu 64 asks for 512 worker processes"):
         plan_slots([str(i) for i in range(8)], 64, None)
+
+
+def test_cpu_workers_where_a_gpu_was_asked_for_are_refused():
+    """--workers 3 on a GPU machine trained 3 CPU processes (a session lost a lease to it)."""
+    from nas.search.workers import check_cpu_workers
+
+    three = plan_slots(None, None, 3)
+    with pytest.raises(WorkerError, match=r"--workers 3 starts CPU processes, but this machine has a GPU") as e:
+        check_cpu_workers(three, "auto", cuda=True)
+    assert "--gpus 0 --trials-per-gpu 3" in str(e.value) and "--device cpu" in str(e.value)
+    with pytest.raises(WorkerError, match=r"--device cuda:1 asks for a GPU"):
+        check_cpu_workers(three, "cuda:1", cuda=True)
+    check_cpu_workers(three, "auto", cuda=False)  # no GPU: CPU processes are what auto means
+    check_cpu_workers(three, "cpu", cuda=True)  # asked for the CPU
+    check_cpu_workers(plan_slots(None, None, 1), "auto", cuda=True)  # one process trains on the device itself
+    check_cpu_workers(plan_slots(["0"], 3, None), "auto", cuda=True)  # GPU slots

@@ -250,6 +250,14 @@ def relative_errors(predicted: Sequence[float], measured: Sequence[float]) -> li
     return [p / m - 1.0 for p, m in zip(predicted, measured, strict=True)]
 
 
+def interval_widths(errors: Sequence[float]) -> list[float]:
+    """For each relative error ``e`` (predicted / measured - 1), the half-width ``i`` a prediction's
+    interval ``predicted x (1 ± i)`` (``Latency.low_ms`` / ``high_ms``) needs to hold its
+    measurement: ``|measured / predicted - 1|``. An underestimate by 30 % needs ±43 %, so an
+    interval read from ``|e|`` itself covers fewer rows than its quantile says."""
+    return [abs(e) / (1.0 + e) for e in errors]
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (linear interpolation) of ``values``; NaN when empty."""
     if not values:

@@ -5,7 +5,7 @@
 1. **calibrated** — the profile's own ``calibrated.kernel_model`` (written by ``nas profiles
    calibrate`` on that GPU, ``nas.latency.calibrate``): the forward's kernel launches
    (``_launches``) costed by the fitted model (``_model``). Interval: the calibration's own,
-   the 95th percentile of |relative error| on architectures the fit never saw. Label
+   the 95th percentile of |measured / predicted - 1| on architectures the fit never saw. Label
    ``predicted (h200, calibrated 2026-12-01, ±N %)``.
 2. **transferred** — a profile never calibrated on its own GPU borrows the model of a calibrated
    shipped profile (``reference_profile``: one fitted on the kernels this checkout runs),
@@ -71,6 +71,7 @@ __all__ = [
     "TRANSFER_MIN_INTERVAL",
     "TRANSFER_WIDENING",
     "MEASURED_TRANSFER_INTERVAL",
+    "MEASURED_TRANSFER_KERNELS",
     "UNCALIBRATED_INTERVAL",
     "EXTRAPOLATION_WIDENING",
     "EXTRAPOLATION_WIDENING_PER_DOUBLING",
@@ -80,6 +81,7 @@ __all__ = [
     "prediction_status",
     "predict_decode",
     "transfer_interval",
+    "measured_as_is",
     "transfer_ratios",
 ]
 
@@ -95,13 +97,20 @@ UNCALIBRATED_INTERVAL = 0.75
 TRANSFER_WIDENING = 3.0  # a guess for a transfer no one measured: see the module docstring
 TRANSFER_MIN_INTERVAL = 0.25
 # A transfer's measured error between two GPUs of one compute capability, per (major, minor): the
-# 95th percentile of |predicted / measured - 1| over held-out rows timed on one GPU and predicted
+# 95th percentile of |measured / predicted - 1| over held-out rows timed on one GPU and predicted
 # from the other's calibration ("forward", "decode"; benchmarks/results/predictor_<gpu>.json,
 # "transferred"). Between capabilities nothing has been measured: TRANSFER_WIDENING's guess.
-# sm_90: the H200's calibration on 120 forwards and 40 decode steps timed on an H100, the set the
-# interval was read from, on the kernels before the padding (predictor_rows_h100.json at fc3b379,
-# held_out_report); to be remeasured once the H200 is recalibrated on these kernels.
-MEASURED_TRANSFER_INTERVAL: dict[tuple[int, int], dict[str, float]] = {(9, 0): {"forward": 0.554, "decode": 0.388}}
+# sm_90: the H200's calibration predicting 360 forwards and 240 decode steps timed on two H100
+# leases, the largest per-shape 95th percentile (predictor_rows_h100.json, held_out_rows and
+# held_out_decode_rows of both leases; docs/latency.md). The H200's calibration was of the kernels
+# before the padding, so the measurement includes that staleness: MEASURED_TRANSFER_KERNELS.
+MEASURED_TRANSFER_INTERVAL: dict[tuple[int, int], dict[str, float]] = {(9, 0): {"forward": 0.288, "decode": 0.568}}
+# the kernels fingerprints of that measurement, per capability and kind: (the source's calibration,
+# the kernels timed). A transfer between exactly these is the one measured, so a source calibrated
+# on other kernels than today's is not widened again by FINGERPRINT_WIDENING.
+MEASURED_TRANSFER_KERNELS: dict[tuple[int, int], dict[str, tuple[str, str]]] = {
+    (9, 0): {"forward": ("decb64fb5d42", "32f067645229"), "decode": ("3f5f5aacafc8", "430a1f420a98")}
+}
 FINGERPRINT_WIDENING = 2.0
 # a guess, like TRANSFER_WIDENING: a decode step at a stored precision is priced by costs fitted at full precision
 STORED_WIDENING = 2.0
@@ -200,6 +209,18 @@ def transfer_interval(
     return max(TRANSFER_MIN_INTERVAL, TRANSFER_WIDENING * interval), "unchecked"
 
 
+def measured_as_is(
+    source: HardwareProfile, target: HardwareProfile, calibrated: str | None, current: str, *, decode: bool = False
+) -> bool:
+    """Whether a transfer from ``source`` (calibrated on kernels ``calibrated``) to ``target``, run on
+    kernels ``current``, is the very one ``MEASURED_TRANSFER_INTERVAL`` measured: then its interval
+    already holds the source's staleness and is not widened for the fingerprint."""
+    cap = target.compute_capability
+    if cap is None or cap != source.compute_capability or source.name == target.name:
+        return False
+    return MEASURED_TRANSFER_KERNELS.get(cap, {}).get("decode" if decode else "forward") == (calibrated, current)
+
+
 @functools.cache
 def _warn_fingerprint(profile: str, calibrated: str, current: str) -> None:
     message = (
@@ -220,6 +241,19 @@ def _fingerprint_check(source: HardwareProfile) -> tuple[float, tuple[tuple[str,
         return 1.0, ()
     _warn_fingerprint(source.name, calibrated, current)
     return FINGERPRINT_WIDENING, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
+
+
+def _staleness_measured(source: HardwareProfile, target: HardwareProfile, *, decode: bool) -> float:
+    """``FINGERPRINT_WIDENING`` where the fingerprint check widened a transfer that was measured as
+    is (``measured_as_is``), so that dividing by it undoes the widening; else 1."""
+    from ._measure import decode_fingerprint, kernels_fingerprint
+
+    if decode:
+        calibrated, current = (source.calibrated.decode_model or {}).get("kernels_fingerprint"), decode_fingerprint()
+    else:
+        calibrated, current = source.calibrated.get("kernels_fingerprint"), kernels_fingerprint()
+    stale = calibrated is not None and calibrated != current
+    return FINGERPRINT_WIDENING if stale and measured_as_is(source, target, calibrated, current, decode=decode) else 1.0
 
 
 def _forward_range(source: HardwareProfile, shape: LatencyShape) -> tuple[float, tuple[tuple[str, str], ...]]:
@@ -295,6 +329,7 @@ def predict(
                 model = model.transfer(transfer_ratios(source, profile))
                 interval, checked = transfer_interval(source, profile, interval)
                 basis = f"transferred from {source.name}, {checked}"
+                widen /= _staleness_measured(source, profile, decode=False)
             basis += ", extrapolated" if beyond else ""
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
             if overhead := model.overhead_us(shape.tokens):
@@ -370,6 +405,7 @@ def predict_decode(
             coef = [coef[0] * ratios["launch"], *(c * ratios["bytes"] for c in coef[1:])]
             interval, checked = transfer_interval(source, profile, interval, decode=True)
             basis = f"transferred from {source.name}, {checked}"
+            widen /= _staleness_measured(source, profile, decode=True)
         basis += ", extrapolated" if beyond else ""
         breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
         found = _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")
@@ -444,7 +480,7 @@ def prediction_status(profile: HardwareProfile, *, decode: bool = False) -> Pred
     if not own:
         interval, checked = transfer_interval(source, profile, interval, decode=decode)
     matches = calibrated is None or calibrated == current
-    if not matches:
+    if not matches and not (not own and measured_as_is(source, profile, calibrated, current, decode=decode)):
         interval *= FINGERPRINT_WIDENING
     return PredictionStatus(
         "calibrated" if own else "transferred",

@@ -17,8 +17,9 @@
    intercept, token term) on random architectures measured with ``measure`` (``random_arch``);
 4. cross-validates stage 2 over architectures (5 folds; one architecture's shapes never split)
    and, where the rows come from several GPU runs (``run`` key: machines differ by a few per
-   cent), also fits on all runs but one and predicts that one: the 95th percentile of |error|
-   over both sets of held-out residuals is the interval every calibrated prediction carries.
+   cent), also fits on all runs but one and predicts that one: the 95th percentile of
+   |measured / predicted - 1| (``interval_widths``: what ``predicted x (1 ± i)`` must span) over
+   both sets of held-out residuals is the interval every calibrated prediction carries.
    Check rows (other architectures, a different seed), if given, are reported apart;
 5. writes the ``calibrated:`` section of the profile YAML (GPU, driver, torch, triton, kernels
    fingerprint, date, interval, check, kernel model), keeping the rest of the file as it was.
@@ -51,7 +52,16 @@ from kernels.device import CUDA, resolve, sm_count
 from nas.spec import ACTIVATIONS, FEATURE_MAPS, NORMS, ArchSpec, LayerSpec
 
 from ._launches import Launch, launches, padded_head_dim
-from ._model import DEFAULT_STRENGTH, KernelModel, cross_validate, fit_forwards, fit_kernels, quantile, relative_errors
+from ._model import (
+    DEFAULT_STRENGTH,
+    KernelModel,
+    cross_validate,
+    fit_forwards,
+    fit_kernels,
+    interval_widths,
+    quantile,
+    relative_errors,
+)
 from ._shape import LatencyShape, parse_shape
 
 __all__ = [
@@ -79,7 +89,7 @@ log = logging.getLogger(__name__)
 SHAPES = tuple(parse_shape(s) for s in ("1x256", "8x1024", "32x512"))
 LONG_LENGTHS = (2048, 8192)  # linear attention's kernel rows at one sequence of these lengths
 D_GRID = (32, 40, 48, 64, 96, 128, 192, 200, 256, 384, 512)  # 40 and 200: widths no tile divides
-INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of held-out |relative error|
+INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of the held-out rows' interval_widths
 CV_FOLDS = 5
 
 
@@ -628,7 +638,7 @@ def fit(
         report["check"] = _per_shape(check, predicted)
         held_out += relative_errors(predicted, [r["ms"] for r in check])
     if held_out:
-        report["interval"] = quantile([abs(e) for e in held_out], INTERVAL_QUANTILE)
+        report["interval"] = quantile(interval_widths(held_out), INTERVAL_QUANTILE)
     return model, report
 
 

@@ -7,7 +7,7 @@ from a CUDA graph) of random architectures (``calibrate.random_arch``, readout `
 each dominate somewhere — and fits ``nas.latency._decode``'s model by non-negative least squares
 on relative error: µs per launch plus µs per MiB of weights, KV cache (per head dim; a head dim
 seen in fewer than ``MIN_ARCHS_PER_KV_CLASS`` architectures shares its neighbour's cost) and
-state. Its interval is the 95th percentile of |error| over cross-validation by architecture (5
+state. Its interval is the 95th percentile of |measured / predicted - 1| over cross-validation by architecture (5
 folds: an architecture is never predicted by a fit that saw it at another shape), as for the
 forward. The result goes into
 the ``calibrated.decode_model`` entry of the profile, with the decode kernels' fingerprint
@@ -33,7 +33,7 @@ from hardware_profiles import HardwareProfile, load_profile
 from nas.spec import ArchSpec
 
 from ._decode import DECODE_FEATURES, KV_HEAD_DIMS, decode_work
-from ._model import nnls_relative, quantile, relative_errors
+from ._model import interval_widths, nnls_relative, quantile, relative_errors
 from .calibrate import (
     CV_FOLDS,
     INTERVAL_QUANTILE,
@@ -181,7 +181,7 @@ def fit_decode(rows: Sequence[dict], *, folds: int = CV_FOLDS, seed: int = 0) ->
         for context in sorted({r["context"] for r in good}):
             idx = [i for i, r in enumerate(good) if r["context"] == context]
             report["cv"][str(context)] = check_summary([predicted[i] for i in idx], [measured[i] for i in idx])
-        report["interval"] = quantile([abs(e) for e in relative_errors(predicted, measured)], INTERVAL_QUANTILE)
+        report["interval"] = quantile(interval_widths(relative_errors(predicted, measured)), INTERVAL_QUANTILE)
     return coef, report
 
 

@@ -364,6 +364,51 @@ def test_a_measured_transfer_interval_holds_only_within_its_capability(calibrate
     )
 
 
+def test_a_transfer_measured_from_a_stale_source_is_not_widened_again(calibrated, monkeypatch):
+    """A transfer measured with the source's calibration of older kernels already holds that
+    staleness: it keeps the measured interval, in predictions and in ``nas profiles list``. Any other
+    pair of fingerprints (the source refitted, or the kernels changed again) is widened as before."""
+    from nas.latency import kernels_fingerprint, prediction_status
+
+    stale = _stale(calibrated)
+    h100 = load_profile("h100_sxm")
+    h100 = dataclasses.replace(h100, calibrated=type(h100.calibrated)())
+    arch = random_archs(5, 1)[0]
+    monkeypatch.setattr(_predict, "MEASURED_TRANSFER_INTERVAL", {(9, 0): {"forward": 0.3}})
+    monkeypatch.setattr(_predict, "_calibrated_reference", lambda: stale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        monkeypatch.setattr(
+            _predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"forward": ("0123456789ab", kernels_fingerprint())}}
+        )
+        assert _predict.measured_as_is(stale, h100, "0123456789ab", kernels_fingerprint())
+        assert not _predict.measured_as_is(stale, stale, "0123456789ab", kernels_fingerprint())  # not a transfer
+        assert predict(arch, SHAPES[1], h100, reference=stale).interval == pytest.approx(0.3)
+        assert prediction_status(h100).interval == pytest.approx(0.3)
+        monkeypatch.setattr(_predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"forward": ("fedcba987654", "x")}})
+        assert predict(arch, SHAPES[1], h100, reference=stale).interval == pytest.approx(
+            0.3 * _predict.FINGERPRINT_WIDENING
+        )
+        assert prediction_status(h100).interval == pytest.approx(0.3 * _predict.FINGERPRINT_WIDENING)
+
+
+def test_interval_widths_are_what_the_interval_must_span():
+    """An interval is ``predicted x (1 ± i)``: an underestimate by 30 % (predicted 0.7 of measured)
+    needs i = 0.3 / 0.7, an overestimate by 30 % needs 0.3 / 1.3; a calibration's interval read
+    from them covers its rows where one read from |error| would not."""
+    from nas.latency._model import interval_widths, quantile
+
+    assert interval_widths([-0.3, 0.3, 0.0]) == pytest.approx([0.3 / 0.7, 0.3 / 1.3, 0.0])
+    errors = [-0.3] * 10 + [0.0] * 90  # 10 % of rows underestimated by 30 %, the rest exact
+    predicted, measured = [1 + e for e in errors], [1.0] * 100
+
+    def covered(q: float) -> int:
+        return sum(p * (1 - q) <= m <= p * (1 + q) for p, m in zip(predicted, measured, strict=True))
+
+    assert covered(quantile(interval_widths(errors), 0.95)) == 100
+    assert covered(quantile([abs(e) for e in errors], 0.95)) == 90  # |error| leaves the underestimates out
+
+
 def test_fingerprint_mismatch_warns_and_widens(calibrated):
     stale = _stale(calibrated)
     arch = random_archs(5, 1)[0]
@@ -612,7 +657,7 @@ def test_only_the_residual_width_can_leave_a_launch_unaligned():
 
 def test_the_committed_decode_rows_refit_to_the_shipped_h100_decode_model():
     """The H100's decode model is ``fit_decode`` over its rows file's calibration steps and held-out
-    decode steps: refitting them gives the shipped coefficients and interval."""
+    decode steps of both leases: refitting them gives the shipped coefficients and interval."""
     import json
     from pathlib import Path
 
@@ -620,7 +665,9 @@ def test_the_committed_decode_rows_refit_to_the_shipped_h100_decode_model():
 
     rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/predictor_rows_h100.json").read_text())
     shipped = load_profile("h100_sxm").calibrated.decode_model
-    coef, report = fit_decode(rows["decode_rows"] + rows["held_out_decode_rows"])
+    second = rows["second_lease"]
+    pooled = rows["decode_rows"] + rows["held_out_decode_rows"] + second["decode_rows"] + second["held_out_decode_rows"]
+    coef, report = fit_decode(pooled)
     assert report["rows"] == shipped["rows"]
     assert report["interval"] == pytest.approx(shipped["interval"], abs=5e-4)
     assert coef == pytest.approx(shipped["coefficients"], rel=1e-3)

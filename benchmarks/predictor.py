@@ -368,7 +368,7 @@ def report(
         entry["inside_interval"] = inside / len(rows) if rows else None
         if profile.calibrated.interval is not None:  # the calibration's own interval, before any widening
             own = sum(
-                abs(lat.median_ms / m - 1) <= profile.calibrated.interval
+                abs(m / lat.median_ms - 1) <= profile.calibrated.interval  # the interval spans predicted x (1 ± i)
                 for lat, m in zip(calibrated, measured, strict=True)
             )
             entry["inside_calibration_interval"] = own / len(rows) if rows else None

@@ -193,7 +193,8 @@ def _run_flags(s: argparse.ArgumentParser) -> None:
         "--workers",
         type=at_most(MAX_WORKERS, "processes"),
         default=None,
-        help=f"CPU worker processes (without --gpus; default 1, at most {MAX_WORKERS})",
+        help=f"CPU worker processes (without --gpus; default 1, at most {MAX_WORKERS}); more than one is "
+        "refused where the search would train on a GPU (use --gpus 0 --trials-per-gpu N, or --device cpu)",
     )
 
 

@@ -87,9 +87,10 @@ def check_cpu_workers(slots: list[Slot], device: str, cuda: bool) -> None:
     asked = (
         "this machine has a GPU (--device auto takes it)" if device == "auto" else f"--device {device} asks for a GPU"
     )
+    index = device.partition(":")[2] or "0"  # cuda:1 -> --gpus 1
     raise WorkerError(
         f"--workers {len(slots)} starts CPU processes, but {asked}: train on it with "
-        f"--gpus 0 --trials-per-gpu {len(slots)}, or on the CPU with --device cpu"
+        f"--gpus {index} --trials-per-gpu {len(slots)}, or on the CPU with --device cpu"
     )
 
 

@@ -13,7 +13,7 @@ from hardware_profiles import load_profile
 from nas.cli import main
 from nas.latency import CalibrationWarning, Latency, _predict, launches, parse_shape, predict
 from nas.latency._launches import FEATURES, family
-from nas.latency._model import KernelModel
+from nas.latency._model import KernelModel, interval_widths
 from nas.latency.calibrate import (
     FIT_RANGES,
     FIT_RANGES_V1,
@@ -139,7 +139,7 @@ def test_interval_covers_the_stated_share_of_held_out_errors():
         - 1
         for r in check_rows
     ]
-    covered = sum(abs(e) <= report["interval"] for e in errors) / len(errors)
+    covered = sum(w <= report["interval"] for w in interval_widths(errors)) / len(errors)
     assert 0.90 <= covered, (covered, report["interval"])
     assert report["interval"] < 4 * 0.04
 
@@ -390,6 +390,36 @@ def test_a_transfer_measured_from_a_stale_source_is_not_widened_again(calibrated
             0.3 * _predict.FINGERPRINT_WIDENING
         )
         assert prediction_status(h100).interval == pytest.approx(0.3 * _predict.FINGERPRINT_WIDENING)
+
+
+def test_a_decode_transfer_measured_from_a_stale_source_is_not_widened_again(monkeypatch):
+    """The same rule for the decode model: its fingerprint pair as measured keeps the measured
+    interval in ``predict_decode`` and ``prediction_status(decode=True)``; another pair is doubled."""
+    import json
+
+    from nas.latency import decode_fingerprint, predict_decode, prediction_status
+
+    source = load_profile("h100_sxm")
+    model = dict(source.calibrated.decode_model, kernels_fingerprint="0123456789ab", interval=0.2)
+    stale = dataclasses.replace(
+        source, calibrated=dataclasses.replace(source.calibrated, decode_model_json=json.dumps(model, sort_keys=True))
+    )
+    h200 = load_profile("h200")
+    target = dataclasses.replace(h200, calibrated=type(h200.calibrated)())
+    arch = random_archs(5, 1)[0]
+    monkeypatch.setattr(_predict, "MEASURED_TRANSFER_INTERVAL", {(9, 0): {"decode": 0.5}})
+    monkeypatch.setattr(_predict, "_decode_reference", lambda: stale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        monkeypatch.setattr(
+            _predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"decode": ("0123456789ab", decode_fingerprint())}}
+        )
+        assert predict_decode(arch, 1, 4096, target, reference=stale).interval == pytest.approx(0.5)
+        assert prediction_status(target, decode=True).interval == pytest.approx(0.5)
+        monkeypatch.setattr(_predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"forward": ("0123456789ab", "x")}})
+        widened = 0.5 * _predict.FINGERPRINT_WIDENING
+        assert predict_decode(arch, 1, 4096, target, reference=stale).interval == pytest.approx(widened)
+        assert prediction_status(target, decode=True).interval == pytest.approx(widened)
 
 
 def test_interval_widths_are_what_the_interval_must_span():

@@ -138,7 +138,21 @@ def test_baselines_are_trained_in_full_even_when_the_pruner_would_stop_them(tmp_
 def test_two_worker_processes_share_one_set_of_baselines(tmp_path, capsys):
     space = write_space(tmp_path)
     storage = str(tmp_path / "w.journal")
-    args = ["search", "--space", str(space), "--workers", "2", "--trials", "4", "--study", "w", "--storage", storage]
+    args = [
+        "search",
+        "--space",
+        str(space),
+        "--workers",
+        "2",
+        "--device",
+        "cpu",
+        "--trials",
+        "4",
+        "--study",
+        "w",
+        "--storage",
+        storage,
+    ]
     assert main(args) == 0
     from nas.search.storage import open_storage
 

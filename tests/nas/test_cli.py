@@ -961,7 +961,19 @@ def test_workers_accept_a_user_space_without_name(tmp_path):
     space.write_text(write_space(tmp_path, steps=2).read_text().replace("name: ci_tiny\n", ""))
     storage = str(tmp_path / "w.journal")
     run = _nas(
-        "search", "--space", str(space), "--trials", "4", "--workers", "2", "--study", "w2", "--storage", storage
+        "search",
+        "--space",
+        str(space),
+        "--trials",
+        "4",
+        "--workers",
+        "2",
+        "--device",
+        "cpu",
+        "--study",
+        "w2",
+        "--storage",
+        storage,
     )
     assert run.returncode == 0, run.stderr
     assert len(_params(storage, "w2")) == 4
@@ -977,7 +989,21 @@ def test_workers_that_fail_leave_no_empty_study(tmp_path, monkeypatch, capsys):
     storage = str(tmp_path / "w.journal")
     monkeypatch.setattr("nas.search.workers.run_workers", lambda *a, **k: [1, 1])
     assert (
-        main(["search", "--space", str(write_space(tmp_path)), "--workers", "2", "--study", "w", "--storage", storage])
+        main(
+            [
+                "search",
+                "--space",
+                str(write_space(tmp_path)),
+                "--workers",
+                "2",
+                "--device",
+                "cpu",
+                "--study",
+                "w",
+                "--storage",
+                storage,
+            ]
+        )
         == 2
     )
     assert "workers exited with codes [1, 1]; study 'w' had no trials and was removed" in capsys.readouterr().err

@@ -43,7 +43,7 @@ def test_cpu_workers_where_a_gpu_was_asked_for_are_refused():
     with pytest.raises(WorkerError, match=r"--workers 3 starts CPU processes, but this machine has a GPU") as e:
         check_cpu_workers(three, "auto", cuda=True)
     assert "--gpus 0 --trials-per-gpu 3" in str(e.value) and "--device cpu" in str(e.value)
-    with pytest.raises(WorkerError, match=r"--device cuda:1 asks for a GPU"):
+    with pytest.raises(WorkerError, match=r"--device cuda:1 asks for a GPU: train on it with --gpus 1 "):
         check_cpu_workers(three, "cuda:1", cuda=True)
     check_cpu_workers(three, "auto", cuda=False)  # no GPU: CPU processes are what auto means
     check_cpu_workers(three, "cpu", cuda=True)  # asked for the CPU

@@ -101,9 +101,10 @@ TRANSFER_MIN_INTERVAL = 0.25
 # from the other's calibration ("forward", "decode"; benchmarks/results/predictor_<gpu>.json,
 # "transferred"). Between capabilities nothing has been measured: TRANSFER_WIDENING's guess.
 # sm_90: the H200's calibration predicting 360 forwards and 240 decode steps timed on two H100
-# leases, the largest per-shape 95th percentile (predictor_rows_h100.json, held_out_rows and
-# held_out_decode_rows of both leases; docs/latency.md). The H200's calibration was of the kernels
-# before the padding, so the measurement includes that staleness: MEASURED_TRANSFER_KERNELS.
+# leases, the largest per-shape 95th percentile (held_out_rows and held_out_decode_rows of
+# predictor_rows_h100.json and predictor_rows_h100_lease2.json; docs/benchmarks.md). The H200's
+# calibration was of the kernels before the padding, so the measurement includes that staleness:
+# MEASURED_TRANSFER_KERNELS.
 MEASURED_TRANSFER_INTERVAL: dict[tuple[int, int], dict[str, float]] = {(9, 0): {"forward": 0.288, "decode": 0.568}}
 # the kernels fingerprints of that measurement, per capability and kind: (the source's calibration,
 # the kernels timed). A transfer between exactly these is the one measured, so a source calibrated

@@ -122,6 +122,15 @@ def _rope_append_fp8_kernel(
 
 
 @triton.jit
+def _e4m3_as_f16(x):
+    """e4m3 values ``x`` as fp16 values 2^-8 times as large, by moving the bits (sign to bit 15,
+    exponent and mantissa shifted 7 up): e4m3's 4-bit exponent (bias 7) lands in fp16's 5-bit
+    one (bias 15), subnormals included, so every finite e4m3 value maps exactly."""
+    u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+    return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _walk_dot_fp8(
     q,
     k_head,
@@ -134,25 +143,46 @@ def _walk_dot_fp8(
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    CONVERT: tl.constexpr,
 ):
-    """``decode._walk_dot`` over fp8 rows: each tile converted to ``DTYPE`` (the query's) as it
-    is loaded, so the products run at the query's precision, not at fp8's."""
-    qm = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DTYPE)
+    """``decode._walk_dot`` over fp8 rows. CONVERT 0: each tile converted to ``DTYPE`` (the
+    query's) as it is loaded. 1: to fp16 (one instruction per pair on sm_89+), 2: to fp16 2^-8
+    times as large by moving bits (``_e4m3_as_f16``); both with q divided by its largest
+    magnitude (in fp16's range whatever q holds) and the scores multiplied back. Returns
+    (acc [D], l, m) with acc in units of the rows as converted (2: 2^-8 of the true sum)."""
+    if CONVERT == 0:
+        qm = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DTYPE)
+        unit = 1.0
+    else:
+        q_max = tl.maximum(tl.max(tl.abs(q), 0), 1e-30)
+        qm = tl.broadcast_to((q / q_max)[None, :], (16, HEAD_DIM)).to(tl.float16)
+        unit = q_max * 256.0 if CONVERT == 2 else q_max
     m_i = tl.full((16,), float("-inf"), tl.float32)
     l_i = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, HEAD_DIM), tl.float32)
     for row0 in range(start, end, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         valid = rows < end
-        k = _tile(k_head, rows, stride_kc, valid, HEAD_DIM).to(DTYPE)
-        v = _tile(v_head, rows, stride_vc, valid, HEAD_DIM).to(DTYPE)
+        k = _tile(k_head, rows, stride_kc, valid, HEAD_DIM)
+        v = _tile(v_head, rows, stride_vc, valid, HEAD_DIM)
+        if CONVERT == 0:
+            k = k.to(DTYPE)
+            v = v.to(DTYPE)
+        elif CONVERT == 1:
+            k = k.to(tl.float16)
+            v = v.to(tl.float16)
+        else:
+            k = _e4m3_as_f16(k)
+            v = _e4m3_as_f16(v)
         scores = tl.dot(qm, tl.trans(k), input_precision=PRECISION)  # [16, BLOCK_N]
+        if CONVERT != 0:
+            scores = scores * unit
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DTYPE), v, acc * alpha[:, None], input_precision=PRECISION)
+        acc = tl.dot(p.to(qm.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return tl.max(acc, 0), tl.max(l_i, 0), tl.max(m_i, 0)
 
@@ -188,6 +218,7 @@ def _decode_fp8_split_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    CONVERT: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
@@ -208,8 +239,21 @@ def _decode_fp8_split_kernel(
     v_head = VC + b * stride_vb + h * stride_vh
     if DOT:
         acc, l_i, m_i = _walk_dot_fp8(
-            q, k_head, v_head, stride_kc, stride_vc, start, end, Q.dtype.element_ty, HEAD_DIM, BLOCK_N, PRECISION
+            q,
+            k_head,
+            v_head,
+            stride_kc,
+            stride_vc,
+            start,
+            end,
+            Q.dtype.element_ty,
+            HEAD_DIM,
+            BLOCK_N,
+            PRECISION,
+            CONVERT,
         )
+        if CONVERT == 2:
+            acc = acc * 256.0
     else:
         acc, l_i, m_i = _walk(q, k_head, v_head, stride_kc, stride_vc, start, end, HEAD_DIM, BLOCK_N)
     acc = acc * tl.load(VS + bh)
@@ -334,6 +378,7 @@ def decode_attention_fp8(
     scale: float | None = None,
     out: Tensor | None = None,
     config: DecodeConfig | None = None,
+    _convert: int | None = None,
 ) -> Tensor:
     """``decode.decode_attention`` over fp8 caches ``[B, H, C, D]`` whose rows read back as
     ``row · scale`` (``k_scale``, ``v_scale``: fp32 ``[B, H]``). q: ``[B, H, D]`` bf16/fp16/fp32;
@@ -392,6 +437,7 @@ def decode_attention_fp8(
         BLOCK_N=config.block_n,
         SPLITS_P2=splits_p2,
         BLOCK_S=block_s,
+        CONVERT=(0 if q.dtype == torch.float32 else 1) if _convert is None else _convert,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl(q),

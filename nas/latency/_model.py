@@ -254,8 +254,9 @@ def interval_widths(errors: Sequence[float]) -> list[float]:
     """For each relative error ``e`` (predicted / measured - 1), the half-width ``i`` a prediction's
     interval ``predicted x (1 ± i)`` (``Latency.low_ms`` / ``high_ms``) needs to hold its
     measurement: ``|measured / predicted - 1|``. An underestimate by 30 % needs ±43 %, so an
-    interval read from ``|e|`` itself covers fewer rows than its quantile says."""
-    return [abs(e) / (1.0 + e) for e in errors]
+    interval read from ``|e|`` itself covers fewer rows than its quantile says. A prediction of
+    zero (e = -1) needs an unbounded one."""
+    return [abs(e) / (1.0 + e) if e > -1.0 else math.inf for e in errors]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -266,4 +267,6 @@ def quantile(values: Sequence[float], q: float) -> float:
     pos = q * (len(s) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
+    if pos == lo or s[hi] == s[lo]:  # no interpolation: an infinite neighbour times 0 is NaN
+        return s[lo]
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)

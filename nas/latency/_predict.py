@@ -233,28 +233,26 @@ def _warn_fingerprint(profile: str, calibrated: str, current: str) -> None:
     log.warning(message)
 
 
-def _fingerprint_check(source: HardwareProfile) -> tuple[float, tuple[tuple[str, str], ...]]:
-    from ._measure import kernels_fingerprint
-
-    calibrated = source.calibrated.get("kernels_fingerprint")
-    current = kernels_fingerprint()
-    if calibrated is None or calibrated == current:
-        return 1.0, ()
-    _warn_fingerprint(source.name, calibrated, current)
-    return FINGERPRINT_WIDENING, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
-
-
-def _staleness_measured(source: HardwareProfile, target: HardwareProfile, *, decode: bool) -> float:
-    """``FINGERPRINT_WIDENING`` where the fingerprint check widened a transfer that was measured as
-    is (``measured_as_is``), so that dividing by it undoes the widening; else 1."""
+def _fingerprint_check(
+    source: HardwareProfile, target: HardwareProfile, *, decode: bool = False
+) -> tuple[float, tuple[tuple[str, str], ...]]:
+    """(widening, notes) for predicting ``target`` from ``source``'s calibration (forward, or its
+    decode model): ``FINGERPRINT_WIDENING`` with a warning where it was fitted on other kernels,
+    except for a transfer measured as is (``measured_as_is``), whose interval already holds that
+    staleness: noted, neither widened nor warned about."""
     from ._measure import decode_fingerprint, kernels_fingerprint
 
     if decode:
         calibrated, current = (source.calibrated.decode_model or {}).get("kernels_fingerprint"), decode_fingerprint()
     else:
         calibrated, current = source.calibrated.get("kernels_fingerprint"), kernels_fingerprint()
-    stale = calibrated is not None and calibrated != current
-    return FINGERPRINT_WIDENING if stale and measured_as_is(source, target, calibrated, current, decode=decode) else 1.0
+    if calibrated is None or calibrated == current:
+        return 1.0, ()
+    notes = (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
+    if measured_as_is(source, target, calibrated, current, decode=decode):
+        return 1.0, notes
+    _warn_fingerprint(f"{source.name} decode" if decode else source.name, calibrated, current)
+    return FINGERPRINT_WIDENING, notes
 
 
 def _forward_range(source: HardwareProfile, shape: LatencyShape) -> tuple[float, tuple[tuple[str, str], ...]]:
@@ -319,7 +317,7 @@ def predict(
         except ValueError:  # a head dim no kernel runs: only the roofline can say anything
             work = []
         if work and model.covers(work):
-            widen, notes = _fingerprint_check(source)
+            widen, notes = _fingerprint_check(source, profile)
             outside, beyond = _forward_range(source, shape)
             widen, notes = widen * outside, notes + beyond
             interval = source.calibrated.interval or 0.0
@@ -330,7 +328,6 @@ def predict(
                 model = model.transfer(transfer_ratios(source, profile))
                 interval, checked = transfer_interval(source, profile, interval)
                 basis = f"transferred from {source.name}, {checked}"
-                widen /= _staleness_measured(source, profile, decode=False)
             basis += ", extrapolated" if beyond else ""
             breakdown = [(launch.name, model.launch_us(launch) * 1e-3) for launch in work]
             if overhead := model.overhead_us(shape.tokens):
@@ -349,16 +346,6 @@ def _decode_reference() -> HardwareProfile | None:
         if profile.calibrated.decode_model_json is not None:
             return profile
     return None
-
-
-def _decode_fingerprint_check(source: HardwareProfile, model: dict) -> tuple[float, tuple[tuple[str, str], ...]]:
-    from ._measure import decode_fingerprint
-
-    calibrated, current = model.get("kernels_fingerprint"), decode_fingerprint()
-    if calibrated is None or calibrated == current:
-        return 1.0, ()
-    _warn_fingerprint(f"{source.name} decode", calibrated, current)
-    return FINGERPRINT_WIDENING, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
 
 
 def predict_decode(
@@ -395,7 +382,7 @@ def predict_decode(
         model = source.calibrated.decode_model
         coef = expand_coefficients([float(c) for c in model["coefficients"]])
         interval = float(model["interval"])
-        widen, notes = _decode_fingerprint_check(source, model)
+        widen, notes = _fingerprint_check(source, profile, decode=True)
         outside, beyond = _decode_range(model, context)
         widen, notes = widen * outside, notes + beyond
         if source is profile:
@@ -406,7 +393,6 @@ def predict_decode(
             coef = [coef[0] * ratios["launch"], *(c * ratios["bytes"] for c in coef[1:])]
             interval, checked = transfer_interval(source, profile, interval, decode=True)
             basis = f"transferred from {source.name}, {checked}"
-            widen /= _staleness_measured(source, profile, decode=True)
         basis += ", extrapolated" if beyond else ""
         breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
         found = _predicted(profile, dtype, shape, breakdown, interval * widen, basis, notes, kind="decode")

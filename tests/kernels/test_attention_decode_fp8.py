@@ -78,6 +78,23 @@ def test_decode_fp8_matches_the_reference_of_the_rounded_cache(B, H, D, C, dtype
 
 
 @requires_interpreter
+@pytest.mark.parametrize("convert", [1, 2], ids=["f16", "f16-bits"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_decode_fp8_converted_to_fp16_matches_the_reference(dtype, convert: int) -> None:
+    """The 16-bit queries' walk with the rows converted to fp16 (by the instruction, or by moving
+    bits: values 2^-8 as large), q normalised into fp16's range: the reference of the rounded
+    cache to the output's rounding, at a query far past fp16's range too (normalised away)."""
+    for B, H, D, C, magnitude in ((3, 2, 16, 2, 1.0), (2, 3, 64, 301, 1e-3), (1, 2, 128, 77, 3e4)):
+        q, kc, vc, ks, vs, positions = _fp8_case(B, H, C, D, torch.float32, CPU, ("fp8-f16", B, D, C))
+        q = (q * magnitude / q.abs().amax()).to(dtype)  # 3e4: q·scale·s_k·256 would overflow fp16
+        want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
+        for config in configs.decode_configs(CPU, B * H, C, D, 1):
+            if config.dot:
+                got = decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config, _convert=convert)
+                assert_rel_close(got, want, BOUNDS[dtype])
+
+
+@requires_interpreter
 def test_decode_fp8_equals_the_bf16_kernel_on_the_read_back_cache() -> None:
     """fp32 query: the fp8 kernel over (cache, scale) and ``decode_attention`` over the cache
     as it reads back, fp32, agree to fp32 round-off (the scales folded into q and the output
@@ -186,6 +203,7 @@ def test_bad_inputs_are_named() -> None:
 # GPU: every launch the chooser may return, compiled, at real sizes; and a CUDA graph.
 # ---------------------------------------------------------------------------------------------
 
+CONVERTS = (0, 1, 2)
 GPU_CASES = [(B, C, D) for D in (64, 128) for C in (4097, 32768) for B in (1, 8)]
 
 
@@ -197,8 +215,9 @@ def test_gpu_fp8_every_config(B: int, C: int, D: int) -> None:
     q, kc, vc, ks, vs, positions = _fp8_case(B, H, C, D, torch.bfloat16, CUDA, ("gpu-fp8", B, C, D))
     want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
     for config in configs.decode_configs(CUDA, B * H, C, D, sm_count(CUDA)):
-        got = decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config)
-        assert_rel_close(got, want, BOUNDS[torch.bfloat16])
+        for convert in CONVERTS:
+            got = decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config, _convert=convert)
+            assert_rel_close(got, want, BOUNDS[torch.bfloat16])
     assert_rel_close(decode_attention_fp8(q, kc, vc, ks, vs, positions), want, BOUNDS[torch.bfloat16])
 
 

@@ -376,20 +376,25 @@ def test_a_transfer_measured_from_a_stale_source_is_not_widened_again(calibrated
     arch = random_archs(5, 1)[0]
     monkeypatch.setattr(_predict, "MEASURED_TRANSFER_INTERVAL", {(9, 0): {"forward": 0.3}})
     monkeypatch.setattr(_predict, "_calibrated_reference", lambda: stale)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
+    _predict._warn_fingerprint.cache_clear()  # each staleness warns once per process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationWarning)
         monkeypatch.setattr(
             _predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"forward": ("0123456789ab", kernels_fingerprint())}}
         )
         assert _predict.measured_as_is(stale, h100, "0123456789ab", kernels_fingerprint())
         assert not _predict.measured_as_is(stale, stale, "0123456789ab", kernels_fingerprint())  # not a transfer
-        assert predict(arch, SHAPES[1], h100, reference=stale).interval == pytest.approx(0.3)
+        found = predict(arch, SHAPES[1], h100, reference=stale)
+        assert found.interval == pytest.approx(0.3)
         assert prediction_status(h100).interval == pytest.approx(0.3)
+        assert not [w for w in caught if issubclass(w.category, CalibrationWarning)]  # nothing to refit for
+        assert "kernels_fingerprint" in dict(found.notes)  # but the staleness is stated
         monkeypatch.setattr(_predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"forward": ("fedcba987654", "x")}})
         assert predict(arch, SHAPES[1], h100, reference=stale).interval == pytest.approx(
             0.3 * _predict.FINGERPRINT_WIDENING
         )
         assert prediction_status(h100).interval == pytest.approx(0.3 * _predict.FINGERPRINT_WIDENING)
+        assert [w for w in caught if issubclass(w.category, CalibrationWarning)]
 
 
 def test_a_decode_transfer_measured_from_a_stale_source_is_not_widened_again(monkeypatch):
@@ -429,6 +434,8 @@ def test_interval_widths_are_what_the_interval_must_span():
     from nas.latency._model import interval_widths, quantile
 
     assert interval_widths([-0.3, 0.3, 0.0]) == pytest.approx([0.3 / 0.7, 0.3 / 1.3, 0.0])
+    assert interval_widths([-1.0]) == [math.inf]  # a prediction of zero: no interval holds it
+    assert quantile([0.1, math.inf], 0.0) == 0.1 and quantile([0.1, math.inf], 1.0) == math.inf
     errors = [-0.3] * 10 + [0.0] * 90  # 10 % of rows underestimated by 30 %, the rest exact
     predicted, measured = [1 + e for e in errors], [1.0] * 100
 

@@ -57,7 +57,7 @@ from _timing import copies_for_l2, device_slug, time_graph, write_part  # noqa: 
 from kernels.attention import configs as attention_configs  # noqa: E402
 from kernels.attention.configs import DecodeConfig  # noqa: E402
 from kernels.attention.decode import decode_attention  # noqa: E402
-from kernels.attention.decode_fp8 import decode_attention_fp8, fp8_cache  # noqa: E402
+from kernels.attention.decode_fp8 import decode_attention_fp8, decode_config_fp8, fp8_cache  # noqa: E402
 from kernels.linear_attention import configs  # noqa: E402
 from kernels.linear_attention import reference as ref  # noqa: E402
 from kernels.linear_attention.step_bf16 import linear_attention_step_bf16  # noqa: E402
@@ -307,12 +307,10 @@ def _bench_fp8(sets: list, B: int, N: int, D: int, bf16: dict, copy_tbps: float,
     del read_back, want
     bf16_out = decode_attention(*sets[0][:4]).float()
     rounding = ((ours - bf16_out).norm() / bf16_out.norm()).item()
-    chosen = attention_configs.fit_decode_shared(
-        attention_configs.decode_config(
-            torch.device("cuda"), B * H, N, D, torch.cuda.get_device_properties(0).multi_processor_count
-        ),
+    chosen = attention_configs.fit_decode_shared(  # what decode_attention_fp8 launches by default
+        decode_config_fp8(torch.device("cuda"), B * H, N, D, torch.cuda.get_device_properties(0).multi_processor_count),
         D,
-        1,
+        q.element_size(),
         attention_configs.decode_shared_budget(torch.device("cuda")),
     )
     variants = [("fp8 ours", chosen)] + [(f"fp8 {name}", c) for name, c in _variants(B, H, N, D)[1:]]

@@ -8,7 +8,9 @@ once written: a token appended later (``rope_append_fp8``) is stored with them, 
 ±448 (what a static-scale cache does with a value past the prefill's range).
 
 ``decode_attention_fp8`` is ``decode.decode_attention``'s split-KV walk on the fp8 rows, converted
-to the query's dtype as they are loaded (exact: every e4m3 value is a bf16 value). The scales
+as they are loaded to fp16 for a bf16 or fp16 query (exact: every e4m3 value is an fp16 value; the
+products at fp16's precision, finer than bf16's) or to fp32 for an fp32 one, at its own launch
+(``decode_config_fp8``: twice the programs per SM, as each row is half the bytes). The scales
 cost nothing per row: k's is folded into the query (q·(s_k·k) = (s_k·q)·k) and v's into each
 slice's output (Σ p·s_v·v = s_v·Σ p·v), so the cache bytes read per row halve against bf16 and
 nothing else changes (the combine of the slices is ``decode``'s own).
@@ -27,7 +29,8 @@ from torch import Tensor
 from kernels._common import DTYPES, SUPPORTED_HEAD_DIMS, check_runnable, output_buffer, pdl, sm_count
 from kernels._fp8 import FP8_DTYPE, FP8_MAX, to_e4m3
 from kernels._pdl import enter
-from kernels.attention.configs import DecodeConfig, decode_config, decode_shared_budget, fit_decode_shared
+from kernels.attention import configs
+from kernels.attention.configs import DecodeConfig, decode_shared_budget, fit_decode_shared
 from kernels.attention.decode import (
     _LOG2E,
     _combine,
@@ -39,7 +42,38 @@ from kernels.attention.decode import (
 )
 from kernels.device import is_cuda
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "decode_attention_fp8", "fp8_cache", "rope_append_fp8"]
+__all__ = [
+    "DECODE_FP8_HOPPER",
+    "FP8_DTYPE",
+    "FP8_MAX",
+    "decode_attention_fp8",
+    "decode_config_fp8",
+    "fp8_cache",
+    "rope_append_fp8",
+]
+
+# The launch over an fp8 cache (``configs.decode_config``'s for bf16; kept here, out of the latency
+# fingerprints): a row is half a bf16 row's bytes, so a program streams half as many bytes per tile
+# and twice the programs per SM keep as many in flight; one 128-row tile (3 stages of fp8 rows) at D = 64 and 128.
+# Swept on the H100 over 21 tiles x splits at six shapes (B8/B64, 32K-128K, D 64/128): this launch is within 0.07x
+# of each shape's best (benchmarks/results/decode_h100.json, part attention_fp8_sweep).
+DECODE_FP8_HOPPER: dict[int, DecodeConfig] = {
+    16: DecodeConfig(256, 4, 3, dot=True),
+    32: DecodeConfig(256, 4, 3, dot=True),
+    64: DecodeConfig(128, 4, 3, dot=True),
+    128: DecodeConfig(128, 4, 3, dot=True),
+}
+DECODE_FP8_PROGRAMS_PER_SM: dict[int, int] = {d: 2 * configs.DECODE_PROGRAMS_PER_SM[d] for d in DECODE_FP8_HOPPER}
+
+
+def decode_config_fp8(device: torch.device, batch_heads: int, capacity: int, head_dim: int, sms: int) -> DecodeConfig:
+    """``decode_config`` for an fp8 cache: on sm_90 ``DECODE_FP8_HOPPER``'s tile at twice the
+    programs per SM; elsewhere (not measured) the bf16 launch."""
+    if is_cuda(device) and torch.cuda.get_device_capability(device) == (9, 0):
+        splits = configs._decode_splits(batch_heads, capacity, sms, DECODE_FP8_PROGRAMS_PER_SM[head_dim])
+        tile = DECODE_FP8_HOPPER[head_dim]
+        return DecodeConfig(tile.block_n, tile.num_warps, tile.num_stages, splits, tile.dot, tile.fused)
+    return configs.decode_config(device, batch_heads, capacity, head_dim, sms)
 
 
 def fp8_cache(rows: Tensor, capacity: int | None = None) -> tuple[Tensor, Tensor]:
@@ -122,15 +156,6 @@ def _rope_append_fp8_kernel(
 
 
 @triton.jit
-def _e4m3_as_f16(x):
-    """e4m3 values ``x`` as fp16 values 2^-8 times as large, by moving the bits (sign to bit 15,
-    exponent and mantissa shifted 7 up): e4m3's 4-bit exponent (bias 7) lands in fp16's 5-bit
-    one (bias 15), subnormals included, so every finite e4m3 value maps exactly."""
-    u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
-    return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def _walk_dot_fp8(
     q,
     k_head,
@@ -143,20 +168,19 @@ def _walk_dot_fp8(
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
-    CONVERT: tl.constexpr,
+    F16: tl.constexpr,
 ):
-    """``decode._walk_dot`` over fp8 rows. CONVERT 0: each tile converted to ``DTYPE`` (the
-    query's) as it is loaded. 1: to fp16 (one instruction per pair on sm_89+), 2: to fp16 2^-8
-    times as large by moving bits (``_e4m3_as_f16``); both with q divided by its largest
-    magnitude (in fp16's range whatever q holds) and the scores multiplied back. Returns
-    (acc [D], l, m) with acc in units of the rows as converted (2: 2^-8 of the true sum)."""
-    if CONVERT == 0:
-        qm = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DTYPE)
-        unit = 1.0
-    else:
+    """``decode._walk_dot`` over fp8 rows, each tile converted as it is loaded: to fp16 for a
+    16-bit query (F16: one instruction per pair of values on sm_89+, exact, where the conversion
+    to bf16 takes several and held the walk under the bandwidth: benchmarks/results/decode_h100.json,
+    part attention_fp8), with q divided by its largest magnitude so that it lies in fp16's range
+    whatever it holds, and the scores multiplied back; to ``DTYPE`` (the query's, fp32) otherwise."""
+    if F16:
         q_max = tl.maximum(tl.max(tl.abs(q), 0), 1e-30)
         qm = tl.broadcast_to((q / q_max)[None, :], (16, HEAD_DIM)).to(tl.float16)
-        unit = q_max * 256.0 if CONVERT == 2 else q_max
+    else:
+        q_max = 1.0
+        qm = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DTYPE)
     m_i = tl.full((16,), float("-inf"), tl.float32)
     l_i = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, HEAD_DIM), tl.float32)
@@ -165,18 +189,11 @@ def _walk_dot_fp8(
         valid = rows < end
         k = _tile(k_head, rows, stride_kc, valid, HEAD_DIM)
         v = _tile(v_head, rows, stride_vc, valid, HEAD_DIM)
-        if CONVERT == 0:
-            k = k.to(DTYPE)
-            v = v.to(DTYPE)
-        elif CONVERT == 1:
-            k = k.to(tl.float16)
-            v = v.to(tl.float16)
-        else:
-            k = _e4m3_as_f16(k)
-            v = _e4m3_as_f16(v)
+        k = k.to(qm.dtype)
+        v = v.to(qm.dtype)
         scores = tl.dot(qm, tl.trans(k), input_precision=PRECISION)  # [16, BLOCK_N]
-        if CONVERT != 0:
-            scores = scores * unit
+        if F16:
+            scores = scores * q_max
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
@@ -218,7 +235,7 @@ def _decode_fp8_split_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    CONVERT: tl.constexpr = 0,
+    F16: tl.constexpr,  # a 16-bit query: the products in fp16 (``_walk_dot_fp8``)
     PDL: tl.constexpr = False,
 ):
     enter(PDL)  # programmatic dependent launch: first (kernels/_pdl.py)
@@ -250,10 +267,8 @@ def _decode_fp8_split_kernel(
             HEAD_DIM,
             BLOCK_N,
             PRECISION,
-            CONVERT,
+            F16,
         )
-        if CONVERT == 2:
-            acc = acc * 256.0
     else:
         acc, l_i, m_i = _walk(q, k_head, v_head, stride_kc, stride_vc, start, end, HEAD_DIM, BLOCK_N)
     acc = acc * tl.load(VS + bh)
@@ -378,7 +393,6 @@ def decode_attention_fp8(
     scale: float | None = None,
     out: Tensor | None = None,
     config: DecodeConfig | None = None,
-    _convert: int | None = None,
 ) -> Tensor:
     """``decode.decode_attention`` over fp8 caches ``[B, H, C, D]`` whose rows read back as
     ``row · scale`` (``k_scale``, ``v_scale``: fp32 ``[B, H]``). q: ``[B, H, D]`` bf16/fp16/fp32;
@@ -394,9 +408,8 @@ def decode_attention_fp8(
     C = k_cache.shape[2]
     if config is None:
         sms = sm_count(q.device) if is_cuda(q.device) else 1
-        # the bf16 table's launch (not tuned at fp8 yet), fitted to shared memory at q's element size:
-        # the rows are converted to q's dtype for the products, and the converted tiles are what fill it
-        chosen = decode_config(q.device, B * H, C, D, sms)
+        # fitted to shared memory at q's element size: the rows may be staged there converted
+        chosen = decode_config_fp8(q.device, B * H, C, D, sms)
         config = fit_decode_shared(chosen, D, q.element_size(), decode_shared_budget(q.device))
     split_rows = triton.cdiv(triton.cdiv(C, config.splits), config.block_n) * config.block_n
     splits = triton.cdiv(C, split_rows)
@@ -437,7 +450,7 @@ def decode_attention_fp8(
         BLOCK_N=config.block_n,
         SPLITS_P2=splits_p2,
         BLOCK_S=block_s,
-        CONVERT=(0 if q.dtype == torch.float32 else 1) if _convert is None else _convert,
+        F16=q.dtype != torch.float32,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl(q),

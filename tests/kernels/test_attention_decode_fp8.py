@@ -19,7 +19,13 @@ from kernels._fp8 import FP8_DTYPE, to_e4m3
 from kernels.attention import configs
 from kernels.attention import reference as ref
 from kernels.attention.decode import decode_attention
-from kernels.attention.decode_fp8 import decode_attention_fp8, fp8_cache, rope_append_fp8
+from kernels.attention.decode_fp8 import (
+    DECODE_FP8_HOPPER,
+    decode_attention_fp8,
+    decode_config_fp8,
+    fp8_cache,
+    rope_append_fp8,
+)
 from kernels.device import sm_count
 from tests.kernels._support import CPU, CUDA, DTYPE_NAMES, assert_rel_close, requires_cuda, requires_interpreter
 from tests.kernels._support import seeded as _gen
@@ -68,9 +74,7 @@ CASES = [
 def test_decode_fp8_matches_the_reference_of_the_rounded_cache(B, H, D, C, dtype) -> None:
     q, kc, vc, ks, vs, positions = _fp8_case(B, H, C, D, dtype, CPU, ("fp8", B, H, D, C))
     want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
-    for config in configs.decode_configs(CPU, B * H, C, D, 1):
-        if config.dot and dtype == torch.bfloat16:
-            continue  # the Triton interpreter's bf16 tl.dot multiplies raw bit patterns: GPU tests only
+    for config in configs.decode_configs(CPU, B * H, C, D, 1):  # a 16-bit query's tl.dot runs in fp16
         out = torch.full((B, H * D), float("nan"), dtype=dtype)
         got = decode_attention_fp8(q, kc, vc, ks, vs, positions, out=out, config=config)
         assert got.data_ptr() == out.data_ptr() and got.dtype == dtype
@@ -78,20 +82,18 @@ def test_decode_fp8_matches_the_reference_of_the_rounded_cache(B, H, D, C, dtype
 
 
 @requires_interpreter
-@pytest.mark.parametrize("convert", [1, 2], ids=["f16", "f16-bits"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_decode_fp8_converted_to_fp16_matches_the_reference(dtype, convert: int) -> None:
-    """The 16-bit queries' walk with the rows converted to fp16 (by the instruction, or by moving
-    bits: values 2^-8 as large), q normalised into fp16's range: the reference of the rounded
-    cache to the output's rounding, at a query far past fp16's range too (normalised away)."""
-    for B, H, D, C, magnitude in ((3, 2, 16, 2, 1.0), (2, 3, 64, 301, 1e-3), (1, 2, 128, 77, 3e4)):
+def test_decode_fp8_holds_queries_of_any_magnitude(dtype) -> None:
+    """A 16-bit query's products run in fp16 with q divided by its largest magnitude: a query far
+    past fp16's range (bf16 holds 1e30) or far below its normal range still matches the reference
+    of the rounded cache."""
+    magnitudes = (1e30, 1e-9) if dtype == torch.bfloat16 else (6e4, 1e-7)
+    for (B, H, D, C), magnitude in zip(((2, 3, 64, 301), (1, 2, 128, 77)), magnitudes, strict=True):
         q, kc, vc, ks, vs, positions = _fp8_case(B, H, C, D, torch.float32, CPU, ("fp8-f16", B, D, C))
-        q = (q * magnitude / q.abs().amax()).to(dtype)  # 3e4: q·scale·s_k·256 would overflow fp16
+        q = (q * (magnitude / q.abs().amax())).to(dtype)
         want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
         for config in configs.decode_configs(CPU, B * H, C, D, 1):
-            if config.dot:
-                got = decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config, _convert=convert)
-                assert_rel_close(got, want, BOUNDS[dtype])
+            assert_rel_close(decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config), want, BOUNDS[dtype])
 
 
 @requires_interpreter
@@ -203,7 +205,6 @@ def test_bad_inputs_are_named() -> None:
 # GPU: every launch the chooser may return, compiled, at real sizes; and a CUDA graph.
 # ---------------------------------------------------------------------------------------------
 
-CONVERTS = (0, 1, 2)
 GPU_CASES = [(B, C, D) for D in (64, 128) for C in (4097, 32768) for B in (1, 8)]
 
 
@@ -215,10 +216,12 @@ def test_gpu_fp8_every_config(B: int, C: int, D: int) -> None:
     q, kc, vc, ks, vs, positions = _fp8_case(B, H, C, D, torch.bfloat16, CUDA, ("gpu-fp8", B, C, D))
     want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
     for config in configs.decode_configs(CUDA, B * H, C, D, sm_count(CUDA)):
-        for convert in CONVERTS:
-            got = decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config, _convert=convert)
-            assert_rel_close(got, want, BOUNDS[torch.bfloat16])
+        got = decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config)
+        assert_rel_close(got, want, BOUNDS[torch.bfloat16])
     assert_rel_close(decode_attention_fp8(q, kc, vc, ks, vs, positions), want, BOUNDS[torch.bfloat16])
+    chosen = decode_config_fp8(CUDA, B * H, C, D, sm_count(CUDA))  # the default launch, checked above
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert chosen.block_n == DECODE_FP8_HOPPER[D].block_n and chosen.dot
 
 
 @pytest.mark.gpu

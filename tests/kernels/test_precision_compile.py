@@ -71,12 +71,11 @@ def fp8_decode(capability: int, q_dtype: str) -> None:
     # the wrapper's fit: the tile halved until it fits the GPU's shared memory less 16 KB, at q's size
     budget = min(DECODE_MAX_SHARED, {90: 232448, 89: 101376}[capability] - 16 * 1024)
     element = {"bf16": 2, "fp16": 2, "fp32": 4}[q_dtype]
-    for dot, direct, fused, head_dim, block_n in (
-        (True, False, True, 128, 64),
-        (True, True, False, 64, 128),
-        (False, False, False, 32, 64),
-        (False, True, True, 16, 16),
-    ):
+    launches = [(True, False, True, 128, 64), (True, True, False, 64, 128), (False, False, False, 32, 64)]
+    launches.append((False, True, True, 16, 16))
+    if capability == 90 and q_dtype == "bf16":  # the default fp8 launches on sm_90, as decode_config_fp8 makes them
+        launches += [(t.dot, False, t.fused, d, t.block_n) for d, t in decode_fp8.DECODE_FP8_HOPPER.items()]
+    for dot, direct, fused, head_dim, block_n in launches:
         block_n = fit_decode_shared(DecodeConfig(block_n, 4, 3, 1, dot), head_dim, element, budget).block_n
         constexprs = {
             "DIRECT": direct,
@@ -87,6 +86,7 @@ def fp8_decode(capability: int, q_dtype: str) -> None:
             "BLOCK_N": block_n,
             "SPLITS_P2": 32,
             "BLOCK_S": 32,
+            "F16": q_dtype != "fp32",
             "PDL": False,
         }
         _compile(decode_fp8._decode_fp8_split_kernel, signature, constexprs, capability, num_warps=4, num_stages=3)

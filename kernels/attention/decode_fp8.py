@@ -8,8 +8,8 @@ once written: a token appended later (``rope_append_fp8``) is stored with them, 
 ±448 (what a static-scale cache does with a value past the prefill's range).
 
 ``decode_attention_fp8`` is ``decode.decode_attention``'s split-KV walk on the fp8 rows, converted
-as they are loaded to fp16 for a bf16 or fp16 query (exact: every e4m3 value is an fp16 value; the
-products at fp16's precision, finer than bf16's) or to fp32 for an fp32 one, at its own launch
+as they are loaded to fp16 for a bf16 or fp16 query (exact: every e4m3 value is an fp16 value; q and
+the softmax weights scaled into fp16's range, ``_walk_dot_fp8``) or to fp32 for an fp32 one, at its own launch
 (``decode_config_fp8``: twice the programs per SM, as each row is half the bytes). The scales
 cost nothing per row: k's is folded into the query (q·(s_k·k) = (s_k·q)·k) and v's into each
 slice's output (Σ p·s_v·v = s_v·Σ p·v), so the cache bytes read per row halve against bf16 and
@@ -54,12 +54,10 @@ __all__ = [
 
 # The launch over an fp8 cache (``configs.decode_config``'s for bf16; kept here, out of the latency
 # fingerprints): a row is half a bf16 row's bytes, so a program streams half as many bytes per tile
-# and twice the programs per SM keep as many in flight; one 128-row tile (3 stages of fp8 rows) at D = 64 and 128.
-# Swept on the H100 over 21 tiles x splits at six shapes (B8/B64, 32K-128K, D 64/128): this launch is within 0.07x
-# of each shape's best (benchmarks/results/decode_h100.json, part attention_fp8_sweep).
+# and twice the programs per SM keep as many in flight, in 128-row tiles (3 stages of fp8 rows).
+# Swept on the H100 at D 64 and 128 only (21 tiles x splits, six shapes from 32K rows; decode_h100.json,
+# part attention_fp8_sweep); other head dims keep the bf16 launch until measured.
 DECODE_FP8_HOPPER: dict[int, DecodeConfig] = {
-    16: DecodeConfig(256, 4, 3, dot=True),
-    32: DecodeConfig(256, 4, 3, dot=True),
     64: DecodeConfig(128, 4, 3, dot=True),
     128: DecodeConfig(128, 4, 3, dot=True),
 }
@@ -67,11 +65,11 @@ DECODE_FP8_PROGRAMS_PER_SM: dict[int, int] = {d: 2 * configs.DECODE_PROGRAMS_PER
 
 
 def decode_config_fp8(device: torch.device, batch_heads: int, capacity: int, head_dim: int, sms: int) -> DecodeConfig:
-    """``decode_config`` for an fp8 cache: on sm_90 ``DECODE_FP8_HOPPER``'s tile at twice the
-    programs per SM; elsewhere (not measured) the bf16 launch."""
-    if is_cuda(device) and torch.cuda.get_device_capability(device) == (9, 0):
+    """``configs.decode_config`` for an fp8 cache: on sm_90 at a measured head dim,
+    ``DECODE_FP8_HOPPER``'s tile at twice the programs per SM; elsewhere the bf16 launch."""
+    tile = DECODE_FP8_HOPPER.get(head_dim)
+    if tile is not None and is_cuda(device) and torch.cuda.get_device_capability(device) == (9, 0):
         splits = configs._decode_splits(batch_heads, capacity, sms, DECODE_FP8_PROGRAMS_PER_SM[head_dim])
-        tile = DECODE_FP8_HOPPER[head_dim]
         return DecodeConfig(tile.block_n, tile.num_warps, tile.num_stages, splits, tile.dot, tile.fused)
     return configs.decode_config(device, batch_heads, capacity, head_dim, sms)
 
@@ -173,30 +171,33 @@ def _walk_dot_fp8(
     """``decode._walk_dot`` over fp8 rows, each tile converted as it is loaded: to fp16 for a
     16-bit query (F16: one instruction per pair of values on sm_89+, exact, where the conversion
     to bf16 takes several and held the walk under the bandwidth: benchmarks/results/decode_h100.json,
-    part attention_fp8), with q divided by its largest magnitude so that it lies in fp16's range
-    whatever it holds, and the scores multiplied back; to ``DTYPE`` (the query's, fp32) otherwise."""
+    part attention_fp8_sweep), with q divided by its largest magnitude so that it lies in fp16's
+    range whatever it holds, and the scores multiplied back; to ``DTYPE`` (the query's, fp32)
+    otherwise. Under F16 the weights p are taken 2^15 times as large (15 added to each exponent
+    in base 2) before their fp16 cast, so that a weight down to 2^-39 of the largest, not 2^-24,
+    still counts in p·v, as it does in l: acc and l carry the same factor, which their ratio and
+    the slices' log-sum-exps (all shifted alike) cancel."""
     if F16:
         q_max = tl.maximum(tl.max(tl.abs(q), 0), 1e-30)
         qm = tl.broadcast_to((q / q_max)[None, :], (16, HEAD_DIM)).to(tl.float16)
+        shift = 15.0
     else:
-        q_max = 1.0
         qm = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DTYPE)
+        shift = 0.0
     m_i = tl.full((16,), float("-inf"), tl.float32)
     l_i = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, HEAD_DIM), tl.float32)
     for row0 in range(start, end, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         valid = rows < end
-        k = _tile(k_head, rows, stride_kc, valid, HEAD_DIM)
-        v = _tile(v_head, rows, stride_vc, valid, HEAD_DIM)
-        k = k.to(qm.dtype)
-        v = v.to(qm.dtype)
+        k = _tile(k_head, rows, stride_kc, valid, HEAD_DIM).to(qm.dtype)
+        v = _tile(v_head, rows, stride_vc, valid, HEAD_DIM).to(qm.dtype)
         scores = tl.dot(qm, tl.trans(k), input_precision=PRECISION)  # [16, BLOCK_N]
         if F16:
             scores = scores * q_max
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
+        p = tl.exp2((scores - m_new[:, None]) + shift)  # at most 2^shift: the difference first, exact
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(qm.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
@@ -396,8 +397,9 @@ def decode_attention_fp8(
 ) -> Tensor:
     """``decode.decode_attention`` over fp8 caches ``[B, H, C, D]`` whose rows read back as
     ``row · scale`` (``k_scale``, ``v_scale``: fp32 ``[B, H]``). q: ``[B, H, D]`` bf16/fp16/fp32;
-    the products run at q's precision. Returns ``[B, H·D]`` in q's dtype; one launch (two with
-    ``config.fused`` False and several splits); capturable in a CUDA graph."""
+    the products run in fp16 for a 16-bit q (``_walk_dot_fp8``), in fp32 for fp32. Returns
+    ``[B, H·D]`` in q's dtype; one launch (two with ``config.fused`` False and several splits);
+    capturable in a CUDA graph."""
     if q.dim() != 3:
         raise ValueError(f"decode_attention_fp8: q must be [B, H, D], got {list(q.shape)}")
     B, H, D = q.shape

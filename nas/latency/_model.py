@@ -259,6 +259,16 @@ def interval_widths(errors: Sequence[float]) -> list[float]:
     return [abs(e) / (1.0 + e) if e > -1.0 else math.inf for e in errors]
 
 
+def finite_interval(width: float) -> float:
+    """``width``, an interval read from held-out rows, once it is finite: an infinite one (a row
+    predicted at 0 ms) is refused rather than written into a profile."""
+    if not math.isfinite(width):
+        raise ValueError(
+            "calibration: a held-out row is predicted at 0 ms, so no interval covers it; refit on more rows"
+        )
+    return width
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (linear interpolation) of ``values``; NaN when empty."""
     if not values:

@@ -22,7 +22,9 @@
    profile's fractions (below), interval ``UNCALIBRATED_INTERVAL``.
 
 A calibration whose ``kernels_fingerprint`` differs from the current kernels' is still used, with
-a warning naming both fingerprints and the interval multiplied by ``FINGERPRINT_WIDENING``.
+a warning naming both fingerprints and the interval multiplied by ``FINGERPRINT_WIDENING`` — but
+for a transfer measured between exactly these fingerprints (``MEASURED_TRANSFER_KERNELS``), whose
+measured interval already holds the staleness: only a note names them.
 
 An interval holds where it was checked. A shape past the calibration's checked range (the
 forward: a longer sequence or more tokens than its cross-validation shapes, e.g. a prefill at 32K
@@ -233,13 +235,27 @@ def _warn_fingerprint(profile: str, calibrated: str, current: str) -> None:
     log.warning(message)
 
 
+def _widening(
+    source: HardwareProfile, target: HardwareProfile, calibrated: str | None, current: str, *, decode: bool
+) -> float:
+    """``FINGERPRINT_WIDENING`` where ``source``'s calibration was fitted on kernels ``calibrated``
+    other than ``current``, except for a transfer measured as is (``measured_as_is``), whose
+    interval already holds that staleness; else 1."""
+    if (
+        calibrated is None
+        or calibrated == current
+        or measured_as_is(source, target, calibrated, current, decode=decode)
+    ):
+        return 1.0
+    return FINGERPRINT_WIDENING
+
+
 def _fingerprint_check(
     source: HardwareProfile, target: HardwareProfile, *, decode: bool = False
 ) -> tuple[float, tuple[tuple[str, str], ...]]:
     """(widening, notes) for predicting ``target`` from ``source``'s calibration (forward, or its
-    decode model): ``FINGERPRINT_WIDENING`` with a warning where it was fitted on other kernels,
-    except for a transfer measured as is (``measured_as_is``), whose interval already holds that
-    staleness: noted, neither widened nor warned about."""
+    decode model): a stale calibration is noted, and widened with a warning (``_widening``; a
+    transfer measured as is is neither widened nor warned about)."""
     from ._measure import decode_fingerprint, kernels_fingerprint
 
     if decode:
@@ -248,11 +264,10 @@ def _fingerprint_check(
         calibrated, current = source.calibrated.get("kernels_fingerprint"), kernels_fingerprint()
     if calibrated is None or calibrated == current:
         return 1.0, ()
-    notes = (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
-    if measured_as_is(source, target, calibrated, current, decode=decode):
-        return 1.0, notes
-    _warn_fingerprint(f"{source.name} decode" if decode else source.name, calibrated, current)
-    return FINGERPRINT_WIDENING, notes
+    widen = _widening(source, target, calibrated, current, decode=decode)
+    if widen != 1.0:
+        _warn_fingerprint(f"{source.name} decode" if decode else source.name, calibrated, current)
+    return widen, (("kernels_fingerprint", f"calibrated {calibrated}, current {current}"),)
 
 
 def _forward_range(source: HardwareProfile, shape: LatencyShape) -> tuple[float, tuple[tuple[str, str], ...]]:
@@ -467,8 +482,7 @@ def prediction_status(profile: HardwareProfile, *, decode: bool = False) -> Pred
     if not own:
         interval, checked = transfer_interval(source, profile, interval, decode=decode)
     matches = calibrated is None or calibrated == current
-    if not matches and not (not own and measured_as_is(source, profile, calibrated, current, decode=decode)):
-        interval *= FINGERPRINT_WIDENING
+    interval *= _widening(source, profile, calibrated, current, decode=decode)
     return PredictionStatus(
         "calibrated" if own else "transferred",
         source.name,

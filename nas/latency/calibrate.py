@@ -56,6 +56,7 @@ from ._model import (
     DEFAULT_STRENGTH,
     KernelModel,
     cross_validate,
+    finite_interval,
     fit_forwards,
     fit_kernels,
     interval_widths,
@@ -638,7 +639,7 @@ def fit(
         report["check"] = _per_shape(check, predicted)
         held_out += relative_errors(predicted, [r["ms"] for r in check])
     if held_out:
-        report["interval"] = quantile(interval_widths(held_out), INTERVAL_QUANTILE)
+        report["interval"] = finite_interval(quantile(interval_widths(held_out), INTERVAL_QUANTILE))
     return model, report
 
 

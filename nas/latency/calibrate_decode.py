@@ -33,7 +33,7 @@ from hardware_profiles import HardwareProfile, load_profile
 from nas.spec import ArchSpec
 
 from ._decode import DECODE_FEATURES, KV_HEAD_DIMS, decode_work
-from ._model import interval_widths, nnls_relative, quantile, relative_errors
+from ._model import finite_interval, interval_widths, nnls_relative, quantile, relative_errors
 from .calibrate import (
     CV_FOLDS,
     INTERVAL_QUANTILE,
@@ -181,7 +181,8 @@ def fit_decode(rows: Sequence[dict], *, folds: int = CV_FOLDS, seed: int = 0) ->
         for context in sorted({r["context"] for r in good}):
             idx = [i for i, r in enumerate(good) if r["context"] == context]
             report["cv"][str(context)] = check_summary([predicted[i] for i in idx], [measured[i] for i in idx])
-        report["interval"] = quantile(interval_widths(relative_errors(predicted, measured)), INTERVAL_QUANTILE)
+        widths = interval_widths(relative_errors(predicted, measured))
+        report["interval"] = finite_interval(quantile(widths, INTERVAL_QUANTILE))
     return coef, report
 
 

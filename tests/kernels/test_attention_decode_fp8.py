@@ -20,7 +20,6 @@ from kernels.attention import configs
 from kernels.attention import reference as ref
 from kernels.attention.decode import decode_attention
 from kernels.attention.decode_fp8 import (
-    DECODE_FP8_HOPPER,
     decode_attention_fp8,
     decode_config_fp8,
     fp8_cache,
@@ -83,17 +82,63 @@ def test_decode_fp8_matches_the_reference_of_the_rounded_cache(B, H, D, C, dtype
 
 @requires_interpreter
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_decode_fp8_holds_queries_of_any_magnitude(dtype) -> None:
-    """A 16-bit query's products run in fp16 with q divided by its largest magnitude: a query far
-    past fp16's range (bf16 holds 1e30) or far below its normal range still matches the reference
-    of the rounded cache."""
-    magnitudes = (1e30, 1e-9) if dtype == torch.bfloat16 else (6e4, 1e-7)
-    for (B, H, D, C), magnitude in zip(((2, 3, 64, 301), (1, 2, 128, 77)), magnitudes, strict=True):
-        q, kc, vc, ks, vs, positions = _fp8_case(B, H, C, D, torch.float32, CPU, ("fp8-f16", B, D, C))
-        q = (q * (magnitude / q.abs().amax())).to(dtype)
-        want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
-        for config in configs.decode_configs(CPU, B * H, C, D, 1):
-            assert_rel_close(decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config), want, BOUNDS[dtype])
+def test_decode_fp8_holds_queries_past_fp16s_range(dtype) -> None:
+    """A 16-bit query's products run in fp16 with q divided by its largest magnitude: a query
+    whose scaled values overflow fp16 (bf16 holds 1e30; an fp16 one times wide keys' scales)
+    still matches the reference of the rounded cache."""
+    B, H, D, C = 2, 3, 64, 301
+    q, kc, vc, ks, vs, positions = _fp8_case(B, H, C, D, torch.float32, CPU, ("fp8-f16", dtype), spread=1e3)
+    q = (q * ((1e30 if dtype == torch.bfloat16 else 6e4) / q.abs().amax())).to(dtype)
+    want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
+    for config in configs.decode_configs(CPU, B * H, C, D, 1):
+        assert_rel_close(decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config), want, BOUNDS[dtype])
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_decode_fp8_keeps_weights_far_below_the_largest(dtype) -> None:
+    """One "sink" row takes nearly all the attention and holds v = 0, so the output is the tail's
+    weights (each 2^-26 of the sink's) times its values: weights that fp16 rounds to zero unless
+    they are scaled up before the cast (``_walk_dot_fp8``) must still count, as they do in the sum."""
+    B, H, D, C = 1, 2, 16, 150
+    gen = _gen("sink", dtype)
+    k = torch.zeros(B, H, C, D)
+    k[:, :, 0] = 1.0  # the sink's score: q·1; every other row's: 0
+    v = torch.randn(B, H, C, D, generator=gen) * 1e4  # the output (~1e-3) a normal number in fp16 too
+    v[:, :, 0] = 0.0
+    (kc, ks), (vc, vs) = fp8_cache(k), fp8_cache(v)
+    q = torch.full((B, H, D), 26.0 / (D * D**-0.5 * 1.4426950408889634)).to(dtype)  # sink 26 above, base 2
+    positions = torch.full((B,), C - 1, dtype=torch.int32)
+    want = ref.decode_attention_ref(q, _read_back(kc, ks), _read_back(vc, vs), positions)
+    assert want.abs().max() < 1e-2  # the tail's share: its weights below fp16's smallest (2^-24)
+    for config in configs.decode_configs(CPU, B * H, C, D, 1):
+        assert_rel_close(decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config), want, BOUNDS[dtype])
+
+
+def test_the_fp8_launch_doubles_the_programs_per_sm(monkeypatch) -> None:
+    """On sm_90 at a swept head dim the fp8 cache's launch runs twice the bf16 launch's programs
+    per SM (each row is half the bytes) in one fixed tile; other head dims and GPUs keep bf16's."""
+    from kernels.attention import decode_fp8
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(decode_fp8, "is_cuda", lambda device: True)
+    monkeypatch.setattr(configs, "is_cuda", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for D in (64, 128):
+        for heads, capacity in ((64, 32768), (8, 4096), (512, 65536)):
+            fp8, bf16 = (
+                decode_config_fp8(cuda, heads, capacity, D, 132),
+                configs.decode_config(cuda, heads, capacity, D, 132),
+            )
+            wanted = configs.DECODE_PROGRAMS_PER_SM[D] * 2 * 132 // heads
+            assert fp8.splits == max(1, min(wanted, capacity // configs.DECODE_MIN_SLICE, configs.DECODE_MAX_SPLITS))
+            assert fp8.splits >= bf16.splits and fp8.dot and fp8.block_n * D * 2 * fp8.num_stages <= 200 * 1024
+    assert (
+        decode_config_fp8(cuda, 64, 32768, 64, 132).splits == 2 * configs.decode_config(cuda, 64, 32768, 64, 132).splits
+    )
+    assert decode_config_fp8(cuda, 64, 32768, 32, 132) == configs.decode_config(cuda, 64, 32768, 32, 132)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert decode_config_fp8(cuda, 64, 32768, 64, 132) == configs.decode_config(cuda, 64, 32768, 64, 132)
 
 
 @requires_interpreter
@@ -219,9 +264,6 @@ def test_gpu_fp8_every_config(B: int, C: int, D: int) -> None:
         got = decode_attention_fp8(q, kc, vc, ks, vs, positions, config=config)
         assert_rel_close(got, want, BOUNDS[torch.bfloat16])
     assert_rel_close(decode_attention_fp8(q, kc, vc, ks, vs, positions), want, BOUNDS[torch.bfloat16])
-    chosen = decode_config_fp8(CUDA, B * H, C, D, sm_count(CUDA))  # the default launch, checked above
-    if torch.cuda.get_device_capability() == (9, 0):
-        assert chosen.block_n == DECODE_FP8_HOPPER[D].block_n and chosen.dot
 
 
 @pytest.mark.gpu

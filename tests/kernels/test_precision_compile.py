@@ -71,8 +71,12 @@ def fp8_decode(capability: int, q_dtype: str) -> None:
     # the wrapper's fit: the tile halved until it fits the GPU's shared memory less 16 KB, at q's size
     budget = min(DECODE_MAX_SHARED, {90: 232448, 89: 101376}[capability] - 16 * 1024)
     element = {"bf16": 2, "fp16": 2, "fp32": 4}[q_dtype]
-    launches = [(True, False, True, 128, 64), (True, True, False, 64, 128), (False, False, False, 32, 64)]
-    launches.append((False, True, True, 16, 16))
+    launches = [
+        (True, False, True, 128, 64),
+        (True, True, False, 64, 128),
+        (False, False, False, 32, 64),
+        (False, True, True, 16, 16),
+    ]
     if capability == 90 and q_dtype == "bf16":  # the default fp8 launches on sm_90, as decode_config_fp8 makes them
         launches += [(t.dot, False, t.fused, d, t.block_n) for d, t in decode_fp8.DECODE_FP8_HOPPER.items()]
     for dot, direct, fused, head_dim, block_n in launches:

@@ -414,28 +414,35 @@ def test_a_decode_transfer_measured_from_a_stale_source_is_not_widened_again(mon
     arch = random_archs(5, 1)[0]
     monkeypatch.setattr(_predict, "MEASURED_TRANSFER_INTERVAL", {(9, 0): {"decode": 0.5}})
     monkeypatch.setattr(_predict, "_decode_reference", lambda: stale)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
+    _predict._warn_fingerprint.cache_clear()  # each staleness warns once per process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationWarning)
         monkeypatch.setattr(
             _predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"decode": ("0123456789ab", decode_fingerprint())}}
         )
-        assert predict_decode(arch, 1, 4096, target, reference=stale).interval == pytest.approx(0.5)
+        found = predict_decode(arch, 1, 4096, target, reference=stale)
+        assert found.interval == pytest.approx(0.5)
         assert prediction_status(target, decode=True).interval == pytest.approx(0.5)
+        assert not [w for w in caught if issubclass(w.category, CalibrationWarning)]  # nothing to refit for
+        assert "kernels_fingerprint" in dict(found.notes)  # but the staleness is stated
         monkeypatch.setattr(_predict, "MEASURED_TRANSFER_KERNELS", {(9, 0): {"forward": ("0123456789ab", "x")}})
         widened = 0.5 * _predict.FINGERPRINT_WIDENING
         assert predict_decode(arch, 1, 4096, target, reference=stale).interval == pytest.approx(widened)
         assert prediction_status(target, decode=True).interval == pytest.approx(widened)
+        assert [str(w.message) for w in caught if "h100_sxm decode" in str(w.message)]  # the decode model named
 
 
 def test_interval_widths_are_what_the_interval_must_span():
     """An interval is ``predicted x (1 ± i)``: an underestimate by 30 % (predicted 0.7 of measured)
     needs i = 0.3 / 0.7, an overestimate by 30 % needs 0.3 / 1.3; a calibration's interval read
     from them covers its rows where one read from |error| would not."""
-    from nas.latency._model import interval_widths, quantile
+    from nas.latency._model import finite_interval, interval_widths, quantile
 
     assert interval_widths([-0.3, 0.3, 0.0]) == pytest.approx([0.3 / 0.7, 0.3 / 1.3, 0.0])
     assert interval_widths([-1.0]) == [math.inf]  # a prediction of zero: no interval holds it
     assert quantile([0.1, math.inf], 0.0) == 0.1 and quantile([0.1, math.inf], 1.0) == math.inf
+    with pytest.raises(ValueError, match="predicted at 0 ms"):  # never written into a profile
+        finite_interval(quantile(interval_widths([-1.0, 0.1]), 0.95))
     errors = [-0.3] * 10 + [0.0] * 90  # 10 % of rows underestimated by 30 %, the rest exact
     predicted, measured = [1 + e for e in errors], [1.0] * 100
 

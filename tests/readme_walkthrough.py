@@ -46,6 +46,7 @@ def commands(page: str) -> list[str]:
     (``pip install … &&``) removed."""
     lines = []
     for block in re.findall(r"^```bash\n(.*?)^```", page, flags=re.S | re.M):
+        block = re.sub(r"[ \t]*\\\n\s*", " ", block)  # a command continued onto the next line: one command
         for line in block.splitlines():
             line = re.sub(r"\s+#\s.*$", "", line).strip()  # a trailing "  # comment"
             if line and not line.startswith("#"):

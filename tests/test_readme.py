@@ -66,3 +66,14 @@ def test_every_quickstart_search_parses_and_the_budget_example_leaves_a_front():
     over = {label for label, ms in costs.items() if ms > args.max_latency_ms}
     assert over and over != set(costs), costs
     assert "all-attention" in over and "the all-attention baseline" in README
+
+
+def test_the_walkthrough_runs_a_command_continued_over_lines_as_one():
+    """A bash line ending in a backslash continues on the next one: ``readme_walkthrough`` joins
+    them, so the guide's long commands run (or are skipped) whole, never as two broken halves."""
+    from tests.readme_walkthrough import commands
+
+    page = "```bash\nnas search --space s \\\n  --context 32768   # note\nnas report\n```\n"
+    assert commands(page) == ["nas search --space s --context 32768", "nas report"]
+    guide = commands((ROOT / "docs" / "guide.md").read_text())
+    assert not [line for line in guide if line.endswith("\\") or line.startswith("--")]

@@ -191,7 +191,7 @@ _CALIBRATION_KEYS = (
     "kernel_model",
     "decode_model",
 )
-_KERNEL_MODEL_KEYS = ("coefficients", "gap_us", "intercept_us", "per_ktoken_us")
+_KERNEL_MODEL_KEYS = ("coefficients", "gap_us", "plain_gap_us", "intercept_us", "per_ktoken_us")
 # the decode-step cost model (nas.latency._decode): µs per launch and per MiB of each byte class,
 # its interval, the decode kernels it was fitted on and where
 _DECODE_MODEL_KEYS = ("coefficients", "interval", "kernels_fingerprint", "date", "gpu", "rows", "check")
@@ -380,7 +380,7 @@ def _calibration(where: str, raw: Any) -> Calibration:
                     f"{where}: field {field!r} must hold {len(features)} numbers ({', '.join(features)}), "
                     f"got {len(coef)}"
                 )
-        for key in ("gap_us", "intercept_us", "per_ktoken_us"):
+        for key in ("gap_us", "plain_gap_us", "intercept_us", "per_ktoken_us"):
             if key in model:
                 _non_negative(where, f"calibrated.kernel_model.{key}", model[key])
     decode = data.get("decode_model")

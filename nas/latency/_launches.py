@@ -45,6 +45,14 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
   re-reads]``.
 - norm (per kind; a program holds ~4096 elements whatever d is): ``[1, ⌈P/S⌉, MB moved]``;
   conv: ``[1, ⌈P/S⌉, ⌈P/S⌉·width, MB moved]``; embedding gather: ``[1, MB moved]``.
+
+Beside its features a launch counts its *plain starts* (``Launch.plain``): kernels that
+programmatic dependent launch (``kernels._common.pdl``) cannot overlap with the kernel before
+them, so they pay a whole launch gap. The library kernels (torch's embedding gather, cuBLAS, cuDNN)
+do not signal their dependents, so the first Triton kernel after one starts plain; and outside the
+early-trigger scope (``nas.models.triton_model.PDL_EARLY_MAX_TOKENS``) the cuBLAS route's
+epilogue pass is a plain launch (``kernels._common.after_library``). A library kernel's own start
+is in its class's launch coefficient.
 """
 
 from __future__ import annotations
@@ -98,16 +106,46 @@ _CONV_TILE = 64  # kernels.conv.configs.HOPPER: 64 × 64 tiles
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch: its op name, coefficient class and features (``FEATURES[family(cls)]``
-    order)."""
+    """One kernel launch: its op name, coefficient class, features (``FEATURES[family(cls)]``
+    order) and plain starts (see the module docstring; ``launches`` sets them from the launch
+    before)."""
 
     name: str
     cls: str
     x: tuple[float, ...]
+    plain: float = 0.0
 
 
 def family(cls: str) -> str:
     return cls.split(".")[0]
+
+
+def _library_ends(launch: Launch) -> tuple[bool, bool]:
+    """Whether ``launch``'s first and its last kernel are library kernels (no PDL signal): the
+    embedding gather, the cuBLAS route (its matmul first; last unless the epilogue pass follows),
+    the SDPA route (the rotary pass, a Triton kernel, then cuDNN's)."""
+    if launch.cls == "embed":
+        return True, True
+    if launch.cls == "linear.cublas":
+        return True, launch.x[0] == 1.0
+    return False, launch.cls.startswith("attention.sdpa.")
+
+
+def _plain_starts(work: list[Launch], tokens: int) -> list[Launch]:
+    """``work`` with each launch's plain starts counted (module docstring)."""
+    from dataclasses import replace
+
+    from nas.models.triton_model import PDL_EARLY_MAX_TOKENS
+
+    out, after_library = [], False
+    for launch in work:
+        first, last = _library_ends(launch)
+        plain = float(after_library and not first)
+        if launch.cls == "linear.cublas" and launch.x[0] == 2.0 and tokens > PDL_EARLY_MAX_TOKENS:
+            plain += 1.0  # the epilogue pass after cuBLAS, launched plain outside the early scope
+        out.append(replace(launch, plain=plain))
+        after_library = last
+    return out
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -337,4 +375,5 @@ def launches(arch: ArchSpec, shape: LatencyShape, sm_count: int) -> list[Launch]
             out.append(_linear(f"{prefix}.mlp_down", M, d, hidden, sm_count, residual=True))
     rows = M if arch.readout == "token" else B
     n_out = padded_features(arch.n_out)  # the readout's rows zero-padded in the weights
-    return out + _normed_linear("final_norm", arch.layers[-1].norm, "head", rows, n_out, d, sm_count)
+    out += _normed_linear("final_norm", arch.layers[-1].norm, "head", rows, n_out, d, sm_count)
+    return _plain_starts(out, M)

@@ -8,14 +8,15 @@ measured time, so a microsecond kernel counts as much as a millisecond one):
    so ``c[launch]`` holds the per-launch graph gap too) — the *prior*;
 2. the same coefficients refitted on whole forwards measured with ``nas.latency.measure``. A
    forward's time is linear in the coefficients: ``t = Σ_class c_class · Σ_launches x + gap ·
-   launches + intercept + per_ktoken · tokens/1000``, so every class is fitted on what it costs
-   *inside* a forward (inputs hot in L2 from the previous kernel, weights cold, the autotuner's
-   pick for that shape), not on an isolated timing scaled by one factor per family. The stage-1
-   fit is the prior: each coefficient is pulled toward it in proportion to how much of the
-   forwards' time its feature carries (``strength``), so a class few forwards exercise keeps its
-   kernel-grid cost. The token term is what the launch features miss at larger activations (L2
-   misses between kernels); it generalises to shapes the fit never saw, unlike an intercept per
-   shape.
+   launches + plain_gap · plain starts + intercept + per_ktoken · tokens/1000`` (a plain start: a
+   kernel that programmatic dependent launch cannot overlap with the one before,
+   ``Launch.plain``), so every class is fitted on what it costs *inside* a forward (inputs hot in
+   L2 from the previous kernel, weights cold, the autotuner's pick for that shape), not on an
+   isolated timing scaled by one factor per family. The stage-1 fit is the prior: each
+   coefficient is pulled toward it in proportion to how much of the forwards' time its feature
+   carries (``strength``), so a class few forwards exercise keeps its kernel-grid cost. The token
+   term is what the launch features miss at larger activations (L2 misses between kernels); it
+   generalises to shapes the fit never saw, unlike an intercept per shape.
 
 ``cross_validate`` gives held-out residuals (folds over architectures, never splitting one
 architecture's shapes) for the interval. ``transfer`` rescales a fit to another GPU by datasheet
@@ -64,12 +65,15 @@ def nnls_relative(
 
 @dataclass(frozen=True)
 class KernelModel:
-    """Coefficients (µs per feature unit) per kernel class, the per-launch graph gap, a
-    per-forward intercept and a per-forward cost per 1000 tokens (µs); fitted with kernels
-    ``sm_count`` SMs wide (features are recomputed with the target's SM count when predicting)."""
+    """Coefficients (µs per feature unit) per kernel class, the per-launch graph gap, the extra
+    gap of a plain start (``Launch.plain``), a per-forward intercept and a per-forward cost per
+    1000 tokens (µs); fitted with kernels ``sm_count`` SMs wide (features are recomputed with the
+    target's SM count when predicting). A calibration written before plain starts were priced
+    reads ``plain_gap_us`` 0: its predictions are unchanged."""
 
     coefficients: tuple[tuple[str, tuple[float, ...]], ...]
     gap_us: float = 0.0
+    plain_gap_us: float = 0.0
     intercept_us: float = 0.0
     per_ktoken_us: float = 0.0
 
@@ -84,8 +88,8 @@ class KernelModel:
         return sum(c * v for c, v in zip(self.coefficient(launch.cls), launch.x, strict=True))
 
     def launch_us(self, launch: Launch) -> float:
-        """Time of one launch inside a forward (the graph gap included)."""
-        return self.kernel_us(launch) + self.gap_us
+        """Time of one launch inside a forward (the graph gaps included)."""
+        return self.kernel_us(launch) + self.gap_us + self.plain_gap_us * launch.plain
 
     def overhead_us(self, tokens: int) -> float:
         """The per-forward cost outside the launches at ``tokens`` = batch × sequence length."""
@@ -103,6 +107,7 @@ class KernelModel:
         return {
             "coefficients": {cls: [float(f"{c:.6g}") for c in coef] for cls, coef in self.coefficients},
             "gap_us": float(f"{self.gap_us:.6g}"),
+            "plain_gap_us": float(f"{self.plain_gap_us:.6g}"),
             "intercept_us": float(f"{self.intercept_us:.6g}"),
             "per_ktoken_us": float(f"{self.per_ktoken_us:.6g}"),
         }
@@ -122,6 +127,7 @@ class KernelModel:
         return cls(
             coefficients=tuple((str(k), tuple(float(c) for c in v)) for k, v in coefficients.items()),
             gap_us=float(data.get("gap_us", 0.0)),
+            plain_gap_us=float(data.get("plain_gap_us", 0.0)),
             intercept_us=float(data.get("intercept_us", 0.0)),
             per_ktoken_us=float(data.get("per_ktoken_us", 0.0)),
         )
@@ -131,7 +137,7 @@ class KernelModel:
         kind (``_launches.KINDS``): ``launch`` and ``wave`` by the ratio of nominal launch
         overheads, ``tensor`` by (SMs / bf16 peak) target over source (features are per-SM
         work), ``vector`` likewise with the fp32 peak, ``bytes`` by source over target bandwidth.
-        The gap and the per-forward terms scale like ``launch``."""
+        The gaps and the per-forward terms scale like ``launch``."""
         coefficients = tuple(
             (cls, tuple(c * ratios[KINDS[name]] for c, name in zip(coef, FEATURES[family(cls)], strict=True)))
             for cls, coef in self.coefficients
@@ -140,6 +146,7 @@ class KernelModel:
             self,
             coefficients=coefficients,
             gap_us=self.gap_us * ratios["launch"],
+            plain_gap_us=self.plain_gap_us * ratios["launch"],
             intercept_us=self.intercept_us * ratios["launch"],
             per_ktoken_us=self.per_ktoken_us * ratios["launch"],
         )
@@ -159,25 +166,25 @@ def fit_kernels(rows: Iterable[tuple[Launch, float]]) -> KernelModel:
 
 def _forward_columns(model: KernelModel, launches: Sequence[Launch], tokens: int) -> list[float]:
     """One forward's row of the stage-2 system: per class of ``model`` (in its order) the summed
-    features of its launches, then launches, 1 and tokens / 1000."""
+    features of its launches, then launches, plain starts, 1 and tokens / 1000."""
     import numpy as np
 
     offsets, width = {}, 0
     for cls, coef in model.coefficients:
         offsets[cls] = width
         width += len(coef)
-    row = np.zeros(width + 3)
+    row = np.zeros(width + 4)
     for launch in launches:
         start = offsets[launch.cls]
         row[start : start + len(launch.x)] += launch.x
-    row[width:] = (len(launches), 1.0, tokens / 1e3)
+    row[width:] = (len(launches), sum(launch.plain for launch in launches), 1.0, tokens / 1e3)
     return row.tolist()
 
 
 def fit_forwards(
     prior: KernelModel, rows: Iterable[tuple[Sequence[Launch], int, float]], *, strength: float = DEFAULT_STRENGTH
 ) -> KernelModel:
-    """Stage 2: every class's coefficients, the graph gap, the intercept and the token term from
+    """Stage 2: every class's coefficients, the graph gaps, the intercept and the token term from
     (launches of a forward, tokens, measured µs) rows, each coefficient pulled toward ``prior``'s.
 
     Minimises ``Σ_rows ((a·c − t)/t)² + strength · n · Σ_j (s_j (c_j − p_j))²`` over ``c ≥ 0``,
@@ -214,7 +221,11 @@ def fit_forwards(
         coefficients.append((cls, tuple(float(c) for c in coef[i : i + len(prior_coef)])))
         i += len(prior_coef)
     return KernelModel(
-        tuple(coefficients), gap_us=float(coef[k]), intercept_us=float(coef[k + 1]), per_ktoken_us=float(coef[k + 2])
+        tuple(coefficients),
+        gap_us=float(coef[k]),
+        plain_gap_us=float(coef[k + 1]),
+        intercept_us=float(coef[k + 2]),
+        per_ktoken_us=float(coef[k + 3]),
     )
 
 

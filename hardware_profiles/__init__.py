@@ -196,8 +196,9 @@ _KERNEL_MODEL_KEYS = ("coefficients", "gap_us", "plain_gap_us", "intercept_us", 
 # its interval, the decode kernels it was fitted on and where
 _DECODE_MODEL_KEYS = ("coefficients", "interval", "kernels_fingerprint", "date", "gpu", "rows", "check")
 # coefficients a decode model may hold: nas.latency._decode's DECODE_FEATURES (launch, weights, KV
-# cache per head dim, state), or its LEGACY_DECODE_FEATURES (one KV cost), as profiles had it
-_DECODE_MODEL_LENGTHS = (7, 4)
+# cache per head dim, state, unaligned launches and weights), ALIGNED_DECODE_FEATURES (the same
+# without the unaligned rows) or LEGACY_DECODE_FEATURES (one KV cost), as profiles had them
+_DECODE_MODEL_LENGTHS = (9, 7, 4)
 # the features of each kernel family, in coefficient order, as a calibration's kernel_model holds them:
 # the one table of them (nas.latency._launches computes each and says what it is). A kernel class is
 # ``family[.variant...]`` (``linear.tma``, ``attention.sdpa.D64``) and holds one coefficient per feature.
@@ -389,8 +390,9 @@ def _calibration(where: str, raw: Any) -> Calibration:
         coef = _coefficients(where, "calibrated.decode_model.coefficients", decode.get("coefficients"))
         if len(coef) not in _DECODE_MODEL_LENGTHS:
             raise ProfileError(
-                f"{where}: field 'calibrated.decode_model.coefficients' must hold 7 numbers (launch, weights, "
-                f"KV cache at head dim 16/32/64/128, state) or 4 (one KV cost), got {len(coef)}"
+                f"{where}: field 'calibrated.decode_model.coefficients' must hold 9 numbers (launch, weights, "
+                f"KV cache at head dim 16/32/64/128, state, unaligned launches and weights), 7 (without the "
+                f"unaligned ones) or 4 (one KV cost), got {len(coef)}"
             )
         _positive(where, "calibrated.decode_model.interval", decode.get("interval"))
         if "check" in decode and not isinstance(decode["check"], dict):

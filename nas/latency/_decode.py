@@ -20,7 +20,12 @@ Jet-Nemotron name the KV cache the cost that dominates long-context decoding). I
 ``cache_memory`` is what stays resident at that context (the objective ``cache_memory``), and
 ``decode_work`` what one step moves: the inputs of the decode cost model (fitted on a GPU by
 ``nas profiles calibrate --decode``), which predicts the step as launches × a per-launch cost plus
-each byte class × its own cost per byte. The KV cache is one class per kernel head dim
+each byte class × its own cost per byte. A residual width d that is not a multiple of 16 costs
+extra (``unaligned_launches``, ``unaligned_weight_mb``): every norm and linear of the step reads or
+writes rows d wide, and off a multiple of 16 the Triton kernels lose the divisibility
+specialisation that makes their loads vectors, so those launches and the weights they stream run
+slower (the decode steps of d % 16 = 8 were the model's largest misses without it:
+``docs/latency.md``). The KV cache is one class per kernel head dim
 (``KV_HEAD_DIMS``): the split-KV kernel streams rows of one head's dim, and short rows move fewer
 bytes per instruction, so a MiB of cache costs more at a small head dim than at a large one; one
 cost for every dim predicted held-out steps worse (``docs/benchmarks.md``, earlier experiments).
@@ -46,7 +51,9 @@ from ._costs import (
 )
 
 __all__ = [
+    "ALIGNED_DECODE_FEATURES",
     "DECODE_FEATURES",
+    "DECODE_KINDS",
     "KV_HEAD_DIMS",
     "LEGACY_DECODE_FEATURES",
     "CacheEstimate",
@@ -58,8 +65,19 @@ __all__ = [
 
 _MIB = 2**20
 KV_HEAD_DIMS = SUPPORTED_HEAD_DIMS  # the KV cache's byte classes: one per kernel head dim
-# the decode cost model's features, in coefficient order (see DecodeWork.features)
-DECODE_FEATURES = ("launches", "weight_mb", *(f"cache_mb_d{p}" for p in KV_HEAD_DIMS), "state_mb")
+# the decode cost model's features, in coefficient order (see DecodeWork.features), and how each
+# transfers to another GPU (the kinds of nas.latency._launches.KINDS: a launch's cost or bytes')
+DECODE_FEATURES = (
+    "launches",
+    "weight_mb",
+    *(f"cache_mb_d{p}" for p in KV_HEAD_DIMS),
+    "state_mb",
+    "unaligned_launches",
+    "unaligned_weight_mb",
+)
+DECODE_KINDS = ("launch", "bytes", *("bytes" for _ in KV_HEAD_DIMS), "bytes", "launch", "bytes")
+# a profile written before the unaligned rows were priced: [launch, weight, cache per head dim, state]
+ALIGNED_DECODE_FEATURES = DECODE_FEATURES[:-2]
 # a profile written when the cache was one class: [launch, weight, cache, state] (see expand_coefficients)
 LEGACY_DECODE_FEATURES = ("launches", "weight_mb", "cache_mb", "state_mb")
 
@@ -137,6 +155,8 @@ class DecodeWork:
     weight_bytes: int
     cache_bytes_by_head_dim: tuple[int, ...]  # KV cache read by the attention layers, per KV_HEAD_DIMS
     state_bytes: int  # linear-attention states read + written, conv windows, activations
+    unaligned_launches: int = 0  # norms and linears on rows of a d not a multiple of 16
+    unaligned_weight_bytes: int = 0  # the weights those linears read
 
     @property
     def cache_bytes(self) -> int:
@@ -144,25 +164,32 @@ class DecodeWork:
         return sum(self.cache_bytes_by_head_dim)
 
     def features(self) -> tuple[float, ...]:
-        """``DECODE_FEATURES``: launches, then MiB per byte class."""
+        """``DECODE_FEATURES``: launches, MiB per byte class, then the unaligned launches and MiB."""
         return (
             float(self.launches),
             self.weight_bytes / _MIB,
             *(b / _MIB for b in self.cache_bytes_by_head_dim),
             self.state_bytes / _MIB,
+            float(self.unaligned_launches),
+            self.unaligned_weight_bytes / _MIB,
         )
 
 
 def expand_coefficients(coef: list[float]) -> list[float]:
-    """Coefficients in ``DECODE_FEATURES`` order: as given, or a legacy model's
-    (``LEGACY_DECODE_FEATURES``) with its one cache cost for every head dim (the same predictions).
-    ValueError for any other length."""
+    """Coefficients in ``DECODE_FEATURES`` order: as given; a model from before the unaligned rows
+    were priced (``ALIGNED_DECODE_FEATURES``) with 0 for them; a legacy model's
+    (``LEGACY_DECODE_FEATURES``) with its one cache cost for every head dim, and 0 for the
+    unaligned rows (the same predictions as they had). ValueError for any other length."""
     if len(coef) == len(DECODE_FEATURES):
         return list(coef)
+    unpriced = [0.0] * (len(DECODE_FEATURES) - len(ALIGNED_DECODE_FEATURES))
+    if len(coef) == len(ALIGNED_DECODE_FEATURES):
+        return [*coef, *unpriced]
     if len(coef) == len(LEGACY_DECODE_FEATURES):
-        return [coef[0], coef[1], *(coef[2] for _ in KV_HEAD_DIMS), coef[3]]
+        return [coef[0], coef[1], *(coef[2] for _ in KV_HEAD_DIMS), coef[3], *unpriced]
     raise ValueError(
-        f"a decode model has {len(DECODE_FEATURES)} coefficients ({', '.join(DECODE_FEATURES)}) "
+        f"a decode model has {len(DECODE_FEATURES)} coefficients ({', '.join(DECODE_FEATURES)}), "
+        f"{len(ALIGNED_DECODE_FEATURES)} (before the unaligned rows) "
         f"or {len(LEGACY_DECODE_FEATURES)} (the earlier {', '.join(LEGACY_DECODE_FEATURES)}), got {len(coef)}"
     )
 
@@ -183,6 +210,7 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
     size = _check(context, batch, dtype)
     d, B = arch.d_model, batch
     launches = 1 + 2 + 1  # embedding gather; final norm + head; position counter
+    rows_d = 2  # launches on rows d wide: the final norm and the head; per block its norms, linears and d-row quantizes
     act = B * d * size * 2 + B * padded_features(arch.n_out) * size  # embedding rows, final norm, logits
     state = padding = 0  # padding: weights the padded heads add (zero rows and columns)
     cache = [0] * len(KV_HEAD_DIMS)
@@ -191,6 +219,7 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
         w_size = PRECISION_BYTES[layer.weight_dtype] if fp8 else size
         if layer.mixer != "none":
             launches += 3  # norm, qkv, out
+            rows_d += 3
             p = _kernel_head_dim(arch, layer.heads)
             hp = layer.heads * p  # the heads padded to p in the weights: qkv writes 3·hp, out reads hp
             others = 3 + (3 * (layer.short_conv + 1) if layer.short_conv else 0)  # qkv bias, conv weights + bias
@@ -198,6 +227,7 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
             act += B * d * size * 2 + B * 3 * hp * size + B * (hp + 2 * d) * size  # norm, qkv out, out + residual
             if fp8:  # quantize_rows before qkv and out: read the rows, write them in fp8
                 launches += 2
+                rows_d += 1
                 act += B * (d + hp) * (size + 1)
             if layer.short_conv:
                 launches += 1
@@ -213,10 +243,13 @@ def decode_work(arch: ArchSpec, context: int, batch: int = 1, *, dtype: str = "b
         if hidden:
             padding += (hidden - mlp_hidden(layer, d)) * (2 * d * w_size + size)  # up's rows + bias, down's columns
             launches += 3
+            rows_d += 3
             act += B * d * size * 2 + B * hidden * size * 2 + B * d * size * 3
             if fp8:  # quantize_rows before up and down
                 launches += 2
+                rows_d += 1
                 act += B * (d + hidden) * (size + 1)
     padding += (padded_features(arch.n_out) - arch.n_out) * (d + 1) * size
     weights = weight_bytes(arch, size) - arch.vocab_size * d * size + padding  # the embedding: B rows gathered
-    return DecodeWork(launches, weights, tuple(cache), state + act)
+    unaligned = d % 16 != 0
+    return DecodeWork(launches, weights, tuple(cache), state + act, rows_d * unaligned, weights * unaligned)

@@ -59,7 +59,7 @@ from hardware_profiles import HardwareProfile, list_profiles, load_profile
 from nas.spec import ArchSpec
 
 from ._costs import op_costs
-from ._decode import DECODE_FEATURES, decode_work, expand_coefficients
+from ._decode import ALIGNED_DECODE_FEATURES, DECODE_FEATURES, DECODE_KINDS, decode_work, expand_coefficients
 from ._launches import launches
 from ._model import KernelModel
 from ._result import STORED_NOTE, Latency, unpriced_precision
@@ -377,7 +377,8 @@ def predict_decode(
     ``batch x context``.
 
     The step is memory-bound (``nas.latency._decode``): calibrated, it costs the fitted µs per
-    launch plus µs per MiB of weights, KV cache (per head dim) and state (``calibrated.decode_model``, fitted by
+    launch plus µs per MiB of weights, KV cache (per head dim) and state, and the unaligned rows' extra
+    (``calibrated.decode_model``, fitted by
     ``nas profiles calibrate``; interval: its held-out 95th percentile); transferred from the
     calibrated profile, launches scale by the nominal launch overheads and bytes by bandwidth
     (interval widened as for the forward); uncalibrated, launches × the launch overhead plus all
@@ -405,7 +406,7 @@ def predict_decode(
             basis = f"{profile.name}, calibrated {date}" if date else f"{profile.name}, calibrated"
         else:
             ratios = transfer_ratios(source, profile)
-            coef = [coef[0] * ratios["launch"], *(c * ratios["bytes"] for c in coef[1:])]
+            coef = [c * ratios[kind] for c, kind in zip(coef, DECODE_KINDS, strict=True)]
             interval, checked = transfer_interval(source, profile, interval, decode=True)
             basis = f"transferred from {source.name}, {checked}"
         basis += ", extrapolated" if beyond else ""
@@ -415,7 +416,8 @@ def predict_decode(
     fraction = profile.calibrated.bandwidth_fraction or DEFAULT_BANDWIDTH_FRACTION
     us_per_mib = 2**20 / (profile.bandwidth_bytes_per_s * fraction) * 1e6
     launch_us = profile.calibrated.launch_overhead_us or profile.launch_overhead_us
-    coef = [launch_us, *(us_per_mib for _ in DECODE_FEATURES[1:])]
+    coef = [launch_us, *(us_per_mib for _ in ALIGNED_DECODE_FEATURES[1:])]
+    coef += [0.0] * (len(DECODE_FEATURES) - len(coef))  # the unaligned rows' extra cost is unknown here
     breakdown = [(name, c * x * 1e-3) for name, c, x in zip(DECODE_FEATURES, coef, features, strict=True)]
     found = _predicted(profile, dtype, shape, breakdown, UNCALIBRATED_INTERVAL, "uncalibrated", kind="decode")
     return _at_stored_precision(found, arch)

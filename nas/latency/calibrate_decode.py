@@ -7,11 +7,12 @@ from a CUDA graph) of random architectures (``calibrate.random_arch``, readout `
 each dominate somewhere — and fits ``nas.latency._decode``'s model by non-negative least squares
 on relative error: µs per launch plus µs per MiB of weights, KV cache (per head dim; a head dim
 seen in fewer than ``MIN_ARCHS_PER_KV_CLASS`` architectures shares its neighbour's cost) and
-state. Its interval is the 95th percentile of |measured / predicted - 1| over cross-validation by architecture (5
-folds: an architecture is never predicted by a fit that saw it at another shape), as for the
-forward. The result goes into
-the ``calibrated.decode_model`` entry of the profile, with the decode kernels' fingerprint
-(``decode_fingerprint``), GPU and date; the forward's calibration is left as it was.
+state, and µs per launch and per MiB of weights again on rows of a width off a multiple of 16.
+Its interval is the 95th percentile of |measured / predicted - 1| over cross-validation by
+architecture (5 folds: an architecture is never predicted by a fit that saw it at another shape),
+as for the forward. The result goes into the ``calibrated.decode_model`` entry of the profile,
+with the decode kernels' fingerprint (``decode_fingerprint``), GPU and date; the forward's
+calibration is left as it was.
 
 ``fit_decode`` and the writing are CPU functions over the timing rows, so a saved set of rows can
 be refitted anywhere.

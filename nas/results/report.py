@@ -568,6 +568,8 @@ _DECODE_FAMILIES = {
     "cache_mb_d64": "reading the KV cache",
     "cache_mb_d128": "reading the KV cache",
     "state_mb": "reading / writing the state",
+    "unaligned_launches": "kernel launches",
+    "unaligned_weight_mb": "reading weights",
 }
 
 

@@ -363,7 +363,7 @@ MALFORMED = [
     ),
     pytest.param(
         _calibrated("decode_model", "coefficients", value=[1.0, 0.7]),
-        r"'calibrated.decode_model.coefficients' must hold 7 numbers .* got 2",
+        r"'calibrated.decode_model.coefficients' must hold 9 numbers .* got 2",
         id="decode-short",
     ),
     pytest.param(
@@ -438,7 +438,7 @@ def test_kernel_families_match_the_latency_model() -> None:
     (one launch of each family has as many features as the table names), and the decode model's
     lengths agree with nas.latency's own (hardware_profiles never imports nas)."""
     import hardware_profiles
-    from nas.latency._decode import DECODE_FEATURES, LEGACY_DECODE_FEATURES
+    from nas.latency._decode import ALIGNED_DECODE_FEATURES, DECODE_FEATURES, LEGACY_DECODE_FEATURES
     from nas.latency._launches import FEATURES, KINDS, family
     from nas.latency.calibrate import kernel_grid
 
@@ -446,7 +446,11 @@ def test_kernel_families_match_the_latency_model() -> None:
     widths = {family(c.launch(132).cls): len(c.launch(132).x) for c in kernel_grid()}
     assert widths == {fam: len(names) for fam, names in FEATURES.items()}
     assert {name for names in FEATURES.values() for name in names} == set(KINDS)
-    assert hardware_profiles._DECODE_MODEL_LENGTHS == (len(DECODE_FEATURES), len(LEGACY_DECODE_FEATURES))
+    assert hardware_profiles._DECODE_MODEL_LENGTHS == (
+        len(DECODE_FEATURES),
+        len(ALIGNED_DECODE_FEATURES),
+        len(LEGACY_DECODE_FEATURES),
+    )
 
 
 def test_hand_written_dates_and_numeric_keys_load_and_predict(tmp_path: Path) -> None:

@@ -14,7 +14,14 @@ import yaml
 from hardware_profiles import load_profile
 from nas.latency import CalibrationWarning, cache_memory, decode_work, predict_decode
 from nas.latency import _predict as predict_module
-from nas.latency._decode import DECODE_FEATURES, KV_HEAD_DIMS, LEGACY_DECODE_FEATURES, expand_coefficients
+from nas.latency._decode import (
+    ALIGNED_DECODE_FEATURES,
+    DECODE_FEATURES,
+    DECODE_KINDS,
+    KV_HEAD_DIMS,
+    LEGACY_DECODE_FEATURES,
+    expand_coefficients,
+)
 from nas.latency.calibrate_decode import (
     DECODE_SHAPES,
     MIN_ARCHS_PER_KV_CLASS,
@@ -29,8 +36,9 @@ from nas.spec import ArchSpec, LayerSpec
 ATTN = LayerSpec("attention", heads=4, short_conv=4)
 LIN = LayerSpec("linear_attention", heads=4, feature_map="elu+1", short_conv=4)
 ENV = {"date": "2026-12-01", "gpu": "NVIDIA H200"}
-# µs per launch, per MiB of weights, of KV cache at head dim 16 / 32 / 64 / 128, of state
-COEF = [2.0, 0.3, 0.9, 0.5, 0.25, 0.2, 1.0]
+# µs per launch, per MiB of weights, of KV cache at head dim 16 / 32 / 64 / 128, of state, per
+# unaligned launch and per unaligned MiB of weights
+COEF = [2.0, 0.3, 0.9, 0.5, 0.25, 0.2, 1.0, 0.7, 0.4]
 
 
 def _arch(*layers: LayerSpec, d: int = 256) -> ArchSpec:
@@ -65,7 +73,7 @@ def test_decode_work_bytes_by_hand() -> None:
 def test_the_kv_cache_is_costed_by_the_head_dim_the_kernel_runs() -> None:
     """Each attention layer's cache bytes land in the class of its kernel head dim (24 runs as 32,
     odd or oversized dims in the nearest class), and the classes sum to the whole cache."""
-    assert KV_HEAD_DIMS == (16, 32, 64, 128) and len(DECODE_FEATURES) == 3 + len(KV_HEAD_DIMS)
+    assert KV_HEAD_DIMS == (16, 32, 64, 128) and len(DECODE_FEATURES) == 5 + len(KV_HEAD_DIMS)
     d = 384
     layers = [LayerSpec("attention", heads=h) for h in (48, 16, 8, 3, 24)]  # head dims 8, 24, 48, 128, 16
     w = decode_work(ArchSpec(d, tuple(layers), 512, 512), 777, 3)
@@ -74,9 +82,10 @@ def test_the_kv_cache_is_costed_by_the_head_dim_the_kernel_runs() -> None:
     assert w.cache_bytes == sum(per_layer)
     features = dict(zip(DECODE_FEATURES, w.features(), strict=True))
     assert features["cache_mb_d16"] == pytest.approx((per_layer[0] + per_layer[4]) / 2**20)
-    assert expand_coefficients([1.0, 2.0, 3.0, 4.0]) == [1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0]
+    assert expand_coefficients([1.0, 2.0, 3.0, 4.0]) == [1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 0.0, 0.0]
+    assert expand_coefficients(COEF[:7]) == [*COEF[:7], 0.0, 0.0]  # before the unaligned rows: unpriced
     assert expand_coefficients(COEF) == COEF
-    with pytest.raises(ValueError, match="7 coefficients"):
+    with pytest.raises(ValueError, match="9 coefficients"):
         expand_coefficients([1.0, 2.0, 3.0])
 
 
@@ -102,7 +111,7 @@ def test_padded_heads_cost_weights_not_launches() -> None:
 
 
 def test_fit_recovers_the_coefficients_of_rows_it_generated() -> None:
-    true = [2.5, 0.30, 0.8, 0.45, 0.3, 0.22, 0.9]  # µs per launch, per MiB of weights, cache by head dim, state
+    true = [2.5, 0.30, 0.8, 0.45, 0.3, 0.22, 0.9, 0.8, 0.5]  # as COEF
     rows = []
     for arch in decode_archs(3, 36):  # every head dim in enough architectures of every fold
         for batch, context in DECODE_SHAPES:
@@ -144,7 +153,7 @@ def test_a_head_dim_few_architectures_have_shares_its_neighbours_cost() -> None:
     assert kv_groups(*rows_with([0, 5, 1, 4])) == [[0, 1], [2, 3]]  # D64 ties between D32 and D128: D128
     assert kv_groups(*rows_with([2, 2, 2, 2])) == [[0, 1, 2, 3]]
     # noise-free rows of 6 architectures (no head dim in 3 of them): one KV cost, not a free class
-    true = [2.5, 0.30, 0.8, 0.45, 0.3, 0.22, 0.9]
+    true = [2.5, 0.30, 0.8, 0.45, 0.3, 0.22, 0.9, 0.8, 0.5]
     rows = []
     for arch in decode_archs(2, 6):
         for batch, context in DECODE_SHAPES:
@@ -159,7 +168,11 @@ def test_a_head_dim_few_architectures_have_shares_its_neighbours_cost() -> None:
 def test_the_profile_loader_knows_the_decode_models_lengths() -> None:
     import hardware_profiles
 
-    assert set(hardware_profiles._DECODE_MODEL_LENGTHS) == {len(DECODE_FEATURES), len(LEGACY_DECODE_FEATURES)}
+    assert set(hardware_profiles._DECODE_MODEL_LENGTHS) == {
+        len(DECODE_FEATURES),
+        len(ALIGNED_DECODE_FEATURES),
+        len(LEGACY_DECODE_FEATURES),
+    }
 
 
 def _calibrated(tmp_path, coef, interval=0.1, fingerprint=None):
@@ -242,7 +255,7 @@ def test_a_profile_with_a_bad_decode_model_is_refused(tmp_path) -> None:
         load_profile(str(text))
     data["calibrated"]["decode_model"] = {"coefficients": [1, 2, 3, 4, 5], "interval": 0.1}
     text.write_text(yaml.safe_dump(data))
-    with pytest.raises(ProfileError, match="must hold 7 numbers .* or 4 .*got 5"):
+    with pytest.raises(ProfileError, match="must hold 9 numbers .* 7 .* or 4 .*got 5"):
         load_profile(str(text))
 
 
@@ -285,3 +298,25 @@ def test_the_interval_grows_with_the_distance_past_the_checked_shapes() -> None:
     checked = max(int(k) for k in profile.calibrated.decode_model["check"] if k.isdigit())
     decode = [predict_decode(arch, 4096, c, profile).interval for c in (2 * checked, 1_048_576)]
     assert decode[1] > 1.5 * decode[0]
+
+
+def test_a_width_off_a_multiple_of_16_prices_its_norms_and_linears_again() -> None:
+    """At d % 16 ≠ 0 every norm and linear of the step (two for the head, three per mixer and
+    per MLP, one more per d-row quantize of fp8 weights) and all the weights they read are the
+    unaligned features; at d % 16 = 0 there are none, and nothing else of the step changes. A
+    calibrated model prices them, a transfer scales them like launches and bytes, the
+    uncalibrated model adds nothing for them."""
+    layers = (LayerSpec("attention", heads=2, short_conv=4, mlp_ratio=2.0), LayerSpec("none", mlp_ratio=1.5))
+    odd, even = ArchSpec(72, layers, 1000, 1000), ArchSpec(80, layers, 1000, 1000)
+    w_odd, w_even = decode_work(odd, 512, 2), decode_work(even, 512, 2)
+    assert (w_even.unaligned_launches, w_even.unaligned_weight_bytes) == (0, 0)
+    assert w_odd.unaligned_launches == 2 + 3 + 3 + 3
+    assert w_odd.unaligned_weight_bytes == w_odd.weight_bytes > 0
+    assert w_odd.launches == w_even.launches
+    features = dict(zip(DECODE_FEATURES, w_odd.features(), strict=True))
+    assert features["unaligned_launches"] == 11 and features["unaligned_weight_mb"] == w_odd.weight_bytes / 2**20
+    fp8 = ArchSpec(72, tuple(dataclasses.replace(layer, weight_dtype="fp8") for layer in layers), 1000, 1000)
+    assert decode_work(fp8, 512, 2).unaligned_launches == 11 + 3  # a quantize of d-wide rows per block, head none
+    assert DECODE_KINDS[-2:] == ("launch", "bytes") and len(DECODE_KINDS) == len(DECODE_FEATURES)
+    uncalibrated = predict_decode(odd, 2, 512, load_profile("l4"), reference=None)
+    assert dict(uncalibrated.breakdown)["unaligned_launches"] == 0.0

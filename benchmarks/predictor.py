@@ -3,10 +3,11 @@
     PYTHONPATH=$PWD python benchmarks/predictor.py --gpu [--calibrate] [--out DIR]     # on the GPU
     PYTHONPATH=$PWD python benchmarks/predictor.py --rows DIR/predictor_rows.json       # anywhere
 
-On a GPU (``--gpu``): draws its held-out architectures from ``space_arch`` (``--seed``, 3): a
-search space as a user's YAML writes one, validated by ``nas.space``, and one candidate drawn from
-it — a generator unlike the calibration's (``random_arch``: every layer over every value), so the
-check says how far the fit carries — and measures each at 1×256, 8×1024 and 32×512 with
+On a GPU (``--gpu``): draws its held-out architectures (``--seed``, 3) from ``--held GENERATOR``:
+``preset`` (the default: candidates of the shipped search spaces, ``preset_arch``), a generator
+neither fit draw uses, or ``space`` (``space_arch``: a random search space as a user's YAML
+writes one, which ``--fit-draw mixed``, the calibration's own draw, also fits on), so the check
+says how far the fit carries — and measures each at 1×256, 8×1024 and 32×512 with
 ``nas.latency.measure``, and one decoding step of the first ``--decode-archs`` of them at
 ``DECODE_HELD_OUT`` with ``measure_decode``. With ``--calibrate`` it first calibrates this GPU's
 profile in the same process (kernel grid, fit set, check set: ``nas.latency.calibrate``) and
@@ -38,12 +39,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import random
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -55,9 +54,13 @@ from nas.latency.calibrate import (  # noqa: E402
     calibration_section,
     check_summary,
     fit,
+    fit_draws,
     kernel_grid,
     measure_models,
+    preset_archs,
     random_archs,
+    space_arch,  # noqa: F401 (this benchmark's earlier home: tests and scripts import it here)
+    space_archs,
     stacked_archs,
     time_kernels,
     warm,
@@ -73,62 +76,9 @@ DECODE_HELD_OUT = ((1, 4096), (8, 16384))
 PARTS = ("kernels", "fit", "check", "held", "decode")  # what --parts can time
 
 
-# head-count lists a space's author writes; the widths offered are the multiples of 8 in 32-512
-# that every count divides with an even head dim of at most 128
-HEAD_LISTS = ((1,), (2,), (4,), (1, 2), (2, 4), (4, 8), (2, 4, 8), (8, 16), (3, 6), (6, 12), (5, 10), (12,), (16,))
-
-
-def space_arch(rng: random.Random) -> ArchSpec:
-    """The held-out generator, unlike the fit's (``random_arch``: every layer drawn over every
-    value) and the check's (``stacked_arch``: one block repeated): a search space as a user's
-    YAML writes one — a depth range within 1-12, one to three widths, a subset of mixers, feature
-    maps, convs, MLP ratios, activations and norms, head counts from ``HEAD_LISTS`` — validated by
-    ``nas.space.parse_space``, then one candidate drawn from it by Optuna's random sampler through
-    ``SearchSpace.sample``, with a vocabulary log-uniform over 32-50257 and either readout."""
-    import optuna
-
-    from nas.space import parse_space
-
-    heads = rng.choice(HEAD_LISTS)
-    unit = 2 * math.lcm(*heads)
-    widths = [d for d in range(32, 513, 8) if d % unit == 0 and d // min(heads) <= 128]
-    lo = rng.randint(1, 12)
-    mixers = rng.sample(("attention", "linear_attention", "none"), rng.randint(1, 3))
-
-    def some(values: tuple) -> list:
-        return sorted(rng.sample(values, rng.randint(1, len(values))), key=values.index)
-
-    ratios = some((0.0, 1.0, 2.0, 3.0, 4.0)) if mixers != ["none"] else some((1.0, 2.0, 4.0))
-    raw = {
-        "depth": {"low": lo, "high": rng.randint(lo, 12)},
-        "d_model": sorted(rng.sample(widths, min(len(widths), rng.randint(1, 3)))),
-        "layer": {
-            "mixer": mixers,
-            "heads": list(heads),
-            "feature_map": some(("identity", "elu+1", "relu")),
-            "short_conv": some((0, 2, 3, 4, 8)),
-            "mlp_ratio": ratios,
-            "activation": some(("gelu", "relu", "silu")),
-            "norm": some(("layernorm", "rmsnorm")),
-        },
-        "train": {"optimizer": ["adamw"], "lr": [1e-3], "steps": [100], "batch_size": [8]},
-    }
-    space = parse_space(raw, "held-out space")
-    vocab = int(round(math.exp(rng.uniform(math.log(32), math.log(50257)))))
-    task = SimpleNamespace(vocab_size=vocab, n_out=vocab, readout=rng.choice(("token", "last")))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=rng.randrange(2**31)))
-    return space.sample(study.ask(), task).arch
-
-
 def as_generator(arch: ArchSpec) -> ArchSpec:
     """``arch`` with the token readout: the decode steps' model generates."""
     return dataclasses.replace(arch, readout="token")
-
-
-def space_archs(seed: int, n: int) -> list[ArchSpec]:
-    rng = random.Random(seed)
-    return [space_arch(rng) for _ in range(n)]
 
 
 def _dump(path: Path, data: object) -> None:
@@ -139,7 +89,6 @@ def _dump(path: Path, data: object) -> None:
 
 def _dry_measure(profile):
     """``measure_models`` without a GPU: the prediction × 1 ± 5 % noise, for ``--dry-run``."""
-    import random
 
     rng = random.Random(0)
 
@@ -178,11 +127,13 @@ def run_gpu(args: argparse.Namespace) -> Path:
     run = f"{env['date']} {time.strftime('%H:%M:%S')}"
     parts = set(args.parts.split(",")) if args.parts else ({"kernels", "fit", "check"} if args.calibrate else set())
     parts |= {"held", "decode"} if not args.parts else set()
-    held_archs = space_archs(args.seed, args.archs) if parts & {"held", "decode"} else []
+    drawn = {"preset": preset_archs, "space": space_archs}[args.held]
+    held_archs = drawn(args.seed, args.archs) if parts & {"held", "decode"} else []
     held = [(a, s) for a in held_archs for s in SHAPES] if "held" in parts else []
     held_decode = [(as_generator(a), b, n) for a in held_archs[: args.decode_archs] for b, n in DECODE_HELD_OUT]
     held_decode = held_decode if "decode" in parts else []
-    fit_archs = random_archs(args.fit_seed, args.fit_start + args.fit_archs)[args.fit_start :]
+    fit_draw = {"mixed": fit_draws, "random": random_archs}[args.fit_draw]
+    fit_archs = fit_draw(args.fit_seed, args.fit_start + args.fit_archs)[args.fit_start :]
     fit_set = [(a, s) for a in fit_archs for s in SHAPES] if "fit" in parts else []
     check_set = (
         [(a, s) for a in stacked_archs(CHECK_SEED, args.check_archs) for s in SHAPES] if "check" in parts else []
@@ -192,7 +143,11 @@ def run_gpu(args: argparse.Namespace) -> Path:
         **env,
         "sm_count": sms,
         "seeds": {"fit": args.fit_seed, "fit_start": args.fit_start, "check": CHECK_SEED, "held_out": args.seed},
-        "generators": {"fit": "random_arch", "check": "stacked_arch", "held_out": "space_arch"},
+        "generators": {
+            "fit": {"mixed": "fit_draws (random_arch and space_arch in turn)", "random": "random_arch"}[args.fit_draw],
+            "check": "stacked_arch",
+            "held_out": f"{args.held}_arch",
+        },
         "kernel_rows": [],
         "fit_rows": [],
         "check_rows": [],
@@ -448,6 +403,19 @@ def main() -> None:
         "(no fit, no report): to split one lease's work over several calls; pool the files on any machine",
     )
     parser.add_argument("--check-archs", type=int, default=30)
+    parser.add_argument(
+        "--fit-draw",
+        choices=("mixed", "random"),
+        default="mixed",
+        help="the fit set's generator: the calibration's (random_arch and space_arch in turn) or random_arch alone "
+        "(how predictor_rows_h100.json's fit rows were drawn)",
+    )
+    parser.add_argument(
+        "--held",
+        choices=("preset", "space"),
+        default="preset",
+        help="the held-out generator: candidates of the shipped search spaces, or of random user-written spaces",
+    )
     parser.add_argument(
         "--seed",
         type=int,

@@ -214,7 +214,8 @@ def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
         "nas",
         "search",
         "--space",
-        str(write_space(tmp_path, steps=400)),
+        # a trial of a few seconds: SIGINT lands inside it, and the rerun retrains it in full
+        str(write_space(tmp_path, steps=100)),
         "--trials",
         "3",
         "--storage",
@@ -225,9 +226,9 @@ def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
         "cpu",
         "--no-baselines",
     ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    # one intra-op thread, the rerun too: on a loaded 2-core runner extra threads spin against each other
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
     def trials() -> list[optuna.trial.FrozenTrial]:
         try:
@@ -247,7 +248,7 @@ def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
     after = trials()
     assert [t.state for t in after] == [TrialState.FAIL, TrialState.WAITING]  # its parameters, queued again
     assert after[0].user_attrs["failure"] == "interrupted; parameters re-queued"
-    rerun = subprocess.run([*cmd[:7], "1", *cmd[8:]], capture_output=True, timeout=300)  # --trials 1
+    rerun = subprocess.run([*cmd[:7], "1", *cmd[8:]], capture_output=True, env=env, timeout=300)  # --trials 1
     assert rerun.returncode == 0, rerun.stderr.decode()
     assert [t.state for t in trials()] == [TrialState.FAIL, TrialState.COMPLETE]
     assert trials()[1].params == after[0].params and trials()[1].user_attrs["requeued_from"] == 0

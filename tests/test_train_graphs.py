@@ -37,8 +37,14 @@ RECIPES = [
 ]
 
 
-def _spec(recipe: dict, **extra) -> TrainSpec:
-    return TrainSpec(**recipe, steps=8, batch_size=8, seed=3, grad_clip=0.5, grad_noise=0.01, **extra)
+# On the CPU every fused-optimizer launch runs under the interpreter, so the CPU tests train the
+# fewest steps that still replay more than one step in a row (plain: 4 replays after the warm-up)
+# and replay inside both stages of a curriculum (3 steps each: 2 eager, then 1 replayed).
+CPU_STEPS = 2 * GRAPH_WARMUP + 2
+
+
+def _spec(recipe: dict, steps: int = 8, **extra) -> TrainSpec:
+    return TrainSpec(**recipe, steps=steps, batch_size=8, seed=3, grad_clip=0.5, grad_noise=0.01, **extra)
 
 
 def _fused_optimizers(monkeypatch) -> None:
@@ -80,7 +86,7 @@ def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
 )
 def test_replayed_steps_train_as_eager_steps_do(monkeypatch, recipe, task_name):
     task = load_task(task_name)
-    spec = _spec(recipe)
+    spec = _spec(recipe, steps=CPU_STEPS)
     _fused_optimizers(monkeypatch)
     eager = build(ARCH, seed=0)
     want = train(eager, task, spec, device="cpu")
@@ -97,7 +103,9 @@ def test_replayed_steps_train_as_eager_steps_do(monkeypatch, recipe, task_name):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs where CUDA is absent (conftest)")
 def test_a_replayed_population_trains_as_its_eager_one(monkeypatch):
     task = load_task(TASK)
-    spec = _spec(dict(optimizer="adamw", lr=3e-3, weight_decay=0.1), seeds=1, lr_multipliers=(0.5, 2.0))
+    spec = _spec(
+        dict(optimizer="adamw", lr=3e-3, weight_decay=0.1), steps=CPU_STEPS, seeds=1, lr_multipliers=(0.5, 2.0)
+    )
     _fused_optimizers(monkeypatch)
     want = train_population(ARCH, task, spec, device="cpu")
     replays = _stand_in_graphs(monkeypatch)
@@ -111,7 +119,7 @@ def test_a_replayed_population_trains_as_its_eager_one(monkeypatch):
 def test_a_group_off_the_fused_path_trains_eagerly(monkeypatch):
     """The reference optimizer path cannot be captured: the training stays eager, unchanged."""
     task = load_task(TASK)
-    spec = _spec(RECIPES[1].values[0])
+    spec = _spec(RECIPES[1].values[0], steps=CPU_STEPS)
     want = train(build(ARCH, seed=0), task, spec, device="cpu")
     replays = _stand_in_graphs(monkeypatch)
     got = train(build(ARCH, seed=0), task, spec, device="cpu")

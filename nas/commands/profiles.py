@@ -23,7 +23,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--profile", default=None, help="profile name or YAML path (default: the one listing this GPU)")
     cal.add_argument("--out", default=None, help="where to write the calibrated profile (default: over the profile)")
     cal.add_argument("--rows", default=None, metavar="JSON", help="also save every timing row there (to refit later)")
-    cal.add_argument("--fit-archs", type=positive_int, default=60, help="random architectures fitted on (× 3 shapes)")
+    cal.add_argument(
+        "--fit-archs",
+        type=positive_int,
+        default=60,
+        help="architectures fitted on (× 3 shapes): random stacks and random spaces' candidates in turn",
+    )
     cal.add_argument("--check-archs", type=positive_int, default=40, help="architectures held out as the check")
     cal.add_argument(
         "--budget-s",

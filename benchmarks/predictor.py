@@ -59,7 +59,6 @@ from nas.latency.calibrate import (  # noqa: E402
     measure_models,
     preset_archs,
     random_archs,
-    space_arch,  # noqa: F401 (this benchmark's earlier home: tests and scripts import it here)
     space_archs,
     stacked_archs,
     time_kernels,

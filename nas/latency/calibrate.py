@@ -266,9 +266,8 @@ def preset_archs(seed: int, n: int) -> list[ArchSpec]:
 def fit_draws(seed: int, n: int) -> list[ArchSpec]:
     """The fit set's architectures: ``random_arch`` and ``space_arch`` draws in turn from one
     generator. Either alone misses what the other draws: per-layer random stacks almost never
-    repeat one block or leave every mixer out, which a user's space does all the time (fitted on
-    random stacks alone the H100 calibration got 75 % of a fourth lease's space draws within ±10 %
-    at 8×1024; with space draws in the fit, 88 %: docs/latency.md)."""
+    repeat one block or leave every mixer out, which a user's space does all the time; the H100's
+    misses were those stacks (benchmarks/results/predictor_rows_h100_lease4.json, ``held_out_report``)."""
     rng = random.Random(seed)
     return [random_arch(rng) if i % 2 == 0 else space_arch(rng) for i in range(n)]
 

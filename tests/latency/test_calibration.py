@@ -94,7 +94,7 @@ def test_fit_recovers_known_coefficients():
     assert model.plain_gap_us == pytest.approx(PLAIN_US, rel=5e-2)
     for key in ("cv", "check"):
         assert report[key]["all"]["within_10pct"] == 1.0
-    assert report["interval"] < 1e-3
+    assert report["interval"] < 2e-3  # the ridge's pull toward the grid, on noiseless rows
 
 
 def test_fit_predicts_the_widened_generators_forwards():

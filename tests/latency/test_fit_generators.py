@@ -23,15 +23,19 @@ ROWS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "predict
 
 
 def test_the_fit_draws_what_a_users_yaml_can_produce():
-    """Over 300 draws: widths that no tile of 64 (or 16) divides, depths past 8 up to 12, head
-    counts past 16, vocabularies below 64 and above 8192 up to 50257, MLP ratios off the usual
-    grid, conv widths past 8 — and every value inside the ranges."""
+    """Over 300 draws: widths that no tile of 64 (or 16) divides, the smallest (16, 24) and about
+    as many at 16-64 as at 128-512 (log-uniform), depths past 8 up to 12, head counts past 16,
+    vocabularies below 64 and above 8192 up to 50257, MLP ratios off the usual grid, conv widths
+    past 8 — and every value inside the ranges."""
     archs = random_archs(11, 300)
     widths = {a.d_model for a in archs}
+    assert {16, 24} <= widths and all(16 <= d <= 512 and d % 8 == 0 for d in widths)
+    small = sum(a.d_model <= 64 for a in archs)
+    assert 0.6 < small / sum(a.d_model >= 128 for a in archs) < 1.6
     depths = {len(a.layers) for a in archs}
     vocabs = [a.vocab_size for a in archs]
     layers = [layer for a in archs for layer in a.layers]
-    assert any(d % 16 for d in widths) and all(32 <= d <= 512 and d % 8 == 0 for d in widths)
+    assert any(d % 16 for d in widths)
     assert max(depths) == 12 and min(depths) == 1
     assert min(vocabs) < 64 and max(vocabs) > 8192 and all(32 <= v <= 50257 for v in vocabs)
     assert any(layer.heads > 16 for layer in layers)

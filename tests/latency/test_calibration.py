@@ -652,7 +652,8 @@ def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():
 @pytest.mark.parametrize("name", ["h100_sxm", "h200"])
 def test_the_committed_rows_refit_to_the_shipped_profile(name):
     """benchmarks/results/predictor_rows_<gpu>.json is the run the shipped profile was fitted on
-    (the H100's with the held-out forwards of its second and third leases' files too):
+    (the H100's with the held-out forwards of its second to fourth leases' files and the sixth
+    lease's kernel grid, fit and check rows too):
     same kernels fingerprint and date, and refitting it gives the profile's interval and check
     scores (a recalibration that ships a profile without its rows fails here). Rows of kernels
     that have changed since (the launch model now describes other kernels) cannot refit to it:
@@ -670,13 +671,16 @@ def test_the_committed_rows_refit_to_the_shipped_profile(name):
     if rows["kernels_fingerprint"] != kernels_fingerprint():
         assert prediction_status(load_profile(name)).fingerprint.startswith("differs")
         return
-    fit_rows = rows["fit_rows"]
-    if name == "h100_sxm":  # fitted with the held-out space_arch forwards of its first three leases
-        leases = [json.loads((results / f"predictor_rows_h100_lease{i}.json").read_text()) for i in (2, 3)]
-        fit_rows = fit_rows + rows["held_out_rows"] + [r for lease in leases for r in lease["held_out_rows"]]
-    _, report = fit(rows["kernel_rows"], fit_rows, rows["check_rows"], sm_count=rows["sm_count"])
+    kernel_rows, fit_rows, check_rows = rows["kernel_rows"], rows["fit_rows"], rows["check_rows"]
+    if name == "h100_sxm":  # the sixth lease's kernel grid; the forwards of five leases (the fit's docstring)
+        lease = {i: json.loads((results / f"predictor_rows_h100_lease{i}.json").read_text()) for i in (2, 3, 4, 6)}
+        kernel_rows = lease[6]["kernel_rows"]
+        fit_rows = fit_rows + rows["held_out_rows"] + [r for i in (2, 3, 4) for r in lease[i]["held_out_rows"]]
+        fit_rows += lease[6]["fit_rows"]
+        check_rows = check_rows + lease[6]["check_rows"]
+    _, report = fit(kernel_rows, fit_rows, check_rows, sm_count=rows["sm_count"])
     if name == "h100_sxm":
-        assert report["fit_models"] == 360 + 240 + 120 + 120
+        assert report["fit_models"] == 360 + 240 + 120 + 120 + 180 + 360
     assert report["interval"] == pytest.approx(shipped.interval, abs=5e-4)
     assert report["check"]["all"]["within_10pct"] == pytest.approx(
         shipped.check["check_set"]["all"]["within_10pct"], abs=1e-3

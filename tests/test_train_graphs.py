@@ -48,7 +48,12 @@ def _spec(recipe: dict, steps: int = 8, **extra) -> TrainSpec:
 
 
 def _fused_optimizers(monkeypatch) -> None:
-    """The optimizers take the fused kernel (the interpreter on the CPU) as they do on a GPU."""
+    """The optimizers take the fused kernel (the interpreter on the CPU) as they do on a GPU, in
+    one chunk per tensor: the interpreter's cost is per program, and these tests compare a replayed
+    training with an eager one under the same launch (the kernels' own tests cover many chunks)."""
+    from kernels.optim import configs
+
+    monkeypatch.setattr(configs, "INTERPRETER", configs.StepConfig(block=4096, num_warps=4))
 
     def fused(spec, params):
         opt = make_optimizer(spec, params)

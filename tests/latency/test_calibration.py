@@ -108,6 +108,18 @@ def test_fit_predicts_the_widened_generators_forwards():
     assert report["interval"] < 0.02
 
 
+def test_the_interval_spans_what_only_the_check_generator_misses():
+    """Where the check rows miss and the fit's own rows do not, the interval is the check rows'
+    95th percentile: pooled with the cross-validation's many exact rows, 8 misses in 120 check
+    rows would fall under it."""
+    _, kernel_rows, fit_rows, check_rows = _synthetic(archs=40)
+    slow = [{**r, "ms": r["ms"] * 1.25} if i < 8 else r for i, r in enumerate(check_rows)]
+    _, exact = fit(kernel_rows, fit_rows, check_rows, sm_count=SMS)
+    _, report = fit(kernel_rows, fit_rows, slow, sm_count=SMS)
+    assert exact["interval"] < 0.01 and report["cv"]["all"]["p95_abs_error"] < 0.01
+    assert report["interval"] == pytest.approx(0.25, rel=0.05)  # measured 25 % over: predicted x 1.25 spans it
+
+
 def test_forward_fit_moves_a_class_off_its_kernel_timing():
     """A class 30 % slower inside a forward than on the kernel grid is refitted; a strong pull
     toward the kernel grid keeps the grid's coefficients."""

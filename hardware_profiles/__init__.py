@@ -214,6 +214,7 @@ KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
         "k_steps_k16",
         "k_steps_k8",
         "out_n8",
+        "mbytes_k64",
     ),
     "attention": ("launch", "waves", "key_blocks", "critical_blocks", "mbytes"),
     "linear_attention": ("launch", "waves", "chunks_identity", "chunks_elu", "chunks_relu", "prefix", "mbytes"),
@@ -221,9 +222,9 @@ KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
     "conv": ("launch", "waves", "taps", "mbytes"),
     "embed": ("launch", "mbytes"),
 }
-# a family's features a calibration written before them may lack (the last ones, read as 0): the linear's
-# alignment features, added 2026-12-07
-KERNEL_FEATURES_ADDED: dict[str, int] = {"linear": 3}
+# per family, how many of its last features a calibration written before them may lack (read as 0): the
+# linear's misaligned read (1), and with it the three alignment features added before it (4)
+KERNEL_FEATURES_ADDED: dict[str, tuple[int, ...]] = {"linear": (1, 4)}
 # mappings inside calibrated.check: summaries keyed by shape ("8x1024") or "all"
 _CHECK_SECTIONS = ("cross_validation", "check_set")
 
@@ -376,7 +377,7 @@ def _calibration(where: str, raw: Any) -> Calibration:
                 )
             _coefficients(where, field, coef)
             family = str(cls).split(".")[0]
-            if len(coef) not in (len(features), len(features) - KERNEL_FEATURES_ADDED.get(family, 0)):
+            if len(features) - len(coef) not in (0, *KERNEL_FEATURES_ADDED.get(family, ())):
                 raise ProfileError(
                     f"{where}: field {field!r} must hold {len(features)} numbers ({', '.join(features)}), "
                     f"got {len(coef)}"

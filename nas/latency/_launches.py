@@ -21,9 +21,10 @@ tiles' time, not 133/132. Features per family (``FEATURES`` names them; every fe
 - linear ``y[M, N] = act(x[M, K] Wᵀ + b) (+ r)``: the tile of the configs the wrapper hands the
   autotuner first (``kernels.linear.configs.candidates``), ``T = ⌈M/BM⌉·⌈N/BN⌉`` tiles,
   ``w = ⌈T/S⌉`` tiles on the busiest SM: ``[1, w, w·⌈K/BK⌉, w·BM·BN·gelu, w·BM·BN·(relu|silu),
-  w·BM·BN·residual, MB moved, w·⌈K/BK⌉·(K % 16 ≠ 0), w·⌈K/BK⌉·(K % 8 ≠ 0), w·BM·BN·(N % 8 ≠ 0)]``
-  (the last three: rows the kernels cannot move as vectors; cuBLAS, taken only for 16-byte rows,
-  carries the first of them). The class is
+  w·BM·BN·residual, MB moved, w·⌈K/BK⌉·(K % 16 ≠ 0), w·⌈K/BK⌉·(K % 8 ≠ 0), w·BM·BN·(N % 8 ≠ 0),
+  MB of x read · (K % 64 ≠ 0)]`` (features 8-10: rows the kernels cannot move as vectors; cuBLAS,
+  taken only for 16-byte rows, carries the first of them; the last: x's rows off 128-byte cache
+  lines). The class is
   the kernel the wrapper picks: cuBLAS's matmul and the epilogue pass
   (``kernels.linear.configs.prefers_cublas``; launch feature 2 with an epilogue, a nominal
   128×128×64 tile, the epilogue's read and write of y in MB moved), persistent TMA (sm_90,
@@ -70,12 +71,13 @@ from ._shape import LatencyShape
 __all__ = ["FEATURES", "KINDS", "Launch", "launches", "family"]
 
 _SIZE = 2  # bytes per element: the kernel model is fitted for bf16 / fp16
+_LINE = 128  # bytes per L2 cache line (every sm_80+ GPU)
 _MB = 1e-6
 # feature names per family (the profile format's table: hardware_profiles.KERNEL_FEATURES, with the
 # number of last features a calibration written before them lacks, read as 0); KINDS says how each
 # transfers to another GPU (see nas.latency._model)
 FEATURES: dict[str, tuple[str, ...]] = KERNEL_FEATURES
-FEATURES_ADDED: dict[str, int] = KERNEL_FEATURES_ADDED
+FEATURES_ADDED: dict[str, tuple[int, ...]] = KERNEL_FEATURES_ADDED
 # launch: fixed cost per kernel; wave: per program-wave on an SM (latency); tensor: tensor-core
 # work on the busiest SM; vector: CUDA-core work on the busiest SM; bytes: HBM traffic
 KINDS: dict[str, str] = {
@@ -96,6 +98,7 @@ KINDS: dict[str, str] = {
     "k_steps_k16": "tensor",
     "k_steps_k8": "tensor",
     "out_n8": "vector",
+    "mbytes_k64": "bytes",
 }
 _ATTN_BLOCK_M = 128  # query rows per flash-attention program (every sm_90 config)
 _CHUNK, _BLOCK_V = 64, 32  # linear attention: chunk length, value block of the common tiling
@@ -183,7 +186,8 @@ def _linear(
     from kernels.linear import configs
 
     bucket = configs.m_bucket(M)
-    moved = ((2 if norm else 1) * M * K + N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
+    x_read = (2 if norm else 1) * M * K * _SIZE * _MB
+    moved = x_read + (N * K + N + M * N * (2 if residual else 1)) * _SIZE * _MB
     if configs.prefers_cublas((9, 0), bucket, N, K, activation, residual, norm=norm):
         # cuBLAS's matmul (bias, and ReLU, in its epilogue), then for GELU, SiLU or a residual
         # the epilogue pass over the output in place: one class for both launches, the tile a
@@ -215,7 +219,10 @@ def _linear(
     # rows where they are 16-byte aligned, runs a slower kernel too), K not a multiple of 8 (x's
     # rows not even 16-byte aligned) and N not a multiple of 8 (the output's rows the same; cuBLAS
     # never takes these two). The fused kernel's cost is several times the aligned loop on sm_90
-    # (kernel grid: widths 40 and 200 beside 32, 48, 192 and 256).
+    # (kernel grid: widths 40 and 200 beside 32, 48, 192 and 256). Rows of x that do not start on
+    # a 128-byte cache line (K not a multiple of 64) cost more to read on either route: every
+    # tile's row straddles two lines (the preset spaces' widths, multiples of 128, were predicted
+    # 4-8 % high at 32×512 without this term: predictor_rows_h100_lease7.json).
     triton = cls != "linear.cublas"
     return Launch(
         name,
@@ -231,6 +238,7 @@ def _linear(
             k_steps * (K % 16 != 0),
             k_steps * (triton and K % 8 != 0),
             elems * (triton and N % 8 != 0),
+            x_read * ((K * _SIZE) % _LINE != 0),
         ),
     )
 

@@ -118,7 +118,7 @@ class KernelModel:
         for name, coef in coefficients.items():
             fam = family(str(name))
             missing = len(FEATURES.get(fam, ())) - len(coef)
-            if fam not in FEATURES or missing not in (0, FEATURES_ADDED.get(fam, 0)):
+            if fam not in FEATURES or missing not in (0, *FEATURES_ADDED.get(fam, ())):
                 raise ValueError(
                     f"kernel_model.coefficients.{name}: expected {len(FEATURES.get(fam, ()))} numbers "
                     f"for family {fam!r}, got {coef!r}"

@@ -60,7 +60,14 @@ def _synthetic(
     for c in cases:
         launch = c.launch(SMS)
         used[launch.cls] = [u or v != 0 for u, v in zip(used[launch.cls], launch.x, strict=True)]
-    truth = KernelModel(tuple((cls, tuple(rng.uniform(0.2, 3.0) if u else 0.0 for u in used[cls])) for cls in classes))
+    # each class's truth from its own stream, so a feature added to one family leaves the others' alone
+    truth = KernelModel(
+        tuple(
+            (cls, tuple(draw.uniform(0.2, 3.0) if u else 0.0 for u in used[cls]))
+            for cls in classes
+            for draw in [random.Random(f"{seed}:{cls}")]
+        )
+    )
     kernel_rows = [{"family": c.family, "args": dict(c.args), "us": truth.kernel_us(c.launch(SMS))} for c in cases]
     slower = slower or {}
 

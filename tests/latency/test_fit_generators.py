@@ -128,23 +128,28 @@ def test_the_kernel_grid_times_every_alignment_feature_a_forward_meets():
 
 
 def test_a_calibration_from_before_the_alignment_features_loads_with_them_at_zero(tmp_path):
-    """A profile whose linear classes hold the 7 numbers written before 2026-12-07 still loads, the
-    alignment features read as 0; any other count is refused."""
+    """A profile whose linear classes hold the 7 numbers written before 2026-12-07, or the 10 written
+    before the misaligned read, still loads, the later features read as 0; any other count is refused."""
     import pytest
     import yaml
 
     from hardware_profiles import ProfileError, load_profile
     from nas.latency._model import KernelModel
 
-    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "hardware_profiles" / "h200.yaml").read_text())
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "hardware_profiles" / "h100_sxm.yaml").read_text())
     coefficients = raw["calibrated"]["kernel_model"]["coefficients"]
-    for cls in [c for c in coefficients if c.startswith("linear.")]:
-        coefficients[cls] = coefficients[cls][:7]
+    assert len(coefficients["linear.short_k"]) == 11
     old = tmp_path / "old.yaml"
-    old.write_text(yaml.safe_dump(raw))
-    model = KernelModel.from_dict(load_profile(str(old)).calibrated.kernel_model)
-    assert model.coefficient("linear.short_k")[7:] == (0.0, 0.0, 0.0)
-    coefficients["linear.short_k"] = coefficients["linear.short_k"][:6]
-    old.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ProfileError, match="must hold 10 numbers"):
-        load_profile(str(old))
+    for kept in (10, 7):
+        for cls in [c for c in coefficients if c.startswith("linear.")]:
+            coefficients[cls] = coefficients[cls][:kept]
+        old.write_text(yaml.safe_dump(raw))
+        model = KernelModel.from_dict(load_profile(str(old)).calibrated.kernel_model)
+        got = model.coefficient("linear.short_k")
+        assert len(got) == 11 and got[kept:] == (0.0,) * (11 - kept)
+        assert got[:kept] == tuple(coefficients["linear.short_k"])
+    for wrong in (6, 8, 9):
+        coefficients["linear.short_k"] = [0.5] * wrong
+        old.write_text(yaml.safe_dump(raw))
+        with pytest.raises(ProfileError, match="must hold 11 numbers"):
+            load_profile(str(old))

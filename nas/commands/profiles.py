@@ -135,8 +135,9 @@ ROWS_KEYS = ("gpu", "sm_count", "kernels_fingerprint", "date", "kernel_rows", "f
 def _pooled_rows(paths: Sequence[str]) -> dict[str, Any]:
     """The timing rows of several ``nas profiles calibrate --rows`` files, pooled: every kernel row,
     and every whole-model row tagged with the run it came from (``fit`` then predicts each run from
-    the others). CalibrationError names the file and what is wrong: unreadable, not a rows file,
-    another GPU, SM count or kernels than the first file's."""
+    the others) and, where the file names it, the generator that drew it (each generator's
+    held-out errors bound the interval on their own). CalibrationError names the file and what is
+    wrong: unreadable, not a rows file, another GPU, SM count or kernels than the first file's."""
     from nas.latency.calibrate import CalibrationError
 
     pooled: dict[str, Any] = {"kernel_rows": [], "model_rows": [], "dates": [], "runs": {}}
@@ -159,8 +160,11 @@ def _pooled_rows(paths: Sequence[str]) -> dict[str, Any]:
                     f"GPU kind timed with the same kernels"
                 )
         run = f"{Path(path).name} {data['date']}"
+        named = data.get("generators") if isinstance(data.get("generators"), dict) else {}
         rows = [
-            {"run": run, **row} for key in ("fit_rows", "check_rows", "held_out_rows") for row in data.get(key) or ()
+            {"run": run, **({"generator": str(named[part])} if named.get(part) else {}), **row}
+            for key, part in (("fit_rows", "fit"), ("check_rows", "check"), ("held_out_rows", "held_out"))
+            for row in data.get(key) or ()
         ]
         runs = {row["run"] for row in rows}
         if twice := runs & set(pooled["runs"]):
@@ -208,6 +212,13 @@ def _refit(args: argparse.Namespace) -> None:
         f"run(s) on {pooled['gpu']}: interval ±{report['interval']:.1%}",
         soft_wrap=True,
     )
+    spans = report.get("interval_by_generator") or {}
+    if len(spans) > 1:
+        console.print(
+            "interval by held-out set: " + ", ".join(f"{name} ±{width:.1%}" for name, width in spans.items()),
+            soft_wrap=True,
+            markup=False,
+        )
     lines = [(f"cross-validated {shape}", s) for shape, s in (report.get("cv") or {}).items()]
     lines += [(f"run {run} from the others", s["all"]) for run, s in (report.get("across_runs") or {}).items()]
     for name, s in lines:

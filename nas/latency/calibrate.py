@@ -98,6 +98,7 @@ SHAPES = tuple(parse_shape(s) for s in ("1x256", "8x1024", "32x512"))
 LONG_LENGTHS = (2048, 8192)  # linear attention's kernel rows at one sequence of these lengths
 D_GRID = (16, 24, 32, 40, 48, 64, 96, 128, 192, 200, 256, 384, 512)  # 24, 40 and 200: widths no tile divides
 INTERVAL_QUANTILE = 0.95  # the interval's half-width: this quantile of the held-out rows' interval_widths
+MIN_GENERATOR_ROWS = 60  # a generator's rows set an interval of their own from this many (a lease's 20 × 3 shapes)
 CV_FOLDS = 5
 
 
@@ -706,9 +707,11 @@ def fit(
     an error are skipped; a whole-model row may carry ``run``, the GPU run it was measured in) and
     its held-out errors: ``cv`` (cross-validation over architectures), ``across_runs`` (each run
     predicted by the fit on the others, when there are several), ``check`` (``check_rows``, when
-    given), each per shape and overall (``check_summary``); ``interval`` is the larger of two 95th
-    percentiles of the interval widths: over the cross-validation and across-runs residuals
-    together, and over the check rows alone."""
+    given), each per shape and overall (``check_summary``); ``interval`` is the largest 95th
+    percentile of the interval widths over one set of held-out residuals: the cross-validation and
+    across-runs residuals of each generator's rows (a row's ``generator``; a generator with fewer
+    than ``MIN_GENERATOR_ROWS`` rows counts with the untagged ones), and the check rows alone
+    (``interval_by_generator`` lists them)."""
     prior = fit_kernels(
         (KernelCase(r["family"], tuple(sorted(r["args"].items()))).launch(sm_count), r["us"])
         for r in kernel_rows
@@ -725,12 +728,16 @@ def fit(
         return prior, report
     forwards = [_forward(r, sm_count) for r in good]
     model = fit_forwards(prior, forwards, strength=strength)
-    held_out: list[float] = []
+    generators = [str(r.get("generator", "")) for r in good]
+    sizes = {g: generators.count(g) for g in set(generators)}
+    generators = [g if sizes[g] >= MIN_GENERATOR_ROWS else "" for g in generators]
+    held_out: dict[str, list[float]] = {}  # per generator, the held-out errors of its rows
     archs = [json.dumps(r["arch"], sort_keys=True) for r in good]
     if len(set(archs)) >= CV_FOLDS:
         errors = cross_validate(prior, forwards, archs, folds=CV_FOLDS, strength=strength)
         report["cv"] = _per_shape(good, [r["ms"] * (1 + e) for r, e in zip(good, errors, strict=True)])
-        held_out += errors
+        for g, e in zip(generators, errors, strict=True):
+            held_out.setdefault(g, []).append(e)
     runs = sorted({str(r.get("run", "")) for r in good})
     if len(runs) > 1:
         across = {}
@@ -743,19 +750,22 @@ def fit(
             across[run] = _per_shape(
                 [good[i] for i in inside], [good[i]["ms"] * (1 + e) for i, e in zip(inside, errors, strict=True)]
             )
-            held_out += errors
+            for i, e in zip(inside, errors, strict=True):
+                held_out.setdefault(generators[i], []).append(e)
         report["across_runs"] = across
-    # the interval spans the wider of the two held-out sets: the fit's own generator
-    # (cross-validation, other runs) and the check generator's rows on their own, which pooled
-    # with many more of the former would be outvoted where only they miss
-    spans = [quantile(interval_widths(held_out), INTERVAL_QUANTILE)] if held_out else []
+    # the interval spans the widest held-out set: each generator's rows (cross-validation, other
+    # runs) and the check generator's on their own, which pooled with many more rows of an
+    # easier generator would be outvoted where only they miss
+    spans = {g or "pooled": quantile(interval_widths(e), INTERVAL_QUANTILE) for g, e in sorted(held_out.items())}
     check = [r for r in check_rows if "ms" in r and model.covers(_model_launches(r, sm_count))]
     if check:
         predicted = [model.forward_us(*_forward(r, sm_count)[:2]) / 1e3 for r in check]
         report["check"] = _per_shape(check, predicted)
-        spans.append(quantile(interval_widths(relative_errors(predicted, [r["ms"] for r in check])), INTERVAL_QUANTILE))
+        missed = relative_errors(predicted, [r["ms"] for r in check])
+        spans["check"] = quantile(interval_widths(missed), INTERVAL_QUANTILE)
     if spans:
-        report["interval"] = finite_interval(max(spans))
+        report["interval_by_generator"] = spans
+        report["interval"] = finite_interval(max(spans.values()))
     return model, report
 
 

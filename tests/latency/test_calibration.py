@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import warnings
@@ -125,6 +126,28 @@ def test_the_interval_spans_what_only_the_check_generator_misses():
     _, report = fit(kernel_rows, fit_rows, slow, sm_count=SMS)
     assert exact["interval"] < 0.01 and report["cv"]["all"]["p95_abs_error"] < 0.01
     assert report["interval"] == pytest.approx(0.25, rel=0.05)  # measured 25 % over: predicted x 1.25 spans it
+
+
+def test_each_generator_bounds_the_interval_on_its_own():
+    """Rows tagged with the generator that drew them set the interval per generator: where one
+    generator's rows miss and the others' do not, the interval is that generator's 95th percentile,
+    which pooled with them would fall under; a generator with too few rows counts with the untagged."""
+    from nas.latency.calibrate import MIN_GENERATOR_ROWS
+
+    _, kernel_rows, fit_rows, other = _synthetic(archs=40)  # other: the check seed's draws, as a second generator
+    # a tenth of the second generator's architectures (every shape) 25 % slower than the model says
+    slow = {json.dumps(r["arch"], sort_keys=True) for r in other[:: 3 * 10]}
+    other = [{**r, "ms": r["ms"] * 1.25} if json.dumps(r["arch"], sort_keys=True) in slow else r for r in other]
+    _, pooled = fit(kernel_rows, fit_rows + other, sm_count=SMS)
+    tagged = [{**r, "generator": "a"} for r in fit_rows] + [{**r, "generator": "b"} for r in other]
+    _, report = fit(kernel_rows, tagged, sm_count=SMS)
+    spans = report["interval_by_generator"]
+    assert set(spans) == {"a", "b"} and report["interval"] == spans["b"]
+    assert spans["b"] > 0.2 > 0.1 > spans["a"] and report["interval"] > pooled["interval"] + 0.05
+    assert set(pooled["interval_by_generator"]) == {"pooled"}
+    few = [{**r, "generator": "c"} if i < MIN_GENERATOR_ROWS - 1 else r for i, r in enumerate(tagged)]
+    _, small = fit(kernel_rows, few, sm_count=SMS)
+    assert "c" not in small["interval_by_generator"] and "pooled" in small["interval_by_generator"]
 
 
 def test_forward_fit_moves_a_class_off_its_kernel_timing():
@@ -671,8 +694,8 @@ def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():
 @pytest.mark.parametrize("name", ["h100_sxm", "h200"])
 def test_the_committed_rows_refit_to_the_shipped_profile(name):
     """benchmarks/results/predictor_rows_<gpu>.json is the run the shipped profile was fitted on
-    (the H100's with the held-out forwards of its second to fourth leases' files and the sixth
-    lease's kernel grid, fit and check rows too):
+    (the H100's with the held-out forwards of its second to fifth, seventh and ninth leases' files
+    and the sixth lease's kernel grid, fit and check rows too, each row tagged with its generator):
     same kernels fingerprint and date, and refitting it gives the profile's interval and check
     scores (a recalibration that ships a profile without its rows fails here). Rows of kernels
     that have changed since (the launch model now describes other kernels) cannot refit to it:
@@ -691,15 +714,22 @@ def test_the_committed_rows_refit_to_the_shipped_profile(name):
         assert prediction_status(load_profile(name)).fingerprint.startswith("differs")
         return
     kernel_rows, fit_rows, check_rows = rows["kernel_rows"], rows["fit_rows"], rows["check_rows"]
-    if name == "h100_sxm":  # the sixth lease's kernel grid; the forwards of five leases (the fit's docstring)
-        lease = {i: json.loads((results / f"predictor_rows_h100_lease{i}.json").read_text()) for i in (2, 3, 4, 6)}
+    if name == "h100_sxm":  # the sixth lease's kernel grid; the forwards of eight leases (measured_with)
+        lease = {i: json.loads((results / f"predictor_rows_h100_lease{i}.json").read_text()) for i in range(2, 10)}
+        lease[1] = rows
+
+        def tagged(i: int, key: str) -> list[dict]:  # each row with its file's generator
+            generator = lease[i]["generators"][key.removesuffix("_rows")]
+            return [{**r, "generator": generator} for r in lease[i][key]]
+
         kernel_rows = lease[6]["kernel_rows"]
-        fit_rows = fit_rows + rows["held_out_rows"] + [r for i in (2, 3, 4) for r in lease[i]["held_out_rows"]]
-        fit_rows += lease[6]["fit_rows"]
+        fit_rows = tagged(1, "fit_rows") + [r for i in (1, 2, 3, 4, 5, 7, 9) for r in tagged(i, "held_out_rows")]
+        fit_rows += tagged(6, "fit_rows")
         check_rows = check_rows + lease[6]["check_rows"]
     _, report = fit(kernel_rows, fit_rows, check_rows, sm_count=rows["sm_count"])
     if name == "h100_sxm":
-        assert report["fit_models"] == 360 + 240 + 120 + 120 + 180 + 360
+        assert report["fit_models"] == 360 + 240 + 120 + 120 + 180 + 360 + 3 * 180
+        assert report["interval"] == report["interval_by_generator"]["preset_arch"]
     assert report["interval"] == pytest.approx(shipped.interval, abs=5e-4)
     assert report["check"]["all"]["within_10pct"] == pytest.approx(
         shipped.check["check_set"]["all"]["within_10pct"], abs=1e-3

@@ -63,6 +63,20 @@ def test_two_runs_pool_and_each_is_predicted_from_the_other(tmp_path, profile, c
     assert "across_runs" in refit.calibrated.check and refit.calibrated.get("date") == "2026-12-07"
 
 
+def test_rows_of_named_generators_bound_the_interval_each(tmp_path, profile, capsys):
+    """A rows file that names its generators tags each row with its own: a generator with enough
+    rows gets its own held-out 95th percentile, the profile's interval is the widest, and the refit
+    prints each."""
+    named = _rows(tmp_path, "named.json", generators={"fit": "random_arch", "check": "stacked_arch"})
+    out = tmp_path / "out.yaml"
+    assert main(["profiles", "refit", "--rows", str(named), "--profile", str(profile), "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    line = text[text.index("interval by held-out set: ") :]
+    assert "random_arch ±" in line  # 108 rows: its own; the 54 check rows join the untagged (pooled)
+    widths = [float(w.split("%")[0]) / 100 for w in line.split("±")[1:3]]
+    assert load_profile(out).calibrated.interval == pytest.approx(max(widths), abs=1e-3)
+
+
 BAD = [
     ("missing-file", lambda tmp: [str(tmp / "none.json")], "cannot read it"),
     ("not-json", lambda tmp: [str(_text(tmp / "x.json", "{"))], "not JSON"),

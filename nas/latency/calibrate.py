@@ -10,7 +10,9 @@
    head dim and feature map, both norms, the short conv and the embedding gather — over
    ``kernel_grid()``: d 16-512, the three latency shapes (and linear attention over one long
    sequence, where few heads take the identity map's two passes), vocab sizes that do and do not
-   fill the last tile, so wave quantisation over the SM count shows;
+   fill the last tile, so wave quantisation over the SM count shows; the linears the model runs
+   after a norm (q/k/v, MLP up, readout) launched as it launches them, the norm summed in the
+   fused kernel where ``norm_in_kernel`` says so;
    each kernel back to back in a CUDA graph, the per-launch graph gap included;
 3. fits stage 1 of ``nas.latency._model`` on those timings (the prior), then stage 2 (every
    class's coefficients refitted on whole forwards, pulled toward the prior; graph gaps,
@@ -357,16 +359,22 @@ def kernel_grid() -> list[KernelCase]:
 
     cases: list[KernelCase] = []
     acts = ("gelu", "relu", "silu")
+
+    def normed(M: int, N: int, K: int, activation: str | None) -> KernelCase:
+        # a linear the model runs after a norm (q/k/v, MLP up, readout), launched as the model
+        # launches it: the norm summed in the fused kernel where ``norm_in_kernel`` says so (the
+        # norm's own launch before the route elsewhere is timed with the norms below)
+        if configs.norm_in_kernel((9, 0), configs.m_bucket(M), N, K, activation):
+            return _case("linear", M=M, N=N, K=K, activation=activation, residual=False, norm=True)
+        return _case("linear", M=M, N=N, K=K, activation=activation, residual=False)
+
     for shape in SHAPES:
         M = shape.tokens
         for i, d in enumerate(D_GRID):
-            cases += [
-                _case("linear", M=M, N=3 * d, K=d, activation=None, residual=False),
-                _case("linear", M=M, N=d, K=d, activation=None, residual=True),
-            ]
+            cases += [normed(M, 3 * d, d, None), _case("linear", M=M, N=d, K=d, activation=None, residual=True)]
             for j, ratio in enumerate((1, 2, 4)):
                 cases += [
-                    _case("linear", M=M, N=ratio * d, K=d, activation=acts[(i + j) % 3], residual=False),
+                    normed(M, ratio * d, d, acts[(i + j) % 3]),
                     _case("linear", M=M, N=d, K=ratio * d, activation=None, residual=True),
                 ]
             # an activation and a residual in one launch: no forward has it, but without it the
@@ -382,10 +390,7 @@ def kernel_grid() -> list[KernelCase]:
             # the readout's vocab from 32 (one partial tile) to GPT-2's 50257 (many waves), its
             # outputs padded as the model pads them
             for vocab in map(configs.padded_features, (32, 64, 1001, 8192, 50257) + ((3001, 5003) if d > 256 else ())):
-                cases += [
-                    _case("linear", M=M, N=vocab, K=d, activation=None, residual=False),
-                    _case("linear", M=shape.batch, N=vocab, K=d, activation=None, residual=False),
-                ]
+                cases += [normed(M, vocab, d, None), normed(shape.batch, vocab, d, None)]
             cases.append(
                 _case("conv", B=shape.batch, T=shape.seq_len, C=3 * d, width=CONV_WIDTHS[i % len(CONV_WIDTHS)])
             )

@@ -650,6 +650,30 @@ def test_cli_calibrate_saves_rows_that_refit_to_the_same_model(tmp_path, monkeyp
     assert written.kernel_model == refitted.to_dict()
 
 
+def test_the_kernel_grid_times_the_normed_linears_as_the_forward_launches_them():
+    """Each linear the model runs after a norm (q/k/v, MLP up, readout) has a kernel-grid case
+    with the very launch the forward makes: where the fused kernel sums the norm (a large
+    vocabulary read from a narrow model too), the grid times that kernel, not cuBLAS's route."""
+    from kernels.linear import configs
+    from nas.latency.calibrate import D_GRID
+    from nas.spec import LayerSpec
+
+    grid = {(c.launch(SMS).cls, c.launch(SMS).x) for c in kernel_grid() if c.family == "linear"}
+    fused = 0
+    for shape in SHAPES:
+        for d in (16, 64, 128, 256):
+            act = ("gelu", "relu", "silu")[(D_GRID.index(d) + 1) % 3]  # the grid's MLP-up activation at ratio 2
+            layer = LayerSpec("attention", max(1, d // 64), None, 0, 2.0, act, "rmsnorm")
+            for readout in ("token", "last"):
+                arch = ArchSpec(d, (layer,), 50257, 50257, readout)
+                work = {w.name: w for w in launches(arch, shape, SMS)}
+                for name in ("layers.0.qkv", "layers.0.mlp_up", "head"):
+                    assert (work[name].cls, work[name].x) in grid, (str(shape), d, readout, name, work[name].cls)
+                rows = shape.tokens if readout == "token" else shape.batch
+                fused += configs.norm_in_kernel((9, 0), configs.m_bucket(rows), configs.padded_features(50257), d, None)
+    assert fused >= 10  # the readout's fused route is among them
+
+
 def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():
     """TritonModel folds each norm into the linear after it: the launch list has the norm's own
     launch exactly where ``fuses_norm`` leaves it out of the linear's main loop (none at 1x256

@@ -718,12 +718,13 @@ def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():
 @pytest.mark.parametrize("name", ["h100_sxm", "h200"])
 def test_the_committed_rows_refit_to_the_shipped_profile(name):
     """benchmarks/results/predictor_rows_<gpu>.json is the run the shipped profile was fitted on
-    (the H100's with the held-out forwards of its second to fifth, seventh and ninth leases' files
-    and the sixth lease's kernel grid, fit and check rows too, each row tagged with its generator):
-    same kernels fingerprint and date, and refitting it gives the profile's interval and check
-    scores (a recalibration that ships a profile without its rows fails here). Rows of kernels
-    that have changed since (the launch model now describes other kernels) cannot refit to it:
-    such a profile must say that its kernels differ."""
+    (the H100's with the held-out forwards of its second to fifth, seventh, ninth and tenth leases'
+    files, the sixth and tenth leases' fit rows and check rows too, and the tenth lease's kernel
+    grid, each row tagged with its generator and its file as the run): same kernels fingerprint
+    and date, and refitting it gives the profile's interval and check scores (a recalibration
+    that ships a profile without its rows fails here). Rows of kernels that have changed since
+    (the launch model now describes other kernels) cannot refit to it: such a profile must say
+    that its kernels differ."""
     import json
     from pathlib import Path
 
@@ -738,21 +739,22 @@ def test_the_committed_rows_refit_to_the_shipped_profile(name):
         assert prediction_status(load_profile(name)).fingerprint.startswith("differs")
         return
     kernel_rows, fit_rows, check_rows = rows["kernel_rows"], rows["fit_rows"], rows["check_rows"]
-    if name == "h100_sxm":  # the sixth lease's kernel grid; the forwards of eight leases (measured_with)
-        lease = {i: json.loads((results / f"predictor_rows_h100_lease{i}.json").read_text()) for i in range(2, 10)}
-        lease[1] = rows
+    if name == "h100_sxm":  # the tenth lease's kernel grid; the forwards of ten leases (measured_with)
+        files = {i: f"predictor_rows_h100_lease{i}.json" for i in range(2, 11)} | {1: "predictor_rows_h100.json"}
+        lease = {i: json.loads((results / f).read_text()) for i, f in files.items() if i != 1} | {1: rows}
 
-        def tagged(i: int, key: str) -> list[dict]:  # each row with its file's generator
+        def tagged(i: int, key: str) -> list[dict]:  # each row with its file's generator, its file the run
             generator = lease[i]["generators"][key.removesuffix("_rows")]
-            return [{**r, "generator": generator} for r in lease[i][key]]
+            return [{**r, "generator": generator, "run": files[i]} for r in lease[i][key]]
 
-        kernel_rows = lease[6]["kernel_rows"]
-        fit_rows = tagged(1, "fit_rows") + [r for i in (1, 2, 3, 4, 5, 7, 9) for r in tagged(i, "held_out_rows")]
-        fit_rows += tagged(6, "fit_rows")
-        check_rows = check_rows + lease[6]["check_rows"]
+        kernel_rows = lease[10]["kernel_rows"]
+        fit_rows = tagged(1, "fit_rows") + [r for i in (1, 2, 3, 4, 5, 7, 9, 10) for r in tagged(i, "held_out_rows")]
+        fit_rows += tagged(6, "fit_rows") + tagged(10, "fit_rows")
+        check_rows = check_rows + lease[6]["check_rows"] + lease[10]["check_rows"]
     _, report = fit(kernel_rows, fit_rows, check_rows, sm_count=rows["sm_count"])
     if name == "h100_sxm":
-        assert report["fit_models"] == 360 + 240 + 120 + 120 + 180 + 360 + 3 * 180
+        assert report["fit_models"] == 360 + 240 + 120 + 120 + 180 + 360 + 3 * 180 + 360 + 540
+        assert len(report["across_runs"]) == 10 - 1  # the eighth lease timed no forwards
         assert report["interval"] == report["interval_by_generator"]["preset_arch"]
     assert report["interval"] == pytest.approx(shipped.interval, abs=5e-4)
     assert report["check"]["all"]["within_10pct"] == pytest.approx(

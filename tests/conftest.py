@@ -11,6 +11,10 @@ import optuna
 import pytest
 import torch
 
+# Every process a test starts (CLI runs, workers, exports) inherits one OpenMP thread: on a shared
+# 2-core runner their torch and BLAS pools otherwise spin against the other xdist worker's.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(autouse=True)
 def _no_pending_interrupt():

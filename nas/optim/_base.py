@@ -147,6 +147,11 @@ class _StepRows:
         self.ready = True
 
 
+def _undecorated(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` without the wrapper ``functools.wraps`` recorded (``__wrapped__``), if any."""
+    return getattr(method, "__wrapped__", method)
+
+
 class OptimizerBase(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` whose ``step`` clips and perturbs gradients before updating.
 
@@ -410,6 +415,16 @@ class OptimizerBase(torch.optim.Optimizer):
         if key not in self._generators:
             self._generators[key] = torch.Generator(device=device).manual_seed(self.grad_options.seed)
         return self._generators[key]
+
+    # torch wraps these two in torch._disable_dynamo, whose first call imports torch._dynamo: about 2 s
+    # of every training process's start on a CPU, for a guard that matters only while dynamo traces
+    # the optimizer, which nothing here does (NAS_TRAIN_COMPILE compiles the model's forward alone).
+    # So the methods themselves run; torch versions without the wrapper give the method unchanged.
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _undecorated(torch.optim.Optimizer.zero_grad)(self, set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's state dict plus the noise step and generator states, so a resume is exact."""

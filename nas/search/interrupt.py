@@ -1,7 +1,7 @@
 """Ctrl-C bookkeeping shared by the CLI's SIGINT handler and the search loop.
 
 The handler raises KeyboardInterrupt wherever the main thread happens to be. Raised inside an
-import or a class body (a trial's first optimizer imports ``torch._dynamo`` lazily), it can
+import or a class body (a trial imports some of torch's modules lazily), it can
 reach the search loop wrapped in another exception — Python reports "Error calling __set_name__"
 as a RuntimeError caused by the KeyboardInterrupt — and the run would exit 1 with its trial left
 running. So the handler also records the request, and ``is_interrupt`` recognises either.

@@ -132,3 +132,27 @@ def test_loading_a_torch_state_dict_is_refused() -> None:
     p = torch.zeros(3, requires_grad=True)
     with pytest.raises(ValueError, match="nas_optim"):
         AdamW([p]).load_state_dict(torch.optim.AdamW([p]).state_dict())
+
+
+def test_building_and_stepping_an_optimizer_does_not_import_dynamo() -> None:
+    """Each optimizer's construction, zero_grad and step in a fresh process leave ``torch._dynamo``
+    unimported (torch's _disable_dynamo wrapper would import it on the first call: seconds of every
+    training process's start), and zero_grad still does what torch's does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from nas.optim import make_optimizer\n"
+        "from nas.spec import OPTIMIZERS, TrainSpec\n"
+        "for name in OPTIMIZERS:\n"
+        "    p = torch.nn.Parameter(torch.ones(3))\n"
+        "    opt = make_optimizer(TrainSpec(optimizer=name, lr=0.1, steps=1, batch_size=1), [p])\n"
+        "    p.grad = torch.ones(3); opt.step(); opt.zero_grad(set_to_none=False)\n"
+        "    assert p.grad is not None and not p.grad.any(), name\n"
+        "    opt.zero_grad(); assert p.grad is None, name\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"

@@ -416,10 +416,10 @@ class OptimizerBase(torch.optim.Optimizer):
             self._generators[key] = torch.Generator(device=device).manual_seed(self.grad_options.seed)
         return self._generators[key]
 
-    # torch wraps these two in torch._disable_dynamo, whose first call imports torch._dynamo: about 2 s
-    # of every training process's start on a CPU, for a guard that matters only while dynamo traces
-    # the optimizer, which nothing here does (NAS_TRAIN_COMPILE compiles the model's forward alone).
-    # So the methods themselves run; torch versions without the wrapper give the method unchanged.
+    # torch wraps these two in torch._disable_dynamo, whose first call imports torch._dynamo, a large
+    # share of a training process's start, for a guard that matters only while dynamo traces the
+    # optimizer, which nothing here does (NAS_TRAIN_COMPILE compiles the model's forward alone). So
+    # the methods themselves run; torch versions without the wrapper give the method unchanged.
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
 

@@ -204,6 +204,24 @@ CUBLAS_GELU_MIN_OUTPUT = 1 << 24
 # M bucket × K < NORM_FUSED_MAX_X (docs/benchmarks.md, earlier experiments). Elsewhere the norm runs on its own.
 NORM_FUSED_MAX_K = 128
 NORM_FUSED_MAX_X = 1 << 20
+# Except, on sm_90, a wide output with nothing else to fuse (the readout): there the fused kernel stores
+# slower than cuBLAS, and its small-M loop streams a very wide weight slower than cuBLAS's GEMV, by more than
+# the norm's own launch costs, at N ≥ NORM_FUSED_WIDE_N whatever M and at M bucket × N ≥ CUBLAS_GELU_MIN_OUTPUT
+# (the kernel grids of benchmarks/results/predictor_rows_h100_lease6.json, cuBLAS, and _lease10.json, fused:
+# M 8192, N 50272, K 16 in 316 µs against 607).
+NORM_FUSED_WIDE_N = 32768
+
+
+def _wide_readout(capability: tuple[int, int], m_bucket_: int, n: int, activation: str | None, residual: bool) -> bool:
+    """A plain output (no activation, no residual) wide enough that on sm_90 cuBLAS after the
+    norm's own launch beats the fused kernel with the norm folded in (see NORM_FUSED_WIDE_N)."""
+    return (
+        capability == (9, 0)
+        and activation is None
+        and not residual
+        and n >= CUBLAS_MIN_N
+        and (n >= NORM_FUSED_WIDE_N or m_bucket_ * n >= CUBLAS_GELU_MIN_OUTPUT)
+    )
 
 
 def fuses_norm(m_bucket_: int, k: int) -> bool:
@@ -235,7 +253,7 @@ def prefers_cublas(
         return False
     if k % 16:
         return True
-    if norm and fuses_norm(m_bucket_, k):
+    if norm and fuses_norm(m_bucket_, k) and not _wide_readout(capability, m_bucket_, n, activation, residual):
         return False
     if activation is None and not residual:
         return True

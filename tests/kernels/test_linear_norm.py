@@ -255,6 +255,26 @@ def test_route_rule_with_a_norm() -> None:
     assert not configs.prefers_cublas((9, 0), 16384, 5003, 512, None, False, norm=True), "unaligned rows"
 
 
+def test_a_wide_readout_runs_cublas_after_the_norm_on_sm90():
+    """A plain output (no activation, no residual) of N ≥ NORM_FUSED_WIDE_N, or of M bucket × N ≥
+    CUBLAS_GELU_MIN_OUTPUT with N ≥ CUBLAS_MIN_N, takes cuBLAS with the norm as its own launch on
+    sm_90 even under the norm-fusing limits; a narrower one, one with an epilogue to fuse, and any
+    other GPU keep the norm in the fused kernel."""
+    wide, n_min, out_min = configs.NORM_FUSED_WIDE_N, configs.CUBLAS_MIN_N, configs.CUBLAS_GELU_MIN_OUTPUT
+    for m in (1, 8, 32, 256, 4096):
+        for k in (16, 48, 64, 96, 128):
+            if not configs.fuses_norm(m, k):
+                continue
+            for n in (wide, 50272, n_min, 8192, n_min - 8, 1000):
+                plain = n >= wide or (n >= n_min and m * n >= out_min)
+                assert configs.norm_in_kernel((9, 0), m, n, k, None) != plain, (m, n, k)
+                assert configs.norm_in_kernel((8, 0), m, n, k, None), (m, n, k)
+                assert configs.norm_in_kernel((9, 0), m, n, k, None, residual=True), (m, n, k)
+                assert configs.norm_in_kernel((9, 0), m, n, k, "silu"), (m, n, k)
+    assert not configs.norm_in_kernel((9, 0), 4096, 4096, 64, None)  # 2^24 outputs: the boundary is cuBLAS's
+    assert configs.norm_in_kernel((9, 0), 2048, 4096, 64, None)
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the compiled kernels, bf16, both kernels and the tuned path.
 # ---------------------------------------------------------------------------------------------

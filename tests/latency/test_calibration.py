@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import random
@@ -659,19 +660,21 @@ def test_the_kernel_grid_times_the_normed_linears_as_the_forward_launches_them()
     from nas.spec import LayerSpec
 
     grid = {(c.launch(SMS).cls, c.launch(SMS).x) for c in kernel_grid() if c.family == "linear"}
-    fused = 0
+    fused = unfused = 0
     for shape in SHAPES:
         for d in (16, 64, 128, 256):
             act = ("gelu", "relu", "silu")[(D_GRID.index(d) + 1) % 3]  # the grid's MLP-up activation at ratio 2
             layer = LayerSpec("attention", max(1, d // 64), None, 0, 2.0, act, "rmsnorm")
-            for readout in ("token", "last"):
-                arch = ArchSpec(d, (layer,), 50257, 50257, readout)
+            for readout, vocab in itertools.product(("token", "last"), (1001, 8192, 50257)):  # grid vocabs
+                arch = ArchSpec(d, (layer,), vocab, vocab, readout)
                 work = {w.name: w for w in launches(arch, shape, SMS)}
                 for name in ("layers.0.qkv", "layers.0.mlp_up", "head"):
                     assert (work[name].cls, work[name].x) in grid, (str(shape), d, readout, name, work[name].cls)
                 rows = shape.tokens if readout == "token" else shape.batch
-                fused += configs.norm_in_kernel((9, 0), configs.m_bucket(rows), configs.padded_features(50257), d, None)
-    assert fused >= 10  # the readout's fused route is among them
+                folds = configs.norm_in_kernel((9, 0), configs.m_bucket(rows), configs.padded_features(vocab), d, None)
+                fused += folds
+                unfused += not folds and configs.fuses_norm(configs.m_bucket(rows), d)  # a wide readout
+    assert fused >= 10 and unfused >= 10  # the readout's fused route is among them, and cuBLAS's after a norm
 
 
 def test_a_norm_is_a_launch_only_where_the_linear_does_not_fuse_it():

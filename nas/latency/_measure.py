@@ -148,6 +148,22 @@ FORWARD_ONLY: dict[str, frozenset[str]] = {
     # (the decoder's linears are ``linear_rows``, kernels/linear/decode.py).
     "kernels/_common.py": frozenset({"after_library"}),
     "kernels/linear/triton.py": frozenset({"after_library", "_cublas_route"}),
+    # The fused kernel's and cuBLAS's route rules, the norm's fold among them (the decoder's
+    # ``linear_rows`` reads only ``rows_config``).
+    "kernels/linear/configs.py": frozenset(
+        {
+            "prefers_tma",
+            "CUBLAS_MIN_N",
+            "CUBLAS_GELU_MIN_OUTPUT",
+            "NORM_FUSED_MAX_K",
+            "NORM_FUSED_MAX_X",
+            "NORM_FUSED_WIDE_N",
+            "_wide_readout",
+            "fuses_norm",
+            "prefers_cublas",
+            "norm_in_kernel",
+        }
+    ),
     "kernels/linear_attention/triton.py": frozenset(
         {
             "_two_pass_states_kernel",

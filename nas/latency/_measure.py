@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -257,13 +258,19 @@ def _decode_only(node: ast.stmt, names: frozenset[str]) -> bool:
     return bool(targets) and all(isinstance(t, ast.Name) and t.id in names for t in targets)
 
 
+# One parse at a time: CPython 3.11's AST constructor can raise a spurious SystemError ("recursion
+# depth mismatch", python/cpython#106905) when threads parse at once, as a study's first trials do.
+_PARSE_LOCK = threading.Lock()
+
+
 def _code_of(path: Path, skip: frozenset[str] = frozenset()) -> bytes:
     """What a file's code does, without what only reads differently: its AST (no line numbers,
     comments or formatting) with docstrings and the top-level definitions named in ``skip``
     removed, in a form every Python 3.11+ writes alike; the bytes for a file that does not parse."""
     source = path.read_bytes()
     try:
-        tree = ast.parse(source)
+        with _PARSE_LOCK:
+            tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return source
     tree.body = [node for node in tree.body if not _decode_only(node, skip)]

@@ -9,7 +9,9 @@ picks for the shape on sm_90 (``prefers_cublas(..., norm=True)``, ``fuses_norm``
     python benchmarks/readout_routes.py --out benchmarks/results/readout_routes_h100.json
 
 Needs a CUDA GPU. Timing: ``nas.latency.calibrate.graph_us`` (20 calls in one CUDA graph, median of
-15 replays), three times per route; four inputs in turn. Rows are written after each shape.
+15 replays), the timer of the kernel grid the latency model is fitted on, so both routes are timed
+as a calibration times them; three times per route (their spread stands in for an IQR), four inputs
+in turn. Rows are written after each shape. Not recorded: which cuBLAS kernel ``torch.addmm`` ran.
 """
 
 from __future__ import annotations

@@ -743,8 +743,9 @@ def test_the_committed_rows_refit_to_the_shipped_profile(name):
     eleventh leases' files, the sixth, tenth, eleventh and twelfth leases' fit rows and check rows
     too, and the twelfth lease's kernel grid, each row tagged with its generator and its file as
     the run; of the first eleven leases only the rows whose launches the wide-readout rule left as
-    they were timed): the kernels fingerprint and date of its kernel grid's file, and refitting it gives the profile's
-    interval and check scores (a recalibration that ships a profile without its rows fails here).
+    they were timed): the kernels fingerprint and date of its kernel grid's file, and refitting it
+    gives the profile's interval and check scores (a recalibration that ships a profile without its
+    rows fails here).
     Rows of kernels that have changed since (the launch model now describes other kernels) cannot
     refit to it: such a profile must say that its kernels differ."""
     import json
@@ -762,7 +763,7 @@ def test_the_committed_rows_refit_to_the_shipped_profile(name):
         assert prediction_status(load_profile(name)).fingerprint.startswith("differs")
         return
     kernel_rows, fit_rows, check_rows = rows["kernel_rows"], rows["fit_rows"], rows["check_rows"]
-    if name == "h100_sxm":  # the twelfth lease's kernel grid; the forwards of twelve leases
+    if name == "h100_sxm":  # the twelfth lease's kernel grid; the forwards of eleven (the eighth timed none)
         files = {i: f"predictor_rows_h100_lease{i}.json" for i in range(2, 13)} | {1: "predictor_rows_h100.json"}
         lease = {i: json.loads((results / f).read_text()) for i, f in files.items() if i != 1} | {1: rows}
 
